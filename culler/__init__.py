@@ -1,0 +1,1 @@
+"""The idle-GPU culler: a JupyterHub service that reclaims idle GPU kernels."""

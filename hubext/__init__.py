@@ -1,0 +1,1 @@
+"""The hub side: spawners, the GPU broker API, pool backends and the admin page."""

@@ -1,0 +1,26 @@
+"""The ``elastic-gpu`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="elastic-gpu",
+        description="Elastic GPU for JupyterHub: fractional GPUs for notebooks.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    parser.parse_args(argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
