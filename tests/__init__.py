@@ -1,0 +1,1 @@
+"""Test suites, one folder per package; shared test infrastructure (the Kubernetes emulator) lives here too."""
