@@ -1,0 +1,310 @@
+"""The one allocator of a hub process: admission + fair queue + ledger.
+
+Spawners and the broker are its only callers, so notebooks and kernels share one ledger and
+one set of quotas. Decisions come from ``quotas.AdmissionState`` (pure); this module adds the
+waiting, the order, the clock and the I/O through a :class:`~hubext.pool.PoolBackend`.
+
+Queue order is priority (higher first), then arrival. It is best-effort FIFO, as Kueue's
+default: a later request that fits is granted even while an earlier, bigger one waits, so
+one large request cannot block a card for everyone; the earlier one keeps its place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from traitlets import Dict, Float, Instance, Unicode, Union, default
+from traitlets import Type as TypeTrait
+from traitlets.config import SingletonConfigurable
+
+from quotas import (
+    AdmissionConfig,
+    AdmissionError,
+    AdmissionState,
+    Allocation,
+    ConfigError,
+    GPURequest,
+    PoolFull,
+    load_config,
+)
+
+from .pool import PoolBackend
+
+#: progress callback: (message, position in queue or None)
+ProgressCallback = Callable[[str, "int | None"], None]
+
+
+@dataclass(eq=False)
+class Waiter:
+    """A request held in the queue."""
+
+    request: GPURequest
+    priority_value: int
+    seq: int
+    future: asyncio.Future
+    progress: ProgressCallback | None = None
+    reason: str = ""
+    position: int | None = None
+    enqueued_at: float = field(default_factory=time.monotonic)
+
+
+class GPUAllocator(SingletonConfigurable):
+    """Admission, queue and ledger for every GPU slice the hub hands out."""
+
+    admission_config_file = Unicode(
+        "",
+        config=True,
+        help="""Path of the admission config (YAML: priority_classes, placement, workspaces).
+        The Helm chart mounts it from a ConfigMap; `elastic-gpu init` writes one.
+        Empty: use `admission_config`.""",
+    )
+    admission_config = Dict(
+        config=True,
+        help="Admission config as a dict (same format as the YAML file). Used when no file is set.",
+    )
+    pool_backend_class = TypeTrait(
+        "hubext.kube_pool.KubernetesPool",
+        klass=PoolBackend,
+        config=True,
+        help="Pool backend: 'hubext.kube_pool.KubernetesPool' or 'hubext.local_pool.LocalPool'.",
+    )
+    max_wait_seconds = Float(
+        240.0,
+        config=True,
+        help="""Seconds a request may wait in the queue before it gives up with the reason it
+        waited for. Keep it below the spawner's start_timeout (JupyterHub deletes a spawn that
+        outlives start_timeout). Default: 240.""",
+    )
+    reconcile_interval_seconds = Union(
+        [Float()],
+        default_value=30.0,
+        config=True,
+        help="Seconds between ledger reconciliations with the pool backend. Default: 30.",
+    )
+
+    backend = Instance(PoolBackend, allow_none=True)
+    config_data = Instance(AdmissionConfig, allow_none=True)
+
+    @default("backend")
+    def _default_backend(self) -> PoolBackend:
+        return self.pool_backend_class(parent=self, log=self.log)
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.state: AdmissionState | None = None
+        self._waiters: list[Waiter] = []
+        self._seq = itertools.count()
+        self._lock = asyncio.Lock()
+        self._started: asyncio.Future | None = None
+        self.listeners: list[Callable[[str, Allocation, str], None]] = []
+
+    # ---- start-up -------------------------------------------------------------------------
+
+    def load_admission_config(self) -> AdmissionConfig:
+        """Read and validate the admission config; raise ConfigError naming the bad key."""
+        if self.admission_config_file:
+            path = Path(self.admission_config_file)
+            try:
+                data = yaml.safe_load(path.read_text()) or {}
+            except OSError as e:
+                raise ConfigError(f"cannot read admission config {path}: {e.strerror}") from None
+            except yaml.YAMLError as e:
+                raise ConfigError(f"admission config {path} is not valid YAML: {e}") from None
+            return load_config(data)
+        return load_config(self.admission_config or {})
+
+    async def ensure_started(self) -> None:
+        """Load config, inventory and ledger once per process (concurrent callers wait)."""
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._started)
+
+    async def _start(self) -> None:
+        self.config_data = self.load_admission_config()
+        await self.backend.start(self._holder_gone)
+        pool = await self.backend.inventory()
+        ledger = await self.backend.allocations()
+        self.state = AdmissionState(self.config_data, pool)
+        for allocation in ledger:
+            self.state.add(allocation)
+        self.log.info(
+            "GPU allocator ready: %d GPUs on %d nodes%s, %d allocations from the ledger",
+            sum(len(n.gpus) for n in pool.nodes),
+            len(pool.nodes),
+            " (simulated)" if self.backend.simulated else "",
+            len(ledger),
+        )
+
+    async def refresh_inventory(self) -> None:
+        """Re-read the inventory (nodes added or removed) and retry waiting requests."""
+        await self.ensure_started()
+        async with self._lock:
+            self.state.set_pool(await self.backend.inventory())
+        await self._pump()
+
+    # ---- the public calls -----------------------------------------------------------------
+
+    def priority_value(self, priority_class: str | None) -> int:
+        name = priority_class or self.config_data.default_priority_class
+        pc = self.config_data.priority_classes.get(name)
+        return pc.value if pc else 0
+
+    async def allocate(
+        self,
+        request: GPURequest,
+        progress: ProgressCallback | None = None,
+        timeout: float | None = None,
+    ) -> Allocation:
+        """Grant ``request`` now, or after waiting in the queue; raise AdmissionError otherwise.
+
+        Nothing is left allocated when this raises (a timed-out or cancelled waiter leaves the queue).
+        """
+        await self.ensure_started()
+        self.state.validate(request)
+        timeout = self.max_wait_seconds if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        waiter = Waiter(
+            request=request,
+            priority_value=self.priority_value(request.priority_class),
+            seq=next(self._seq),
+            future=loop.create_future(),
+            progress=progress,
+        )
+        async with self._lock:
+            decision = self.state.decide(request, now=time.time())
+            if decision.kind == "reject":
+                raise decision.error or AdmissionError(decision.reason)
+            self._waiters.append(waiter)
+        await self._pump()
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
+        except asyncio.TimeoutError:
+            async with self._lock:
+                if waiter.future.done():  # granted in the last instant: keep it
+                    return waiter.future.result()
+                self._waiters.remove(waiter)
+            waited = int(time.monotonic() - waiter.enqueued_at)
+            raise PoolFull(
+                f"{waiter.reason} Waited {waited} s in the GPU queue; try again later "
+                "or pick a smaller profile."
+            ) from None
+        except asyncio.CancelledError:
+            async with self._lock:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                elif waiter.future.done() and not waiter.future.cancelled():
+                    await self._forget(waiter.future.result().id, "request cancelled")
+            raise
+
+    async def bind(self, allocation_id: str, holder: str) -> None:
+        """Tie a granted allocation to the pod or process that holds it."""
+        await self.backend.bind(allocation_id, holder)
+
+    async def release(self, allocation_id: str, why: str = "stopped") -> Allocation | None:
+        """Return an allocation's slice to the pool and wake the queue. Idempotent."""
+        await self.ensure_started()
+        async with self._lock:
+            allocation = await self._forget(allocation_id, why)
+        if allocation is not None:
+            await self._pump()
+        return allocation
+
+    def get(self, allocation_id: str) -> Allocation | None:
+        return self.state.allocations.get(allocation_id) if self.state else None
+
+    def queue(self) -> list[dict[str, Any]]:
+        """Waiting requests in queue order, for status pages."""
+        return [
+            {
+                "request_id": w.request.request_id,
+                "user": w.request.owner.user,
+                "workspace": w.request.owner.workspace,
+                "priority_class": w.request.priority_class,
+                "memory_mib": w.request.memory_mib,
+                "cores_percent": w.request.cores_percent,
+                "count": w.request.count,
+                "position": w.position,
+                "reason": w.reason,
+                "waiting_seconds": round(time.monotonic() - w.enqueued_at, 1),
+            }
+            for w in self._ordered()
+        ]
+
+    # ---- internals ------------------------------------------------------------------------
+
+    def _ordered(self) -> list[Waiter]:
+        return sorted(self._waiters, key=lambda w: (-w.priority_value, w.seq))
+
+    async def _forget(self, allocation_id: str, why: str) -> Allocation | None:
+        allocation = self.state.remove(allocation_id)
+        if allocation is None:
+            return None
+        await self.backend.forget(allocation_id)
+        self.log.info(
+            "GPU released: %s (%s, %s) %s", allocation_id, allocation.owner.user, allocation.kind, why
+        )
+        self._notify("released", allocation, why)
+        return allocation
+
+    def _notify(self, event: str, allocation: Allocation, why: str) -> None:
+        for listener in list(self.listeners):
+            try:
+                listener(event, allocation, why)
+            except Exception:  # a broken listener must not break allocation
+                self.log.exception("GPU allocator listener failed on %s", event)
+
+    async def _holder_gone(self, allocation_id: str, why: str) -> None:
+        await self.release(allocation_id, why)
+
+    async def _pump(self) -> None:
+        """Grant what fits, in queue order; tell the others where they stand."""
+        async with self._lock:
+            now = time.time()
+            ahead = 0
+            for waiter in self._ordered():
+                if waiter.future.done():
+                    self._waiters.remove(waiter)
+                    continue
+                decision = self.state.decide(waiter.request, now=now)
+                if decision.granted:
+                    for victim in decision.victims:
+                        reason = (
+                            f"preempted by a {waiter.request.priority_class or 'default'}-priority "
+                            f"request of {waiter.request.owner.user}"
+                        )
+                        self.log.warning("GPU preemption: %s (%s) %s", victim.id, victim.owner.user, reason)
+                        await self.backend.evict(victim, reason)
+                        await self._forget(victim.id, reason)
+                    allocation = decision.allocation
+                    self.state.add(allocation)
+                    await self.backend.record(allocation)
+                    self._waiters.remove(waiter)
+                    self.log.info(
+                        "GPU granted: %s to %s on %s %s (%d MiB, %d %% each)%s",
+                        allocation.id,
+                        allocation.owner.user,
+                        allocation.node,
+                        ",".join(allocation.gpu_uuids),
+                        allocation.memory_mib,
+                        allocation.cores_percent,
+                        " borrowed" if allocation.borrowed else "",
+                    )
+                    self._notify("granted", allocation, "")
+                    waiter.future.set_result(allocation)
+                    continue
+                if decision.kind == "reject":
+                    self._waiters.remove(waiter)
+                    waiter.future.set_exception(decision.error or AdmissionError(decision.reason))
+                    continue
+                if waiter.position != ahead or waiter.reason != decision.reason:
+                    waiter.position, waiter.reason = ahead, decision.reason
+                    if waiter.progress:
+                        waiter.progress(decision.reason, ahead)
+                ahead += 1

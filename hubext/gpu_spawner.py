@@ -1,0 +1,261 @@
+"""GPU logic shared by the Kubernetes and the local spawner (one copy, mixed into both).
+
+A profile (KubeSpawner's ``profile_list`` format) may carry a ``gpu`` section, and each
+``profile_options`` choice may carry one too (the choice's keys win)::
+
+    {"display_name": "1/4 H100 — 20 GiB, 25 %", "slug": "h100-quarter",
+     "allowed_groups": ["vision"],               # optional: who sees the profile
+     "gpu": {"memory_mib": 20480, "cores_percent": 25, "count": 1,
+             "model": "H100-80GB", "priority_class": "default"}}
+
+A profile with no ``gpu`` section is a CPU notebook. Memory and cores are per GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from traitlets import Callable as CallableTrait
+from traitlets import Dict, Float, Union
+
+from quotas import AdmissionError, Allocation, GPURequest, Owner
+
+from .allocator import GPUAllocator
+
+GPU_KEYS = {
+    "memory_mib": int,
+    "cores_percent": int,
+    "count": int,
+    "model": str,
+    "priority_class": str,
+    "whole": bool,
+    "mig_profile": str,
+}
+
+
+class GPUSpawnError(Exception):
+    """A spawn refused for a reason the user can act on; JupyterHub shows str() on the spawn page."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+def validate_gpu_section(section: Any, where: str) -> dict[str, Any]:
+    """Check an admin's ``gpu`` section; raise ValueError naming ``where`` and the bad key."""
+    if not isinstance(section, Mapping):
+        raise ValueError(f"{where}.gpu must be a mapping of {sorted(GPU_KEYS)}, got {section!r}")
+    unknown = sorted(set(section) - set(GPU_KEYS))
+    if unknown:
+        raise ValueError(
+            f"{where}.gpu has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(GPU_KEYS))}"
+        )
+    for key, value in section.items():
+        kind = GPU_KEYS[key]
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if not ok:
+            raise ValueError(f"{where}.gpu.{key} must be {kind.__name__}, got {value!r}")
+    return dict(section)
+
+
+def profile_gpu_section(profile: Mapping[str, Any], user_options: Mapping[str, Any]) -> dict | None:
+    """The GPU section of the chosen profile + option choices, or None for a CPU profile."""
+    slug = profile.get("slug", profile.get("display_name", "?"))
+    section: dict[str, Any] = {}
+    if profile.get("gpu") is not None:
+        section.update(validate_gpu_section(profile["gpu"], f"profile '{slug}'"))
+    for option_name, option in (profile.get("profile_options") or {}).items():
+        choices = option.get("choices") or {}
+        choice = user_options.get(option_name)
+        if choice is None:
+            choice = next((k for k, c in choices.items() if c.get("default")), None)
+            if choice is None and choices:
+                choice = next(iter(choices))
+        if choice is None or choice not in choices:
+            continue
+        chosen = choices[choice].get("gpu")
+        if chosen is not None:
+            section.update(
+                validate_gpu_section(chosen, f"profile '{slug}' option '{option_name}' choice '{choice}'")
+            )
+    return section or None
+
+
+def check_forged_options(profile: Mapping[str, Any], user_options: Mapping[str, Any]) -> None:
+    """Refuse choices that are not offered (a forged form or REST request), naming what is allowed."""
+    slug = profile.get("slug", "?")
+    for option_name, option in (profile.get("profile_options") or {}).items():
+        choices = option.get("choices") or {}
+        choice = user_options.get(option_name)
+        if choice is None or not choices:
+            continue
+        if not isinstance(choice, str) or choice not in choices:
+            raise GPUSpawnError(
+                f"Profile '{slug}' has no choice {choice!r} for '{option_name}'. "
+                f"Choose one of: {', '.join(choices)}."
+            )
+
+
+class GPUSpawnerMixin:
+    """Admission, queueing and release of a notebook's GPU slice, for any Spawner."""
+
+    gpu_owner_mapping = Union(
+        [Dict(), CallableTrait()],
+        default_value={},
+        config=True,
+        help="""Which workspace/namespace a user's GPU usage counts against.
+        A dict: keys are user names or 'group:<name>', values 'workspace' or
+        'workspace/namespace' (user first, then groups in sorted order); or a callable
+        (spawner) -> 'workspace/namespace'. Unmapped users count against 'default/default'.""",
+    )
+    gpu_max_wait_seconds = Float(
+        0.0,
+        config=True,
+        help="""Seconds a GPU spawn may wait in the queue before it fails with the reason.
+        0 (default): the allocator's max_wait_seconds, capped 30 s below start_timeout so the
+        message reaches the user before JupyterHub gives up on the spawn.""",
+    )
+
+    gpu_allocation: Allocation | None = None
+    _gpu_allocation_id: str = ""
+
+    # ---- pieces the concrete spawner provides ---------------------------------------------
+
+    def gpu_selected_profile(self) -> dict | None:
+        """The profile the user chose (already validated), or None when there are no profiles."""
+        raise NotImplementedError
+
+    # ---- shared logic ---------------------------------------------------------------------
+
+    @property
+    def gpu_allocator(self) -> GPUAllocator:
+        return GPUAllocator.instance(config=self.config, log=self.log)
+
+    def gpu_profile_visible(self, profile: Mapping[str, Any]) -> bool:
+        """Whether this user may see/use ``profile`` (its ``allowed_groups``, if any)."""
+        allowed = profile.get("allowed_groups")
+        if not allowed:
+            return True
+        groups = {g.name for g in getattr(self.user, "groups", [])}
+        return bool(groups & set(allowed))
+
+    def gpu_owner(self) -> Owner:
+        """The quota owner of this user's GPU usage."""
+        mapping = self.gpu_owner_mapping
+        target = ""
+        if callable(mapping):
+            target = mapping(self) or ""
+        else:
+            target = mapping.get(self.user.name, "")
+            if not target:
+                for group in sorted(g.name for g in getattr(self.user, "groups", [])):
+                    target = mapping.get(f"group:{group}", "")
+                    if target:
+                        break
+        workspace, _, namespace = (target or "default/default").partition("/")
+        return Owner(user=self.user.name, workspace=workspace or "default", namespace=namespace or "default")
+
+    def gpu_request(self, section: Mapping[str, Any]) -> GPURequest:
+        server = self.name or ""
+        request_id = f"nb-{self.user.name}-{server or 'default'}-{secrets.token_hex(3)}"
+        return GPURequest(
+            owner=self.gpu_owner(),
+            memory_mib=section.get("memory_mib", 0),
+            cores_percent=section.get("cores_percent", 100 if section.get("whole") else 0),
+            count=section.get("count", 1),
+            model=section.get("model"),
+            priority_class=section.get("priority_class"),
+            whole=section.get("whole", False),
+            request_id=request_id,
+            kind="notebook",
+        )
+
+    def _gpu_wait_seconds(self) -> float:
+        if self.gpu_max_wait_seconds > 0:
+            return self.gpu_max_wait_seconds
+        return max(5.0, min(self.gpu_allocator.max_wait_seconds, self.start_timeout - 30))
+
+    def gpu_progress(self, message: str, progress: int | None = None) -> None:
+        """Queue a spawn-page progress event."""
+        events = self.__dict__.setdefault("_gpu_events", [])
+        event: dict[str, Any] = {"message": message}
+        if progress is not None:
+            event["progress"] = progress
+        events.append(event)
+
+    def gpu_reset_progress(self) -> None:
+        """Start a new spawn's event list (call at the top of start())."""
+        self.__dict__["_gpu_events"] = []
+        self.__dict__["_gpu_admission_done"] = False
+
+    async def gpu_admit(self) -> Allocation | None:
+        """Ask admission for the chosen profile's GPU; wait in the queue if needed.
+
+        Returns the allocation (also kept on ``self.gpu_allocation``), None for a CPU profile.
+        Raises GPUSpawnError with the admission message when it is refused or times out.
+        """
+        self.__dict__.setdefault("_gpu_events", [])
+        try:
+            profile = self.gpu_selected_profile()
+            section = profile_gpu_section(profile, self.user_options or {}) if profile else None
+            if section is None:
+                return None
+            if self.gpu_allocation is not None:  # restart within the same spawner: keep the slice
+                return self.gpu_allocation
+            request = self.gpu_request(section)
+            self.gpu_progress("Checking GPU quota", 5)
+
+            def on_queue(reason: str, position: int | None) -> None:
+                ahead = "no requests" if not position else f"{position} request{'s' if position != 1 else ''}"
+                self.gpu_progress(f"Queued: {ahead} ahead. Waiting for: {reason}", 10)
+
+            try:
+                allocation = await self.gpu_allocator.allocate(
+                    request, progress=on_queue, timeout=self._gpu_wait_seconds()
+                )
+            except AdmissionError as e:
+                self.log.info("GPU spawn refused for %s: %s", self._log_name, e.message)
+                raise GPUSpawnError(e.message, e.status) from None
+            self.gpu_allocation = allocation
+            self._gpu_allocation_id = allocation.id
+            gpus = ", ".join(allocation.gpu_uuids)
+            self.gpu_progress(f"Placed on {allocation.node} / {gpus}", 20)
+            return allocation
+        finally:
+            self.__dict__["_gpu_admission_done"] = True
+
+    async def gpu_release(self, why: str = "server stopped") -> None:
+        """Give the slice back (idempotent)."""
+        allocation_id = self._gpu_allocation_id or (self.gpu_allocation.id if self.gpu_allocation else "")
+        self.gpu_allocation = None
+        self._gpu_allocation_id = ""
+        if allocation_id:
+            await self.gpu_allocator.release(allocation_id, why)
+
+    async def gpu_progress_events(self) -> AsyncIterator[dict]:
+        """Yield queued GPU events until admission is done (then the spawner's own events follow)."""
+        sent = 0
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            events = self.__dict__.get("_gpu_events", [])
+            while sent < len(events):
+                yield events[sent]
+                sent += 1
+            if self.__dict__.get("_gpu_admission_done", False) and sent >= len(events):
+                return
+            await asyncio.sleep(0.2)
+
+    def gpu_get_state(self, state: dict) -> dict:
+        if self._gpu_allocation_id:
+            state["gpu_allocation_id"] = self._gpu_allocation_id
+        return state
+
+    def gpu_load_state(self, state: Mapping[str, Any]) -> None:
+        allocation_id = state.get("gpu_allocation_id", "")
+        if allocation_id:
+            self._gpu_allocation_id = allocation_id
