@@ -1,0 +1,183 @@
+"""Run a real JupyterHub (with the real configurable-http-proxy) for end-to-end tests.
+
+One hub per test module or session: starting one takes a few seconds on two cores, so
+suites share it through fixtures. The hub runs in its own process group so that nothing it
+started (proxy, single-user servers, kernels) outlives ``stop()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+NODE_BIN = REPO / "node_modules" / ".bin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class HubRunner:
+    """A JupyterHub process with a config written for the test."""
+
+    def __init__(self, workdir: Path, config_text: str = "", env: dict[str, str] | None = None) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_text = config_text
+        self.env = dict(env or {})
+        self.port = free_port()
+        self.hub_port = free_port()
+        self.proxy_api_port = free_port()
+        self.admin_token = secrets.token_hex(16)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.hub_api = f"{self.url}/hub/api"
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.workdir / "jupyterhub.log"
+        self.config_path = self.workdir / "jupyterhub_config.py"
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def write_config(self) -> None:
+        base = f"""
+c = get_config()  # noqa
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {self.port}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {self.hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{self.proxy_api_port}"
+c.ConfigurableHTTPProxy.command = [{str(NODE_BIN / "configurable-http-proxy")!r}]
+c.JupyterHub.db_url = "sqlite:///{self.workdir / "jupyterhub.sqlite"}"
+c.JupyterHub.cookie_secret_file = "{self.workdir / "cookie_secret"}"
+c.JupyterHub.pid_file = "{self.workdir / "jupyterhub.pid"}"
+c.JupyterHub.authenticator_class = "dummy"
+c.JupyterHub.services = [{{"name": "test-admin", "api_token": "{self.admin_token}"}}]
+c.JupyterHub.load_roles = [{{"name": "admin", "services": ["test-admin"]}}]
+c.JupyterHub.log_level = "DEBUG"
+c.Spawner.start_timeout = 60
+c.Spawner.http_timeout = 60
+"""
+        self.config_path.write_text(base + "\n" + self.config_text + "\n")
+
+    def start(self, timeout: float = 90) -> HubRunner:
+        self.write_config()
+        env = dict(os.environ)
+        env["PATH"] = f"{NODE_BIN}:{Path(sys.executable).parent}:{env.get('PATH', '')}"
+        env.update(self.env)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "jupyterhub", "-f", str(self.config_path)],
+            cwd=self.workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"jupyterhub exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                status, _ = self.api("GET", "/")
+                if status == 200:
+                    return self
+            except OSError:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"jupyterhub did not answer within {timeout} s:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 30) -> None:
+        """Stop the hub (it stops its proxy and servers), then anything left in its process group."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(5)
+        self.proc = None
+
+    def kill(self) -> None:
+        """Kill the hub process only (SIGKILL), leaving its children as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def restart(self, timeout: float = 90) -> HubRunner:
+        self.stop()
+        return self.start(timeout)
+
+    def __enter__(self) -> HubRunner:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    # ---- REST -----------------------------------------------------------------------------
+
+    def api(
+        self, method: str, path: str, token: str | None = None, body: Any = None, timeout: float = 30
+    ) -> tuple[int, Any]:
+        """Call the hub's REST API (path under /hub/api); returns (status, decoded JSON or text)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.hub_api + path, data=data, method=method)
+        req.add_header("Authorization", f"token {token or self.admin_token}")
+        if data is not None:
+            req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, _decode(resp.read())
+        except urllib.error.HTTPError as e:
+            return e.code, _decode(e.read())
+
+    def user_token(self, name: str, admin: bool = False) -> str:
+        """Create user ``name`` (if needed) and return a new API token of theirs."""
+        status, body = self.api("POST", f"/users/{name}", body={"admin": admin})
+        if status not in (201, 409):
+            raise RuntimeError(f"cannot create user {name}: {status} {body}")
+        status, body = self.api("POST", f"/users/{name}/tokens", body={"note": "test"})
+        if status != 201:
+            raise RuntimeError(f"cannot create a token for {name}: {status} {body}")
+        return body["token"]
+
+    def wait_for(self, predicate, timeout: float = 60, interval: float = 0.5, what: str = "condition") -> Any:
+        """Poll ``predicate()`` until it returns something truthy; fail with the hub log otherwise."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(interval)
+        raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{self.log_tail()}")
+
+
+def _decode(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return raw.decode(errors="replace")
