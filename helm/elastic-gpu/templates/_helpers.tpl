@@ -1,0 +1,108 @@
+{{/* Names, labels and the checks the JSON schema cannot express. */}}
+
+{{- define "elastic-gpu.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's base name; if the release name already contains the chart name, use it. */}}
+{{- define "elastic-gpu.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "elastic-gpu.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "elastic-gpu.labels" -}}
+helm.sh/chart: {{ include "elastic-gpu.chart" . }}
+app.kubernetes.io/name: {{ include "elastic-gpu.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: elastic-gpu
+{{- end }}
+
+{{/* Selector labels of one component: include with (dict "root" $ "component" "node-agent"). */}}
+{{- define "elastic-gpu.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "elastic-gpu.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "elastic-gpu.componentLabels" -}}
+{{ include "elastic-gpu.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "elastic-gpu.userNamespace" -}}
+{{- .Values.userNamespace | default .Release.Namespace }}
+{{- end }}
+
+{{- define "elastic-gpu.hubNamespace" -}}
+{{- .Values.hub.serviceAccount.namespace | default .Release.Namespace }}
+{{- end }}
+
+{{- define "elastic-gpu.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
+{{- define "elastic-gpu.userServiceAccountName" -}}
+{{- .Values.userServiceAccount.name | default (printf "%s-user" (include "elastic-gpu.fullname" .)) }}
+{{- end }}
+
+{{- define "elastic-gpu.nodeAgent.serviceAccountName" -}}
+{{- .Values.nodeAgent.serviceAccount.name | default (printf "%s-node-agent" (include "elastic-gpu.fullname" .)) }}
+{{- end }}
+
+{{- define "elastic-gpu.admissionConfigMapName" -}}
+{{- printf "%s-admission" (include "elastic-gpu.fullname" .) }}
+{{- end }}
+
+{{- define "elastic-gpu.culler.secretName" -}}
+{{- if .Values.culler.apiToken.value }}
+{{- printf "%s-culler" (include "elastic-gpu.fullname" .) }}
+{{- else }}
+{{- .Values.culler.apiToken.existingSecret.name }}
+{{- end }}
+{{- end }}
+
+{{- define "elastic-gpu.culler.secretKey" -}}
+{{- if .Values.culler.apiToken.value }}api-token{{ else }}{{ .Values.culler.apiToken.existingSecret.key }}{{ end }}
+{{- end }}
+
+{{/*
+Cross-field checks the JSON schema cannot express; each failure names the key and what is
+allowed. Included once, from the admission ConfigMap template.
+*/}}
+{{- define "elastic-gpu.validate" -}}
+{{- $classes := keys .Values.admission.priority_classes | sortAlpha }}
+{{- if not $classes }}
+{{- fail "admission.priority_classes: define at least one priority class, e.g. {default: {value: 100}}" }}
+{{- end }}
+{{- if not (has .Values.admission.default_priority_class $classes) }}
+{{- fail (printf "admission.default_priority_class: %q is not one of admission.priority_classes (%s)" .Values.admission.default_priority_class (join ", " $classes)) }}
+{{- end }}
+{{- if .Values.priorityClasses.create }}
+{{- range $classes }}
+{{- $full := printf "%s%s" $.Values.priorityClasses.prefix . }}
+{{- if gt (len $full) 253 }}
+{{- fail (printf "priorityClasses.prefix: %q + class %q is longer than 253 characters" $.Values.priorityClasses.prefix .) }}
+{{- end }}
+{{- if hasPrefix "system-" $full }}
+{{- fail (printf "priorityClasses.prefix: PriorityClass names may not start with 'system-' (got %q)" $full) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and .Values.culler.enabled (not .Values.culler.apiToken.value) (not .Values.culler.apiToken.existingSecret.name) }}
+{{- fail "culler.apiToken: set culler.apiToken.value or culler.apiToken.existingSecret.name (or culler.enabled: false)" }}
+{{- end }}
+{{- end }}
