@@ -1,0 +1,1 @@
+"""Chart checks (lint, template, schema) and the node agent tests."""

