@@ -88,6 +88,11 @@ allowed. Included once, from the admission ConfigMap template.
 {{- if not $classes }}
 {{- fail "admission.priority_classes: define at least one priority class, e.g. {default: {value: 100}}" }}
 {{- end }}
+{{- range $classes }}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$" .) }}
+{{- fail (printf "admission.priority_classes: class name %q must be lower-case letters, digits and '-' (it also names a Kubernetes PriorityClass)" .) }}
+{{- end }}
+{{- end }}
 {{- if not (has .Values.admission.default_priority_class $classes) }}
 {{- fail (printf "admission.default_priority_class: %q is not one of admission.priority_classes (%s)" .Values.admission.default_priority_class (join ", " $classes)) }}
 {{- end }}
