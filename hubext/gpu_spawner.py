@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from tornado import web
 from traitlets import Callable as CallableTrait
 from traitlets import Dict, Float, Union
 
@@ -37,13 +38,22 @@ GPU_KEYS = {
 }
 
 
-class GPUSpawnError(Exception):
-    """A spawn refused for a reason the user can act on; JupyterHub shows str() on the spawn page."""
+class GPUSpawnError(web.HTTPError):
+    """A spawn refused for a reason the user can act on.
+
+    An HTTPError below 500 is, for JupyterHub, a handled rejection (it does not count towards
+    ``consecutive_failure_limit``); ``jupyterhub_message`` is what the spawn page and the
+    progress API show, without the "HTTP 403: Forbidden" prefix.
+    """
 
     def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
+        super().__init__(status, "%s", message)
         self.message = message
         self.status = status
+        self.jupyterhub_message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def validate_gpu_section(section: Any, where: str) -> dict[str, Any]:
