@@ -1,0 +1,89 @@
+"""The sentences users read: amounts in GiB where that reads better, levels by name."""
+
+from __future__ import annotations
+
+from .model import GPURequest
+from .tree import Level
+
+
+def mib(n: int) -> str:
+    """40960 -> '40 GiB', 1536 -> '1.5 GiB', 1000 -> '1000 MiB'."""
+    if n >= 1024 and n % 1024 == 0:
+        return f"{n // 1024} GiB"
+    if n >= 1024 and (n * 10) % 1024 == 0:
+        return f"{n / 1024:.1f} GiB"
+    return f"{n} MiB"
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
+def what(request: GPURequest) -> str:
+    """'kernel' / 'notebook' (the word used in sentences)."""
+    return request.kind if request.kind in ("kernel", "notebook") else "request"
+
+
+def shape(request: GPURequest) -> str:
+    """'10 GiB and 25% of a GPU', '3 GPUs with 6 GiB and 80% each', '2 whole GPUs'."""
+    if request.whole:
+        return plural(request.count, "whole GPU")
+    each = f"{mib(request.memory_mib)} and {request.cores_percent}%"
+    if request.count == 1:
+        return f"{each} of a GPU"
+    return f"{request.count} GPUs with {each} each"
+
+
+def model_phrase(model: str | None) -> str:
+    return f"{model} " if model else ""
+
+
+def _in_use(n: int) -> str:
+    return "is" if n == 1 else "are"
+
+
+def cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def quota_wait(level: Level, resource: str, used: int, limit: int, asked: int, kind: str) -> str:
+    """Why a request waits on a quota level, and what to do."""
+    todo = (
+        "Stop one of your kernels or pick a smaller profile."
+        if level.kind == "user"
+        else f"Stop a kernel, wait for others in {level.label} to stop theirs, "
+        "or pick a smaller profile."
+    )
+    if resource == "memory_mib":
+        return (
+            f"{cap(level.label)} has {mib(limit)} of GPU memory; {mib(used)} "
+            f"are in use, so a {mib(asked)} {kind} does not fit. {todo}"
+        )
+    if resource == "cores_percent":
+        return (
+            f"{cap(level.label)} has {limit}% of GPU compute; {used}% are in "
+            f"use, so a {kind} asking {asked}% does not fit. {todo}"
+        )
+    return (
+        f"{cap(level.label)} may hold {plural(limit, 'vGPU')}; {used} "
+        f"{_in_use(used)} in use, so a {kind} asking for {asked} more does not fit. {todo}"
+    )
+
+
+def quota_never(level: Level, resource: str, limit: int, asked: int, kind: str) -> str:
+    """Why a request is above a level's whole quota."""
+    todo = "Pick a smaller profile or ask an admin to raise the quota."
+    if resource == "memory_mib":
+        return (
+            f"{cap(level.label)} has {mib(limit)} of GPU memory in all, so a "
+            f"{mib(asked)} {kind} can never fit. {todo}"
+        )
+    if resource == "cores_percent":
+        return (
+            f"{cap(level.label)} has {limit}% of GPU compute in all, so a {kind} "
+            f"asking {asked}% can never fit. {todo}"
+        )
+    return (
+        f"{cap(level.label)} may hold {plural(limit, 'vGPU')} in all, so a {kind} "
+        f"asking for {asked} can never fit. {todo}"
+    )

@@ -1,0 +1,179 @@
+"""Domain types: requests, the pool of GPUs, allocations and decisions. Plain frozen data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+from .errors import AdmissionError, InvalidRequest
+
+
+class Mode(str, Enum):
+    """How a card is handed out: ``shared`` slices, ``whole`` cards only, or ``mig`` (managed by
+    the MIG device plugin; admission never places on it)."""
+
+    SHARED = "shared"
+    WHOLE = "whole"
+    MIG = "mig"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose quota a request counts against."""
+
+    user: str
+    namespace: str = "default"
+    workspace: str = "default"
+
+
+@dataclass(frozen=True)
+class GPURequest:
+    """A request for ``count`` GPU slices on one node; memory and cores are PER GPU."""
+
+    owner: Owner
+    memory_mib: int
+    cores_percent: int
+    count: int = 1
+    model: str | None = None
+    priority_class: str | None = None
+    whole: bool = False
+    request_id: str = ""
+    kind: str = "notebook"
+
+    @classmethod
+    def split(
+        cls,
+        owner: Owner,
+        total_memory_mib: int,
+        total_cores_percent: int,
+        count: int,
+        **kw: Any,
+    ) -> GPURequest:
+        """Spread a total evenly over ``count`` GPUs: 18 GiB and 240 % over 3 -> 6 GiB and 80 %
+        each. Remainders are rounded down so the total is never exceeded."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise InvalidRequest(f"A request needs at least 1 GPU; got count={count!r}.")
+        return cls(
+            owner=owner,
+            memory_mib=total_memory_mib // count,
+            cores_percent=total_cores_percent // count,
+            count=count,
+            **kw,
+        )
+
+
+@dataclass(frozen=True)
+class GPU:
+    """One card. Capacity for slices is ``memory_mib * memory_oversub`` MiB and
+    ``100 * cores_oversub`` % of its SMs."""
+
+    uuid: str
+    model: str
+    memory_mib: int
+    sm_count: int = 0
+    memory_oversub: float = 1.0
+    cores_oversub: float = 1.0
+    mode: Mode = Mode.SHARED
+    mig_profiles: tuple[str, ...] = ()
+    index: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The inventory format that :func:`quotas.load_pool` reads back."""
+        return {
+            "uuid": self.uuid,
+            "model": self.model,
+            "memory_mib": self.memory_mib,
+            "sm_count": self.sm_count,
+            "memory_oversub": self.memory_oversub,
+            "cores_oversub": self.cores_oversub,
+            "mode": Mode(self.mode).value,
+            "mig_profiles": list(self.mig_profiles),
+            "index": self.index,
+        }
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    gpus: tuple[GPU, ...]
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The inventory: nodes and their GPUs."""
+
+    nodes: tuple[Node, ...] = ()
+    _gpus: dict[str, tuple[Node, GPU]] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+    _nodes: dict[str, Node] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+        for node in self.nodes:
+            self._nodes[node.name] = node
+            for gpu in node.gpus:
+                self._gpus[gpu.uuid] = (node, gpu)
+
+    def gpu(self, uuid: str) -> GPU | None:
+        hit = self._gpus.get(uuid)
+        return hit[1] if hit else None
+
+    def node(self, name: str) -> Node | None:
+        return self._nodes.get(name)
+
+    def node_of(self, uuid: str) -> Node | None:
+        hit = self._gpus.get(uuid)
+        return hit[0] if hit else None
+
+    def all_gpus(self) -> list[GPU]:
+        return [gpu for node in self.nodes for gpu in node.gpus]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"nodes": [{"name": n.name, "gpus": [g.to_dict() for g in n.gpus]} for n in self.nodes]}
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A granted request: where it runs and its per-GPU limits."""
+
+    id: str
+    owner: Owner
+    node: str
+    gpu_uuids: tuple[str, ...]
+    memory_mib: int
+    cores_percent: int
+    priority_class: str
+    whole: bool = False
+    borrowed: bool = False
+    kind: str = "notebook"
+    created_at: float = 0.0
+
+
+DecisionKind = Literal["grant", "preempt", "wait", "reject"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The answer to one request.
+
+    ``grant``: record ``allocation``. ``preempt``: stop and remove ``victims``, then record
+    ``allocation``. ``wait``: it would fit if others stopped (``reason``, ``error``). ``reject``:
+    it can never fit as asked (``reason``, ``error``).
+    """
+
+    kind: DecisionKind
+    allocation: Allocation | None = None
+    victims: tuple[Allocation, ...] = ()
+    reason: str = ""
+    error: AdmissionError | None = None
+
+    @property
+    def granted(self) -> bool:
+        return self.kind in ("grant", "preempt")

@@ -1,0 +1,396 @@
+"""Where a request goes: per-card capacity and the indexes that make a placement fast.
+
+Cards and nodes are numbered once per pool; per-card usage lives in flat lists. For each GPU
+model ("group", plus ``""`` for any model) the index keeps, per node, the sum of free memory on
+its slice cards (a sorted list: binpack walks it upwards from the first node that could hold
+the request, spread downwards), the largest free memory and cores on one card (a cheap filter),
+and the number of empty cards that can be handed out whole (a sorted list too).
+
+For preemption it keeps, per *eligibility predicate* (which allocations a priority class may
+evict), the memory and cores those allocations hold on each card, so "could this node fit the
+request if every allocation I may evict were gone?" is answered without walking allocations.
+
+Capacity of a card for slices is ``floor(memory_mib * memory_oversub)`` MiB and
+``floor(100 * cores_oversub)`` %. A whole allocation charges the card's entire capacity, so no
+slice can join it, and it only goes on a card with no allocation at all. Cards in ``mig`` mode
+are never placed on; cards in ``whole`` mode only take whole requests.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections.abc import Sequence
+
+from .model import GPU, Allocation, Mode, Pool
+from .policy import Placement
+
+#: group key matching any model
+ANY = ""
+
+# freed capacity on cards by a set of would-be victims: card -> [memory, cores, allocations]
+Freed = dict[int, list[int]]
+
+
+def capacity(amount: float) -> int:
+    """floor() that forgives float noise: 100 * 0.29 -> 29, 100 * 1.1 -> 110."""
+    return math.floor(amount + 1e-9)
+
+
+class CardIndex:
+    """Capacity of every card of a pool, with incremental summaries. Pure bookkeeping."""
+
+    def __init__(self, pool: Pool, placement: Placement, n_predicates: int) -> None:
+        self.pool = pool
+        self.binpack_nodes = placement.node == "binpack"
+        self.binpack_gpus = placement.gpu == "binpack"
+        self.gpus: list[GPU] = []
+        self.gi_of: dict[str, int] = {}
+        self.node_of_gpu: list[int] = []
+        self.node_names: list[str] = []
+        self.ni_of: dict[str, int] = {}
+        self.node_gpus: list[list[int]] = []
+        # static card facts
+        self.cap_m: list[int] = []
+        self.cap_c: list[int] = []
+        self.slice_ok: list[bool] = []
+        self.whole_ok: list[bool] = []
+        self.group: list[str] = []
+        #: display name of each group (first spelling seen)
+        self.model_names: dict[str, str] = {}
+        #: per node: group -> cards taking slices / whole requests
+        self.sgpus: list[dict[str, list[int]]] = []
+        self.wgpus: list[dict[str, list[int]]] = []
+        for node in pool.nodes:
+            ni = len(self.node_names)
+            self.ni_of[node.name] = ni
+            self.node_names.append(node.name)
+            self.node_gpus.append([])
+            sg: dict[str, list[int]] = {}
+            wg: dict[str, list[int]] = {}
+            for gpu in node.gpus:
+                gi = len(self.gpus)
+                self.gpus.append(gpu)
+                self.gi_of[gpu.uuid] = gi
+                self.node_of_gpu.append(ni)
+                self.node_gpus[ni].append(gi)
+                self.cap_m.append(capacity(gpu.memory_mib * gpu.memory_oversub))
+                self.cap_c.append(capacity(100 * gpu.cores_oversub))
+                mode = Mode(gpu.mode)
+                self.slice_ok.append(mode is Mode.SHARED)
+                self.whole_ok.append(mode in (Mode.SHARED, Mode.WHOLE))
+                group = gpu.model.lower()
+                self.group.append(group)
+                self.model_names.setdefault(group, gpu.model)
+                for g in (group, ANY):
+                    if mode is Mode.SHARED:
+                        sg.setdefault(g, []).append(gi)
+                    if mode in (Mode.SHARED, Mode.WHOLE):
+                        wg.setdefault(g, []).append(gi)
+            self.sgpus.append(sg)
+            self.wgpus.append(wg)
+        n_gpus, n_nodes = len(self.gpus), len(self.node_names)
+        # dynamic card state
+        self.used_m = [0] * n_gpus
+        self.used_c = [0] * n_gpus
+        self.nalloc = [0] * n_gpus
+        #: per card: allocation id -> (memory, cores) it charges on that card
+        self.on: list[dict[str, tuple[int, int]]] = [{} for _ in range(n_gpus)]
+        #: per node: allocations holding one of its cards
+        self.node_allocs: list[dict[str, Allocation]] = [{} for _ in range(n_nodes)]
+        # per-group node summaries
+        groups = set(self.model_names) | {ANY}
+        self.free_sum: dict[str, dict[int, int]] = {g: {} for g in groups}
+        self.order: dict[str, list[tuple[int, int]]] = {g: [] for g in groups}
+        self.max_m: dict[str, dict[int, int]] = {g: {} for g in groups}
+        self.max_c: dict[str, dict[int, int]] = {g: {} for g in groups}
+        self.empty: dict[str, dict[int, int]] = {g: {} for g in groups}
+        self.worder: dict[str, list[tuple[int, int]]] = {g: [] for g in groups}
+        # per-predicate evictable charges per card, and per-node summaries
+        self.n_pred = n_predicates
+        self.em = [[0] * n_gpus for _ in range(n_predicates)]
+        self.ec = [[0] * n_gpus for _ in range(n_predicates)]
+        self.en = [[0] * n_gpus for _ in range(n_predicates)]
+        self.pmax_m = [[0] * n_nodes for _ in range(n_predicates)]
+        self.pmax_c = [[0] * n_nodes for _ in range(n_predicates)]
+        self.pempty = [[0] * n_nodes for _ in range(n_predicates)]
+        self._static_shape()
+        for ni in range(n_nodes):
+            self._refresh(ni, initial=True)
+        for order in (*self.order.values(), *self.worder.values()):
+            order.sort()
+
+    # ---- static facts (for "can this ever fit?") ------------------------------------------
+
+    def _static_shape(self) -> None:
+        self.max_cap_m: dict[str, int] = {}
+        self.max_cap_c: dict[str, int] = {}
+        self.min_cap_m: dict[str, int] = {}
+        self.min_cap_c: dict[str, int] = {}
+        self.max_slice_cards: dict[str, int] = {}
+        self.max_whole_cards: dict[str, int] = {}
+        self.min_whole_mem: dict[str, int] = {}
+        for ni in range(len(self.node_names)):
+            for g, gl in self.sgpus[ni].items():
+                self.max_slice_cards[g] = max(self.max_slice_cards.get(g, 0), len(gl))
+                for gi in gl:
+                    self.max_cap_m[g] = max(self.max_cap_m.get(g, 0), self.cap_m[gi])
+                    self.max_cap_c[g] = max(self.max_cap_c.get(g, 0), self.cap_c[gi])
+                    self.min_cap_m[g] = min(self.min_cap_m.get(g, self.cap_m[gi]), self.cap_m[gi])
+                    self.min_cap_c[g] = min(self.min_cap_c.get(g, self.cap_c[gi]), self.cap_c[gi])
+            for g, gl in self.wgpus[ni].items():
+                self.max_whole_cards[g] = max(self.max_whole_cards.get(g, 0), len(gl))
+                for gi in gl:
+                    mem = self.gpus[gi].memory_mib
+                    self.min_whole_mem[g] = min(self.min_whole_mem.get(g, mem), mem)
+        self._shape_memo: dict[tuple[str, int, int], int] = {}
+
+    def most_slice_cards(self, group: str, m: int, c: int) -> int:
+        """The most cards of ``group`` on one node that could ever hold an (m, c) slice."""
+        if m <= self.min_cap_m.get(group, 0) and c <= self.min_cap_c.get(group, 0):
+            return self.max_slice_cards.get(group, 0)
+        key = (group, m, c)
+        hit = self._shape_memo.get(key)
+        if hit is None:
+            hit = 0
+            for sg in self.sgpus:
+                n = sum(1 for gi in sg.get(group, ()) if self.cap_m[gi] >= m and self.cap_c[gi] >= c)
+                hit = max(hit, n)
+            if len(self._shape_memo) > 4096:
+                self._shape_memo.clear()
+            self._shape_memo[key] = hit
+        return hit
+
+    # ---- bookkeeping ----------------------------------------------------------------------
+
+    def charge_on(self, allocation: Allocation, gi: int) -> tuple[int, int]:
+        if allocation.whole:
+            return self.cap_m[gi], self.cap_c[gi]
+        return allocation.memory_mib, allocation.cores_percent
+
+    def apply(
+        self, allocation: Allocation, eligible: Sequence[bool], sign: int, refresh: bool = True
+    ) -> None:
+        """Add (sign=1) or remove (sign=-1) an allocation's charges on the cards it holds."""
+        nodes = set()
+        for uuid in allocation.gpu_uuids:
+            gi = self.gi_of.get(uuid)
+            if gi is None:
+                continue  # a card no longer in the pool: the quota still counts it
+            if sign > 0:
+                cm, cc = self.charge_on(allocation, gi)
+                self.on[gi][allocation.id] = (cm, cc)
+            else:
+                cm, cc = self.on[gi].pop(allocation.id)
+            self.used_m[gi] += sign * cm
+            self.used_c[gi] += sign * cc
+            self.nalloc[gi] += sign
+            for p in range(self.n_pred):
+                if eligible[p]:
+                    self.em[p][gi] += sign * cm
+                    self.ec[p][gi] += sign * cc
+                    self.en[p][gi] += sign
+            ni = self.node_of_gpu[gi]
+            nodes.add(ni)
+            if sign > 0:
+                self.node_allocs[ni][allocation.id] = allocation
+            else:
+                self.node_allocs[ni].pop(allocation.id, None)
+        if refresh:
+            for ni in nodes:
+                self._refresh(ni)
+
+    def refresh_all(self) -> None:
+        for ni in range(len(self.node_names)):
+            self._refresh(ni)
+
+    def _refresh(self, ni: int, initial: bool = False) -> None:
+        cap_m, cap_c, used_m, used_c, nalloc = (
+            self.cap_m, self.cap_c, self.used_m, self.used_c, self.nalloc
+        )
+        for g, gl in self.sgpus[ni].items():
+            total = best_m = best_c = 0
+            for gi in gl:
+                fm = cap_m[gi] - used_m[gi]
+                fc = cap_c[gi] - used_c[gi]
+                if fm > 0:
+                    total += fm
+                best_m = max(best_m, fm)
+                best_c = max(best_c, fc)
+            self.max_m[g][ni] = best_m
+            self.max_c[g][ni] = best_c
+            self._resort(self.order[g], self.free_sum[g], ni, total, initial)
+        for g, gl in self.wgpus[ni].items():
+            n_empty = sum(1 for gi in gl if nalloc[gi] == 0)
+            self._resort(self.worder[g], self.empty[g], ni, n_empty, initial)
+        slice_cards = self.sgpus[ni].get(ANY, ())
+        whole_cards = self.wgpus[ni].get(ANY, ())
+        for p in range(self.n_pred):
+            em, ec, en = self.em[p], self.ec[p], self.en[p]
+            best_m = best_c = 0
+            for gi in slice_cards:
+                best_m = max(best_m, cap_m[gi] - used_m[gi] + em[gi])
+                best_c = max(best_c, cap_c[gi] - used_c[gi] + ec[gi])
+            self.pmax_m[p][ni] = best_m
+            self.pmax_c[p][ni] = best_c
+            self.pempty[p][ni] = sum(1 for gi in whole_cards if nalloc[gi] == en[gi])
+
+    @staticmethod
+    def _resort(
+        order: list[tuple[int, int]], values: dict[int, int], ni: int, value: int, initial: bool
+    ) -> None:
+        old = values.get(ni)
+        if old == value:
+            return
+        if old is not None:
+            i = bisect_left(order, (old, ni))
+            del order[i]
+        values[ni] = value
+        if initial:
+            order.append((value, ni))  # sorted once, after every node is in
+        else:
+            insort(order, (value, ni))
+
+    # ---- placement ------------------------------------------------------------------------
+
+    def fit_node(
+        self,
+        ni: int,
+        m: int,
+        c: int,
+        k: int,
+        whole: bool,
+        group: str,
+        freed: Freed | None = None,
+    ) -> list[int] | None:
+        """The k cards of node ``ni`` the request takes (policy order), or None."""
+        if whole:
+            cards = self.wgpus[ni].get(group)
+            if not cards:
+                return None
+            nalloc = self.nalloc
+            if freed:
+                free = [gi for gi in cards if nalloc[gi] == freed.get(gi, (0, 0, 0))[2]]
+            else:
+                free = [gi for gi in cards if nalloc[gi] == 0]
+            if len(free) < k:
+                return None
+            gpus = self.gpus
+            # dedicated whole-mode cards first, then the smallest (the quota counts their
+            # memory), then the lowest index
+            free.sort(key=lambda gi: (gpus[gi].mode != Mode.WHOLE, gpus[gi].memory_mib,
+                                      gpus[gi].index, gi))
+            return free[:k]
+        cards = self.sgpus[ni].get(group)
+        if not cards:
+            return None
+        cap_m, cap_c, used_m, used_c = self.cap_m, self.cap_c, self.used_m, self.used_c
+        fits = []
+        for gi in cards:
+            fm = cap_m[gi] - used_m[gi]
+            fc = cap_c[gi] - used_c[gi]
+            if freed:
+                back = freed.get(gi)
+                if back:
+                    fm += back[0]
+                    fc += back[1]
+            if fm >= m and fc >= c:
+                fits.append((fm, fc, self.gpus[gi].index, gi))
+        if len(fits) < k:
+            return None
+        if self.binpack_gpus:
+            fits.sort()
+        else:
+            fits.sort(key=lambda t: (-t[0], -t[1], t[2], t[3]))
+        return [t[3] for t in fits[:k]]
+
+    def find(self, m: int, c: int, k: int, whole: bool, group: str) -> tuple[int, list[int]] | None:
+        """Best node and cards for the request with the pool as it is, by the placement policy."""
+        if whole:
+            worder = self.worder.get(group)
+            if not worder:
+                return None
+            if self.binpack_nodes:
+                i = bisect_left(worder, (k, -1))
+                if i == len(worder):
+                    return None
+                ni = worder[i][1]
+            else:
+                if worder[-1][0] < k:
+                    return None
+                ni = worder[-1][1]
+            cards = self.fit_node(ni, m, c, k, True, group)
+            return (ni, cards) if cards else None
+        order = self.order.get(group)
+        if not order:
+            return None
+        need = m * k
+        max_m, max_c = self.max_m[group], self.max_c[group]
+        if self.binpack_nodes:
+            for i in range(bisect_left(order, (need, -1)), len(order)):
+                ni = order[i][1]
+                if max_m[ni] >= m and max_c[ni] >= c:
+                    cards = self.fit_node(ni, m, c, k, False, group)
+                    if cards:
+                        return ni, cards
+        else:
+            for i in range(len(order) - 1, -1, -1):
+                total, ni = order[i]
+                if total < need:
+                    break
+                if max_m[ni] >= m and max_c[ni] >= c:
+                    cards = self.fit_node(ni, m, c, k, False, group)
+                    if cards:
+                        return ni, cards
+        return None
+
+    def node_rank(self, ni: int, group: str, whole: bool) -> tuple[int, int]:
+        """Sort key of a node in placement order (smaller = preferred)."""
+        value = (self.empty if whole else self.free_sum)[group].get(ni, 0)
+        return (value, ni) if self.binpack_nodes else (-value, ni)
+
+    # ---- preemption support ---------------------------------------------------------------
+
+    def evictable_nodes(
+        self, p: int, m: int, c: int, k: int, whole: bool, group: str
+    ) -> list[int]:
+        """Nodes where the request would fit if every allocation predicate ``p`` may evict
+        were gone."""
+        result = []
+        nalloc, en = self.nalloc, self.en[p]
+        if whole:
+            pempty = self.pempty[p]
+            for ni, wg in enumerate(self.wgpus):
+                if pempty[ni] >= k:
+                    cards = wg.get(group, ())
+                    if sum(1 for gi in cards if nalloc[gi] == en[gi]) >= k:
+                        result.append(ni)
+            return result
+        pmax_m, pmax_c = self.pmax_m[p], self.pmax_c[p]
+        cap_m, cap_c, used_m, used_c = self.cap_m, self.cap_c, self.used_m, self.used_c
+        em, ec = self.em[p], self.ec[p]
+        for ni, sg in enumerate(self.sgpus):
+            if pmax_m[ni] >= m and pmax_c[ni] >= c:
+                n = 0
+                for gi in sg.get(group, ()):
+                    if cap_m[gi] - used_m[gi] + em[gi] >= m and cap_c[gi] - used_c[gi] + ec[gi] >= c:
+                        n += 1
+                if n >= k:
+                    result.append(ni)
+        return result
+
+    def most_free_card(self, group: str) -> tuple[int, int]:
+        """(memory, cores) free on the card with the most free memory, for messages."""
+        best = (0, 0)
+        max_m = self.max_m.get(group, {})
+        if not max_m:
+            return best
+        ni = max(max_m, key=max_m.__getitem__)
+        for gi in self.sgpus[ni].get(group, ()):
+            free = (self.cap_m[gi] - self.used_m[gi], self.cap_c[gi] - self.used_c[gi])
+            best = max(best, free)
+        return best
+
+    def most_empty_cards(self, group: str) -> int:
+        worder = self.worder.get(group)
+        return worder[-1][0] if worder else 0

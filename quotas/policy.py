@@ -1,0 +1,96 @@
+"""Policy: priority classes, placement strategy, and the whole admission config."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .errors import InvalidRequest
+from .tree import QuotaTree
+
+Strategy = Literal["binpack", "spread"]
+STRATEGIES = ("binpack", "spread")
+
+
+@dataclass(frozen=True)
+class PriorityClass:
+    """``value``: higher wins. ``preempt``: may evict allocations of strictly lower value.
+    ``borrow``: may go over quota while the pool has idle capacity (such grants are marked
+    borrowed and are the first to be preempted)."""
+
+    name: str
+    value: int
+    preempt: bool = False
+    borrow: bool = False
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where slices go: ``binpack`` fills the fullest node/card that fits first, ``spread`` the
+    emptiest; chosen separately for nodes and for cards within the node."""
+
+    node: Strategy = "binpack"
+    gpu: Strategy = "binpack"
+
+
+DEFAULT_PRIORITY_CLASSES: Mapping[str, PriorityClass] = {
+    "high": PriorityClass("high", 1000, preempt=True, borrow=False),
+    "default": PriorityClass("default", 100, preempt=False, borrow=False),
+    "low": PriorityClass("low", 10, preempt=False, borrow=True),
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    priority_classes: Mapping[str, PriorityClass] = field(
+        default_factory=lambda: dict(DEFAULT_PRIORITY_CLASSES)
+    )
+    default_priority_class: str = "default"
+    placement: Placement = field(default_factory=Placement)
+    #: preemption looks for victims on at most this many nodes (in placement order), as
+    #: kube-scheduler bounds its candidate nodes; the best single victim is always found.
+    max_preemption_nodes: int = 100
+
+    def priority_class(self, name: str | None) -> PriorityClass:
+        """The class of a request (``None`` -> the default); InvalidRequest if unknown."""
+        key = self.default_priority_class if name is None else name
+        pc = self.priority_classes.get(key)
+        if pc is None:
+            known = ", ".join(f"'{n}'" for n in sorted(self.priority_classes))
+            raise InvalidRequest(
+                f"Priority class '{key}' does not exist (known: {known}). Pick one of these."
+            )
+        return pc
+
+    def value_of(self, name: str) -> int:
+        """Priority value of an allocation's class; a class no longer configured counts as the
+        default class."""
+        pc = self.priority_classes.get(name) or self.priority_classes.get(
+            self.default_priority_class
+        )
+        return pc.value if pc else 0
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """Everything admission needs besides the pool and the allocations."""
+
+    policy: Policy = field(default_factory=Policy)
+    quotas: QuotaTree = field(default_factory=QuotaTree.unlimited)
+
+    @property
+    def priority_classes(self) -> Mapping[str, PriorityClass]:
+        return self.policy.priority_classes
+
+    @property
+    def default_priority_class(self) -> str:
+        return self.policy.default_priority_class
+
+    @property
+    def placement(self) -> Placement:
+        return self.policy.placement
+
+    @property
+    def workspaces(self) -> Mapping:
+        return self.quotas.workspaces

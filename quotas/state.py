@@ -1,0 +1,491 @@
+"""AdmissionState: the pool, the live allocations and the quota usage, indexed for fast decisions.
+
+The allocator keeps one. :meth:`AdmissionState.decide` is pure (it does not change the state);
+the caller records what it did with :meth:`add` / :meth:`remove` (or :meth:`apply`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from bisect import bisect_left, insort
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from . import messages as msg
+from .errors import InvalidRequest, PoolFull, QuotaExceeded
+from .model import Allocation, Decision, GPURequest, Mode, Owner, Pool
+from .placement import ANY, CardIndex
+from .policy import AdmissionConfig, PriorityClass
+from .preemption import Ask, VictimKey, VictimSearch, victim_key
+from .tree import RESOURCES, Level, QuotaLedger
+
+
+class AdmissionState:
+    """Pure, in-memory, incrementally indexed admission state."""
+
+    def __init__(
+        self, config: AdmissionConfig, pool: Pool, allocations: Iterable[Allocation] = ()
+    ) -> None:
+        self.config = config
+        policy = config.policy
+        # eligibility predicates: 0 = borrowed only; then one per value a preempting class has
+        values = sorted({pc.value for pc in policy.priority_classes.values() if pc.preempt})
+        self._thresholds: list[int | None] = [None, *values]
+        self._predicate: dict[str, int] = {
+            name: (self._thresholds.index(pc.value) if pc.preempt else 0)
+            for name, pc in policy.priority_classes.items()
+        }
+        self._levels_cache: dict[Owner, tuple[Level, Level, Level]] = {}
+        self._allocs: dict[str, Allocation] = {}
+        self._pool = pool
+        self._reset_indexes()
+        for allocation in allocations:
+            self._add(allocation, refresh=False)
+        self._index.refresh_all()
+
+    def _reset_indexes(self) -> None:
+        self._index = CardIndex(self._pool, self.config.policy.placement, len(self._thresholds))
+        self._ledger = QuotaLedger()
+        self._charges: dict[str, tuple[int, int, int]] = {}
+        self._eligible: dict[str, tuple[bool, ...]] = {}
+        self._key: dict[str, VictimKey] = {}
+        self._order: list[VictimKey] = []
+        self._ws_order: dict[str, list[VictimKey]] = {}
+
+    # ---- the ledger -----------------------------------------------------------------------
+
+    @property
+    def allocations(self) -> Mapping[str, Allocation]:
+        return MappingProxyType(self._allocs)
+
+    @property
+    def pool(self) -> Pool:
+        return self._pool
+
+    def add(self, allocation: Allocation) -> None:
+        """Record a live allocation (a grant, or one found in the ledger at start-up). Recording
+        an id again replaces the old record. Allocations on cards not in the pool still count
+        against quotas."""
+        self._add(allocation, refresh=True)
+
+    def _add(self, allocation: Allocation, refresh: bool) -> None:
+        if allocation.id in self._allocs:
+            self._remove(allocation.id, refresh)
+        value = self.config.policy.value_of(allocation.priority_class)
+        eligible = tuple(
+            allocation.borrowed or (t is not None and value < t) for t in self._thresholds
+        )
+        charge = self._charge(allocation)
+        key = victim_key(allocation, value)
+        self._allocs[allocation.id] = allocation
+        self._charges[allocation.id] = charge
+        self._eligible[allocation.id] = eligible
+        self._key[allocation.id] = key
+        insort(self._order, key)
+        insort(self._ws_order.setdefault(allocation.owner.workspace, []), key)
+        self._ledger.apply(allocation.id, allocation.owner, charge, allocation.borrowed, 1)
+        self._index.apply(allocation, eligible, 1, refresh)
+
+    def remove(self, allocation_id: str) -> Allocation | None:
+        """Forget an allocation; returns it, or None if it was not recorded."""
+        return self._remove(allocation_id, True)
+
+    def _remove(self, allocation_id: str, refresh: bool) -> Allocation | None:
+        allocation = self._allocs.pop(allocation_id, None)
+        if allocation is None:
+            return None
+        key = self._key.pop(allocation_id)
+        for order in (self._order, self._ws_order[allocation.owner.workspace]):
+            del order[bisect_left(order, key)]
+        charge = self._charges.pop(allocation_id)
+        eligible = self._eligible.pop(allocation_id)
+        self._ledger.apply(allocation_id, allocation.owner, charge, allocation.borrowed, -1)
+        self._index.apply(allocation, eligible, -1, refresh)
+        return allocation
+
+    def apply(self, decision: Decision) -> Allocation | None:
+        """Carry out a granted decision on this state: drop its victims, record its allocation."""
+        if not decision.granted or decision.allocation is None:
+            return None
+        for victim in decision.victims:
+            self.remove(victim.id)
+        self.add(decision.allocation)
+        return decision.allocation
+
+    def set_pool(self, pool: Pool) -> None:
+        """Replace the inventory (nodes came or went); allocations are kept."""
+        self._pool = pool
+        allocations = list(self._allocs.values())
+        self._allocs = {}
+        self._reset_indexes()
+        for allocation in allocations:
+            self._add(allocation, refresh=False)
+        self._index.refresh_all()
+
+    def _charge(self, allocation: Allocation) -> tuple[int, int, int]:
+        """What an allocation counts against quotas: (memory MiB, cores %, vGPUs). A whole
+        card counts its full memory and 100 %."""
+        n = len(allocation.gpu_uuids)
+        if not allocation.whole:
+            return allocation.memory_mib * n, allocation.cores_percent * n, n
+        memory = 0
+        for u in allocation.gpu_uuids:
+            gpu = self._pool.gpu(u)
+            memory += gpu.memory_mib if gpu is not None else allocation.memory_mib
+        return memory, 100 * n, n
+
+    # ---- validation -----------------------------------------------------------------------
+
+    def levels(self, owner: Owner) -> tuple[Level, Level, Level]:
+        hit = self._levels_cache.get(owner)
+        if hit is None:
+            hit = self._levels_cache[owner] = self.config.quotas.levels(owner)
+        return hit
+
+    def validate(self, request: GPURequest) -> None:
+        """Raise InvalidRequest if the request is malformed or can never fit this pool."""
+        self._check(request)
+
+    def _check(self, request: GPURequest) -> tuple[PriorityClass, str, tuple[Level, ...]]:
+        owner = request.owner
+        if not isinstance(owner, Owner) or not isinstance(owner.user, str) or not owner.user:
+            raise InvalidRequest("A GPU request needs an owner with a user name.")
+        levels = self.levels(owner)
+        count = request.count
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise InvalidRequest(f"Ask for at least 1 GPU; got {count!r}.")
+        if not request.whole:
+            m, c = request.memory_mib, request.cores_percent
+            if isinstance(m, bool) or not isinstance(m, int) or m <= 0:
+                raise InvalidRequest(
+                    f"GPU memory must be a whole number of MiB above 0; got {m!r}."
+                )
+            if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 100:
+                raise InvalidRequest(
+                    f"GPU compute must be a whole percentage from 1 to 100 per GPU; got {c!r}."
+                )
+        pc = self.config.policy.priority_class(request.priority_class)
+        ix = self._index
+        group = ANY
+        if request.model:
+            group = request.model.lower()
+            if group not in ix.model_names:
+                known = ", ".join(f"'{n}'" for n in sorted(ix.model_names.values())) or "none"
+                raise InvalidRequest(
+                    f"No GPU of model '{request.model}' is in the pool (models: {known}). "
+                    "Pick one of these or leave the model open."
+                )
+        model = msg.model_phrase(ix.model_names.get(group))
+        if not ix.gpus:
+            raise InvalidRequest(
+                "The GPU pool has no GPUs yet. Ask an admin to check the GPU nodes."
+            )
+        if request.whole:
+            most = ix.max_whole_cards.get(group, 0)
+            if most == 0:
+                raise InvalidRequest(
+                    f"No {model}GPU in the pool can be given out whole (they are all MIG). "
+                    "Ask for a slice instead."
+                )
+            if count > most:
+                raise InvalidRequest(
+                    f"No node has {count} {model}GPUs that can be given out whole; the most on "
+                    f"one node is {most}. Ask for fewer GPUs."
+                )
+            return pc, group, levels
+        if not ix.max_slice_cards.get(group):
+            raise InvalidRequest(
+                f"No {model}GPU in the pool takes shared slices (they are whole-card or MIG "
+                "only). Ask for whole GPUs instead."
+            )
+        m, c = request.memory_mib, request.cores_percent
+        if m > ix.max_cap_m[group]:
+            raise InvalidRequest(
+                f"A {msg.mib(m)} slice is larger than any {model}GPU in the pool (the largest "
+                f"holds {msg.mib(ix.max_cap_m[group])}). Pick a smaller profile."
+            )
+        if c > ix.max_cap_c[group]:
+            raise InvalidRequest(
+                f"{c}% of compute is more than any {model}GPU in the pool offers "
+                f"({ix.max_cap_c[group]}% at most). Pick a smaller profile."
+            )
+        most = ix.most_slice_cards(group, m, c)
+        if count > most:
+            raise InvalidRequest(
+                f"No node has {count} {model}GPUs that can hold {msg.mib(m)} and {c}% each; "
+                f"the most on one node is {most}. Ask for fewer GPUs or a smaller slice."
+            )
+        return pc, group, levels
+
+    # ---- the decision ---------------------------------------------------------------------
+
+    def decide(self, request: GPURequest, now: float = 0.0) -> Decision:
+        """Grant, grant after preempting, wait or reject ``request``. Does not change the state."""
+        try:
+            pc, group, levels = self._check(request)
+        except InvalidRequest as e:
+            return Decision("reject", reason=e.message, error=e)
+        ix = self._index
+        whole = request.whole
+        m = 0 if whole else request.memory_mib
+        c = 0 if whole else request.cores_percent
+        k = request.count
+        kind = msg.what(request)
+
+        def asked_for(cards: list[int] | None) -> tuple[int, int, int]:
+            if not whole:
+                return m * k, c * k, k
+            if cards is None:  # the least it can cost
+                return ix.min_whole_mem.get(group, 0) * k, 100 * k, k
+            return sum(ix.gpus[gi].memory_mib for gi in cards), 100 * k, k
+
+        # a request above a level's whole quota can never fit
+        low = asked_for(None)
+        for level in levels:
+            for r, res in enumerate(RESOURCES):
+                limit = level.limits.get(res)
+                if limit is not None and low[r] > limit:
+                    error = QuotaExceeded(
+                        msg.quota_never(level, res, limit, low[r], kind),
+                        level=level.label, resource=res, used=self._ledger.used(level.key, res),
+                        limit=limit, asked=low[r],
+                    )
+                    return Decision("reject", reason=error.message, error=error)
+
+        base = ix.find(m, c, k, whole, group)
+        asked = asked_for(base[1] if base else None)
+        over = self._first_deficit(levels, asked)
+        if base is not None and over is None:
+            return self._grant(request, pc, base, False, now)
+        if base is not None and pc.borrow:
+            level, res, used, limit = over
+            return self._grant(
+                request, pc, base, True, now,
+                reason=f"Borrowed idle capacity: {level.label} is over its "
+                f"{_RESOURCE_WORDS[res]} quota ({_amount(res, used)} of "
+                f"{_amount(res, limit)} in use); this allocation is preempted first when the "
+                "capacity is needed back.",
+            )
+        if self._has_candidates(pc):
+            search = VictimSearch(
+                self, Ask(m, c, k, whole, group), pc, self._predicate[pc.name], levels,
+                asked_for, base,
+            )
+            solution = search.run()
+            if solution is not None:
+                grant = self._grant(request, pc, (solution.node, solution.cards), False, now)
+                victims = tuple(solution.victims)
+                return Decision(
+                    "preempt", allocation=grant.allocation, victims=victims,
+                    reason=self._preempt_reason(pc, victims),
+                )
+        return self._wait(request, pc, group, over, kind)
+
+    def _has_candidates(self, pc: PriorityClass) -> bool:
+        if not self._order:
+            return False
+        first = self._order[0]
+        return first[0] == 0 or (pc.preempt and first[1] < pc.value)
+
+    def _first_deficit(
+        self, levels: Iterable[Level], asked: tuple[int, int, int]
+    ) -> tuple[Level, str, int, int] | None:
+        for level in levels:
+            for r, res in enumerate(RESOURCES):
+                limit = level.limits.get(res)
+                if limit is None:
+                    continue
+                used = self._ledger.used(level.key, res)
+                if used + asked[r] > limit:
+                    return level, res, used, limit
+        return None
+
+    def _grant(
+        self,
+        request: GPURequest,
+        pc: PriorityClass,
+        where: tuple[int, list[int]],
+        borrowed: bool,
+        now: float,
+        reason: str = "",
+    ) -> Decision:
+        ix = self._index
+        ni, cards = where
+        if request.whole:
+            memory = min(ix.gpus[gi].memory_mib for gi in cards)
+            cores = 100
+        else:
+            memory, cores = request.memory_mib, request.cores_percent
+        allocation = Allocation(
+            id=request.request_id or f"alloc-{uuid.uuid4().hex[:12]}",
+            owner=request.owner,
+            node=ix.node_names[ni],
+            gpu_uuids=tuple(ix.gpus[gi].uuid for gi in cards),
+            memory_mib=memory,
+            cores_percent=cores,
+            priority_class=pc.name,
+            whole=request.whole,
+            borrowed=borrowed,
+            kind=request.kind,
+            created_at=now,
+        )
+        return Decision("grant", allocation=allocation, reason=reason)
+
+    def _preempt_reason(self, pc: PriorityClass, victims: tuple[Allocation, ...]) -> str:
+        parts = []
+        for v in victims:
+            what = "borrowed capacity" if v.borrowed else f"priority class '{v.priority_class}'"
+            parts.append(f"'{v.id}' of user '{v.owner.user}' ({what})")
+        n = len(victims)
+        return (
+            f"Granted by preempting {msg.plural(n, 'allocation')}: {', '.join(parts)}; "
+            f"the request runs at priority class '{pc.name}'."
+        )
+
+    def _wait(
+        self,
+        request: GPURequest,
+        pc: PriorityClass,
+        group: str,
+        over: tuple[Level, str, int, int] | None,
+        kind: str,
+    ) -> Decision:
+        ix = self._index
+        k = request.count
+        if over is not None and not pc.borrow:
+            level, res, used, limit = over
+            asked = self._asked_total(request, group, res)
+            error: QuotaExceeded | PoolFull = QuotaExceeded(
+                msg.quota_wait(level, res, used, limit, asked, kind),
+                level=level.label, resource=res, used=used, limit=limit, asked=asked,
+            )
+            return Decision("wait", reason=error.message, error=error)
+        model = msg.model_phrase(ix.model_names.get(group))
+        if request.whole:
+            most = ix.most_empty_cards(group)
+            text = (
+                f"No node has {msg.plural(k, 'free ' + model + 'GPU')} to give out whole right "
+                f"now (at most {most} on one node). Wait for a kernel to stop or ask for "
+                "fewer GPUs."
+            )
+        elif k == 1:
+            fm, fc = ix.most_free_card(group)
+            text = (
+                f"No {model}GPU has {msg.mib(request.memory_mib)} of memory and "
+                f"{request.cores_percent}% of compute free right now (the most free on one "
+                f"card is {msg.mib(max(fm, 0))} and {max(fc, 0)}%). Wait for a kernel to stop "
+                "or pick a smaller profile."
+            )
+        else:
+            text = (
+                f"No node has {k} {model}GPUs with {msg.mib(request.memory_mib)} and "
+                f"{request.cores_percent}% free each right now. Wait for kernels to stop, "
+                "ask for fewer GPUs or pick a smaller profile."
+            )
+        if over is not None:  # a borrowing class over its quota: it may only use idle capacity
+            level, res, used, limit = over
+            text = (
+                f"{msg.cap(level.label)} is over its {_RESOURCE_WORDS[res]} quota "
+                f"({_amount(res, used)} of {_amount(res, limit)} in use); priority class "
+                f"'{pc.name}' may borrow idle capacity, but none is free. " + text
+            )
+        error = PoolFull(text)
+        return Decision("wait", reason=text, error=error)
+
+    def _asked_total(self, request: GPURequest, group: str, res: str) -> int:
+        k = request.count
+        if res == "gpus":
+            return k
+        if request.whole:
+            if res == "cores_percent":
+                return 100 * k
+            return self._index.min_whole_mem.get(group, 0) * k
+        return (request.memory_mib if res == "memory_mib" else request.cores_percent) * k
+
+    # ---- status ---------------------------------------------------------------------------
+
+    def usage(self) -> dict[str, Any]:
+        """Plain data for status pages and the CLI: per GPU and per quota level."""
+        ix = self._index
+        gpus = []
+        for gi, gpu in enumerate(ix.gpus):
+            memory = cores = 0
+            whole = False
+            ids = sorted(ix.on[gi])
+            for aid in ids:
+                a = self._allocs[aid]
+                if a.whole:
+                    whole = True
+                    memory += gpu.memory_mib
+                    cores += 100
+                else:
+                    memory += a.memory_mib
+                    cores += a.cores_percent
+            gpus.append(
+                {
+                    "uuid": gpu.uuid,
+                    "model": gpu.model,
+                    "node": ix.node_names[ix.node_of_gpu[gi]],
+                    "index": gpu.index,
+                    "mode": Mode(gpu.mode).value,
+                    "memory_used_mib": memory,
+                    "memory_total_mib": gpu.memory_mib,
+                    "memory_capacity_mib": ix.cap_m[gi],
+                    "cores_used_percent": cores,
+                    "cores_total_percent": 100,
+                    "cores_capacity_percent": ix.cap_c[gi],
+                    "whole": whole,
+                    "allocations": ids,
+                }
+            )
+        tree = self.config.quotas
+        ledger = self._ledger
+
+        def entry(name: str, key: tuple[str, ...]) -> dict[str, Any]:
+            u = ledger.usage(key)
+            return {
+                "name": name,
+                "used": {r: u.get(r) for r in RESOURCES},
+                "borrowed": {
+                    "memory_mib": u.borrowed_memory_mib,
+                    "cores_percent": u.borrowed_cores_percent,
+                    "gpus": u.borrowed_gpus,
+                },
+                "allocations": u.allocations,
+                "limits": tree.limits_of(key).to_dict(),
+            }
+
+        seen: dict[str, dict[str, set[str]]] = {}
+        for name, ws in tree.workspaces.items():
+            namespaces = seen.setdefault(name, {})
+            for ns_name, ns in ws.namespaces.items():
+                namespaces.setdefault(ns_name, set()).update(ns.users)
+        for key in ledger.keys():
+            if len(key) == 3:
+                seen.setdefault(key[0], {}).setdefault(key[1], set()).add(key[2])
+        workspaces = []
+        for ws_name, namespaces in seen.items():
+            ws_entry = entry(ws_name, (ws_name,))
+            ws_entry["namespaces"] = []
+            for ns_name, users in namespaces.items():
+                ns_entry = entry(ns_name, (ws_name, ns_name))
+                ns_entry["users"] = [entry(u, (ws_name, ns_name, u)) for u in sorted(users)]
+                ws_entry["namespaces"].append(ns_entry)
+            workspaces.append(ws_entry)
+        return {
+            "gpus": gpus,
+            "workspaces": workspaces,
+            "allocations": len(self._allocs),
+        }
+
+
+_RESOURCE_WORDS = {"memory_mib": "GPU memory", "cores_percent": "GPU compute", "gpus": "vGPU"}
+
+
+def _amount(res: str, n: int) -> str:
+    if res == "memory_mib":
+        return msg.mib(n)
+    if res == "cores_percent":
+        return f"{n}%"
+    return str(n)
