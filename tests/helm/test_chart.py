@@ -402,3 +402,66 @@ def test_grafana_dashboard_configmap(rendered):
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
     dashboard = json.loads(cm["data"]["elastic-gpu.json"])
     assert dashboard == json.loads((tools.CHART / "dashboards" / "grafana.json").read_text())
+
+
+# ---- the Grafana dashboard ------------------------------------------------------------------
+
+DASHBOARD = tools.CHART / "dashboards" / "grafana.json"
+
+
+def _dashboard_panels() -> list[dict]:
+    return [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["type"] != "row"]
+
+
+def _exprs(panel: dict) -> str:
+    return " ".join(t["expr"] for t in panel["targets"])
+
+
+def test_dashboard_has_the_panels_platform_teams_need():
+    panels = {p["title"]: p for p in _dashboard_panels()}
+    needed = {
+        "GPU memory used / total": ("elastic_gpu_memory_used_bytes", "elastic_gpu_memory_total_bytes"),
+        "GPU utilisation": ("elastic_gpu_utilization_ratio",),
+        "Allocation memory used vs limit": (
+            "elastic_gpu_allocation_memory_used_bytes",
+            "elastic_gpu_allocation_memory_limit_bytes",
+        ),
+        "Culls": ("elastic_gpu_culls_total",),
+    }
+    for title, metrics in needed.items():
+        assert title in panels, f"missing panel {title!r}"
+        for metric in metrics:
+            assert metric in _exprs(panels[title]), f"{title!r} does not query {metric}"
+
+
+def test_dashboard_is_well_formed():
+    dashboard = json.loads(DASHBOARD.read_text())
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"datasource", "node", "workspace"} <= variables
+    cells: set[tuple[int, int]] = set()
+    for p in dashboard["panels"]:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not cells & mine, f"panel {p['title']!r} overlaps another"
+        cells |= mine
+    for p in _dashboard_panels():
+        assert p["datasource"]["uid"] == "${datasource}", p["title"]
+        assert p["targets"], p["title"]
+        for t in p["targets"]:
+            assert t["expr"].count("(") == t["expr"].count(")"), t["expr"]
+
+
+def test_every_dashboard_metric_is_documented():
+    """docs/helm.md's metrics table is the contract with the node agent and the culler."""
+    import re
+
+    docs = (tools.REPO / "docs" / "helm.md").read_text()
+    metrics = set()
+    for p in _dashboard_panels():
+        metrics |= set(re.findall(r"\belastic_gpu_[a-z_]+\b", _exprs(p)))
+    assert metrics
+    undocumented = sorted(m for m in metrics if f"`{m}`" not in docs)
+    assert not undocumented, f"metrics used by the dashboard but not in docs/helm.md: {undocumented}"
