@@ -23,7 +23,6 @@ import os
 import shutil
 import signal
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -329,9 +328,7 @@ class Ledger:
     def events(self, limit: int = 20) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
             result = conn.execute(sa.select(EVENTS).order_by(EVENTS.c.seq.desc()).limit(limit))
-            return [
-                {k: v for k, v in dict(r._mapping).items() if k != "seq"} for r in result
-            ]
+            return [{k: v for k, v in dict(r._mapping).items() if k != "seq"} for r in result]
 
     def close(self) -> None:
         self.engine.dispose()
@@ -429,12 +426,11 @@ class LocalPool(PoolBackend):
     def _detect(self) -> Pool:
         if self.simulate_gpus:
             try:
-                pool = parse_simulated(self.simulate_gpus)
+                pool = parse_simulated(self.simulate_gpus, node=self.node_name)
             except ConfigError as e:
                 raise ConfigError(f"LocalPool.simulate_gpus: {e}") from None
             self.simulated = True
-            node = pool.nodes[0] if pool.nodes else Node(self.node_name, ())
-            return Pool(nodes=(replace(node, name=self.node_name),))
+            return pool
         gpus = detect_nvml_gpus()
         if not gpus:
             self.log.warning(
@@ -474,10 +470,14 @@ class LocalPool(PoolBackend):
         holder = str(holder)
         started = process_start_time(int(holder)) if holder.isdigit() else None
         if not holder.isdigit():
-            self.log.warning("GPU ledger: holder %r of %s is not a process id; it is never checked", holder, allocation_id)
+            self.log.warning(
+                "GPU ledger: holder %r of %s is not a process id; it is never checked", holder, allocation_id
+            )
         if not self.ledger.set_holder(allocation_id, holder, started):
             if allocation_id in self._evicted and holder.isdigit():
-                self.log.warning("GPU ledger: %s was preempted before process %s started; stopping it", allocation_id, holder)
+                self.log.warning(
+                    "GPU ledger: %s was preempted before process %s started; stopping it", allocation_id, holder
+                )
                 self._kill_group(int(holder))
             else:
                 self.log.warning("GPU ledger: bind of unknown allocation %s to %s ignored", allocation_id, holder)
@@ -490,7 +490,9 @@ class LocalPool(PoolBackend):
     async def evict(self, allocation: Allocation, reason: str) -> None:
         self._evicted.add(allocation.id)
         holder = self.ledger.holders().get(allocation.id) if self.ledger else None
-        self.log.warning("GPU preemption: stopping %s of %s (holder %s): %s", allocation.id, allocation.owner.user, holder, reason)
+        self.log.warning(
+            "GPU preemption: stopping %s of %s (holder %s): %s", allocation.id, allocation.owner.user, holder, reason
+        )
         if self.ledger is not None:
             self.ledger.add_event(allocation, "preempted", reason)
         if holder and holder.isdigit():
@@ -580,7 +582,9 @@ class LocalPool(PoolBackend):
             if not process_alive(pid):
                 return
             await asyncio.sleep(0.2)
-        self.log.warning("GPU preemption: process group %d did not stop in %s s; killing it", pid, self.evict_grace_seconds)
+        self.log.warning(
+            "GPU preemption: process group %d did not stop in %s s; killing it", pid, self.evict_grace_seconds
+        )
         _signal_group(pid, signal.SIGKILL)
 
     async def _watch(self) -> None:

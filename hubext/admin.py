@@ -1,0 +1,250 @@
+"""The GPU admin page (/hub/gpu) and its JSON API (/hub/api/gpu/pool, /hub/api/gpu/quota).
+
+The views are built by plain functions (:func:`pool_view`, :func:`quota_view`) from plain
+data, so ``elastic-gpu status`` renders the very same view from the SQLite ledger when the
+hub is down. Access uses JupyterHub's own scopes: the page needs ``admin-ui`` (as JupyterHub's
+admin page), the JSON API ``read:servers`` without a filter (admins have it through
+``admin:servers``; a monitoring service can be given just that).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from jinja2 import ChoiceLoader, FileSystemLoader
+from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.handlers.base import BaseHandler
+from jupyterhub.scopes import needs_scope
+from tornado import web
+
+from quotas import AdmissionState
+
+from .allocator import GPUAllocator
+from .local_pool import allocation_to_dict, pool_to_dict
+
+TEMPLATES = Path(__file__).parent / "templates"
+RESOURCES = ("memory_mib", "cores_percent", "gpus")
+
+
+# ---- views (plain data in, JSON-ready dict out) --------------------------------------------------
+
+
+def pool_view(
+    nodes: list[dict[str, Any]],
+    allocations: Iterable[Mapping[str, Any]],
+    *,
+    simulated: bool,
+    activity: Mapping[str, Mapping[str, int]] | None = None,
+    queue: list[dict[str, Any]] | None = None,
+    events: list[dict[str, Any]] | None = None,
+    source: str = "hub",
+    now: float | None = None,
+) -> dict[str, Any]:
+    """The pool: every GPU with its slices (owner, size, age), use against capacity and activity.
+
+    ``nodes`` is load_pool's format (``[{name, gpus: [{uuid, model, memory_mib, ...}]}]``),
+    ``allocations`` dicts as :func:`hubext.local_pool.allocation_to_dict` writes them.
+    """
+    now = time.time() if now is None else now
+    activity = activity or {}
+    allocations = list(allocations)
+    by_gpu: dict[str, list[Mapping[str, Any]]] = {}
+    for a in allocations:
+        for uuid in a["gpu_uuids"]:
+            by_gpu.setdefault(uuid, []).append(a)
+    out_nodes = []
+    totals = {"gpus": 0, "memory_mib": 0, "used_memory_mib": 0, "slices": len(allocations)}
+    for node in nodes:
+        gpus = []
+        for gpu in node["gpus"]:
+            capacity_memory = int(gpu["memory_mib"] * gpu.get("memory_oversub", 1.0))
+            capacity_cores = int(100 * gpu.get("cores_oversub", 1.0))
+            slices = []
+            used_memory = used_cores = 0
+            for a in sorted(by_gpu.get(gpu["uuid"], []), key=lambda a: a.get("created_at", 0.0)):
+                memory = capacity_memory if a.get("whole") else a["memory_mib"]
+                cores = capacity_cores if a.get("whole") else a["cores_percent"]
+                used_memory += memory
+                used_cores += cores
+                created = a.get("created_at") or 0.0
+                slices.append(
+                    {
+                        "allocation_id": a["id"],
+                        "user": a["user"],
+                        "workspace": a["workspace"],
+                        "namespace": a["namespace"],
+                        "kind": a.get("kind", "notebook"),
+                        "priority_class": a.get("priority_class", ""),
+                        "memory_mib": memory,
+                        "cores_percent": cores,
+                        "whole": bool(a.get("whole")),
+                        "borrowed": bool(a.get("borrowed")),
+                        "age_seconds": round(max(0.0, now - created)) if created else None,
+                    }
+                )
+            act = dict(activity.get(gpu["uuid"], {}))
+            gpus.append(
+                {
+                    **gpu,
+                    "capacity_memory_mib": capacity_memory,
+                    "capacity_cores_percent": capacity_cores,
+                    "used_memory_mib": used_memory,
+                    "used_cores_percent": used_cores,
+                    "free_memory_mib": max(0, capacity_memory - used_memory),
+                    "utilization_percent": act.get("utilization_percent"),
+                    "memory_in_use_mib": act.get("memory_used_mib"),
+                    "slices": slices,
+                }
+            )
+            totals["gpus"] += 1
+            totals["memory_mib"] += capacity_memory
+            totals["used_memory_mib"] += used_memory
+        out_nodes.append({"name": node["name"], "gpus": gpus})
+    return {
+        "source": source,
+        "simulated": simulated,
+        "generated_at": now,
+        "totals": totals,
+        "nodes": out_nodes,
+        "queue": list(queue or []),
+        "events": list(events or []),
+    }
+
+
+def quota_view(state: AdmissionState, *, source: str = "hub") -> dict[str, Any]:
+    """Use against limits per workspace, namespace and user, from the admission core's own
+    accounting (so whole cards and oversubscription count exactly as admission counts them).
+
+    Every configured workspace and namespace is listed, used or not; users when they hold
+    something or have their own limits. A limit of None is unlimited.
+    """
+    return {"source": source, "workspaces": state.usage()["workspaces"]}
+
+
+async def hub_pool_view(allocator: GPUAllocator) -> dict[str, Any]:
+    """The pool view of a running hub's allocator (any pool backend)."""
+    await allocator.ensure_started()
+    backend = allocator.backend
+    pool = await backend.inventory()
+    activity = backend.activity() if hasattr(backend, "activity") else {}
+    events = backend.events() if hasattr(backend, "events") else []
+    return pool_view(
+        pool_to_dict(pool),
+        [allocation_to_dict(a) for a in allocator.state.allocations.values()],
+        simulated=bool(backend.simulated),
+        activity=activity,
+        queue=allocator.queue(),
+        events=events,
+    )
+
+
+async def hub_quota_view(allocator: GPUAllocator) -> dict[str, Any]:
+    await allocator.ensure_started()
+    return quota_view(allocator.state)
+
+
+# ---- handlers --------------------------------------------------------------------------------------
+
+
+def _allocator(handler: BaseHandler) -> GPUAllocator:
+    return GPUAllocator.instance(config=handler.settings.get("config"), log=handler.log)
+
+
+class GPUPoolAPIHandler(APIHandler):
+    """GET /hub/api/gpu/pool: every GPU, its slices and owners, the queue and recent preemptions."""
+
+    @needs_scope("read:servers")
+    async def get(self) -> None:
+        self.write(json.dumps(await hub_pool_view(_allocator(self))))
+
+
+class GPUQuotaAPIHandler(APIHandler):
+    """GET /hub/api/gpu/quota: use against limits per workspace, namespace and user."""
+
+    @needs_scope("read:servers")
+    async def get(self) -> None:
+        self.write(json.dumps(await hub_quota_view(_allocator(self))))
+
+
+class GPUAdminPageHandler(BaseHandler):
+    """GET /hub/gpu: the pool, the queue and quota usage, for admins (scope admin-ui)."""
+
+    def _add_template_path(self) -> None:
+        env = self.settings["jinja2_env"]
+        if not getattr(env, "_elastic_gpu_templates", False):
+            env.loader = ChoiceLoader([env.loader, FileSystemLoader(str(TEMPLATES))])
+            env._elastic_gpu_templates = True
+
+    @web.authenticated
+    @needs_scope("admin-ui")
+    async def get(self) -> None:
+        self._add_template_path()
+        allocator = _allocator(self)
+        pool = await hub_pool_view(allocator)
+        quota = await hub_quota_view(allocator)
+        html = await self.render_template("elastic_gpu_admin.html", pool=pool, quota=quota, bars=gpu_bars(pool))
+        self.finish(html)
+
+
+# ---- the utilisation picture ------------------------------------------------------------------------
+
+PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
+
+
+def gpu_bars(pool: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Per GPU: bar segments (x, width in %, colour, label) for memory and compute, one colour per user."""
+    users = sorted({s["user"] for n in pool["nodes"] for g in n["gpus"] for s in g["slices"]})
+    colour = {u: PALETTE[i % len(PALETTE)] for i, u in enumerate(users)}
+    out = []
+    for node in pool["nodes"]:
+        for gpu in node["gpus"]:
+            rows = {}
+            for resource, capacity in (
+                ("memory_mib", gpu["capacity_memory_mib"]),
+                ("cores_percent", gpu["capacity_cores_percent"]),
+            ):
+                x = 0.0
+                segs = []
+                for s in gpu["slices"]:
+                    width = 100.0 * s[resource] / capacity if capacity else 0.0
+                    segs.append(
+                        {
+                            "x": round(x, 2),
+                            "width": round(min(width, 100.0 - x), 2),
+                            "colour": colour[s["user"]],
+                            "label": f"{s['user']} ({s['kind']}): {_fmt(resource, s[resource])}",
+                        }
+                    )
+                    x = min(100.0, x + width)
+                rows[resource] = segs
+            util = gpu.get("utilization_percent")
+            out.append(
+                {
+                    "node": node["name"],
+                    "gpu": gpu,
+                    "memory": rows["memory_mib"],
+                    "cores": rows["cores_percent"],
+                    "utilization": util,
+                    "legend": [
+                        {"user": u, "colour": colour[u]} for u in users if any(s["user"] == u for s in gpu["slices"])
+                    ],
+                }
+            )
+    return out
+
+
+def _fmt(resource: str, value: int) -> str:
+    if resource == "memory_mib":
+        return f"{value / 1024:.1f} GiB" if value >= 1024 else f"{value} MiB"
+    return f"{value} %"
+
+
+ADMIN_HANDLERS = [
+    (r"/gpu", GPUAdminPageHandler),
+    (r"/api/gpu/pool", GPUPoolAPIHandler),
+    (r"/api/gpu/quota", GPUQuotaAPIHandler),
+]
