@@ -57,6 +57,22 @@ def test_every_rendered_manifest_is_valid_kubernetes(name: str, rendered):
     assert set(skipped) <= {kind for _, kind in tools.CRD_KINDS}
 
 
+def _chart_min_kube_version() -> str:
+    spec = yaml.safe_load((tools.CHART / "Chart.yaml").read_text())["kubeVersion"]  # ">=1.27.0-0"
+    return spec.removeprefix(">=").split("-")[0]
+
+
+@pytest.mark.parametrize("version", ["min", "latest"])
+def test_manifests_are_valid_from_the_oldest_to_the_newest_supported_kubernetes(version, rendered):
+    """Chart.yaml promises kubeVersion >= 1.27: no API removed or field added since then."""
+    import kubernetes_validate.utils
+
+    v = _chart_min_kube_version() if version == "min" else kubernetes_validate.utils.latest_version()
+    for name in ("default", "z2jh-integration", "monitoring"):
+        for doc in rendered[name]:
+            tools.validate(doc, v)
+
+
 def test_validation_catches_an_invalid_manifest(default):
     """The validator is strict: an unknown field in a pod spec fails with its path."""
     ds = json.loads(json.dumps(tools.one(default, "DaemonSet")))

@@ -53,6 +53,8 @@ def test_hub_mounts_our_admission_configmap_where_the_allocator_reads_it(z2jh, o
 def test_users_service_account_and_culler_token_match_our_chart(z2jh, ours):
     sa = tools.one(ours, "ServiceAccount", z2jh["singleuser"]["serviceAccountName"])
     assert sa["automountServiceAccountToken"] is False
+    # GPU kernel pods run as the same ServiceAccount
+    assert f'KubernetesKernelLauncher.service_account = "{sa["metadata"]["name"]}"' in _extra_config(z2jh)
     dep = tools.one(ours, "Deployment", "elastic-gpu-culler")
     env = {e["name"]: e for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
     ref = env["JUPYTERHUB_API_TOKEN"]["valueFrom"]["secretKeyRef"]
@@ -96,6 +98,7 @@ def test_hub_extra_config_configures_the_hub(z2jh):
     assert c.GPUAllocator.admission_config_file == "/etc/elastic-gpu/config.yaml"
     assert c.ElasticGPUSpawner.gpu_backend == "native"
     assert c.KubeSpawner.automount_service_account_token is False
+    assert c.KubernetesKernelLauncher.service_account == "elastic-gpu-user"
     roles = c.JupyterHub.load_roles
     roles = roles.get_value([]) if hasattr(roles, "get_value") else roles
     assert any(r["services"] == ["elastic-gpu-culler"] for r in roles)
@@ -171,10 +174,27 @@ def test_per_kernel_network_policy_in_the_docs_is_valid_kubernetes():
     (np,) = policies
     assert tools.validate(np) is None
     assert np["spec"]["policyTypes"] == ["Ingress"]
+    # the kernel, by its id, admits its owner's server (and nothing else) on its ports
+    kernel_id = np["metadata"]["labels"]["elastic-gpu.jupyter.org/kernel-id"]
+    assert np["spec"]["podSelector"] == {"matchLabels": {"elastic-gpu.jupyter.org/kernel-id": kernel_id}}
+    (rule,) = np["spec"]["ingress"]
+    (peer,) = rule["from"]
+    assert set(peer) == {"podSelector"}
     user = np["metadata"]["labels"]["elastic-gpu.jupyter.org/user"]
-    peer = np["spec"]["ingress"][0]["from"][0]["podSelector"]
-    assert peer["matchLabels"] == {"elastic-gpu.jupyter.org/user": user}
+    assert peer["podSelector"]["matchLabels"]["hub.jupyter.org/username"] == user
+    assert rule["ports"] and all(p["protocol"] == "TCP" for p in rule["ports"])
     assert np["metadata"]["ownerReferences"][0]["kind"] == "Pod"
+
+
+def test_per_kernel_policy_in_the_docs_matches_the_broker():
+    launcher = pytest.importorskip("hubext.kernel_launcher", exc_type=ImportError)
+    cls = launcher.KubernetesKernelLauncher
+    blocks = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), flags=re.S)
+    (np,) = [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict) and d.get("kind")]
+    peer = np["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
+    assert set(peer) == set(cls.server_selector_labels.default_value)
+    assert set(np["spec"]["podSelector"]["matchLabels"]) == {launcher.KERNEL_ID}
+    assert cls.network_policy.default_value is True
 
 
 def test_docs_name_every_example_file():
