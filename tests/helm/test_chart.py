@@ -442,7 +442,7 @@ def test_dashboard_has_the_panels_platform_teams_need():
             "elastic_gpu_allocation_memory_used_bytes",
             "elastic_gpu_allocation_memory_limit_bytes",
         ),
-        "Culls": ("elastic_gpu_culls_total",),
+        "Culls": ("elastic_gpu_culler_culls_total",),
     }
     for title, metrics in needed.items():
         assert title in panels, f"missing panel {title!r}"
@@ -481,3 +481,27 @@ def test_every_dashboard_metric_is_documented():
     assert metrics
     undocumented = sorted(m for m in metrics if f"`{m}`" not in docs)
     assert not undocumented, f"metrics used by the dashboard but not in docs/helm.md: {undocumented}"
+
+
+def _dashboard_metrics() -> set[str]:
+    import re
+
+    return {m for p in _dashboard_panels() for m in re.findall(r"\belastic_gpu_[a-z_]+\b", _exprs(p))}
+
+
+def _exported_sample_names(registry) -> set[str]:
+    return {s.name for family in registry.collect() for s in family.samples} | {
+        family.name for family in registry.collect()
+    }
+
+
+def test_dashboard_culler_metrics_are_the_ones_the_culler_exports():
+    metrics = pytest.importorskip("culler.metrics", exc_type=ImportError)
+    m = metrics.CullerMetrics()
+    # touch every labelled series so that its samples exist
+    m.culls.labels(reason="idle-timeout", priority_class="default", method="server").inc()
+    m.freed_memory.labels(reason="idle-timeout", priority_class="default").inc(1024)
+    exported = _exported_sample_names(m.registry)
+    used = {x for x in _dashboard_metrics() if x.startswith(metrics.PREFIX)}
+    assert used, "the dashboard shows no culler metric"
+    assert used <= exported, f"not exported by the culler: {sorted(used - exported)}"
