@@ -331,7 +331,12 @@ def load_pool(data: Mapping | list | str | Pool) -> Pool:
     if isinstance(data, (list, tuple)):
         nodes = [_load_node(body, _join("nodes", i)) for i, body in enumerate(data)]
     else:
-        body = _mapping(data, "pool", POOL_KEYS)
+        if not isinstance(data, Mapping):
+            raise ConfigError(
+                f"the GPU inventory must be a list of nodes or a mapping with keys "
+                f"{', '.join(POOL_KEYS)}, got {_shown(data)}"
+            )
+        body = _mapping(data, "", POOL_KEYS)
         raw = body.get("nodes", [])
         if isinstance(raw, Mapping):
             _names(raw, "nodes", "node")

@@ -183,7 +183,7 @@ class VictimSearch:
                 if not ix.whole_ok[gi]:
                     continue
                 left = ix.nalloc[gi] - (back[2] if back else 0)
-                if left == 1:
+                if left == 1 or (left > 1 and not strict):
                     return True
                 continue
             if not ix.slice_ok[gi]:
