@@ -1,1 +1,59 @@
-"""The idle-GPU culler: a JupyterHub service that reclaims idle GPU kernels."""
+"""The idle-GPU culler: a JupyterHub service that reclaims the GPU slices of idle GPU kernels.
+
+It joins two signals per kernel, Jupyter activity from the user's server and GPU activity from
+the shim, and never culls a busy kernel. See docs/culler.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+__version__ = "0.1.0"
+
+#: scopes the culler's service token needs (plus the broker's custom scopes, added by the hub wiring)
+CULLER_SCOPES = ("access:servers", "read:servers", "list:users")
+
+
+def service_spec(
+    *,
+    name: str = "gpu-culler",
+    api_token: str | None = None,
+    port: int | None = None,
+    proxy_url: str = "",
+    args: list[str] | None = None,
+    python: str = sys.executable,
+    **config: Any,
+) -> dict[str, Any]:
+    """A ``c.JupyterHub.services`` entry that runs the culler managed by the hub.
+
+    ``port``: serve /metrics there (the hub proxies /services/<name>/metrics to it).
+    ``proxy_url``: where users' servers are reached (the proxy's URL, e.g. ``http://127.0.0.1:8000``).
+    Extra keyword arguments become ``--GPUCuller.<key>=<value>`` options, e.g.
+    ``idle_timeout_seconds=1800``.
+    """
+    command = [python, "-m", "culler"]
+    if proxy_url:
+        command.append(f"--GPUCuller.proxy_url={proxy_url}")
+    for key, value in config.items():
+        command.append(f"--GPUCuller.{key}={value!r}" if not isinstance(value, str) else f"--GPUCuller.{key}={value}")
+    command.extend(args or [])
+    spec: dict[str, Any] = {"name": name, "command": command}
+    if api_token:
+        spec["api_token"] = api_token
+    if port:
+        spec["url"] = f"http://127.0.0.1:{port}"
+    return spec
+
+
+def service_role(name: str = "gpu-culler", extra_scopes: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """A ``c.JupyterHub.load_roles`` entry granting the culler's service what it needs."""
+    return {"name": name, "services": [name], "scopes": sorted({*CULLER_SCOPES, *extra_scopes})}
+
+
+def __getattr__(name: str) -> Any:  # lazy: `import culler` stays cheap for the hub's config
+    if name in ("GPUCuller", "main"):
+        from . import app
+
+        return getattr(app, name)
+    raise AttributeError(name)

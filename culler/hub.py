@@ -1,0 +1,284 @@
+"""The culler's I/O: the hub's GPU broker, and the users' servers reached through the proxy.
+
+Every call has a timeout; failures come back as values (None, a status word), never as
+exceptions the loop must guess about, so one broken server cannot stop a cycle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
+from tornado.websocket import websocket_connect
+
+from .model import ServerStatus
+
+#: statuses that mean "this server is not running" when asking /user/<name>/<server>/api/...
+SERVER_GONE = {404, 410, 424, 503}
+
+
+class HubUnavailable(Exception):
+    """The hub's API did not answer as expected; the message says which call and how."""
+
+
+@dataclass(frozen=True)
+class ServerKernels:
+    """A user's server's answer to ``GET /api/kernels``: status and kernel models by id."""
+
+    status: ServerStatus
+    kernels: Mapping[str, Mapping[str, Any]]
+    detail: str = ""
+
+
+class HubClient:
+    """REST calls with the culler's service token."""
+
+    def __init__(
+        self,
+        api_url: str,
+        proxy_url: str,
+        token: str,
+        *,
+        base_url: str = "/",
+        request_timeout: float = 10.0,
+        connect_timeout: float = 5.0,
+        concurrency: int = 32,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.api_url = api_url.rstrip("/")
+        self.proxy_url = proxy_url.rstrip("/")
+        self.base_url = "/" + base_url.strip("/") + "/" if base_url.strip("/") else "/"
+        self.token = token
+        self.request_timeout = request_timeout
+        self.connect_timeout = connect_timeout
+        self.log = log or logging.getLogger("culler")
+        self.http = AsyncHTTPClient(force_instance=True, max_clients=max(1, concurrency))
+        self.requests = 0
+
+    def close(self) -> None:
+        self.http.close()
+
+    # ---- plumbing ---------------------------------------------------------------------------
+
+    async def _fetch(
+        self, method: str, url: str, body: Any = None, timeout: float | None = None
+    ) -> HTTPResponse | None:
+        """One request; None when it could not be made or timed out (logged at debug)."""
+        self.requests += 1
+        headers = {"Authorization": f"token {self.token}", "Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body)
+            headers["Content-Type"] = "application/json"
+        req = HTTPRequest(
+            url,
+            method=method,
+            headers=headers,
+            body=data,
+            allow_nonstandard_methods=True,
+            connect_timeout=self.connect_timeout,
+            request_timeout=timeout or self.request_timeout,
+            follow_redirects=False,
+        )
+        try:
+            return await self.http.fetch(req, raise_error=False)
+        except (OSError, asyncio.TimeoutError, HTTPClientError) as e:
+            self.log.debug("%s %s failed: %s", method, url, e)
+            return None
+
+    @staticmethod
+    def _json(resp: HTTPResponse) -> Any:
+        try:
+            return json.loads(resp.body or b"null")
+        except ValueError:
+            return None
+
+    def server_base(self, user: str, server_name: str, server_url: str = "") -> str:
+        """The public URL of a user's server (through the proxy)."""
+        if server_url:
+            return self.proxy_url + "/" + server_url.strip("/") + "/"
+        path = f"{self.base_url}user/{quote(user, safe='')}/"
+        if server_name:
+            path += f"{quote(server_name, safe='')}/"
+        return self.proxy_url + path
+
+    # ---- the broker -------------------------------------------------------------------------
+
+    async def gpu_kernels(self) -> list[Mapping[str, Any]]:
+        """All GPU kernels the broker knows; raise HubUnavailable when it does not answer."""
+        url = f"{self.api_url}/gpu/kernels"
+        resp = await self._fetch("GET", url)
+        if resp is None:
+            raise HubUnavailable(f"GET {url}: no answer within {self.request_timeout:g} s")
+        if resp.code != 200:
+            raise HubUnavailable(f"GET {url}: HTTP {resp.code} {_snippet(resp)}")
+        body = self._json(resp)
+        if isinstance(body, Mapping):
+            body = body.get("kernels", body.get("items"))
+        if not isinstance(body, list):
+            raise HubUnavailable(f"GET {url}: expected a JSON list of kernels, got {_snippet(resp)}")
+        return body
+
+    async def gpu_kernel(self, broker_id: str) -> tuple[str, Mapping[str, Any] | None]:
+        """("present", record) | ("gone", None) | ("unknown", None)."""
+        resp = await self._fetch("GET", f"{self.api_url}/gpu/kernels/{quote(broker_id, safe='')}")
+        if resp is None or resp.code >= 500:
+            return "unknown", None
+        if resp.code in (404, 410):
+            return "gone", None
+        if resp.code != 200:
+            return "unknown", None
+        body = self._json(resp)
+        return ("present", body) if isinstance(body, Mapping) else ("unknown", None)
+
+    async def delete_gpu_kernel(self, broker_id: str, reason: str) -> bool:
+        """Ask the broker to stop a kernel and free its slice (the fallback path). True when done or already gone."""
+        query = urlencode({"reason": reason})
+        resp = await self._fetch("DELETE", f"{self.api_url}/gpu/kernels/{quote(broker_id, safe='')}?{query}")
+        return resp is not None and resp.code in (200, 202, 204, 404, 410)
+
+    async def gpu_pool(self) -> Mapping[str, Any] | None:
+        """The pool and admission queue, or None when the broker does not answer."""
+        resp = await self._fetch("GET", f"{self.api_url}/gpu/pool")
+        if resp is None or resp.code != 200:
+            return None
+        body = self._json(resp)
+        return body if isinstance(body, Mapping) else None
+
+    # ---- users' servers ---------------------------------------------------------------------
+
+    async def server_kernels(self, user: str, server_name: str, server_url: str = "") -> ServerKernels:
+        url = self.server_base(user, server_name, server_url) + "api/kernels"
+        resp = await self._fetch("GET", url)
+        if resp is None:
+            return ServerKernels("unknown", {}, "no answer")
+        if resp.code == 200:
+            body = self._json(resp)
+            if isinstance(body, list):
+                return ServerKernels(
+                    "ok", {m["id"]: m for m in body if isinstance(m, Mapping) and isinstance(m.get("id"), str)}
+                )
+            return ServerKernels("unknown", {}, "answer is not a list of kernels")
+        if resp.code in SERVER_GONE:
+            return ServerKernels("gone", {}, f"HTTP {resp.code}")
+        return ServerKernels("unknown", {}, f"HTTP {resp.code}")
+
+    async def kernel_model(self, user: str, server_name: str, kernel_id: str, server_url: str = "") -> Mapping | None:
+        url = self.server_base(user, server_name, server_url) + f"api/kernels/{quote(kernel_id, safe='')}"
+        resp = await self._fetch("GET", url)
+        if resp is None or resp.code != 200:
+            return None
+        body = self._json(resp)
+        return body if isinstance(body, Mapping) else None
+
+    async def shutdown_kernel(self, user: str, server_name: str, kernel_id: str, server_url: str = "") -> str:
+        """Shut a kernel down through its server, so JupyterLab shows it stopped.
+
+        Returns "deleted", "gone" (the server does not know it / is not running) or "failed".
+        """
+        url = self.server_base(user, server_name, server_url) + f"api/kernels/{quote(kernel_id, safe='')}"
+        resp = await self._fetch("DELETE", url, timeout=max(self.request_timeout, 30.0))
+        if resp is None:
+            return "failed"
+        if resp.code in (200, 204):
+            return "deleted"
+        if resp.code in SERVER_GONE:
+            return "gone"
+        return "failed"
+
+    async def kernel_language(self, user: str, server_name: str, kernelspec: str, server_url: str = "") -> str:
+        """The language of a kernelspec on the user's server ("" when unknown)."""
+        resp = await self._fetch("GET", self.server_base(user, server_name, server_url) + "api/kernelspecs")
+        if resp is None or resp.code != 200:
+            return ""
+        body = self._json(resp) or {}
+        spec = (body.get("kernelspecs") or {}).get(kernelspec) or {}
+        return str((spec.get("spec") or {}).get("language") or "")
+
+    async def print_in_kernel(
+        self, user: str, server_name: str, kernel_id: str, code: str, server_url: str = "", timeout: float = 15.0
+    ) -> bool:
+        """Run ``code`` (a print to stderr) in the kernel through the server's websocket.
+
+        ``silent=False`` so its output goes out on iopub to every client of the kernel (JupyterLab
+        logs such output in the notebook's Log Console); ``store_history=False`` so the execution
+        count does not move. Returns True once the kernel reported idle after it.
+        """
+        base = self.server_base(user, server_name, server_url).replace("http", "ws", 1)
+        session = uuid.uuid4().hex
+        url = f"{base}api/kernels/{quote(kernel_id, safe='')}/channels?session_id={session}"
+        req = HTTPRequest(
+            url,
+            headers={"Authorization": f"token {self.token}"},
+            connect_timeout=self.connect_timeout,
+            request_timeout=timeout,
+        )
+        msg_id = uuid.uuid4().hex
+        msg = {
+            "header": {
+                "msg_id": msg_id,
+                "username": "elastic-gpu-culler",
+                "session": session,
+                "msg_type": "execute_request",
+                "version": "5.3",
+                "date": datetime.now(timezone.utc).isoformat(),
+            },
+            "parent_header": {},
+            "metadata": {},
+            "content": {
+                "code": code,
+                "silent": False,
+                "store_history": False,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": False,
+            },
+            "channel": "shell",
+            "buffers": [],
+        }
+        deadline = time.monotonic() + timeout
+        try:
+            ws = await asyncio.wait_for(websocket_connect(req), timeout)
+        except Exception as e:  # noqa: BLE001 - any failure to connect means "not warned"
+            self.log.debug("websocket to kernel %s failed: %s", kernel_id, e)
+            return False
+        try:
+            await ws.write_message(json.dumps(msg))
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                raw = await asyncio.wait_for(ws.read_message(), left)
+                if raw is None:
+                    return False
+                if isinstance(raw, bytes):
+                    continue
+                reply = json.loads(raw)
+                if (
+                    reply.get("channel") == "iopub"
+                    and (reply.get("parent_header") or {}).get("msg_id") == msg_id
+                    and reply.get("msg_type", (reply.get("header") or {}).get("msg_type")) == "status"
+                    and (reply.get("content") or {}).get("execution_state") == "idle"
+                ):
+                    return True
+        except (asyncio.TimeoutError, OSError, ValueError) as e:
+            self.log.debug("warning kernel %s failed: %s", kernel_id, e)
+            return False
+        finally:
+            ws.close()
+
+
+def _snippet(resp: HTTPResponse, n: int = 200) -> str:
+    try:
+        return (resp.body or b"").decode(errors="replace")[:n]
+    except Exception:  # noqa: BLE001
+        return ""
