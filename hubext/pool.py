@@ -7,7 +7,7 @@ Callers (the allocator) see only :class:`PoolBackend`. Two implementations:
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABCMeta, abstractmethod
 from collections.abc import Awaitable, Callable
 
 from traitlets.config import LoggingConfigurable
@@ -18,7 +18,11 @@ from quotas import Allocation, Pool
 GoneCallback = Callable[[str, str], Awaitable[None]]
 
 
-class PoolBackend(LoggingConfigurable, ABC):
+class _PoolBackendMeta(ABCMeta, type(LoggingConfigurable)):  # type: ignore[misc]
+    """Abstract methods + traitlets (as jupyter_client's KernelProvisionerBase does)."""
+
+
+class PoolBackend(LoggingConfigurable, metaclass=_PoolBackendMeta):
     """Inventory + ledger. Implementations do the I/O; admission stays in ``quotas``."""
 
     #: True when the inventory is simulated (no real GPU); pages and the spawn form say so.

@@ -36,7 +36,7 @@ def base_pod():
     )
 
 
-def render(backend, section=None):
+async def render(backend, section=None):
     pod = base_pod()
     apply_gpu_to_pod(
         pod,
@@ -49,7 +49,8 @@ def render(backend, section=None):
         host_dir="/var/lib/elastic-gpu",
         server="",
     )
-    return ApiClient().sanitize_for_serialization(pod)
+    async with ApiClient() as api:
+        return api.sanitize_for_serialization(pod)
 
 
 @pytest.mark.parametrize(
@@ -61,8 +62,8 @@ def render(backend, section=None):
         ("whole", {"whole": True, "count": 2}),
     ],
 )
-def test_pod_written_by_each_backend_validates_against_kubernetes_schema(backend, section):
-    manifest = {"apiVersion": "v1", "kind": "Pod", **render(backend, section)}
+async def test_pod_written_by_each_backend_validates_against_kubernetes_schema(backend, section):
+    manifest = {"apiVersion": "v1", "kind": "Pod", **await render(backend, section)}
     kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)  # raises on any schema error
     meta = manifest["metadata"]
     assert meta["labels"][L.MANAGED] == "true"
@@ -71,8 +72,8 @@ def test_pod_written_by_each_backend_validates_against_kubernetes_schema(backend
     assert manifest["spec"]["priorityClassName"] == "elastic-gpu-default"
 
 
-def test_native_backend_pins_node_exposes_only_granted_gpus_and_mounts_read_only_limits():
-    pod = render("native")
+async def test_native_backend_pins_node_exposes_only_granted_gpus_and_mounts_read_only_limits():
+    pod = await render("native")
     spec = pod["spec"]
     assert spec["nodeSelector"]["kubernetes.io/hostname"] == "gpu-node-3"
     assert spec["runtimeClassName"] == "nvidia"
@@ -90,25 +91,25 @@ def test_native_backend_pins_node_exposes_only_granted_gpus_and_mounts_read_only
     assert "nvidia.com/gpu" not in (spec["containers"][0].get("resources", {}).get("limits") or {})
 
 
-def test_hami_backend_writes_hami_resource_names():
-    limits = render("hami")["spec"]["containers"][0]["resources"]["limits"]
+async def test_hami_backend_writes_hami_resource_names():
+    limits = (await render("hami"))["spec"]["containers"][0]["resources"]["limits"]
     assert limits == {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "20480", "nvidia.com/gpucores": "25"}
 
 
-def test_mig_backend_requests_the_mig_resource_and_refuses_a_profile_without_mig_profile():
-    limits = render("mig", {"mig_profile": "3g.40gb", "count": 2})["spec"]["containers"][0]["resources"]["limits"]
+async def test_mig_backend_requests_the_mig_resource_and_refuses_a_profile_without_mig_profile():
+    limits = (await render("mig", {"mig_profile": "3g.40gb", "count": 2}))["spec"]["containers"][0]["resources"]["limits"]
     assert limits == {"nvidia.com/mig-3g.40gb": "2"}
     with pytest.raises(GPUSpawnError, match="mig_profile"):
-        render("mig", {"count": 1})
+        await render("mig", {"count": 1})
 
 
-def test_whole_backend_requests_plain_gpus():
-    limits = render("whole", {"whole": True, "count": 2})["spec"]["containers"][0]["resources"]["limits"]
+async def test_whole_backend_requests_plain_gpus():
+    limits = (await render("whole", {"whole": True, "count": 2}))["spec"]["containers"][0]["resources"]["limits"]
     assert limits == {"nvidia.com/gpu": "2"}
 
 
-def test_allocation_round_trips_through_pod_metadata():
-    meta = render("native")["metadata"]
+async def test_allocation_round_trips_through_pod_metadata():
+    meta = (await render("native"))["metadata"]
     assert L.allocation_from_metadata(meta["labels"], meta["annotations"]) == ALLOCATION
 
 
