@@ -97,7 +97,8 @@ async def test_hami_backend_writes_hami_resource_names():
 
 
 async def test_mig_backend_requests_the_mig_resource_and_refuses_a_profile_without_mig_profile():
-    limits = (await render("mig", {"mig_profile": "3g.40gb", "count": 2}))["spec"]["containers"][0]["resources"]["limits"]
+    pod = await render("mig", {"mig_profile": "3g.40gb", "count": 2})
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
     assert limits == {"nvidia.com/mig-3g.40gb": "2"}
     with pytest.raises(GPUSpawnError, match="mig_profile"):
         await render("mig", {"count": 1})
