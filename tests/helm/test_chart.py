@@ -505,3 +505,35 @@ def test_dashboard_culler_metrics_are_the_ones_the_culler_exports():
     used = {x for x in _dashboard_metrics() if x.startswith(metrics.PREFIX)}
     assert used, "the dashboard shows no culler metric"
     assert used <= exported, f"not exported by the culler: {sorted(used - exported)}"
+
+
+def test_the_culler_accepts_its_rendered_command_line_and_config(tmp_path, monkeypatch):
+    """The real culler application parses the Deployment's args and the ConfigMap's JSON."""
+    app_mod = pytest.importorskip("culler.app", exc_type=ImportError)
+    docs = tools.render(
+        [],
+        ["culler.config.GPUCuller.idle_timeout_seconds=600", "admission.priority_classes.urgent.value=5000"],
+    )
+    dep = tools.one(docs, "Deployment", f"{tools.RELEASE}-elastic-gpu-culler")
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    cm = tools.one(docs, "ConfigMap", f"{tools.RELEASE}-elastic-gpu-culler")
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    config_file = tmp_path / "culler_config.json"
+    config_file.write_text(cm["data"]["culler_config.json"])
+    args = [
+        a.replace(mounts["config"], str(tmp_path)).replace(mounts["state"], str(tmp_path / "state")) for a in c["args"]
+    ]
+    assert str(config_file) in args
+    monkeypatch.setenv("JUPYTERHUB_API_TOKEN", "t0ken")
+    for e in c["env"]:
+        if "value" in e:
+            monkeypatch.setenv(e["name"], e["value"])
+    app = app_mod.GPUCuller()
+    app.initialize(args)
+    assert app.metrics_port == c["ports"][0]["containerPort"] == 9401
+    assert app.proxy_url == "http://proxy-public"
+    assert app.api_url == "http://hub:8081/hub/api"
+    assert app.service_name == "elastic-gpu-culler"
+    assert app.authenticate_metrics is False
+    assert app.idle_timeout_seconds == 600
+    assert app.priority_values == {"high": 1000, "default": 100, "low": 10, "urgent": 5000}
