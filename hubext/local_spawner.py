@@ -133,6 +133,11 @@ def gpu_summary(section: Mapping[str, Any] | None) -> str:
 class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     """Local single-user servers whose profiles may carry a ``gpu`` section (see hubext.gpu_spawner)."""
 
+    # GPUSpawnerMixin is a plain class, so traitlets does not name or configure the traits it
+    # declares; registering the same trait objects on this HasTraits class does.
+    gpu_owner_mapping = GPUSpawnerMixin.gpu_owner_mapping
+    gpu_max_wait_seconds = GPUSpawnerMixin.gpu_max_wait_seconds
+
     profile_list = Union(
         [List(), CallableTrait()],
         default_value=[],
