@@ -1,0 +1,796 @@
+"""The GPU broker: REST handlers inside the hub that create, watch and delete GPU kernels.
+
+A user's server (its ``$JUPYTERHUB_API_TOKEN``) asks here for a kernel with a GPU slice; the
+broker runs admission through the hub's one :class:`~hubext.allocator.GPUAllocator` (same
+ledger and quotas as the spawners) and has a :class:`~hubext.kernel_launcher.KernelLauncher`
+make the kernel: a local process or a pod. Servers get no Kubernetes rights, so no one
+bypasses quotas.
+
+Endpoints (under ``/hub/api``)::
+
+    GET    /gpu/kernel-sizes                  the sizes this hub offers (for kernelspecs)
+    GET    /gpu/kernels[?user=name]           own kernels; admins: all, or one user's
+    POST   /gpu/kernels                       create {size | gpu, server_name, key, signature_scheme}
+    GET    /gpu/kernels/<id>[?wait=seconds]   state: pending | running | stopped | failed (+ reason)
+    DELETE /gpu/kernels/<id>                  stop it and give the slice back
+    POST   /gpu/kernels/<id>/restart          a new kernel process in the same slice (new ports)
+    POST   /gpu/kernels/<id>/interrupt        SIGINT (local kernels only; else use the control channel)
+
+Authorization uses JupyterHub scopes. ``custom:elastic-gpu:kernels`` with a user filter
+(``!user``) lets a token act on that user's kernels only; the user role holds it for its own
+user (``c.JupyterHub.extra_user_scopes``) and servers' tokens request it
+(``c.Spawner.server_token_scopes``). ``custom:elastic-gpu:admin`` (or ``admin:users``) acts on
+everyone's. Every refusal is JSON ``{"status": ..., "message": ...}`` with a 4xx status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from jupyterhub.apihandlers.base import APIHandler
+from tornado import web
+from traitlets import Bool, Dict, Float, List, Type, default
+from traitlets.config import SingletonConfigurable
+
+from quotas import AdmissionError, Allocation, GPURequest, Owner, PoolFull
+
+from .allocator import GPUAllocator
+from .gpu_spawner import validate_gpu_section
+from .kernel_launcher import KernelLauncher, KernelRecord, LaunchError, ServerRef
+
+KERNELS_SCOPE = "custom:elastic-gpu:kernels"
+ADMIN_SCOPE = "custom:elastic-gpu:admin"
+
+#: for ``c.JupyterHub.custom_scopes``
+CUSTOM_SCOPES: dict[str, dict[str, Any]] = {
+    KERNELS_SCOPE: {
+        "description": "Create, read, interrupt, restart and delete GPU kernels.",
+    },
+    ADMIN_SCOPE: {
+        "description": "List, read and delete every user's GPU kernels.",
+        "subscopes": [KERNELS_SCOPE],
+    },
+}
+#: for ``c.JupyterHub.extra_user_scopes``: every user holds the kernel scope for themself
+USER_SCOPES: list[str] = [f"{KERNELS_SCOPE}!user"]
+#: added to ``c.Spawner.server_token_scopes``: a server's token acts for its own user only
+SERVER_TOKEN_SCOPES: list[str] = [f"{KERNELS_SCOPE}!user"]
+
+SIZE_KEYS = {
+    "name",
+    "display_name",
+    "memory_mib",
+    "cores_percent",
+    "count",
+    "priority_class",
+    "model",
+    "whole",
+    "allowed_groups",
+    "mig_profile",
+}
+SIGNATURE_SCHEMES = tuple(f"hmac-{name}" for name in ("sha256", "sha512", "sha384", "sha224", "sha1", "md5"))
+_NAME_OK = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+
+
+class BrokerError(web.HTTPError):
+    """A refusal the caller can act on: JupyterHub renders it as ``{"status", "message"}``."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(status, message)
+        self.message = message
+        self.status = status
+
+
+def validate_sizes(sizes: Any) -> list[dict[str, Any]]:
+    """Check ``GPUBroker.kernel_sizes``; raise BrokerError(500) naming the bad entry and key."""
+    if not isinstance(sizes, list):
+        raise BrokerError(f"GPUBroker.kernel_sizes must be a list of sizes, got {sizes!r}", 500)
+    out, seen = [], set()
+    for i, size in enumerate(sizes):
+        where = f"GPUBroker.kernel_sizes[{i}]"
+        if not isinstance(size, Mapping):
+            raise BrokerError(f"{where} must be a mapping with keys {sorted(SIZE_KEYS)}, got {size!r}", 500)
+        unknown = sorted(set(size) - SIZE_KEYS)
+        if unknown:
+            raise BrokerError(
+                f"{where} has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(SIZE_KEYS))}", 500
+            )
+        name = size.get("name")
+        if not isinstance(name, str) or not _NAME_OK.match(name):
+            raise BrokerError(f"{where}.name must be lowercase letters, digits and '-' (at most 40), got {name!r}", 500)
+        if name in seen:
+            raise BrokerError(f"{where}.name {name!r} is used twice", 500)
+        seen.add(name)
+        section = {k: v for k, v in size.items() if k not in ("name", "display_name", "allowed_groups")}
+        try:
+            validate_gpu_section(section, f"{where} ({name})")
+        except ValueError as e:
+            raise BrokerError(str(e), 500) from None
+        if not section.get("whole") and not section.get("mig_profile"):
+            mem, cores = section.get("memory_mib", 0), section.get("cores_percent", 0)
+            if mem <= 0 or not 1 <= cores <= 100:
+                raise BrokerError(
+                    f"{where} ({name}) needs memory_mib > 0 and cores_percent in 1..100, got {mem} and {cores}", 500
+                )
+        groups = size.get("allowed_groups", [])
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            raise BrokerError(f"{where}.allowed_groups must be a list of group names, got {groups!r}", 500)
+        display = size.get("display_name") or _default_display(section)
+        out.append({**size, "display_name": display, "gpu": section})
+    return out
+
+
+def _default_display(section: Mapping[str, Any]) -> str:
+    if section.get("whole"):
+        n = section.get("count", 1)
+        return f"{n} whole GPU{'s' if n != 1 else ''}"
+    gib = section.get("memory_mib", 0) / 1024
+    text = f"GPU {gib:g} GiB"
+    if section.get("count", 1) > 1:
+        text = f"{section['count']}x {text}"
+    return text
+
+
+class GPUBroker(SingletonConfigurable):
+    """The hub's GPU kernel broker: one per hub process, next to the one GPUAllocator."""
+
+    kernel_sizes = List(
+        Dict(),
+        default_value=[
+            {"name": "gpu-5g", "display_name": "GPU 5 GiB", "memory_mib": 5120, "cores_percent": 10},
+            {"name": "gpu-10g", "display_name": "GPU 10 GiB", "memory_mib": 10240, "cores_percent": 25},
+            {"name": "gpu-20g", "display_name": "GPU 20 GiB", "memory_mib": 20480, "cores_percent": 50},
+        ],
+        config=True,
+        help="""GPU kernel sizes the hub offers; each becomes a kernelspec ("Python 3 (GPU 10 GiB)")
+        through `python -m kernelprovider install-kernelspecs`. Each size: {name (lowercase,
+        digits, '-'), display_name, memory_mib (per GPU), cores_percent (per GPU, 1..100),
+        count (default 1), priority_class, model, whole, allowed_groups (who may use it;
+        default everyone)}.""",
+    )
+    allow_custom_gpu = Bool(
+        True,
+        config=True,
+        help="""Whether a kernel request may carry its own gpu section instead of a size name
+        (quotas still apply). Default: True.""",
+    )
+    launcher_class = Type(
+        klass=KernelLauncher,
+        allow_none=True,
+        default_value=None,
+        config=True,
+        help="""Where kernels run: 'hubext.kernel_launcher.LocalKernelLauncher' or
+        'hubext.kernel_launcher.KubernetesKernelLauncher'. Default: the one that matches
+        GPUAllocator.pool_backend_class (Kubernetes pool -> Kubernetes kernels).""",
+    )
+    max_queue_seconds = Float(
+        0.0,
+        config=True,
+        help="""Seconds a kernel request may wait in the GPU queue. 0 (default): a kernel that
+        does not fit now is refused at once with the reason, so the notebook shows it.""",
+    )
+    reconcile_interval_seconds = Float(
+        10.0,
+        config=True,
+        help="""Seconds between reconciliations: kernels whose server is gone are deleted,
+        kernels nobody knows about are swept, states are refreshed. Default: 10.""",
+    )
+    max_wait_seconds = Float(
+        30.0,
+        config=True,
+        help="Longest `?wait=` a GET of a kernel may block waiting for it to leave 'pending'. Default: 30.",
+    )
+
+    @default("launcher_class")
+    def _default_launcher_class(self) -> type:
+        from .kernel_launcher import KubernetesKernelLauncher, LocalKernelLauncher
+
+        backend = GPUAllocator.instance(config=self.config).pool_backend_class
+        name = getattr(backend, "__name__", str(backend))
+        return KubernetesKernelLauncher if "Kubernetes" in name else LocalKernelLauncher
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.kernels: dict[str, KernelRecord] = {}
+        self.launcher: KernelLauncher | None = None
+        self.users: Any = None
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._own_releases: set[str] = set()
+        self._started: asyncio.Future | None = None
+        self._task: asyncio.Task | None = None
+        self._sizes: list[dict[str, Any]] | None = None
+
+    # ---- start-up ---------------------------------------------------------------------------
+
+    @property
+    def allocator(self) -> GPUAllocator:
+        return GPUAllocator.instance(config=self.config, log=self.log)
+
+    def sizes(self) -> list[dict[str, Any]]:
+        if self._sizes is None:
+            self._sizes = validate_sizes(self.kernel_sizes)
+        return self._sizes
+
+    async def ensure_started(self, users: Any = None) -> None:
+        """Start once per hub process: allocator, launcher ledger, first reconciliation, the periodic task."""
+        if users is not None and self.users is None:
+            self.users = users
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._start())
+        try:
+            await asyncio.shield(self._started)
+        except Exception:
+            self._started = None  # let the next request retry (and say why)
+            raise
+
+    async def _start(self) -> None:
+        self.sizes()
+        await self.allocator.ensure_started()
+        self.launcher = self.launcher_class(parent=self, log=self.log)
+        for record in await self.launcher.start():
+            self.kernels[record.id] = record
+        self.allocator.listeners.append(self._on_allocation_event)
+        await self.reconcile()
+        self._task = asyncio.ensure_future(self._reconcile_forever())
+        self.log.info(
+            "GPU broker ready: %s, %d kernels, sizes %s",
+            type(self.launcher).__name__,
+            len(self.kernels),
+            ", ".join(s["name"] for s in self.sizes()),
+        )
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+        if self.launcher:
+            await self.launcher.stop()
+
+    def _lock(self, kernel_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(kernel_id, asyncio.Lock())
+
+    def _persist(self) -> None:
+        if self.launcher is not None:
+            self.launcher.persist(self.kernels.values())
+
+    # ---- servers ---------------------------------------------------------------------------
+
+    def spawner_for(self, user_name: str, server_name: str) -> Any | None:
+        """The hub's Spawner of ``user_name``'s server ``server_name``, or None."""
+        if self.users is None:
+            return None
+        try:
+            user = self.users[user_name]
+        except KeyError:
+            return None
+        if server_name not in user.orm_spawners:
+            return None
+        return user.spawners[server_name]
+
+    # ---- sizes and requests ----------------------------------------------------------------
+
+    def sizes_for(self, groups: set[str] | None) -> list[dict[str, Any]]:
+        """Sizes visible to a user in ``groups`` (None: all, for admins)."""
+        out = []
+        for size in self.sizes():
+            allowed = size.get("allowed_groups") or []
+            if groups is None or not allowed or groups & set(allowed):
+                out.append(size)
+        return out
+
+    def resolve_section(self, body: Mapping[str, Any], groups: set[str] | None) -> tuple[str, dict[str, Any]]:
+        """(size name, gpu section) of a create request; BrokerError naming what is allowed."""
+        size_name, gpu = body.get("size"), body.get("gpu")
+        if size_name is not None and gpu is not None:
+            raise BrokerError("Give either 'size' or 'gpu', not both.")
+        if gpu is not None:
+            if not self.allow_custom_gpu:
+                names = ", ".join(s["name"] for s in self.sizes_for(groups)) or "none"
+                raise BrokerError(f"This hub offers GPU kernels in fixed sizes only; pick a 'size': {names}.")
+            try:
+                section = validate_gpu_section(gpu, "request")
+            except ValueError as e:
+                raise BrokerError(str(e)) from None
+            return "custom", section
+        visible = self.sizes_for(groups)
+        if not isinstance(size_name, str) or not size_name:
+            names = ", ".join(s["name"] for s in visible) or "none"
+            raise BrokerError(f"Name a GPU kernel 'size' (one of: {names}) or give a 'gpu' section.")
+        for size in visible:
+            if size["name"] == size_name:
+                return size_name, dict(size["gpu"])
+        if any(s["name"] == size_name for s in self.sizes()):
+            raise BrokerError(f"GPU kernel size {size_name!r} is not available to you.", 403)
+        names = ", ".join(s["name"] for s in visible) or "none"
+        raise BrokerError(f"No GPU kernel size {size_name!r}; this hub offers: {names}.", 400)
+
+    def owner_for(self, spawner: Any, user_name: str) -> Owner:
+        if spawner is not None and hasattr(spawner, "gpu_owner"):
+            return spawner.gpu_owner()
+        return Owner(user=user_name)
+
+    def _request(self, record: KernelRecord, owner: Owner) -> GPURequest:
+        section = record.section
+        return GPURequest(
+            owner=owner,
+            memory_mib=section.get("memory_mib", 0),
+            cores_percent=section.get("cores_percent", 100 if section.get("whole") else 0),
+            count=section.get("count", 1),
+            model=section.get("model"),
+            priority_class=section.get("priority_class"),
+            whole=section.get("whole", False),
+            request_id=f"kernel-{record.user}-{record.id[:8]}-{record.generation}",
+            kind="kernel",
+        )
+
+    # ---- the operations --------------------------------------------------------------------
+
+    async def create(
+        self,
+        user_name: str,
+        server_name: str,
+        body: Mapping[str, Any],
+        groups: set[str] | None,
+    ) -> KernelRecord:
+        """Admission, then the kernel. Nothing is left allocated or created when this raises."""
+        key = body.get("key")
+        if not isinstance(key, str) or not 16 <= len(key) <= 512:
+            raise BrokerError("'key' must be the kernel's connection key: a string of 16 to 512 characters.")
+        scheme = body.get("signature_scheme", "hmac-sha256")
+        if scheme not in SIGNATURE_SCHEMES or scheme.split("-", 1)[1] not in hashlib.algorithms_available:
+            raise BrokerError(f"'signature_scheme' must be one of {', '.join(SIGNATURE_SCHEMES)}, got {scheme!r}.")
+        cwd, kernel_name = body.get("cwd", ""), body.get("kernel_name", "")
+        jupyter_kernel_id = body.get("kernel_id", "")
+        if not all(isinstance(v, str) for v in (cwd, kernel_name, jupyter_kernel_id)):
+            raise BrokerError("'cwd', 'kernel_name' and 'kernel_id' must be strings.")
+        size_name, section = self.resolve_section(body, groups)
+        spawner = self.spawner_for(user_name, server_name)
+        label = f"{user_name}/{server_name}" if server_name else user_name
+        if spawner is None or not spawner.ready:
+            raise BrokerError(
+                f"The server {label!r} is not running; GPU kernels belong to a running server. Start it first.", 409
+            )
+        server: ServerRef = await self.launcher.server_ref(spawner)
+        record = KernelRecord(
+            id=uuid.uuid4().hex,
+            user=user_name,
+            server_name=server_name,
+            size=size_name,
+            allocation_id="",
+            section=section,
+            signature_scheme=scheme,
+            server_identity=server.identity,
+            created_at=time.time(),
+            cwd=cwd,
+            kernel_name=kernel_name,
+            jupyter_kernel_id=jupyter_kernel_id,
+        )
+        request = self._request(record, self.owner_for(spawner, user_name))
+        try:
+            allocation = await self._admit(request)
+        except AdmissionError as e:
+            self.log.info("GPU kernel for %s refused: %s", label, e.message)
+            raise BrokerError(e.message, e.status) from None
+        record.set_allocation(allocation)
+        self.kernels[record.id] = record  # known before anything exists, so a sweep never takes it
+        try:
+            async with self._lock(record.id):
+                await self.launcher.launch(record, allocation, key, server)
+                await self.allocator.bind(allocation.id, record.holder)
+        except BaseException as e:
+            self.kernels.pop(record.id, None)
+            await self._release(allocation.id, "kernel launch failed")
+            try:
+                await self.launcher.delete(record)
+            except Exception:
+                self.log.exception("Cleaning up failed GPU kernel %s", record.id)
+            if isinstance(e, LaunchError):
+                raise BrokerError(e.message, e.status) from None
+            if isinstance(e, Exception):
+                self.log.exception("GPU kernel launch for %s failed", label)
+                raise BrokerError(f"The GPU kernel could not be started: {e}", 500) from None
+            raise
+        self._persist()
+        self.log.info(
+            "GPU kernel %s for %s: %s (%s) on %s %s",
+            record.id,
+            label,
+            size_name,
+            allocation.id,
+            allocation.node,
+            ",".join(allocation.gpu_uuids),
+        )
+        return record
+
+    async def _admit(self, request: GPURequest) -> Allocation:
+        """Admission for a kernel: with no queueing allowed, a request that does not fit now is
+        refused with the admission sentence alone (no "waited 0 s in the queue")."""
+        if self.max_queue_seconds <= 0:
+            await self.allocator.ensure_started()
+            self.allocator.state.validate(request)
+            decision = self.allocator.state.decide(request, now=time.time())
+            if not decision.granted:
+                error = decision.error
+                if error is None:
+                    raise PoolFull(decision.reason)
+                raise error
+        return await self.allocator.allocate(request, timeout=self.max_queue_seconds)
+
+    async def status(self, record: KernelRecord, wait_seconds: float = 0.0) -> KernelRecord:
+        """Refresh ``record``; with ``wait_seconds``, wait for it to leave 'pending'."""
+        deadline = time.monotonic() + min(max(wait_seconds, 0.0), self.max_wait_seconds)
+        delay = 0.05
+        while True:
+            await self._refresh(record)
+            if record.state != "pending" or time.monotonic() >= deadline or record.id not in self.kernels:
+                return record
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    async def _refresh(self, record: KernelRecord) -> None:
+        before = record.state
+        try:
+            await self.launcher.refresh(record)
+        except Exception as e:
+            self.log.warning("Could not refresh GPU kernel %s: %s", record.id, e)
+            return
+        if record.state != before and record.state in ("stopped", "failed"):
+            self.log.info("GPU kernel %s of %s is %s: %s", record.id, record.user, record.state, record.reason)
+            if record.exit_code is None and record.state == "failed":
+                # it never ran (unschedulable, image): free the slice and its pod now
+                try:
+                    await self.launcher.delete(record)
+                except Exception:
+                    self.log.exception("Deleting failed GPU kernel %s", record.id)
+                record.holder = ""
+            await self._release(record.allocation_id, f"kernel {record.state}: {record.reason}")
+            self._persist()
+
+    async def restart(self, record: KernelRecord) -> KernelRecord:
+        """A new kernel process in the same slice (re-admitted only if the slice was lost)."""
+        async with self._lock(record.id):
+            if record.id not in self.kernels:
+                raise BrokerError("This GPU kernel was deleted.", 404)
+            spawner = self.spawner_for(record.user, record.server_name)
+            server = None
+            if spawner is not None and spawner.ready:
+                try:
+                    server = await self.launcher.server_ref(spawner)
+                except LaunchError as e:
+                    raise BrokerError(e.message, e.status) from None
+                if record.server_identity and server.identity and server.identity != record.server_identity:
+                    raise BrokerError("This GPU kernel belongs to a server that no longer runs.", 409)
+            allocation = self.allocator.get(record.allocation_id)
+            if allocation is None:
+                record.generation += 1
+                request = self._request(record, self.owner_for(spawner, record.user))
+                record.generation -= 1
+                try:
+                    allocation = await self._admit(request)
+                except AdmissionError as e:
+                    record.state, record.reason = (
+                        "failed",
+                        f"its GPU slice was lost and cannot be had again: {e.message}",
+                    )
+                    raise BrokerError(
+                        f"The kernel's GPU slice was released when it stopped, and a new one is refused: {e.message}",
+                        e.status,
+                    ) from None
+                old_allocation = record.allocation_id
+                record.set_allocation(allocation)
+                self.log.info("GPU kernel %s re-admitted: %s (was %s)", record.id, allocation.id, old_allocation)
+            try:
+                await self.launcher.restart(record, allocation, server)
+                await self.allocator.bind(allocation.id, record.holder)
+            except LaunchError as e:
+                record.state, record.reason = "failed", e.message
+                raise BrokerError(e.message, e.status) from None
+            self._persist()
+            return record
+
+    async def interrupt(self, record: KernelRecord) -> None:
+        if not await self.launcher.interrupt(record):
+            raise BrokerError(
+                "This GPU kernel cannot be signalled by the hub; interrupt it through its control channel "
+                "(kernelspec interrupt_mode 'message').",
+                409,
+            )
+
+    async def delete(self, record: KernelRecord, why: str = "kernel shut down") -> None:
+        async with self._lock(record.id):
+            self.kernels.pop(record.id, None)
+            try:
+                await self.launcher.delete(record)
+            finally:
+                await self._release(record.allocation_id, why)
+                self._persist()
+                self._locks.pop(record.id, None)
+        self.log.info("GPU kernel %s of %s deleted: %s", record.id, record.user, why)
+
+    async def _release(self, allocation_id: str, why: str) -> None:
+        if not allocation_id:
+            return
+        self._own_releases.add(allocation_id)
+        try:
+            await self.allocator.release(allocation_id, why)
+        finally:
+            self._own_releases.discard(allocation_id)
+
+    def _on_allocation_event(self, event: str, allocation: Allocation, why: str) -> None:
+        """A kernel's slice released by someone else (preemption, holder gone): say so on the kernel."""
+        if event != "released" or allocation.kind != "kernel" or allocation.id in self._own_releases:
+            return
+        for record in self.kernels.values():
+            if record.allocation_id == allocation.id and record.state in ("pending", "running"):
+                if "preempt" in why:
+                    record.state, record.reason = "failed", f"its GPU slice was taken back: {why}"
+                    self.log.warning("GPU kernel %s of %s: %s", record.id, record.user, record.reason)
+                    asyncio.ensure_future(self._stop_holder(record))
+
+    async def _stop_holder(self, record: KernelRecord) -> None:
+        async with self._lock(record.id):
+            try:
+                await self.launcher.delete(record)
+            except Exception:
+                self.log.exception("Stopping preempted GPU kernel %s", record.id)
+            record.holder = ""
+            self._persist()
+
+    # ---- reconciliation --------------------------------------------------------------------
+
+    async def reconcile(self) -> None:
+        """Delete kernels whose server is gone, refresh states, sweep strays."""
+        for record in list(self.kernels.values()):
+            if record.id not in self.kernels or self._lock(record.id).locked():
+                continue
+            spawner = self.spawner_for(record.user, record.server_name)
+            try:
+                alive = await self.launcher.server_alive(record, spawner)
+            except Exception as e:
+                self.log.warning("Could not check the server of GPU kernel %s: %s", record.id, e)
+                continue
+            if not alive:
+                label = f"{record.user}/{record.server_name}" if record.server_name else record.user
+                await self.delete(record, f"its server {label} is gone")
+                continue
+            if record.state in ("pending", "running"):
+                await self._refresh(record)
+        try:
+            swept = await self.launcher.sweep(set(self.kernels))
+            if swept:
+                self.log.warning("Swept %d GPU kernel(s) nobody knew about: %s", len(swept), ", ".join(swept))
+        except Exception as e:
+            self.log.warning("GPU kernel sweep failed: %s", e)
+        self._persist()
+
+    async def _reconcile_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.reconcile_interval_seconds)
+            try:
+                await self.reconcile()
+            except Exception:
+                self.log.exception("GPU kernel reconciliation failed; retrying")
+
+
+def start_with_hub(poll_seconds: float = 0.5) -> None:
+    """Start the broker as soon as the hub is up (call from jupyterhub_config.py).
+
+    JupyterHub has no start-up hook for extra handlers; without this the broker starts on its
+    first request, so kernels orphaned while the hub was down would wait for that request.
+    """
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return  # not inside the hub (e.g. `jupyterhub --generate-config`)
+
+    async def wait_and_start() -> None:
+        from jupyterhub.app import JupyterHub
+
+        while not JupyterHub.initialized() or getattr(JupyterHub.instance(), "http_server", None) is None:
+            await asyncio.sleep(poll_seconds)
+        app = JupyterHub.instance()
+        broker = GPUBroker.instance(config=app.config, log=app.log)
+        try:
+            await broker.ensure_started(app.users)
+        except Exception:
+            app.log.exception("GPU broker failed to start; it will retry on its first request")
+
+    task = loop.create_task(wait_and_start())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+_background: set[asyncio.Task] = set()
+
+
+# ---------------------------------------------------------------------------------------------
+# handlers
+# ---------------------------------------------------------------------------------------------
+
+
+class BrokerAPIHandler(APIHandler):
+    """Shared auth and error rendering of the broker's endpoints."""
+
+    @property
+    def broker(self) -> GPUBroker:
+        return GPUBroker.instance(config=self.settings.get("config"), log=self.log)
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        if self.current_user is None:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        try:
+            await self.broker.ensure_started(self.users)
+        except BrokerError:
+            raise
+        except Exception as e:
+            self.log.exception("GPU broker failed to start")
+            raise BrokerError(f"The GPU broker could not start: {e}", 503) from None
+
+    # ---- who may do what ---------------------------------------------------------------------
+
+    @property
+    def is_gpu_admin(self) -> bool:
+        return self.has_scope(ADMIN_SCOPE) or self.has_scope("admin:users")
+
+    def may_act_for(self, user_name: str) -> bool:
+        return self.is_gpu_admin or self.has_scope(f"{KERNELS_SCOPE}!user={user_name}")
+
+    def caller_name(self) -> str:
+        user = self.current_user
+        return user.name if getattr(user, "kind", "user") == "user" else ""
+
+    def caller_groups(self) -> set[str] | None:
+        """Groups of the calling user for size visibility (None: an admin sees every size)."""
+        if self.is_gpu_admin:
+            return None
+        user = self.current_user
+        return {g.name for g in getattr(user, "groups", [])}
+
+    def require_any_kernel_scope(self) -> None:
+        if not (self.is_gpu_admin or KERNELS_SCOPE in self.parsed_scopes):
+            raise BrokerError(
+                f"This token may not use GPU kernels: it lacks the scope {KERNELS_SCOPE}. "
+                "Use the server's own token (JUPYTERHUB_API_TOKEN) or ask an admin to grant the scope.",
+                403,
+            )
+
+    def find_kernel(self, kernel_id: str) -> KernelRecord:
+        record = self.broker.kernels.get(kernel_id)
+        if record is None or not self.may_act_for(record.user):
+            # the same answer for "not yours" and "does not exist": ids are not disclosed
+            raise BrokerError(f"No GPU kernel {kernel_id!r}.", 404)
+        return record
+
+    def json_body(self) -> dict[str, Any]:
+        body = self.get_json_body()
+        if body is None:
+            return {}
+        if not isinstance(body, dict):
+            raise BrokerError("The request body must be a JSON object.")
+        return body
+
+    def wait_arg(self) -> float:
+        raw = self.get_argument("wait", "0")
+        try:
+            return float(raw)
+        except ValueError:
+            raise BrokerError(f"'wait' must be a number of seconds, got {raw!r}.") from None
+
+
+class KernelSizesHandler(BrokerAPIHandler):
+    """GET /hub/api/gpu/kernel-sizes"""
+
+    async def get(self) -> None:
+        self.require_any_kernel_scope()
+        sizes = self.broker.sizes_for(self.caller_groups())
+        self.finish(
+            json.dumps(
+                {
+                    "sizes": [{"name": s["name"], "display_name": s["display_name"], **s["gpu"]} for s in sizes],
+                    "custom_allowed": self.broker.allow_custom_gpu,
+                    "simulated": bool(getattr(self.broker.allocator.backend, "simulated", False)),
+                }
+            )
+        )
+
+
+class KernelsHandler(BrokerAPIHandler):
+    """GET (list) and POST (create) /hub/api/gpu/kernels"""
+
+    async def get(self) -> None:
+        self.require_any_kernel_scope()
+        wanted = self.get_argument("user", "")
+        if wanted:
+            if not self.may_act_for(wanted):
+                raise BrokerError(f"You may not list the GPU kernels of {wanted!r}.", 403)
+            users = {wanted}
+        elif self.is_gpu_admin:
+            users = None
+        else:
+            name = self.caller_name()
+            if not name or not self.may_act_for(name):
+                raise BrokerError("Name the user whose kernels to list: ?user=<name>.", 400)
+            users = {name}
+        kernels = [r.model() for r in self.broker.kernels.values() if users is None or r.user in users]
+        kernels.sort(key=lambda m: m["created_at"])
+        self.finish(json.dumps({"kernels": kernels}))
+
+    async def post(self) -> None:
+        self.require_any_kernel_scope()
+        body = self.json_body()
+        user_name = body.get("user") or self.caller_name()
+        if not isinstance(user_name, str) or not user_name:
+            raise BrokerError("Name the user the kernel is for: 'user'.")
+        if not self.may_act_for(user_name):
+            raise BrokerError(f"You may not start GPU kernels for {user_name!r}.", 403)
+        server_name = body.get("server_name", "")
+        if not isinstance(server_name, str):
+            raise BrokerError("'server_name' must be a string ('' is the default server).")
+        if not self.is_gpu_admin and not self.has_scope(f"access:servers!server={user_name}/{server_name}"):
+            raise BrokerError(f"This token does not belong to the server {user_name}/{server_name}.", 403)
+        groups = self.caller_groups()
+        if groups is not None and user_name != self.caller_name():
+            groups = set()
+        record = await self.broker.create(user_name, server_name, body, groups)
+        self.set_status(201)
+        self.finish(json.dumps(record.model()))
+
+
+class KernelHandler(BrokerAPIHandler):
+    """GET and DELETE /hub/api/gpu/kernels/<id>"""
+
+    async def get(self, kernel_id: str) -> None:
+        record = self.find_kernel(kernel_id)
+        record = await self.broker.status(record, self.wait_arg())
+        self.finish(json.dumps(record.model()))
+
+    async def delete(self, kernel_id: str) -> None:
+        record = self.find_kernel(kernel_id)
+        who = self.caller_name() or getattr(self.current_user, "name", "a service")
+        reason = self.get_argument("reason", "")[:200]
+        await self.broker.delete(record, f"kernel shut down by {who}" + (f": {reason}" if reason else ""))
+        self.set_status(204)
+        self.finish()
+
+
+class KernelActionHandler(BrokerAPIHandler):
+    """POST /hub/api/gpu/kernels/<id>/(restart|interrupt)"""
+
+    async def post(self, kernel_id: str, action: str) -> None:
+        record = self.find_kernel(kernel_id)
+        if action == "restart":
+            record = await self.broker.restart(record)
+            self.finish(json.dumps(record.model()))
+        else:
+            await self.broker.interrupt(record)
+            self.set_status(204)
+            self.finish()
+
+
+#: for ``c.JupyterHub.extra_handlers`` (patterns are under the hub prefix, /hub)
+BROKER_HANDLERS: list[tuple[str, type]] = [
+    (r"/api/gpu/kernel-sizes", KernelSizesHandler),
+    (r"/api/gpu/kernels", KernelsHandler),
+    (r"/api/gpu/kernels/([0-9a-f]{32})", KernelHandler),
+    (r"/api/gpu/kernels/([0-9a-f]{32})/(restart|interrupt)", KernelActionHandler),
+]
+
+
+def configure(c: Any) -> None:
+    """Register the broker's handlers, scopes and start-up in a JupyterHub config ``c``."""
+    c.JupyterHub.extra_handlers = list(c.JupyterHub.get("extra_handlers", [])) + BROKER_HANDLERS
+    c.JupyterHub.custom_scopes = {**dict(c.JupyterHub.get("custom_scopes", {})), **CUSTOM_SCOPES}
+    c.JupyterHub.extra_user_scopes = set(c.JupyterHub.get("extra_user_scopes", set())) | set(USER_SCOPES)
+    existing = c.Spawner.get("server_token_scopes", None)
+    base = (
+        list(existing) if isinstance(existing, list | tuple | set) else ["access:servers!server", "users:activity!user"]
+    )
+    c.Spawner.server_token_scopes = sorted({*base, *SERVER_TOKEN_SCOPES})
+    start_with_hub()

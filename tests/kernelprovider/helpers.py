@@ -1,0 +1,205 @@
+"""Test helpers: a user's jupyter-server through the hub's proxy, and a browser-like kernel connection."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import websocket
+
+from tests.hubrunner import HubRunner
+
+ADMISSION = {
+    "priority_classes": {
+        "high": {"value": 1000, "preempt": True, "borrow": False},
+        "default": {"value": 100, "preempt": False, "borrow": False},
+    },
+    "default_priority_class": "default",
+    "placement": {"node": "binpack", "gpu": "binpack"},
+    "workspaces": {
+        "default": {
+            "namespaces": {
+                # each user may hold 16 GiB: one 10 GiB kernel fits, a second does not
+                "default": {"user_limits": {"memory_mib": 16384}},
+            }
+        }
+    },
+}
+
+SIZES = [
+    {"name": "gpu-10g", "display_name": "GPU 10 GiB", "memory_mib": 10240, "cores_percent": 25},
+    {"name": "gpu-4g", "display_name": "GPU 4 GiB", "memory_mib": 4096, "cores_percent": 10},
+]
+
+
+def http(method: str, url: str, token: str, body: Any = None, timeout: float = 60) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Authorization", f"token {token}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read()
+            status = resp.status
+    except urllib.error.HTTPError as e:
+        raw, status = e.read(), e.code
+    try:
+        return status, json.loads(raw) if raw else None
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def start_server(hub: HubRunner, user: str, token: str, timeout: float = 90) -> None:
+    status, body = hub.api("POST", f"/users/{user}/server")
+    assert status in (201, 202, 400), (status, body)  # 400: already running
+
+    def ready() -> bool:
+        _, model = hub.api("GET", f"/users/{user}")
+        server = (model.get("servers") or {}).get("")
+        return bool(server and server.get("ready"))
+
+    hub.wait_for(ready, timeout=timeout, what=f"{user}'s server to be ready")
+
+
+def install_kernelspecs(hub: HubRunner, token: str, prefix: Path) -> str:
+    """Run the real `python -m kernelprovider install-kernelspecs` against the hub; return its output."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kernelprovider",
+            "install-kernelspecs",
+            "--hub-url",
+            hub.url,
+            "--token",
+            token,
+            "--prefix",
+            str(prefix),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+class Server:
+    """A user's single-user server, reached through the proxy with the user's token."""
+
+    def __init__(self, hub: HubRunner, user: str, token: str) -> None:
+        self.hub, self.user, self.token = hub, user, token
+        self.base = f"{hub.url}/user/{user}"
+
+    def api(self, method: str, path: str, body: Any = None, timeout: float = 90) -> tuple[int, Any]:
+        return http(method, self.base + "/api" + path, self.token, body, timeout)
+
+    def start_session(self, kernel_name: str, path: str | None = None) -> tuple[int, Any]:
+        return self.api(
+            "POST",
+            "/sessions",
+            {"path": path or f"{uuid.uuid4().hex[:8]}.ipynb", "type": "notebook", "kernel": {"name": kernel_name}},
+        )
+
+    def connect(self, kernel_id: str) -> KernelConnection:
+        return KernelConnection(self, kernel_id)
+
+
+class KernelConnection:
+    """What JupyterLab does with a kernel: a websocket on its channels (Jupyter's JSON protocol)."""
+
+    def __init__(self, server: Server, kernel_id: str) -> None:
+        self.kernel_id = kernel_id
+        self.session = uuid.uuid4().hex
+        url = server.base.replace("http", "ws", 1) + f"/api/kernels/{kernel_id}/channels?session_id={self.session}"
+        self.ws = websocket.create_connection(url, header=[f"Authorization: token {server.token}"], timeout=30)
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+        except Exception:
+            pass
+
+    def _send(self, channel: str, msg_type: str, content: dict) -> str:
+        msg_id = uuid.uuid4().hex
+        self.ws.send(
+            json.dumps(
+                {
+                    "header": {
+                        "msg_id": msg_id,
+                        "msg_type": msg_type,
+                        "session": self.session,
+                        "username": "test",
+                        "version": "5.3",
+                        "date": "",
+                    },
+                    "parent_header": {},
+                    "metadata": {},
+                    "content": content,
+                    "channel": channel,
+                    "buffers": [],
+                }
+            )
+        )
+        return msg_id
+
+    def execute_async(self, code: str) -> str:
+        return self._send(
+            "shell",
+            "execute_request",
+            {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False},
+        )
+
+    def collect(self, msg_id: str, timeout: float = 60) -> dict[str, Any]:
+        """Outputs of a request until its execute_reply and idle status: {status, text, ename}."""
+        deadline = time.monotonic() + timeout
+        out: dict[str, Any] = {"status": None, "text": "", "ename": None}
+        idle = False
+        while time.monotonic() < deadline and not (out["status"] and idle):
+            self.ws.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                msg = json.loads(self.ws.recv())
+            except websocket.WebSocketTimeoutException:
+                break
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out["text"] += content["text"]
+            elif kind in ("execute_result", "display_data"):
+                out["text"] += content["data"].get("text/plain", "")
+            elif kind == "error":
+                out["ename"] = content["ename"]
+            elif kind == "execute_reply":
+                out["status"] = content["status"]
+                out["ename"] = out["ename"] or content.get("ename")
+            elif kind == "status" and content["execution_state"] == "idle":
+                idle = True
+        return out
+
+    def execute(self, code: str, timeout: float = 60) -> dict[str, Any]:
+        return self.collect(self.execute_async(code), timeout)
+
+    def wait_for_output(self, msg_id: str, needle: str, timeout: float = 30) -> bool:
+        """Read messages until a stream output of ``msg_id`` contains ``needle``."""
+        deadline = time.monotonic() + timeout
+        text = ""
+        while time.monotonic() < deadline:
+            self.ws.settimeout(max(0.1, deadline - time.monotonic()))
+            try:
+                msg = json.loads(self.ws.recv())
+            except websocket.WebSocketTimeoutException:
+                return False
+            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                text += msg["content"]["text"]
+                if needle in text:
+                    return True
+        return False
