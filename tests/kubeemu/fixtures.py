@@ -4,15 +4,21 @@ Import them into a conftest.py::
 
     from tests.kubeemu.fixtures import kube_emulator, kube_namespace  # noqa: F401
 
-``kube_emulator`` is session-scoped (one API server for the whole run; KubeSpawner caches
-its client configuration per process, so one emulator per session is also what it expects)
-and exports ``KUBECONFIG`` for the session. ``kube_namespace`` gives each test a fresh
-namespace, deleted afterwards (its pods are stopped).
+``kube_emulator`` is session-scoped and exports ``KUBECONFIG`` while it lives. It is one
+emulator per test process even when several conftest files import the fixture: KubeSpawner
+caches its client configuration (``kubespawner.clients.load_config``) and clients per
+process, so a second API server in the same process would silently be ignored by it.
+The shared emulator has no Node objects (pods run on the virtual node ``emu-node``);
+tests that need nodes (GPU inventory, scheduling) add them with ``add_node`` in their own
+namespace-independent way, or start their own ``KubeEmulator`` for a hub subprocess.
+
+``kube_namespace`` gives each test a fresh namespace, deleted afterwards (its pods stop).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -20,22 +26,48 @@ import pytest
 
 from .emulator import KubeEmulator
 
+_lock = threading.Lock()
+_shared: KubeEmulator | None = None
+_users = 0
+_old_kubeconfig: str | None = None
+
+
+def acquire_shared_emulator() -> KubeEmulator:
+    """The process-wide emulator (started on first use); pair with release_shared_emulator."""
+    global _shared, _users, _old_kubeconfig
+    with _lock:
+        if _shared is None:
+            emu = KubeEmulator(restart_backoff_seconds=1.0, bookmark_interval=1.0)
+            emu.start()
+            _shared = emu
+            _old_kubeconfig = os.environ.get("KUBECONFIG")
+            os.environ["KUBECONFIG"] = emu.kubeconfig_path
+        _users += 1
+        return _shared
+
+
+def release_shared_emulator() -> None:
+    global _shared, _users
+    with _lock:
+        _users -= 1
+        if _users > 0 or _shared is None:
+            return
+        emu, _shared = _shared, None
+        if _old_kubeconfig is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = _old_kubeconfig
+    emu.stop()
+
 
 @pytest.fixture(scope="session")
 def kube_emulator() -> Iterator[KubeEmulator]:
     """A started emulator for the whole session, with KUBECONFIG pointing at it."""
-    emu = KubeEmulator(nodes=[], restart_backoff_seconds=1.0, bookmark_interval=1.0)
-    emu.start()
-    old = os.environ.get("KUBECONFIG")
-    os.environ["KUBECONFIG"] = emu.kubeconfig_path
+    emu = acquire_shared_emulator()
     try:
         yield emu
     finally:
-        if old is None:
-            os.environ.pop("KUBECONFIG", None)
-        else:
-            os.environ["KUBECONFIG"] = old
-        emu.stop()
+        release_shared_emulator()
 
 
 @pytest.fixture

@@ -927,6 +927,8 @@ class Kubelet:
         self.runtimes: dict[str, PodRuntime] = {}
         self.dirs: dict[tuple[str, str], PodRuntime] = {}
         self.pgids: set[int] = set()
+        self.retired: set[str] = set()  # uids whose runtime ended: never started again
+        self.stopping = False
         self.host_ip = "127.0.0.1"
         net = ipaddress.ip_network(emu.pod_network)
         self._hosts = [str(h) for h in net.hosts()]
@@ -1009,6 +1011,8 @@ class Kubelet:
         if not node:
             return
         if rt is None:
+            if self.stopping:
+                return
             current = self.store.iter_objects("pods")
             pod = next((p for p in current if p["metadata"]["uid"] == uid), None)
             if pod is None or uid in self.runtimes:
@@ -1020,7 +1024,7 @@ class Kubelet:
                     self.store.delete(PODS, meta["namespace"], meta["name"], 0,
                                       preconditions={"uid": uid})
                 return
-            if is_terminal(pod) or not self.serves(node):
+            if is_terminal(pod) or not self.serves(node) or uid in self.retired:
                 return
             rt = PodRuntime(self, pod)
             self.runtimes[uid] = rt
@@ -1057,6 +1061,7 @@ class Kubelet:
                     rt.materialize_volumes(pod, only={key, "projected"})
 
     def runtime_done(self, rt: PodRuntime) -> None:
+        self.retired.add(rt.uid)
         self.runtimes.pop(rt.uid, None)
         if self.dirs.get((rt.ns, rt.name)) is not rt:
             self._cleanup_dir(rt.ns, rt.name, rt.uid, rt)
@@ -1067,6 +1072,7 @@ class Kubelet:
             shutil.rmtree(path, ignore_errors=True)
 
     async def shutdown(self, grace: float = 2.0) -> None:
+        self.stopping = True
         runtimes = list(self.runtimes.values())
         for rt in runtimes:
             rt.request_termination(grace)

@@ -1,0 +1,54 @@
+"""Shared helpers for the emulator's own tests."""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+from .emulator import KubeEmulator
+
+
+def http(emu: KubeEmulator, method: str, path: str, body: Any = None,
+         content_type: str = "application/json") -> tuple[int, Any]:
+    """A raw request to the emulator: (status, decoded JSON body or text)."""
+    data = None
+    if body is not None:
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    req = urllib.request.Request(emu.url + path, data=data, method=method,
+                                 headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            code, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        code, raw = e.code, e.read()
+    try:
+        return code, json.loads(raw)
+    except ValueError:
+        return code, raw.decode()
+
+
+def pod(name: str, command: list[str] | None = None, **spec: Any) -> dict:
+    """A minimal pod manifest running `command` (python by default) in one container."""
+    container: dict[str, Any] = {"name": "main", "image": "python:3.11"}
+    if command is not None:
+        container["command"] = command
+    for key in ("env", "volumeMounts", "resources", "readinessProbe", "ports", "workingDir",
+                "envFrom", "args"):
+        if key in spec:
+            container[key] = spec.pop(key)
+    labels = spec.pop("labels", None)
+    annotations = spec.pop("annotations", None)
+    meta: dict[str, Any] = {"name": name}
+    if labels:
+        meta["labels"] = labels
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [container], **spec}}
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
