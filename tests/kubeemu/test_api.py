@@ -339,7 +339,7 @@ def test_namespace_deletion_removes_its_content(kube_emulator, core):
     core.create_namespace({"metadata": {"name": "doomed"}})
     core.create_namespaced_config_map("doomed", {"metadata": {"name": "c"}})
     ns = core.delete_namespace("doomed")
-    assert ns.status.phase == "Terminating"
+    assert ns["status"]["phase"] == "Terminating"
     kube_emulator.wait_for(lambda: kube_emulator.get("namespaces", "doomed", None) is None,
                            message="namespace gone")
     assert kube_emulator.get("configmaps", "c", "doomed") is None
