@@ -517,10 +517,53 @@ def cmd_up(args: argparse.Namespace) -> int:
                 pass
             hub.wait(10)
         state_file.unlink(missing_ok=True)
+        leftovers = stop_leftover_holders(data)
+        if leftovers:
+            say(f"stopped {leftovers} GPU process(es) the hub left running")
         for s, handler in previous.items():
             signal.signal(s, handler)
         if stopping["signal"]:
             say("stopped")
+
+
+def stop_leftover_holders(data: Path, grace_seconds: float = 5.0) -> int:
+    """Stop the process groups of GPU holders (servers, kernels) still alive after the hub exited.
+
+    ``up`` promises that Ctrl-C stops everything the hub started; JupyterHub stops its servers,
+    and this catches what outlives them (a GPU kernel whose server could not reach the broker).
+    """
+    from .local_pool import LEDGER_FILE, Ledger, process_alive
+
+    path = data / LEDGER_FILE
+    if not path.exists():
+        return 0
+    ledger = Ledger(path)
+    try:
+        rows = ledger.rows()
+    finally:
+        ledger.close()
+    alive = [
+        int(r["holder"])
+        for r in rows
+        if r["holder"] and r["holder"].isdigit() and process_alive(int(r["holder"]), r["holder_started"])
+    ]
+    found = len(alive)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in alive:
+            try:
+                os.killpg(pid, sig)
+            except OSError:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + grace_seconds
+        while time.monotonic() < deadline and any(process_alive(p) for p in alive):
+            time.sleep(0.1)
+        alive = [p for p in alive if process_alive(p)]
+        if not alive:
+            break
+    return found
 
 
 def _gpu_summary(url: str, data: Path) -> str:

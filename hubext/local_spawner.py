@@ -126,7 +126,7 @@ def gpu_summary(section: Mapping[str, Any] | None) -> str:
     if count != 1:
         text += f" on each of {count} {model}s"
     elif section.get("model"):
-        text += f" of an {model}" if model[:1] in "AEIOU" else f" of a {model}"
+        text += f" · {model}"
     return text
 
 
@@ -288,12 +288,14 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
                 }
             )
         pool = await backend.inventory()
-        gpus = [g for node in pool.nodes for g in node.gpus]
+        models: dict[str, int] = {}
+        for gpu in (g for node in pool.nodes for g in node.gpus):
+            models[gpu.model] = models.get(gpu.model, 0) + 1
         return _jinja.get_template("local_options_form.html").render(
             profiles=views,
             selected=selected,
             simulated=bool(getattr(backend, "simulated", False)),
-            gpus=gpus,
+            gpus=", ".join(f"{n} × {m}" for m, n in models.items()) or "no GPU",
             prefix=FORM_PREFIX,
         )
 
