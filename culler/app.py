@@ -9,6 +9,7 @@ which users' servers are reached (``GPUCuller.proxy_url``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import time
@@ -97,6 +98,10 @@ class GPUCuller(Application):
         http://proxy-public. Default: the origin of $JUPYTERHUB_PUBLIC_URL when the hub sets it.""",
     )
     base_url = Unicode(config=True, help="The hub's base URL prefix. Default: $JUPYTERHUB_BASE_URL or '/'.")
+
+    @default("log_level")
+    def _log_level_default(self) -> int:
+        return logging.INFO
 
     @default("api_url")
     def _api_url(self) -> str:
@@ -498,6 +503,7 @@ class GPUCuller(Application):
             k.kernel_id,
             GraceWarning(warned_at=now, activity_before=before, activity_after=activity_after, due_at=v.due_at or now),
         )
+        self.store.save()  # at once: a culler killed now must not warn again after its restart
         self.log.info(
             "Warned kernel %s of %s (server '%s', %s): %s idle, cull due at %s%s",
             k.kernel_id,
@@ -529,6 +535,15 @@ class GPUCuller(Application):
         if self.dry_run:
             self.log.info("[dry run] would cull kernel %s of %s: %s", k.kernel_id, k.user, why)
             return CullResult(v, "dry-run", False, 0.0)
+        self.log.info(
+            "Culling GPU kernel %s of %s (server '%s', %s, %s): %s",
+            k.kernel_id,
+            k.user,
+            k.server_name,
+            k.priority_class,
+            _mib(k.freed_memory_mib),
+            why,
+        )
         method = "server"
         if v.view.server_status == "ok":
             j = v.view.jupyter
