@@ -192,9 +192,9 @@ def test_per_kernel_policy_in_the_docs_matches_the_broker():
     blocks = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), flags=re.S)
     (np,) = [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict) and d.get("kind")]
     peer = np["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
-    assert set(peer) == set(cls.server_selector_labels.default_value)
+    assert set(peer) == set(cls.server_selector_labels.default())
     assert set(np["spec"]["podSelector"]["matchLabels"]) == {launcher.KERNEL_ID}
-    assert cls.network_policy.default_value is True
+    assert cls.network_policy.default() is True
 
 
 def test_docs_name_every_example_file():
