@@ -537,3 +537,46 @@ def test_the_culler_accepts_its_rendered_command_line_and_config(tmp_path, monke
     assert app.authenticate_metrics is False
     assert app.idle_timeout_seconds == 600
     assert app.priority_values == {"high": 1000, "default": 100, "low": 10, "urgent": 5000}
+
+
+# ---- the node agent's side of the contract --------------------------------------------------
+
+
+def _agent_module_or_skip():
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("libvgpu.agent")
+    except ImportError:
+        found = None
+    if found is None:
+        pytest.skip("libvgpu.agent is not written yet (another engineer's part)")
+    return found
+
+
+def test_node_agent_accepts_the_flags_the_daemonset_passes(default):
+    import subprocess
+    import sys
+
+    _agent_module_or_skip()
+    _, _, c = _agent(default)
+    proc = subprocess.run(
+        [sys.executable, "-m", "libvgpu.agent", "--help"], capture_output=True, text=True, timeout=60, cwd=tools.REPO
+    )
+    assert proc.returncode == 0, proc.stderr
+    for flag in (a for a in c["args"] if a.startswith("--")):
+        assert flag in proc.stdout, f"python -m libvgpu.agent --help does not list {flag}"
+
+
+def test_dashboard_agent_metrics_are_exported_by_the_agent():
+    """Every non-culler series the dashboard queries is named in the agent's source (prometheus
+    counters are declared without their `_total` suffix)."""
+    from pathlib import Path
+
+    spec = _agent_module_or_skip()
+    root = Path(spec.origin).parent
+    source = "\n".join(p.read_text() for p in root.rglob("*.py"))
+    used = {m for m in _dashboard_metrics() if not m.startswith("elastic_gpu_culler_")}
+    # names may be built from a prefix constant: look for the part after "elastic_gpu_"
+    missing = sorted(m for m in used if m.removeprefix("elastic_gpu_").removesuffix("_total") not in source)
+    assert not missing, f"dashboard metrics the agent does not define: {missing}"
