@@ -129,7 +129,6 @@ class CardIndex:
         self.min_cap_c: dict[str, int] = {}
         self.max_slice_cards: dict[str, int] = {}
         self.max_whole_cards: dict[str, int] = {}
-        self.min_whole_mem: dict[str, int] = {}
         for ni in range(len(self.node_names)):
             for g, gl in self.sgpus[ni].items():
                 self.max_slice_cards[g] = max(self.max_slice_cards.get(g, 0), len(gl))
@@ -140,10 +139,22 @@ class CardIndex:
                     self.min_cap_c[g] = min(self.min_cap_c.get(g, self.cap_c[gi]), self.cap_c[gi])
             for g, gl in self.wgpus[ni].items():
                 self.max_whole_cards[g] = max(self.max_whole_cards.get(g, 0), len(gl))
-                for gi in gl:
-                    mem = self.gpus[gi].memory_mib
-                    self.min_whole_mem[g] = min(self.min_whole_mem.get(g, mem), mem)
         self._shape_memo: dict[tuple[str, int, int], int] = {}
+        self._whole_memo: dict[tuple[str, int], int] = {}
+
+    def min_whole_memory(self, group: str, k: int) -> int:
+        """The least memory k whole cards of ``group`` on one node can have (what the quota
+        charges at least); 0 if no node has k such cards."""
+        key = (group, k)
+        hit = self._whole_memo.get(key)
+        if hit is None:
+            sums = [
+                sum(sorted(self.gpus[gi].memory_mib for gi in wg[group])[:k])
+                for wg in self.wgpus
+                if len(wg.get(group, ())) >= k
+            ]
+            hit = self._whole_memo[key] = min(sums, default=0)
+        return hit
 
     def most_slice_cards(self, group: str, m: int, c: int) -> int:
         """The most cards of ``group`` on one node that could ever hold an (m, c) slice."""
@@ -276,9 +287,9 @@ class CardIndex:
             if len(free) < k:
                 return None
             gpus = self.gpus
-            # dedicated whole-mode cards first, then the smallest (the quota counts their
-            # memory), then the lowest index
-            free.sort(key=lambda gi: (gpus[gi].mode != Mode.WHOLE, gpus[gi].memory_mib,
+            # the smallest cards first (the quota counts their memory), then dedicated
+            # whole-mode cards, then the lowest index
+            free.sort(key=lambda gi: (gpus[gi].memory_mib, gpus[gi].mode != Mode.WHOLE,
                                       gpus[gi].index, gi))
             return free[:k]
         cards = self.sgpus[ni].get(group)
@@ -342,6 +353,18 @@ class CardIndex:
                     cards = self.fit_node(ni, m, c, k, False, group)
                     if cards:
                         return ni, cards
+        return None
+
+    def find_whole_within(self, k: int, group: str, max_memory: int) -> tuple[int, list[int]] | None:
+        """Like :meth:`find` for whole cards, but only cards whose memory adds up to at most
+        ``max_memory`` (the quota headroom), in placement order."""
+        worder = self.worder.get(group) or []
+        start = bisect_left(worder, (k, -1))
+        candidates = worder[start:] if self.binpack_nodes else reversed(worder[start:])
+        for _, ni in candidates:
+            cards = self.fit_node(ni, 0, 0, k, True, group)
+            if cards and sum(self.gpus[gi].memory_mib for gi in cards) <= max_memory:
+                return ni, cards
         return None
 
     def node_rank(self, ni: int, group: str, whole: bool) -> tuple[int, int]:

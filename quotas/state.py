@@ -237,7 +237,7 @@ class AdmissionState:
             if not whole:
                 return m * k, c * k, k
             if cards is None:  # the least it can cost
-                return ix.min_whole_mem.get(group, 0) * k, 100 * k, k
+                return ix.min_whole_memory(group, k), 100 * k, k
             return sum(ix.gpus[gi].memory_mib for gi in cards), 100 * k, k
 
         # a request above a level's whole quota can never fit
@@ -256,6 +256,14 @@ class AdmissionState:
         base = ix.find(m, c, k, whole, group)
         asked = asked_for(base[1] if base else None)
         over = self._first_deficit(levels, asked)
+        if whole and base is not None and over is not None and over[1] == "memory_mib":
+            # whole cards differ in size: smaller ones elsewhere may fit the memory quota
+            headroom = self._headroom(levels, "memory_mib")
+            smaller = ix.find_whole_within(k, group, headroom)
+            if smaller is not None:
+                base = smaller
+                asked = asked_for(base[1])
+                over = self._first_deficit(levels, asked)
         if base is not None and over is None:
             return self._grant(request, pc, base, False, now)
         if base is not None and pc.borrow:
@@ -287,6 +295,15 @@ class AdmissionState:
             return False
         first = self._order[0]
         return first[0] == 0 or (pc.preempt and first[1] < pc.value)
+
+    def _headroom(self, levels: Iterable[Level], res: str) -> int:
+        room = None
+        for level in levels:
+            limit = level.limits.get(res)
+            if limit is not None:
+                left = limit - self._ledger.used(level.key, res)
+                room = left if room is None else min(room, left)
+        return room if room is not None else 1 << 62
 
     def _first_deficit(
         self, levels: Iterable[Level], asked: tuple[int, int, int]
@@ -400,7 +417,7 @@ class AdmissionState:
         if request.whole:
             if res == "cores_percent":
                 return 100 * k
-            return self._index.min_whole_mem.get(group, 0) * k
+            return self._index.min_whole_memory(group, k)
         return (request.memory_mib if res == "memory_mib" else request.cores_percent) * k
 
     # ---- status ---------------------------------------------------------------------------
