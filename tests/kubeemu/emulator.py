@@ -95,7 +95,8 @@ class KubeEmulator:
         port: TCP port on 127.0.0.1 (0 = any free port).
         data_dir: where pod roots, logs, PVC data and the kubeconfig go (default: a fresh
             temporary directory removed by stop()).
-        pod_network: loopback network pod IPs are taken from.
+        pod_network: loopback network pod IPs are taken from (from a random start, so
+            emulators in parallel test processes rarely share addresses).
         rewrite_paths: container paths (besides mountPaths and workingDir) that are rewritten
             to the pod root in command, args and env values, e.g. ``("/home/jovyan",)``.
         bind_any_to_pod_ip: replace 0.0.0.0 in command, args and env with the pod's IP.
@@ -108,7 +109,7 @@ class KubeEmulator:
 
     def __init__(self, nodes: Iterable[NodeSpec | Mapping[str, Any] | str] | None = None, *,
                  namespaces: Iterable[str] = (), port: int = 0,
-                 data_dir: str | Path | None = None, pod_network: str = "127.1.0.0/16",
+                 data_dir: str | Path | None = None, pod_network: str = "127.64.0.0/10",
                  rewrite_paths: Sequence[str] = (), bind_any_to_pod_ip: bool = True,
                  pod_env: Mapping[str, str] | None = None, history_size: int = 5000,
                  bookmark_interval: float = 5.0, restart_backoff_seconds: float = 10.0,

@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -117,6 +118,9 @@ def _resource_ref(pod: dict, ref: dict, default_container: str, node: dict | Non
     return str(math.ceil(q / divisor))
 
 
+_PATH_END = frozenset(" \t\n\"',:;=)]}")
+
+
 class PathMap:
     """Rewrites container paths (mountPaths ...) in strings to paths under the pod root."""
 
@@ -132,9 +136,21 @@ class PathMap:
     def host(self, container_path: str) -> Path:
         return self.root / container_path.lstrip("/")
 
+    def _replace(self, m: re.Match) -> str:
+        # A longer path that exists on this machine (the interpreter under a "/work" mount,
+        # say) is a host path, not a container path: leave it alone.
+        end = m.end()
+        text = m.string
+        while end < len(text) and text[end] not in _PATH_END:
+            end += 1
+        token = text[m.start():end]
+        if len(token.rstrip("/")) > len(m.group(1)) and os.path.exists(token):
+            return m.group(0)
+        return str(self.host(m.group(1)))
+
     def __call__(self, s: str) -> str:
         if self._rx is not None:
-            s = self._rx.sub(lambda m: str(self.host(m.group(1))), s)
+            s = self._rx.sub(self._replace, s)
         if self._ip:
             s = re.sub(r"(?<![\d.])0\.0\.0\.0(?![\d.])", self._ip, s)
         return s
@@ -931,16 +947,22 @@ class Kubelet:
         self.stopping = False
         self.host_ip = "127.0.0.1"
         net = ipaddress.ip_network(emu.pod_network)
-        self._hosts = [str(h) for h in net.hosts()]
-        self._next = 0
+        if not net.is_loopback or net.num_addresses < 4:
+            raise ValueError(f"pod_network {emu.pod_network!r}: must be a loopback network "
+                             "(inside 127.0.0.0/8) with room for pods, e.g. '127.64.0.0/10'")
+        self._base = int(net.network_address) + 1
+        self._size = net.num_addresses - 2
+        # A random start: emulators in other test processes (or earlier runs, whose sockets
+        # may sit in TIME_WAIT) most likely use other addresses.
+        self._next = random.randrange(self._size)
         self._used: set[str] = set()
         self.store.subscribe(self._on_event)
 
     # ------------------------------------------------------------ addresses
 
     def allocate_ip(self) -> str:
-        for _ in range(len(self._hosts)):
-            ip = self._hosts[self._next % len(self._hosts)]
+        for _ in range(min(self._size, 1 << 16)):
+            ip = str(ipaddress.ip_address(self._base + self._next % self._size))
             self._next += 1
             if ip not in self._used and ip != "127.0.0.1":
                 self._used.add(ip)

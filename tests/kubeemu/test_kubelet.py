@@ -1,0 +1,244 @@
+"""The emulated kubelet: pods run as local processes on their own loopback address."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import kubernetes
+import pytest
+from kubernetes.client.rest import ApiException
+
+from tests.kubeemu.helpers import pod, py
+
+
+@pytest.fixture(scope="module")
+def core(kube_emulator):
+    api_client = kubernetes.config.new_client_from_config(kube_emulator.kubeconfig_path)
+    yield kubernetes.client.CoreV1Api(api_client)
+    api_client.close()
+
+
+REPORTER = r"""
+import json, os, socket, sys
+args = dict(a.lstrip('-').split('=', 1) for a in sys.argv[1:])
+files = {}
+for path in ('/etc/secret-vol/token', '/etc/podinfo/annotations', '/etc/podinfo/mem',
+             os.environ['LIMITS_FILE']):
+    files[path] = open(path).read()
+srv = socket.socket()
+srv.bind((args['ip'], int(args['port'])))
+srv.listen(1)
+print('serving on', srv.getsockname(), flush=True)
+conn, _ = srv.accept()
+env = {k: os.environ.get(k) for k in ('POD_NAME', 'POD_NS', 'MY_IP', 'TOKEN', 'MODE',
+                                      'LIMITS_FILE', 'GREETING')}
+conn.sendall(json.dumps({'env': env, 'files': files, 'cwd': os.getcwd()}).encode())
+conn.close()
+"""
+
+
+def test_pod_runs_with_env_secret_and_downward_files_then_succeeds(kube_emulator, core,
+                                                                   kube_namespace):
+    ns = kube_namespace
+    core.create_namespaced_secret(ns, {"metadata": {"name": "creds"},
+                                       "stringData": {"token": "t0k3n"}})
+    core.create_namespaced_config_map(ns, {"metadata": {"name": "cfg"},
+                                           "data": {"mode": "fast", "limits.conf": "memory_mib=1024\n"}})
+    manifest = pod(
+        "reporter", py(REPORTER), args=["--ip=0.0.0.0", "--port=8888"],
+        restartPolicy="Never",
+        annotations={"elastic-gpu.jupyter.org/memory-mib": "1024"},
+        env=[
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "MY_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
+            {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode"}}},
+            {"name": "LIMITS_FILE", "value": "/etc/libvgpu/limits.conf"},
+            {"name": "GREETING", "value": "hello $(POD_NAME)"},
+        ],
+        volumeMounts=[
+            {"name": "secret", "mountPath": "/etc/secret-vol", "readOnly": True},
+            {"name": "podinfo", "mountPath": "/etc/podinfo"},
+            {"name": "limits", "mountPath": "/etc/libvgpu/limits.conf",
+             "subPath": "limits.conf"},
+        ],
+        volumes=[
+            {"name": "secret", "secret": {"secretName": "creds"}},
+            {"name": "podinfo", "downwardAPI": {"items": [
+                {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
+                {"path": "mem", "fieldRef": {
+                    "fieldPath": "metadata.annotations['elastic-gpu.jupyter.org/memory-mib']"}},
+            ]}},
+            {"name": "limits", "configMap": {"name": "cfg"}},
+        ])
+    core.create_namespaced_pod(ns, manifest)
+    running = kube_emulator.wait_for_pod_phase("reporter", "Running", ns)
+    ip = running["status"]["podIP"]
+    assert ip.startswith("127.") and ip != "127.0.0.1"
+    assert running["status"]["containerStatuses"][0]["ready"] is True
+    assert {c["type"]: c["status"] for c in running["status"]["conditions"]}["Ready"] == "True"
+
+    def fetch() -> dict | None:
+        try:
+            with socket.create_connection((ip, 8888), timeout=2) as s:
+                return json.loads(s.makefile().read())
+        except OSError:
+            return None
+
+    report = kube_emulator.wait_for(fetch, message="the pod's server to answer on its IP")
+    root = kube_emulator.pod_root("reporter", ns)
+    assert report["env"] == {
+        "POD_NAME": "reporter", "POD_NS": ns, "MY_IP": ip, "TOKEN": "t0k3n", "MODE": "fast",
+        "LIMITS_FILE": f"{root}/etc/libvgpu/limits.conf", "GREETING": "hello reporter"}
+    # mountPaths in command, args (here: the python -c program) and env were rewritten
+    assert report["files"] == {
+        f"{root}/etc/secret-vol/token": "t0k3n",
+        f"{root}/etc/podinfo/annotations": 'elastic-gpu.jupyter.org/memory-mib="1024"',
+        f"{root}/etc/podinfo/mem": "1024",
+        f"{root}/etc/libvgpu/limits.conf": "memory_mib=1024\n",
+    }
+    assert report["cwd"] == str(root)
+    done = kube_emulator.wait_for_pod_phase("reporter", "Succeeded", ns)
+    term = done["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 0 and term["reason"] == "Completed"
+    assert f"serving on ('{ip}', 8888)" in core.read_namespaced_pod_log("reporter", ns)
+    reasons = [e.reason for e in core.list_namespaced_event(
+        ns, field_selector="involvedObject.name=reporter").items]
+    assert reasons[:4] == ["Scheduled", "Pulled", "Created", "Started"]
+
+
+def test_failing_container_fails_the_pod_with_its_exit_code(kube_emulator, core, kube_namespace):
+    core.create_namespaced_pod(kube_namespace, pod(
+        "fails", py("import sys; print('boom'); sys.exit(3)"), restartPolicy="Never"))
+    failed = kube_emulator.wait_for_pod_phase("fails", "Failed", kube_namespace)
+    term = failed["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 3 and term["reason"] == "Error"
+    assert kube_emulator.pod_log("fails", kube_namespace) == "boom\n"
+
+
+def test_missing_command_is_a_start_error(kube_emulator, core, kube_namespace):
+    core.create_namespaced_pod(kube_namespace, pod(
+        "nocmd", ["no-such-binary-kubeemu"], restartPolicy="Never"))
+    failed = kube_emulator.wait_for_pod_phase("nocmd", "Failed", kube_namespace)
+    term = failed["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert term["exitCode"] == 128 and term["reason"] == "StartError"
+    assert 'exec: "no-such-binary-kubeemu"' in term["message"]
+
+
+def test_on_failure_restarts_the_container(kube_emulator, core, kube_namespace):
+    code = ("import os, sys; p = '/work/count'; n = int(open(p).read()) if os.path.exists(p) "
+            "else 0; open(p, 'w').write(str(n + 1)); sys.exit(0 if n else 1)")
+    core.create_namespaced_pod(kube_namespace, pod(
+        "retry", py(code), restartPolicy="OnFailure",
+        volumeMounts=[{"name": "work", "mountPath": "/work"}],
+        volumes=[{"name": "work", "emptyDir": {}}]))
+    done = kube_emulator.wait_for_pod_phase("retry", "Succeeded", kube_namespace, timeout=15)
+    st = done["status"]["containerStatuses"][0]
+    assert st["restartCount"] == 1
+    assert st["lastState"]["terminated"]["exitCode"] == 1
+
+
+def test_graceful_delete_sends_sigterm_and_pod_disappears(kube_emulator, core, kube_namespace,
+                                                          tmp_path):
+    code = ("import signal, sys, time\n"
+            "def bye(*a):\n"
+            "    open('/host/marker', 'w').write('TERM'); sys.exit(0)\n"
+            "signal.signal(signal.SIGTERM, bye)\n"
+            "print('up', flush=True)\n"
+            "time.sleep(60)\n")
+    core.create_namespaced_pod(kube_namespace, pod(
+        "graceful", py(code), volumeMounts=[{"name": "host", "mountPath": "/host"}],
+        volumes=[{"name": "host", "hostPath": {"path": str(tmp_path), "type": "Directory"}}]))
+    kube_emulator.wait_for_pod_phase("graceful", "Running", kube_namespace)
+    kube_emulator.wait_for(lambda: "up" in kube_emulator.pod_log("graceful", kube_namespace),
+                           message="process to install its handler")
+    deleted = core.delete_namespaced_pod("graceful", kube_namespace, grace_period_seconds=20)
+    assert deleted.metadata.deletion_timestamp
+    assert deleted.metadata.deletion_grace_period_seconds == 20
+    t0 = time.monotonic()
+    kube_emulator.wait_for(lambda: kube_emulator.get("pods", "graceful", kube_namespace) is None,
+                           timeout=10, message="pod removal")
+    assert time.monotonic() - t0 < 5  # the process exited on SIGTERM, long before the grace
+    assert (tmp_path / "marker").read_text() == "TERM"
+    reasons = [e.reason for e in core.list_namespaced_event(
+        kube_namespace, field_selector="involvedObject.name=graceful").items]
+    assert "Killing" in reasons
+
+
+def test_sigkill_after_the_grace_period(kube_emulator, core, kube_namespace):
+    code = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('up', flush=True)\ntime.sleep(60)\n")
+    core.create_namespaced_pod(kube_namespace, pod("stubborn", py(code)))
+    kube_emulator.wait_for(lambda: "up" in kube_emulator.pod_log("stubborn", kube_namespace),
+                           message="process start")
+    pid = kube_emulator.pod_pid("stubborn", kube_namespace)
+    t0 = time.monotonic()
+    core.delete_namespaced_pod("stubborn", kube_namespace, grace_period_seconds=1)
+    kube_emulator.wait_for(lambda: kube_emulator.get("pods", "stubborn", kube_namespace) is None,
+                           timeout=10, message="pod removal")
+    assert 0.9 < time.monotonic() - t0 < 5
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_missing_secret_keeps_the_pod_waiting_until_it_exists(kube_emulator, core,
+                                                              kube_namespace):
+    ns = kube_namespace
+    core.create_namespaced_pod(ns, pod("waits", None, env=[
+        {"name": "T", "valueFrom": {"secretKeyRef": {"name": "later", "key": "k"}}}]))
+
+    def waiting():
+        p = kube_emulator.get("pods", "waits", ns)
+        st = (p or {}).get("status", {}).get("containerStatuses") or [{}]
+        return st[0].get("state", {}).get("waiting", {}).get("reason") == \
+            "CreateContainerConfigError" and p
+
+    p = kube_emulator.wait_for(waiting, message="CreateContainerConfigError")
+    assert p["status"]["phase"] == "Pending"
+    assert p["status"]["containerStatuses"][0]["state"]["waiting"]["message"] == \
+        'secret "later" not found'
+    core.create_namespaced_secret(ns, {"metadata": {"name": "later"}, "stringData": {"k": "v"}})
+    kube_emulator.wait_for_pod_phase("waits", "Running", ns, timeout=10)
+
+
+def test_readiness_probe_gates_ready(kube_emulator, core, kube_namespace):
+    code = ("import os, socket, time\ntime.sleep(1.5)\ns = socket.socket()\n"
+            "s.bind((os.environ['KUBEEMU_POD_IP'], 9000))\ns.listen(5)\ntime.sleep(60)\n")
+    core.create_namespaced_pod(kube_namespace, pod(
+        "probed", py(code), readinessProbe={"tcpSocket": {"port": 9000}, "periodSeconds": 1}))
+    running = kube_emulator.wait_for_pod_phase("probed", "Running", kube_namespace)
+    assert running["status"]["containerStatuses"][0]["ready"] is False
+
+    def ready():
+        p = kube_emulator.get("pods", "probed", kube_namespace)
+        return p["status"]["containerStatuses"][0]["ready"] and p
+
+    p = kube_emulator.wait_for(ready, timeout=10, message="readiness")
+    assert {c["type"]: c["status"] for c in p["status"]["conditions"]}["Ready"] == "True"
+
+
+def test_downward_api_volume_follows_annotation_changes(kube_emulator, core, kube_namespace):
+    ns = kube_namespace
+    core.create_namespaced_pod(ns, pod(
+        "annotated", None, annotations={"limit": "1"},
+        volumeMounts=[{"name": "info", "mountPath": "/etc/info"}],
+        volumes=[{"name": "info", "downwardAPI": {"items": [
+            {"path": "limit", "fieldRef": {"fieldPath": "metadata.annotations['limit']"}}]}}]))
+    kube_emulator.wait_for_pod_phase("annotated", "Running", ns)
+    path = kube_emulator.pod_root("annotated", ns) / "etc/info/limit"
+    assert path.read_text() == "1"
+    core.patch_namespaced_pod("annotated", ns, {"metadata": {"annotations": {"limit": "2"}}})
+    kube_emulator.wait_for(lambda: path.read_text() == "2", message="file update")
+
+
+def test_log_of_a_pod_that_has_not_started_is_a_bad_request(core, kube_namespace):
+    core.create_namespaced_pod(kube_namespace, {"metadata": {"name": "nowhere"}, "spec": {
+        "nodeName": "no-such-node", "containers": [{"name": "c", "image": "i"}]}})
+    with pytest.raises(ApiException) as err:
+        core.read_namespaced_pod_log("nowhere", kube_namespace)
+    assert err.value.status == 400
+    assert "is waiting to start" in json.loads(err.value.body)["message"]
