@@ -110,3 +110,13 @@ def test_oversubscription_below_one_reserves_headroom():
     st = state(pool(node("a", 1, memory_mib=10 * GIB, memory_oversub=0.5)))
     d = st.decide(req(memory_gib=6))
     assert d.kind == "reject" and "the largest holds 5 GiB" in d.reason
+
+
+def test_a_whole_request_takes_smaller_cards_elsewhere_when_the_memory_quota_needs_it():
+    st = state(pool(node("big", 1), node("small", 2, "A100-40GB", 40 * GIB)),
+               {"v": {"limits": {"memory_mib": 50 * GIB}}},
+               allocations=[alloc("x", "small-gpu1", 1, 1, ws="other")])
+    a = grant(st, req(whole=True, ws="v"))
+    assert a.gpu_uuids == ("small-gpu0",) and a.memory_mib == 40 * GIB
+    d = st.decide(req(whole=True, ws="v"))
+    assert d.kind == "wait" and "50 GiB of GPU memory; 40 GiB are in use" in d.reason

@@ -112,3 +112,25 @@ def test_preemption_does_not_change_the_state():
     st = full_card(alloc("low1", "a-gpu0", 80, 50, pc="low"))
     st.decide(req(priority_class="high"))
     assert list(st.allocations) == ["low1"]
+
+
+def test_a_victim_taken_early_is_given_back_when_later_ones_suffice():
+    st = full_card(
+        alloc("tiny", "a-gpu0", 10, 10, pc="lowest"),
+        alloc("mid-1", "a-gpu0", 30, 10, pc="low", created_at=2),
+        alloc("mid-2", "a-gpu0", 30, 10, pc="low", created_at=1),
+        alloc("keep", "a-gpu0", 10, 10, pc="default"),
+    )
+    d = st.decide(req(memory_gib=60, cores=10, priority_class="high"))
+    assert d.kind == "preempt"
+    assert sorted(v.id for v in d.victims) == ["mid-1", "mid-2"]
+
+
+def test_a_request_within_its_quota_reclaims_several_borrowed_allocations():
+    st = full_card(
+        alloc("b1", "a-gpu0", 30, 10, pc="low", ws="other", borrowed=True),
+        alloc("b2", "a-gpu0", 30, 10, pc="low", ws="other", borrowed=True),
+        alloc("d1", "a-gpu0", 20, 10, pc="lowest"),
+    )
+    d = st.decide(req(memory_gib=50, priority_class="default"))
+    assert d.kind == "preempt" and sorted(v.id for v in d.victims) == ["b1", "b2"]

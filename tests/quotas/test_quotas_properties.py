@@ -260,13 +260,24 @@ def without(state: AdmissionState, cfg, pool, ids) -> AdmissionState:
 
 @PROPERTY
 @given(scenarios(max_ops=20, busy=True))
-def test_preemption_takes_a_minimal_set_and_one_victim_when_one_suffices(scenario):
+def test_preemption_takes_a_minimal_set_one_victim_when_one_suffices_and_waits_only_without_one(
+    scenario,
+):
     cfg, pool, ops = scenario
 
     def fits_plainly(d: Decision) -> bool:
         return d.kind == "grant" and not d.allocation.borrowed
 
+    def eligible(request, a: Allocation) -> bool:
+        pc = cfg.priority_classes[request.priority_class or cfg.default_priority_class]
+        return a.borrowed or (pc.preempt and value_of(cfg, a.priority_class) < pc.value)
+
     def check(state, request, d):
+        if d.kind == "wait":
+            # it waits only if even evicting everything it may evict would not make room
+            allowed = {a.id for a in state.allocations.values() if eligible(request, a)}
+            if allowed:
+                assert not fits_plainly(without(state, cfg, pool, allowed).decide(request))
         if d.kind != "preempt":
             return
         victims = {v.id for v in d.victims}
@@ -275,18 +286,28 @@ def test_preemption_takes_a_minimal_set_and_one_victim_when_one_suffices(scenari
         for v in victims:
             assert not fits_plainly(without(state, cfg, pool, victims - {v}).decide(request))
         if len(victims) > 1:
-            pc = cfg.priority_classes[request.priority_class or cfg.default_priority_class]
             for a in state.allocations.values():
-                eligible = a.borrowed or (pc.preempt and value_of(cfg, a.priority_class) < pc.value)
-                if eligible:
+                if eligible(request, a):
                     d1 = without(state, cfg, pool, {a.id}).decide(request)
                     assert not fits_plainly(d1), f"{a.id} alone would have been enough"
 
     play(cfg, pool, ops, check)
 
 
+def index_snapshot(state: AdmissionState) -> dict:
+    """Every incrementally kept summary of the card index (white box, on purpose)."""
+    ix = state._index
+    names = ("used_m", "used_c", "nalloc", "on", "free_sum", "order", "max_m", "max_c", "empty",
+             "worder", "em", "ec", "en", "pmax_m", "pmax_c", "pempty")
+    snap = {name: getattr(ix, name) for name in names}
+    snap["node_allocs"] = [sorted(d) for d in ix.node_allocs]
+    snap["victim_order"] = state._order
+    snap["ws_order"] = {k: v for k, v in state._ws_order.items() if v}
+    return snap
+
+
 @PROPERTY
-@given(scenarios())
+@given(scenarios(busy=True))
 def test_the_incremental_indexes_decide_like_a_state_built_from_scratch(scenario):
     cfg, pool, ops = scenario
 
@@ -296,6 +317,7 @@ def test_the_incremental_indexes_decide_like_a_state_built_from_scratch(scenario
         assert (again.kind, again.allocation, again.victims, again.reason) == (
             d.kind, d.allocation, d.victims, d.reason)
         assert type(again.error) is type(d.error)
+        assert index_snapshot(fresh) == index_snapshot(state)
         assert fresh.usage() == state.usage()
 
     play(cfg, pool, ops, check)
