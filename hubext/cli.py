@@ -496,14 +496,18 @@ def cmd_up(args: argparse.Namespace) -> int:
             say(f"GPU kernelspecs: {install_kernelspecs(url, _read_token(data), log_path)}")
         say(f"Elastic GPU hub is up at {url}/")
         print(f"    GPU pool (admins): {url}/hub/gpu   ·   `elastic-gpu status` in another terminal", flush=True)
-        print("    First login: the first password typed for an allowed name becomes its password.", flush=True)
+        if "FirstUseAuthenticator" in (config_dir / CONFIG_FILE).read_text():
+            print("    First login: the first password typed for an allowed name becomes its password.", flush=True)
         print("    Ctrl-C stops the hub and every server it started.", flush=True)
         while hub.poll() is None:
             try:
                 hub.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 pass
-        return 0 if stopping["signal"] else hub.returncode
+        if stopping["signal"]:
+            return 0
+        say(f"JupyterHub exited with status {hub.returncode}; the end of {log_path}:\n{_tail(log_path, 20)}")
+        return hub.returncode or 1
     finally:
         if hub.poll() is None:
             hub.send_signal(signal.SIGTERM)
@@ -517,13 +521,43 @@ def cmd_up(args: argparse.Namespace) -> int:
                 pass
             hub.wait(10)
         state_file.unlink(missing_ok=True)
-        leftovers = stop_leftover_holders(data)
-        if leftovers:
-            say(f"stopped {leftovers} GPU process(es) the hub left running")
+        if stopping["signal"]:
+            leftovers = stop_leftover_holders(data)
+            if leftovers:
+                say(f"stopped {leftovers} GPU process(es) the hub left running")
+        else:
+            running = count_running_holders(data)
+            if running:
+                say(
+                    f"{running} GPU server(s)/kernel(s) still run; the next `elastic-gpu up` adopts them "
+                    "(or stops them when their process has exited)"
+                )
         for s, handler in previous.items():
             signal.signal(s, handler)
         if stopping["signal"]:
             say("stopped")
+
+
+def _live_holders(data: Path) -> list[int]:
+    from .local_pool import LEDGER_FILE, Ledger, process_alive
+
+    path = data / LEDGER_FILE
+    if not path.exists():
+        return []
+    ledger = Ledger(path)
+    try:
+        rows = ledger.rows()
+    finally:
+        ledger.close()
+    return [
+        int(r["holder"])
+        for r in rows
+        if r["holder"] and r["holder"].isdigit() and process_alive(int(r["holder"]), r["holder_started"])
+    ]
+
+
+def count_running_holders(data: Path) -> int:
+    return len(_live_holders(data))
 
 
 def stop_leftover_holders(data: Path, grace_seconds: float = 5.0) -> int:
@@ -532,21 +566,9 @@ def stop_leftover_holders(data: Path, grace_seconds: float = 5.0) -> int:
     ``up`` promises that Ctrl-C stops everything the hub started; JupyterHub stops its servers,
     and this catches what outlives them (a GPU kernel whose server could not reach the broker).
     """
-    from .local_pool import LEDGER_FILE, Ledger, process_alive
+    from .local_pool import process_alive
 
-    path = data / LEDGER_FILE
-    if not path.exists():
-        return 0
-    ledger = Ledger(path)
-    try:
-        rows = ledger.rows()
-    finally:
-        ledger.close()
-    alive = [
-        int(r["holder"])
-        for r in rows
-        if r["holder"] and r["holder"].isdigit() and process_alive(int(r["holder"]), r["holder_started"])
-    ]
+    alive = _live_holders(data)
     found = len(alive)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in alive:
