@@ -647,8 +647,9 @@ class BrokerAPIHandler(APIHandler):
         return user.name if getattr(user, "kind", "user") == "user" else ""
 
     def caller_groups(self) -> set[str] | None:
-        """Groups of the calling user for size visibility (None: an admin sees every size)."""
-        if self.is_gpu_admin:
+        """Groups of the calling user for size visibility (None: every size, for admins and services
+        holding the kernel scope for everyone, e.g. the kernelspec installer of `elastic-gpu up`)."""
+        if self.is_gpu_admin or self.has_scope(KERNELS_SCOPE):
             return None
         user = self.current_user
         return {g.name for g in getattr(user, "groups", [])}

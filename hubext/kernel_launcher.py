@@ -51,7 +51,7 @@ KERNEL_ID = L.PREFIX + "kernel-id"
 #: kernel pod annotations (exact values)
 A_KERNEL_ID = L.PREFIX + "kernel-id"
 A_SERVER_NAME = L.PREFIX + "server-name"
-A_SERVER_UID = L.PREFIX + "server-uid"
+A_SERVER_IDENTITY = L.PREFIX + "server-identity"
 A_GENERATION = L.PREFIX + "generation"
 A_PORTS = L.PREFIX + "ports"
 A_SIZE = L.PREFIX + "size"
@@ -77,9 +77,10 @@ class ServerRef:
 
     user: str
     name: str = ""
-    #: what identifies this instance of the server: a pid (local) or a pod uid (Kubernetes)
+    #: what identifies this run of the server: a pid (local), or pod uid + restart count (Kubernetes)
     identity: str = ""
     pod_name: str = ""
+    pod_uid: str = ""
     namespace: str = ""
     pod_labels: dict[str, str] = field(default_factory=dict)
     #: local: the unix account to run the kernel as ('' = the hub's own account)
@@ -850,7 +851,12 @@ class KubernetesKernelLauncher(KernelLauncher):
         return shared_client("NetworkingV1Api")
 
     def _ns(self, server_namespace: str = "") -> str:
-        return self.namespace or server_namespace or os.environ.get("POD_NAMESPACE", "default")
+        if self.namespace or server_namespace:
+            return self.namespace or server_namespace
+        from .allocator import GPUAllocator
+
+        pool_ns = getattr(GPUAllocator.instance().backend, "namespace", "") if GPUAllocator.initialized() else ""
+        return pool_ns or os.environ.get("POD_NAMESPACE", "default")
 
     async def _call(self, coro: Any) -> Any:
         return await asyncio.wait_for(coro, self.k8s_api_request_timeout)
@@ -909,7 +915,7 @@ class KubernetesKernelLauncher(KernelLauncher):
             section=section,
             ports={k: int(v) for k, v in ports.items() if k in PORT_NAMES},
             signature_scheme=ann.get(A_SIGNATURE_SCHEME, "hmac-sha256"),
-            server_identity=ann.get(A_SERVER_UID, ""),
+            server_identity=ann.get(A_SERVER_IDENTITY, ""),
             holder=meta.name,
             namespace=meta.namespace,
             generation=int(ann.get(A_GENERATION, "0")),
@@ -940,7 +946,8 @@ class KubernetesKernelLauncher(KernelLauncher):
                         f"The server pod {pod_name} of {spawner.user.name} does not exist; start the server again.", 409
                     ) from None
                 raise
-            ref.identity = pod.metadata.uid or ""
+            ref.identity = _server_identity(pod)
+            ref.pod_uid = pod.metadata.uid or ""
             ref.pod_labels = dict(pod.metadata.labels or {})
         return ref
 
@@ -962,11 +969,15 @@ class KubernetesKernelLauncher(KernelLauncher):
             if e.status == 404:
                 return False
             raise
-        if record.server_identity and pod.metadata.uid != record.server_identity:
+        if record.server_identity and _server_identity(pod) != record.server_identity:
             return False
         if pod.metadata.deletion_timestamp is not None:
             return False
-        return (pod.status.phase if pod.status else "") not in ("Succeeded", "Failed")
+        if (pod.status.phase if pod.status else "") in ("Succeeded", "Failed"):
+            return False
+        notebook = _notebook_status(pod)
+        # a server container that is not running (exited, restarting) has lost its kernels
+        return notebook is None or notebook.state is None or notebook.state.running is not None
 
     # ---- objects -------------------------------------------------------------------------
 
@@ -979,11 +990,11 @@ class KubernetesKernelLauncher(KernelLauncher):
     def _owner_refs(self, server: ServerRef | None) -> list | None:
         from kubernetes_asyncio.client import models as k8s
 
-        if server is None or not server.identity or not server.pod_name:
+        if server is None or not server.pod_uid or not server.pod_name:
             return None
         return [
             k8s.V1OwnerReference(
-                api_version="v1", kind="Pod", name=server.pod_name, uid=server.identity, block_owner_deletion=False
+                api_version="v1", kind="Pod", name=server.pod_name, uid=server.pod_uid, block_owner_deletion=False
             )
         ]
 
@@ -1059,7 +1070,7 @@ class KubernetesKernelLauncher(KernelLauncher):
         annotations = {
             A_KERNEL_ID: record.id,
             A_SERVER_NAME: record.server_name,
-            A_SERVER_UID: record.server_identity,
+            A_SERVER_IDENTITY: record.server_identity,
             A_GENERATION: str(record.generation),
             A_PORTS: json.dumps(record.ports, sort_keys=True),
             A_SIZE: record.size,
@@ -1119,17 +1130,30 @@ class KubernetesKernelLauncher(KernelLauncher):
             await self._call(self.core.create_namespaced_secret(record.namespace, self._secret(record, key, server)))
             created.append(("secret", self._base_name(record) + "-key"))
             if self.network_policy and server.pod_labels:
-                await self._call(
-                    self.networking.create_namespaced_network_policy(
-                        record.namespace, self._network_policy(record, server)
+                try:
+                    await self._call(
+                        self.networking.create_namespaced_network_policy(
+                            record.namespace, self._network_policy(record, server)
+                        )
                     )
-                )
+                except ApiException as e:
+                    if e.status == 404:
+                        raise LaunchError(
+                            "This cluster does not serve NetworkPolicies (networking.k8s.io/v1), so the "
+                            "GPU kernel could not be isolated. An admin can set "
+                            "KubernetesKernelLauncher.network_policy = False to run kernels without one.",
+                            500,
+                        ) from None
+                    raise
                 created.append(("networkpolicy", self._base_name(record) + "-ingress"))
             pod = self._pod(record, allocation, server)
             await self._call(self.core.create_namespaced_pod(record.namespace, pod))
         except ApiException as e:
             await self._cleanup(record.namespace, created)
             raise LaunchError(f"The GPU kernel pod could not be created: {_api_message(e)}", 500) from None
+        except LaunchError:
+            await self._cleanup(record.namespace, created)
+            raise
         except asyncio.TimeoutError:
             await self._cleanup(record.namespace, created)
             raise LaunchError(
@@ -1300,6 +1324,20 @@ class KubernetesKernelLauncher(KernelLauncher):
         except ApiException as e:
             self.log.warning("Could not sweep GPU kernel secrets/policies in %s: %s", ns, _api_message(e))
         return sorted(swept)
+
+
+def _notebook_status(pod: Any) -> Any | None:
+    """The container status of a server pod's notebook container (KubeSpawner names it 'notebook')."""
+    statuses = (pod.status.container_statuses if pod.status else None) or []
+    return next((c for c in statuses if c.name == "notebook"), statuses[0] if statuses else None)
+
+
+def _server_identity(pod: Any) -> str:
+    """A server pod's uid and its notebook container's restart count: a kernel belongs to one run
+    of the server process (a restarted container has lost its kernels)."""
+    notebook = _notebook_status(pod)
+    restarts = notebook.restart_count if notebook is not None else 0
+    return f"{pod.metadata.uid}/{restarts or 0}"
 
 
 def _api_message(e: Exception) -> str:
