@@ -335,7 +335,7 @@ class GPUCuller(Application):
                     self._bad_records.add(key)
                     self.log.warning("Skipping a GPU kernel record the culler cannot read: %s", e)
                 self.metrics.errors.labels("record").inc()
-        return [k for k in kernels if k.state not in FREE_STATES]
+        return [k for k in kernels if k.state == "running"]  # pending, stopped, failed: not ours to judge
 
     def _waiting(self, pool: Mapping[str, Any] | None) -> list[Waiter]:
         if not pool:
@@ -424,6 +424,13 @@ class GPUCuller(Application):
             counts[v.reason] = counts.get(v.reason, 0) + 1
             if v.extra.get("warning_void"):
                 store.drop(v.kernel.kernel_id)
+        self.log.debug(
+            "Cycle: %d GPU kernels, %d servers asked, %d waiting; verdicts %s",
+            len(kernels),
+            len(wanted),
+            len(waiting),
+            ", ".join(f"{r}={n}" for r, n in sorted(counts.items())) or "-",
+        )
         self.metrics.kernels.clear()
         for reason, n in counts.items():
             self.metrics.kernels.labels(reason).set(n)

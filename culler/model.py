@@ -76,7 +76,7 @@ class GPUKernel:
     """One GPU kernel as the broker records it (``GET /hub/api/gpu/kernels``)."""
 
     id: str  #: the broker's id (for ``DELETE /hub/api/gpu/kernels/<id>``)
-    kernel_id: str  #: the Jupyter kernel id on the user's server
+    kernel_id: str  #: the Jupyter kernel id on the user's server ("" when the broker does not know it)
     user: str
     server_name: str = ""
     allocation_id: str = ""
@@ -139,7 +139,7 @@ class GPUKernel:
         try:
             return cls(
                 id=kid,
-                kernel_id=_str(record, "kernel_id") or kid,
+                kernel_id=_str(record, "kernel_id"),
                 user=user,
                 server_name=_str(record, "server_name"),
                 allocation_id=_str(record, "allocation_id") or _str(allocation, "id"),

@@ -18,6 +18,10 @@ from typing import Any
 
 from .model import GPUKernel, GraceWarning, KernelView, Verdict, Waiter
 
+#: Jupyter execution states during which a kernel is never culled. Others ("idle", and "starting"
+#: for a kernel no client ever connected to) are judged on last_activity, as jupyter-server's culler does.
+BUSY_STATES = frozenset({"busy", "restarting", "autorestarting"})
+
 
 class PolicyError(ValueError):
     """Bad cull policy configuration; the message names the key path and what is allowed."""
@@ -174,7 +178,7 @@ def needs_jupyter_state(
 ) -> bool:
     """Whether this cycle must ask the user's server about ``kernel``: False when the GPU signal
     alone rules out a warning or a cull (so a busy cluster costs few server calls)."""
-    if gpu_busy(kernel, rules, now):
+    if not kernel.kernel_id or gpu_busy(kernel, rules, now):
         return False
     if not kernel.activity_known and rules.require_gpu_activity:
         return False
@@ -241,6 +245,8 @@ def _judge(view: KernelView, rules: Rules, now: float, warnings: Mapping[str, Gr
         return Verdict(view, "keep", "gpu-active", detail="launched GPU work within the busy window")
     if not k.activity_known and rules.require_gpu_activity:
         return Verdict(view, "keep", "gpu-activity-unknown", detail="no GPU activity record for this kernel")
+    if not k.kernel_id:
+        return Verdict(view, "keep", "no-kernel-id", detail="the broker does not know its Jupyter kernel id")
     gpu_since = gpu_idle_since(k)
     if view.server_status == "skipped":
         return Verdict(view, "keep", "gpu-recent", idle_seconds=_idle(now, gpu_since))
@@ -264,7 +270,7 @@ def _judge(view: KernelView, rules: Rules, now: float, warnings: Mapping[str, Gr
         return Verdict(view, "keep", "orphan-waiting", idle_seconds=idle, due_at=due)
 
     j = view.jupyter
-    if j.execution_state != "idle":
+    if j.execution_state in BUSY_STATES:
         return Verdict(view, "keep", "executing", detail=f"execution_state is {j.execution_state}")
     warning = warnings.get(k.kernel_id)
     last_activity, warned = effective_last_activity(j.last_activity, warning)

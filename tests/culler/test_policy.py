@@ -70,6 +70,13 @@ def test_executing_kernel_is_never_culled_even_past_timeout_max_age_and_pressure
     assert (v.action, v.reason) == ("keep", "executing")
 
 
+def test_kernel_never_connected_to_stays_starting_and_is_judged_on_its_last_activity():
+    # jupyter-server reports "starting" until a client connects; such a kernel did nothing since
+    assert one(view(kernel(launch=None, created=NOW - 2 * H), state="starting", activity=NOW - 2 * H)).action == "cull"
+    assert one(view(kernel(launch=None, created=NOW - 60), state="starting", activity=NOW - 60)).action == "keep"
+    assert one(view(kernel(launch=None), state="restarting", activity=NOW - 2 * H)).reason == "executing"
+
+
 def test_recent_jupyter_activity_keeps_a_gpu_idle_kernel():
     v = one(view(kernel(launch=None), activity=NOW - 60))
     assert v.action == "keep" and v.reason == "idle" and v.idle_seconds == pytest.approx(60)
@@ -264,7 +271,7 @@ def test_broker_records_in_flat_or_nested_shapes_are_read_and_bad_ones_named():
             "activity": {"last_launch": 1767225700.5, "memory_used_mib": 900},
         }
     )
-    assert (nested.kernel_id, nested.allocation_id, nested.priority_class) == ("a2", "al-2", "low")
+    assert (nested.kernel_id, nested.allocation_id, nested.priority_class) == ("", "al-2", "low")
     assert nested.gpu_memory_used_mib == 900 and nested.gpu_last_launch == 1767225700.5
     assert not GPUKernel.from_record({"id": "a3", "user": "ada"}).activity_known
     with pytest.raises(RecordError, match=r"kernel a4: created_at: expected an ISO 8601 time, got 'yesterday'"):

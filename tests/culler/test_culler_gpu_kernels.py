@@ -1,0 +1,356 @@
+"""The culler against the real GPU kernel stack of single-machine mode: a real JupyterHub with the real
+broker and allocator (LocalPool, one simulated H100-80GB), users' real jupyter-servers, GPU kernels
+started through the real provisioner (kernelspecs from `python -m kernelprovider install-kernelspecs`),
+and the shim's activity record written in its binary layout where the broker says it lives.
+
+Kernel sizes of 40 GiB (default, low and high priority): two fill the card. The behaviour tests run
+their own culler process with their own policy (as the Kubernetes Deployment runs it); the hub also
+runs one itself, managed and in dry-run, as single-machine mode does.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+import yaml
+
+from culler import service_role
+from tests.culler.shimrecord import write_activity
+from tests.culler.stack import CullerProcess, KernelTab, http, metric_value, wait_until
+from tests.hubrunner import HubRunner, free_port
+from tests.kernelprovider.helpers import Server, install_kernelspecs, start_server
+
+TOKEN = secrets.token_hex(16)
+MANAGED_PORT = free_port()
+ADMISSION = {
+    "priority_classes": {
+        "high": {"value": 1000, "preempt": False, "borrow": False},
+        "default": {"value": 100, "preempt": False, "borrow": False},
+        "low": {"value": 10, "preempt": False, "borrow": False},
+    },
+    "default_priority_class": "default",
+    "placement": {"node": "binpack", "gpu": "binpack"},
+    "workspaces": {"default": {"namespaces": {"default": {}}}},
+}
+SIZES = [
+    {"name": "gpu-40g", "display_name": "GPU 40 GiB", "memory_mib": 40960, "cores_percent": 50},
+    *(
+        {
+            "name": f"gpu-40g-{pc}",
+            "display_name": f"GPU 40 GiB ({pc})",
+            "memory_mib": 40960,
+            "cores_percent": 50,
+            "priority_class": pc,
+        }
+        for pc in ("low", "high")
+    ),
+]
+DEFAULT, LOW, HIGH = "elastic-gpu-gpu-40g", "elastic-gpu-gpu-40g-low", "elastic-gpu-gpu-40g-high"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    work = tmp_path_factory.mktemp("culler-gpu-kernels")
+    (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
+    prefix = work / "jupyter-prefix"
+    role = service_role("culler-under-test", ["custom:elastic-gpu:admin"])
+    managed_role = service_role("gpu-culler", ["custom:elastic-gpu:admin"])
+    config = textwrap.dedent(
+        f"""
+        from hubext.hubconfig import configure_hub
+        from hubext.broker import USER_SCOPES, start_with_hub
+        configure_hub(c, mode="local", admission_config_file={str(work / "admission.yaml")!r},
+                      simulate_gpus="1xH100-80GB", data_dir={str(work / "data")!r}, culler=False)
+        c.JupyterHub.extra_user_scopes = set(USER_SCOPES)
+        start_with_hub()
+        c.JupyterHub.spawner_class = "hubext.local_spawner.HubUserGPUSpawner"
+        c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}
+        c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}}
+        c.GPUBroker.kernel_sizes = {SIZES!r}
+        c.GPUBroker.max_queue_seconds = 60  # a kernel that does not fit waits in the GPU queue
+        c.GPUBroker.reconcile_interval_seconds = 1
+        c.JupyterHub.services.append({{"name": "culler-under-test", "api_token": {TOKEN!r}}})
+        c.JupyterHub.load_roles.append({role!r})
+        # the culler as single-machine mode runs it: managed by the hub (here in dry-run: it only logs)
+        import culler
+        c.JupyterHub.services.append(culler.service_spec(
+            name="gpu-culler", port={MANAGED_PORT}, proxy_url="http://127.0.0.1:{{port}}",
+            dry_run=True, interval_seconds=0.5, idle_timeout_seconds=1, warning_seconds=0, state_file="",
+        ))
+        c.JupyterHub.load_roles.append({managed_role!r})
+        """
+    )
+    hub = HubRunner(work, "")
+    hub.config_text = config.replace("{port}", str(hub.port))
+    hub.start()
+    try:
+        tokens = {name: hub.user_token(name) for name in ("alice", "bob")}
+        install_kernelspecs(hub, tokens["alice"], prefix)
+        for name, token in tokens.items():
+            start_server(hub, name, token)
+        yield hub, {name: Server(hub, name, token) for name, token in tokens.items()}, work
+    finally:
+        hub.stop()
+
+
+def broker_kernels(hub: HubRunner) -> dict[str, dict]:
+    status, body = hub.api("GET", "/gpu/kernels")
+    assert status == 200, body
+    return {k["kernel_id"]: k for k in body["kernels"]}
+
+
+def used_mib(hub: HubRunner) -> int:
+    status, pool = hub.api("GET", "/gpu/pool")
+    assert status == 200, pool
+    return sum(s["memory_mib"] for n in pool["nodes"] for g in n["gpus"] for s in g["slices"])
+
+
+@pytest.fixture
+def sessions(stack):
+    hub, servers, _ = stack
+    started: list[tuple[Server, dict]] = []
+
+    def start(user: str, spec: str) -> str:
+        status, session = servers[user].start_session(spec)
+        assert status == 201, session
+        started.append((servers[user], session))
+        return session["kernel"]["id"]
+
+    yield start
+    for server, session in started:
+        server.api("DELETE", f"/sessions/{session['id']}")
+    wait_until(lambda: used_mib(hub) == 0, 30, "the card to be free after the test")
+
+
+@pytest.fixture
+def culler_factory(stack):
+    hub, _, work = stack
+    made: list[CullerProcess] = []
+
+    def make(name: str, **traits) -> CullerProcess:
+        proc = CullerProcess(hub, work, TOKEN, name=name, **traits)
+        made.append(proc)
+        return proc.start()
+
+    yield make
+    for proc in made:
+        proc.stop()
+
+
+def on_server(server: Server, kernel_id: str) -> bool:
+    status, kernels = server.api("GET", "/kernels")
+    assert status == 200, kernels
+    return any(k["id"] == kernel_id for k in kernels)
+
+
+def test_idle_gpu_kernel_is_culled_through_its_server_and_its_slice_returns_to_the_pool(
+    stack, sessions, culler_factory
+):
+    hub, servers, _ = stack
+    kid = sessions("alice", DEFAULT)
+    record = broker_kernels(hub)[kid]
+    assert record["activity_file"], "the broker must say where the shim's activity record is"
+    assert used_mib(hub) == 40960
+    culler = culler_factory("real-idle", idle_timeout_seconds=3, warning_seconds=0)
+    wait_until(lambda: kid not in broker_kernels(hub), 30, "the idle GPU kernel to be culled", log=culler.log_text())
+    assert used_mib(hub) == 0, "the slice must be back in the pool"
+    assert not on_server(servers["alice"], kid), "JupyterLab must see the kernel stopped"
+    line = culler.wait_log(rf"Culled GPU kernel {kid} of alice .*").group(0)
+    assert f"allocation {record['allocation_id']}" in line and "freed 40.0 GiB" in line and "via server" in line
+    metrics = culler.metrics()
+    labels = {"reason": "idle-timeout", "priority_class": "default", "method": "server"}
+    assert metric_value(metrics, "elastic_gpu_culler_culls_total", **labels) == 1
+    assert metric_value(metrics, "elastic_gpu_culler_freed_memory_mib_total", reason="idle-timeout") == 40960
+
+
+def test_gpu_kernel_launching_work_with_no_browser_is_kept(stack, sessions, culler_factory):
+    hub, servers, _ = stack
+    kid = sessions("alice", DEFAULT)
+    path = broker_kernels(hub)[kid]["activity_file"]
+    stop = threading.Event()
+
+    def shim() -> None:  # what libvgpu.so records while a training loop launches kernels
+        while not stop.is_set():
+            write_activity(path, last_launch=time.time(), used_mib=(6144,), launches=1000)
+            time.sleep(0.2)
+
+    writer = threading.Thread(target=shim, daemon=True)
+    writer.start()
+    try:
+        culler = culler_factory("real-busy", idle_timeout_seconds=2, gpu_busy_window_seconds=1, warning_seconds=0)
+        time.sleep(6)
+        assert kid in broker_kernels(hub) and on_server(servers["alice"], kid), "a busy GPU kernel was culled"
+        assert metric_value(culler.metrics(), "elastic_gpu_culler_kernels", reason="gpu-active") == 1
+    finally:
+        stop.set()
+        writer.join()
+    # the same kernel, once its GPU goes quiet, is idle on both signals and is reclaimed
+    wait_until(
+        lambda: kid not in broker_kernels(hub),
+        20,
+        "the kernel to be culled once its GPU is idle",
+        log=culler.log_text(),
+    )
+    assert "(6.0 GiB in use)" in culler.wait_log(rf"Culled GPU kernel {kid} .*").group(0)
+
+
+def test_open_tab_without_gpu_work_is_warned_then_culled_when_cull_connected_allows(stack, sessions, culler_factory):
+    hub, servers, _ = stack
+    kid = sessions("bob", DEFAULT)
+    protected = sessions("alice", HIGH)
+    tab, protected_tab = KernelTab(hub, "bob", kid), KernelTab(hub, "alice", protected)
+    try:
+        assert servers["bob"].api("GET", f"/kernels/{kid}")[1]["connections"] == 1
+        culler = culler_factory(
+            "real-tab",
+            idle_timeout_seconds=4,
+            warning_seconds=2,
+            priority_class_policies={"high": {"cull_connected": False}},
+        )
+        wait_until(
+            lambda: kid not in broker_kernels(hub), 30, "the connected idle kernel to be culled", log=culler.log_text()
+        )
+        tab.drain(1.0)
+        warnings = tab.streams("will be shut down at")
+        assert len(warnings) == 1, f"expected one warning on the kernel's output, got {tab.streams('')}"
+        assert "has been idle for" in warnings[0] and "40.0 GiB" in warnings[0]
+        assert tab.streams("Shutting this kernel down to free its GPU slice"), "no notice before the shutdown"
+        assert used_mib(hub) == 40960
+        # the same situation in a class with cull_connected=False: kept, and told nothing
+        assert protected in broker_kernels(hub) and on_server(servers["alice"], protected)
+        assert metric_value(culler.metrics(), "elastic_gpu_culler_kernels", reason="connected") == 1
+        protected_tab.drain(0.5)
+        assert not protected_tab.streams("[elastic-gpu]")
+    finally:
+        tab.close()
+        protected_tab.close()
+
+
+def test_pressure_mode_reclaims_the_low_priority_idle_kernel_for_a_waiting_kernel(stack, sessions, culler_factory):
+    hub, servers, _ = stack
+    low = sessions("alice", LOW)
+    default = sessions("bob", DEFAULT)
+    assert used_mib(hub) == 81920, "the card is full"
+    culler = culler_factory(
+        "real-pressure",
+        idle_timeout_seconds=600,
+        warning_seconds=0,
+        pressure_min_idle_seconds=1,
+        gpu_busy_window_seconds=0.5,
+    )
+    result: dict = {}
+
+    def start_waiting() -> None:  # bob opens another notebook: its kernel waits in the GPU queue
+        result["kid"] = sessions("bob", DEFAULT)
+
+    waiting = threading.Thread(target=start_waiting)
+    waiting.start()
+    waiting.join(60)
+    assert result.get("kid"), f"the waiting kernel did not start\n{culler.log_text()[-3000:]}"
+    kernels = broker_kernels(hub)
+    assert low not in kernels, "the low-priority idle kernel must have yielded"
+    assert default in kernels and kernels[result["kid"]]["state"] == "running"
+    line = culler.wait_log(rf"Culled GPU kernel {low} of alice .*").group(0)
+    assert "while GPU requests are waiting" in line and "bob's waiting default-priority request" in line
+    assert not on_server(servers["alice"], low)
+
+
+def test_culler_restart_mid_cycle_is_safe(stack, sessions, culler_factory):
+    hub, _, _ = stack
+    kid = sessions("alice", DEFAULT)
+    tab = KernelTab(hub, "alice", kid)
+    try:
+        traits = dict(idle_timeout_seconds=4, warning_seconds=3)
+        first = culler_factory("restart", **traits)
+        first.wait_log(rf"Warned kernel {kid}")
+        first.kill()  # between the warning and the cull
+        state = json.loads((first.dir / "state.json").read_text())
+        assert kid in state["warnings"], "the warning must be on disk before it is logged"
+        second = culler_factory("restart", **traits)
+        second.wait_log(rf"Culling GPU kernel {kid}", timeout=20)
+        second.kill()  # in the middle of the reclaim
+        third = culler_factory("restart", **traits)
+        wait_until(
+            lambda: kid not in broker_kernels(hub),
+            20,
+            "the kernel to be culled after the restarts",
+            log=third.log_text(),
+        )
+        time.sleep(1.0)  # a few more cycles of the third culler
+        tab.drain(1.0)
+        assert len(tab.streams("will be shut down at")) == 1, "a restarted culler warned the kernel again"
+        log = first.log_text()  # the three share one log file
+        assert log.count(f"Warned kernel {kid}") == 1
+        assert "Could not free" not in log and "Traceback" not in log, log[-3000:]
+        assert used_mib(hub) == 0
+        state = json.loads((first.dir / "state.json").read_text())
+        assert kid not in state["warnings"], "a culled kernel's warning must be forgotten"
+    finally:
+        tab.close()
+
+
+def test_gpu_kernel_its_server_does_not_know_is_reclaimed_through_the_broker(stack, culler_factory):
+    hub, _, _ = stack
+    # a GPU kernel the broker runs but bob's server has no kernel for (e.g. the server lost track of it)
+    status, record = hub.api(
+        "POST",
+        "/gpu/kernels",
+        body={"user": "bob", "size": "gpu-40g", "key": secrets.token_hex(16), "kernel_id": "no-such-kernel"},
+    )
+    assert status == 201, record
+    pid = int(record["holder"])
+    culler = culler_factory("orphan", idle_timeout_seconds=2, warning_seconds=0)
+    wait_until(
+        lambda: "no-such-kernel" not in broker_kernels(hub), 20, "the orphan to be reclaimed", log=culler.log_text()
+    )
+    line = culler.wait_log(r"Culled GPU kernel no-such-kernel of bob .*").group(0)
+    assert "server is gone or does not know it" in line and "via broker" in line
+    labels = {"reason": "orphan", "method": "broker"}
+    assert metric_value(culler.metrics(), "elastic_gpu_culler_culls_total", **labels) == 1
+    wait_until(
+        lambda: subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0,
+        10,
+        "the kernel process to exit",
+    )
+    assert used_mib(hub) == 0
+
+
+def test_hub_managed_culler_serves_metrics_behind_the_hub_and_dry_run_culls_nothing(stack, sessions):
+    hub, servers, _ = stack
+    kid = sessions("bob", DEFAULT)
+    wait_until(
+        lambda: f"[dry run] would cull kernel {kid}" in hub.log_text(), 20, "the hub-managed culler to judge the kernel"
+    )
+    url = f"{hub.url}/services/gpu-culler/metrics"
+    status, text = http("GET", url, hub.admin_token)
+    assert status == 200 and "elastic_gpu_culler_cycle_seconds_count" in text, text
+    assert http("GET", url, "not-a-token")[0] == 403, "metrics through the hub must need a token"
+    assert kid in broker_kernels(hub) and on_server(servers["bob"], kid), "a dry-run culler culled a kernel"
+
+
+def test_bad_policy_is_refused_with_the_key_and_what_is_allowed():
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "culler",
+            "--GPUCuller.proxy_url=http://127.0.0.1:1",
+            '--GPUCuller.priority_class_policies={"low": {"idle_timeout": 60}}',
+        ],
+        env={"JUPYTERHUB_API_TOKEN": "x", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "priority_class_policies.low has unknown key(s) idle_timeout; allowed: idle_timeout_seconds" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
