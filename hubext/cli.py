@@ -399,6 +399,18 @@ def _port_free(ip: str, port: int) -> bool:
     return True
 
 
+def _stale_proxy(data: Path) -> int | None:
+    """The pid of a configurable-http-proxy left running by this config's previous hub, if any."""
+    from .local_pool import process_alive
+
+    try:
+        pid = int((data / "jupyterhub-proxy.pid").read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except (OSError, ValueError):
+        return None
+    return pid if process_alive(pid) and "configurable-http-proxy" in cmdline else None
+
+
 def _http_get(url: str, token: str = "", timeout: float = 5) -> tuple[int, Any]:
     req = urllib.request.Request(url)
     if token:
@@ -432,7 +444,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     else:
         say(f"config: {config_dir / CONFIG_FILE} and {config_dir / ADMISSION_FILE}")
     if not _port_free(args.ip, args.port):
-        raise CLIError(f"port {args.port} on {args.ip} is in use (another hub?); pick another with --port")
+        stale = _stale_proxy(data)
+        if stale is None:
+            raise CLIError(f"port {args.port} on {args.ip} is in use (another hub?); pick another with --port")
+        say(f"the proxy of a hub that stopped abruptly (pid {stale}) holds port {args.port}; JupyterHub replaces it")
     proxy = find_proxy()
     say(f"proxy: {proxy}")
     log_path = data / "jupyterhub.log"
