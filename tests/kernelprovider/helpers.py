@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import textwrap
 import time
 import urllib.error
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import websocket
+import yaml
 
+from hubext import labels as L
 from tests.hubrunner import HubRunner
 
 ADMISSION = {
@@ -203,3 +208,142 @@ class KernelConnection:
                 if needle in text:
                     return True
         return False
+
+
+# ---- the two stacks (shared by the tests and bench/kernel_start.py) ------------------------------
+
+GPU_UUID = "GPU-aaaaaaaa-2222-3333-4444-555555555555"
+NODE = "gpu-node-1"
+NAMESPACE = "jhub"
+
+
+def _broker_config() -> str:
+    return f"""
+from hubext.broker import USER_SCOPES, start_with_hub
+c.JupyterHub.extra_user_scopes = set(USER_SCOPES)
+start_with_hub()
+c.JupyterHub.cleanup_servers = False
+c.Spawner.default_url = "/tree"
+c.GPUBroker.kernel_sizes = {SIZES!r}
+c.GPUBroker.reconcile_interval_seconds = 1
+"""
+
+
+@contextmanager
+def local_stack(work: Path, users: tuple[str, ...] = ("alice", "bob")) -> Iterator[dict[str, Any]]:
+    """Single-machine mode: a hub with the broker (one simulated H100), alice's server running."""
+    (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
+    prefix = work / "jupyter-prefix"
+    config = (
+        textwrap.dedent(
+            f"""
+        from hubext.hubconfig import configure_hub
+        configure_hub(c, mode="local", admission_config_file={str(work / "admission.yaml")!r},
+                      simulate_gpus="1xH100-80GB", data_dir={str(work / "data")!r}, culler=False)
+        c.JupyterHub.spawner_class = "hubext.local_spawner.HubUserGPUSpawner"
+        c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}
+        c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}}
+        """
+        )
+        + _broker_config()
+    )
+    hub = HubRunner(work, config)
+    try:
+        hub.start()
+        tokens = {name: hub.user_token(name) for name in users}
+        installed = install_kernelspecs(hub, tokens["alice"], prefix)
+        start_server(hub, "alice", tokens["alice"])
+        yield {
+            "hub": hub,
+            "tokens": tokens,
+            "installed": installed,
+            "prefix": prefix,
+            "alice": Server(hub, "alice", tokens["alice"]),
+        }
+    finally:
+        hub.stop()
+
+
+@contextmanager
+def kube_stack(work: Path) -> Iterator[dict[str, Any]]:
+    """Kubernetes mode through the API emulator: one simulated H100 on gpu-node-1, alice's server pod running."""
+    from kubernetes import client as kclient
+    from kubernetes import config as kconfig
+
+    from tests.kubeemu import KubeEmulator
+
+    gpus = [{"uuid": GPU_UUID, "model": "H100-80GB", "memory_mib": 81920, "sm_count": 132, "index": 0}]
+    emulator = KubeEmulator(
+        nodes=[
+            {
+                "name": NODE,
+                "labels": {L.NODE_GPU_LABEL: "true", "kubernetes.io/hostname": NODE},
+                "annotations": {L.NODE_GPUS_ANNOTATION: json.dumps(gpus)},
+            }
+        ],
+        namespaces=[NAMESPACE],
+        restart_backoff_seconds=1.0,
+    )
+    emulator.start()
+    hub = None
+    try:
+        # what the Helm chart and the node agent install
+        emulator.create(
+            {
+                "apiVersion": "node.k8s.io/v1",
+                "kind": "RuntimeClass",
+                "metadata": {"name": "nvidia"},
+                "handler": "nvidia",
+            }
+        )
+        for name, value in (("high", 1000), ("default", 100)):
+            emulator.create(
+                {
+                    "apiVersion": "scheduling.k8s.io/v1",
+                    "kind": "PriorityClass",
+                    "metadata": {"name": f"elastic-gpu-{name}"},
+                    "value": value,
+                }
+            )
+        host_dir = work / "host-elastic-gpu"
+        (host_dir / "lib").mkdir(parents=True, exist_ok=True)
+        (host_dir / "ld.so.preload").write_text("")
+        (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
+        prefix = work / "jupyter-prefix"
+        singleuser = Path(sys.executable).parent / "jupyterhub-singleuser"
+        config = (
+            textwrap.dedent(
+                f"""
+            from hubext.hubconfig import configure_hub
+            configure_hub(c, mode="kubernetes", admission_config_file={str(work / "admission.yaml")!r}, culler=False)
+            c.KubeSpawner.namespace = {NAMESPACE!r}
+            c.KubernetesPool.namespace = {NAMESPACE!r}
+            c.KubeSpawner.image = "quay.io/jupyter/base-notebook:emulated"
+            c.KubeSpawner.cmd = [{str(singleuser)!r}]
+            c.KubeSpawner.args = ["--ServerApp.allow_root=True"]  # the emulator runs pods as this user
+            c.KubeSpawner.ip = "$(POD_IP)"
+            c.KubeSpawner.environment = {{
+                "POD_IP": {{"valueFrom": {{"fieldRef": {{"fieldPath": "status.podIP"}}}}}},
+                "JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r},
+            }}
+            c.KubeSpawner.start_timeout = 90
+            c.KubeSpawner.http_timeout = 60
+            c.ElasticGPUSpawner.gpu_host_dir = {str(host_dir)!r}
+            # the emulator serves no NetworkPolicy API (the policy object is checked in test_launcher_objects)
+            c.KubernetesKernelLauncher.network_policy = False
+            c.KubernetesKernelLauncher.image = "quay.io/jupyter/pytorch-notebook:emulated"
+            """
+            )
+            + _broker_config()
+        )
+        hub = HubRunner(work, config, env={"KUBECONFIG": str(emulator.kubeconfig_path)})
+        hub.start()
+        kconfig.load_kube_config(config_file=str(emulator.kubeconfig_path))
+        token = hub.user_token("alice")
+        install_kernelspecs(hub, token, prefix)
+        start_server(hub, "alice", token)
+        yield {"hub": hub, "emulator": emulator, "api": kclient.CoreV1Api(), "alice": Server(hub, "alice", token)}
+    finally:
+        if hub is not None:
+            hub.stop()
+        emulator.stop()

@@ -13,103 +13,23 @@ import base64
 import json
 import os
 import signal
-import sys
-import textwrap
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes import client as kclient
-from kubernetes import config as kconfig
 
 from hubext import labels as L
 from hubext.kernel_launcher import KERNEL_ID
 from tests.hubrunner import HubRunner
-from tests.kernelprovider.helpers import ADMISSION, SIZES, Server, install_kernelspecs, start_server
-from tests.kubeemu import KubeEmulator
+from tests.kernelprovider.helpers import GPU_UUID, NAMESPACE, NODE, Server, kube_stack
 
-GPU_UUID = "GPU-aaaaaaaa-2222-3333-4444-555555555555"
-NODE = "gpu-node-1"
-NAMESPACE = "jhub"
 SPEC = "elastic-gpu-gpu-10g"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    work = tmp_path_factory.mktemp("gpu-kernels-kube")
-    gpus = [{"uuid": GPU_UUID, "model": "H100-80GB", "memory_mib": 81920, "sm_count": 132, "index": 0}]
-    emulator = KubeEmulator(
-        nodes=[
-            {
-                "name": NODE,
-                "labels": {L.NODE_GPU_LABEL: "true", "kubernetes.io/hostname": NODE},
-                "annotations": {L.NODE_GPUS_ANNOTATION: json.dumps(gpus)},
-            }
-        ],
-        namespaces=[NAMESPACE],
-        restart_backoff_seconds=1.0,
-    )
-    emulator.start()
-    emulator.create(
-        {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"}, "handler": "nvidia"}
-    )
-    for name, value in (("high", 1000), ("default", 100)):  # the chart makes one per admission class
-        emulator.create(
-            {
-                "apiVersion": "scheduling.k8s.io/v1",
-                "kind": "PriorityClass",
-                "metadata": {"name": f"elastic-gpu-{name}"},
-                "value": value,
-            }
-        )
-    host_dir = work / "host-elastic-gpu"  # what the node agent installs on GPU nodes
-    (host_dir / "lib").mkdir(parents=True)
-    (host_dir / "ld.so.preload").write_text("")
-    (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
-    prefix = work / "jupyter-prefix"
-    singleuser = Path(sys.executable).parent / "jupyterhub-singleuser"
-    config = textwrap.dedent(
-        f"""
-        from hubext.hubconfig import configure_hub
-        from hubext.broker import USER_SCOPES, start_with_hub
-        configure_hub(c, mode="kubernetes", admission_config_file={str(work / "admission.yaml")!r}, culler=False)
-        c.JupyterHub.extra_user_scopes = set(USER_SCOPES)
-        start_with_hub()
-        c.JupyterHub.cleanup_servers = False
-        c.KubeSpawner.namespace = {NAMESPACE!r}
-        c.KubernetesPool.namespace = {NAMESPACE!r}
-        c.KubeSpawner.image = "quay.io/jupyter/base-notebook:emulated"
-        c.KubeSpawner.cmd = [{str(singleuser)!r}]
-        c.KubeSpawner.args = ["--ServerApp.allow_root=True"]  # the emulator runs pods as this test's user
-        c.KubeSpawner.ip = "$(POD_IP)"
-        c.KubeSpawner.environment = {{
-            "POD_IP": {{"valueFrom": {{"fieldRef": {{"fieldPath": "status.podIP"}}}}}},
-            "JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r},
-        }}
-        c.KubeSpawner.start_timeout = 90
-        c.KubeSpawner.http_timeout = 60
-        c.Spawner.default_url = "/tree"
-        c.ElasticGPUSpawner.gpu_host_dir = {str(host_dir)!r}
-        c.GPUBroker.kernel_sizes = {SIZES!r}
-        c.GPUBroker.reconcile_interval_seconds = 1
-        # the emulator serves no NetworkPolicy API; the policy object is checked in test_launcher_objects
-        c.KubernetesKernelLauncher.network_policy = False
-        c.KubernetesKernelLauncher.image = "quay.io/jupyter/pytorch-notebook:emulated"
-        """
-    )
-    hub = HubRunner(work, config, env={"KUBECONFIG": str(emulator.kubeconfig_path)})
-    try:
-        hub.start()
-        kconfig.load_kube_config(config_file=str(emulator.kubeconfig_path))
-        api = kclient.CoreV1Api()
-        token = hub.user_token("alice")
-        install_kernelspecs(hub, token, prefix)
-        start_server(hub, "alice", token)
-        yield hub, emulator, api, Server(hub, "alice", token)
-    finally:
-        hub.stop()
-        emulator.stop()
+    with kube_stack(tmp_path_factory.mktemp("gpu-kernels-kube")) as st:
+        yield st["hub"], st["emulator"], st["api"], st["alice"]
 
 
 def kernel_pods(api) -> list[kclient.V1Pod]:
@@ -247,6 +167,33 @@ def test_a_second_kernel_over_quota_is_refused_and_creates_no_pod(cluster):
         stop_session(alice, first)
 
 
+def test_a_restarted_hub_finds_its_kernel_pods_again(cluster):
+    hub, _emulator, api, alice = cluster
+    status, session = alice.start_session(SPEC)
+    assert status == 201, session
+    kid = session["kernel"]["id"]
+    conn = alice.connect(kid)
+    assert conn.execute("w = 21")["status"] == "ok"
+    conn.close()
+    [before] = broker_kernels(hub)
+    hub.restart()
+    [after] = broker_kernels(hub)
+    assert (after["id"], after["holder"], after["allocation_id"]) == (
+        before["id"],
+        before["holder"],
+        before["allocation_id"],
+    )
+    assert after["state"] == "running" and after["kernel_id"] == kid
+    assert [s["allocation_id"] for s in kernel_slices(hub)] == [before["allocation_id"]]
+    conn = alice.connect(kid)
+    try:
+        assert conn.execute("w * 2")["text"] == "42"
+    finally:
+        conn.close()
+    stop_session(alice, session)
+    assert kernel_slices(hub) == []
+
+
 def test_killing_the_server_process_collects_its_kernel_pods(cluster):
     """Last: it kills alice's server process (KubeSpawner's pod restarts it, without its kernels)."""
     hub, emulator, api, alice = cluster
@@ -256,6 +203,7 @@ def test_killing_the_server_process_collects_its_kernel_pods(cluster):
     owner = server_pod(api)
     os.kill(emulator.pod_pid(owner.metadata.name, NAMESPACE), signal.SIGKILL)
     hub.wait_for(lambda: kernel_pods(api) == [], timeout=30, what="the kernel pod to be collected")
-    assert broker_kernels(hub) == [] and kernel_slices(hub) == []
+    hub.wait_for(lambda: kernel_slices(hub) == [], timeout=10, what="the orphaned kernel's slice to be freed")
+    assert broker_kernels(hub) == []
     assert api.list_namespaced_secret(NAMESPACE, label_selector=KERNEL_ID).items == []
-    assert pod.metadata.name in hub.log_text()
+    assert "is gone" in hub.log_text()
