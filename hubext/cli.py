@@ -225,6 +225,7 @@ c.HubUserGPUSpawner.home_dir_template = str(DATA / "home" / "{username}")
 import sys
 from pathlib import Path
 
+from hubext.broker import USER_SCOPES
 from hubext.hubconfig import configure_hub
 
 c = get_config()  # noqa: F821
@@ -239,6 +240,9 @@ configure_hub(
     simulate_gpus={simulate!r},
     data_dir=str(DATA),
 )
+
+# Every user may run GPU kernels for themself through the broker (their server's token carries this).
+c.JupyterHub.extra_user_scopes = set(c.JupyterHub.get("extra_user_scopes", set())) | set(USER_SCOPES)
 
 # ---- the hub's own files and ports ----
 c.JupyterHub.db_url = f"sqlite:///{{DATA / 'jupyterhub.sqlite'}}"

@@ -30,7 +30,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from tornado.gen import maybe_future
 from traitlets import Callable as CallableTrait
-from traitlets import List, TraitError, Union, default, validate
+from traitlets import HasTraits, List, TraitError, Union, default, validate
 
 from .gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options, validate_gpu_section
 from .local_pool import LocalPool
@@ -133,10 +133,11 @@ def gpu_summary(section: Mapping[str, Any] | None) -> str:
 class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
     """Local single-user servers whose profiles may carry a ``gpu`` section (see hubext.gpu_spawner)."""
 
-    # GPUSpawnerMixin is a plain class, so traitlets does not name or configure the traits it
-    # declares; registering the same trait objects on this HasTraits class does.
-    gpu_owner_mapping = GPUSpawnerMixin.gpu_owner_mapping
-    gpu_max_wait_seconds = GPUSpawnerMixin.gpu_max_wait_seconds
+    if not issubclass(GPUSpawnerMixin, HasTraits):
+        # an older hubext core whose mixin is a plain class: traitlets would neither name nor
+        # configure the traits it declares unless they are registered on this HasTraits class
+        gpu_owner_mapping = GPUSpawnerMixin.gpu_owner_mapping
+        gpu_max_wait_seconds = GPUSpawnerMixin.gpu_max_wait_seconds
 
     profile_list = Union(
         [List(), CallableTrait()],
