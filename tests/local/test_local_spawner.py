@@ -196,3 +196,15 @@ async def test_form_lists_visible_profiles_and_says_gpus_are_simulated(simulated
     assert 'name="profile-option-h100-sized--size"' in html
     assert '<option value="large" selected>' in html  # the default choice
     assert 'id="egpu-profile-cpu-only" value="cpu-only" checked' in html
+
+
+def test_gpu_owner_mapping_is_configurable_on_the_local_spawner():
+    from traitlets.config import Config
+
+    c = Config()
+    c.LocalGPUSpawner.gpu_owner_mapping = {"alice": "vision/research", "group:ml": "ml"}
+    user = SimpleNamespace(name="alice", groups=[], url="/user/alice/", escaped_name="alice")
+    owner = LocalGPUSpawner(user=user, config=c).gpu_owner()
+    assert (owner.user, owner.workspace, owner.namespace) == ("alice", "vision", "research")
+    bob = SimpleNamespace(name="bob", groups=[Group("ml")], url="/user/bob/", escaped_name="bob")
+    assert LocalGPUSpawner(user=bob, config=c).gpu_owner().workspace == "ml"
