@@ -16,6 +16,7 @@ import json
 import os
 import pprint
 import pwd
+import re
 import secrets
 import shutil
 import signal
@@ -515,7 +516,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             say(f"GPU kernelspecs: {install_kernelspecs(url, _read_token(data), log_path)}")
         say(f"Elastic GPU hub is up at {url}/")
         print(f"    GPU pool (admins): {url}/hub/gpu   ·   `elastic-gpu status` in another terminal", flush=True)
-        if "FirstUseAuthenticator" in (config_dir / CONFIG_FILE).read_text():
+        config_text = (config_dir / CONFIG_FILE).read_text()
+        admins = re.search(r"^c\.Authenticator\.admin_users = \{(.*)\}", config_text, re.M)
+        if admins:
+            print(f"    Admin user(s): {admins.group(1)}", flush=True)
+        if "FirstUseAuthenticator" in config_text:
             print("    First login: the first password typed for an allowed name becomes its password.", flush=True)
         print("    Ctrl-C stops the hub and every server it started.", flush=True)
         while hub.poll() is None:

@@ -235,6 +235,7 @@ def test_up_prints_the_url_and_says_the_gpus_are_simulated(hub):
     assert "GPUs: 2 × H100-80GB (SIMULATED: no real GPU is used)" in out
     assert "GPU kernelspecs: installed into" in out
     assert "configurable-http-proxy" in out  # the real proxy
+    assert f"Admin user(s): '{ADMIN}'" in out
     status, info = hub.api("GET", "/", "")
     assert status == 200 and "version" in info
 
