@@ -7,6 +7,8 @@ Rules:
   preempt, allocations of a strictly lower priority value. Never a non-borrowed allocation of
   equal or higher priority. A request that would itself be borrowing never preempts.
 - The victims must make the request fit: the card capacity on one node AND every quota level.
+  Borrowed allocations run beyond their quota, so they do not count against it: evicting them
+  frees capacity only; a quota in deficit is fixed by evicting its own lower-priority ones.
 - Preference: fewest victims; then the victims with the lowest "worst" key, where a victim's key
   is (not borrowed, priority value, newest first). Borrowed allocations are thus the first to go.
 
@@ -56,6 +58,22 @@ class Solution:
     cards: list[int]
 
 
+class Trial:
+    """Would-be victims with running totals: capacity freed per card (card -> [memory, cores,
+    allocations]) and quota given back per limited level ([memory, cores, vGPUs])."""
+
+    __slots__ = ("victims", "ids", "freed", "back")
+
+    def __init__(self, n_levels: int) -> None:
+        self.victims: list[Allocation] = []
+        self.ids: set[str] = set()
+        self.freed: dict[int, list[int]] = {}
+        self.back = [[0, 0, 0] for _ in range(n_levels)]
+
+    def __len__(self) -> int:
+        return len(self.victims)
+
+
 class VictimSearch:
     def __init__(
         self,
@@ -73,19 +91,21 @@ class VictimSearch:
         self.pc = pc
         self.p = predicate
         self.levels = [lv for lv in levels if not lv.limits.unlimited]
+        self.limits = [tuple(lv.limits.get(r) for r in RESOURCES) for lv in self.levels]
+        self.used = [
+            tuple(state._ledger.own(lv.key, r) for r in RESOURCES) for lv in self.levels
+        ]
         self.asked_for = asked_for
         self.base = base
-        # deficits at the smallest possible ask (exact for slices; a bound for whole cards)
-        low = asked_for(base[1] if base else None)
+        # the smallest possible ask (exact for slices; a lower bound for whole cards)
+        self.low = asked_for(base[1] if base else None)
         self.deficits: list[tuple[Level, int, int]] = []  # (level, resource index, need)
-        for lv in self.levels:
-            for r, res in enumerate(RESOURCES):
-                limit = lv.limits.get(res)
-                if limit is None:
-                    continue
-                need = state._ledger.used(lv.key, res) + low[r] - limit
-                if need > 0:
-                    self.deficits.append((lv, r, need))
+        for i, lv in enumerate(self.levels):
+            for r in range(3):
+                limit = self.limits[i][r]
+                if limit is not None and self.used[i][r] + self.low[r] > limit:
+                    self.deficits.append((lv, r, self.used[i][r] + self.low[r] - limit))
+        self._quota_cands: list[Allocation] | None = None
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -104,58 +124,80 @@ class VictimSearch:
             len(key) < 2 or (o.namespace == key[1] and (len(key) < 3 or o.user == key[2]))
         )
 
-    def _quota_ok(self, removed: Sequence[Allocation], asked: tuple[int, int, int]) -> bool:
-        ledger, charges = self.st._ledger, self.st._charges
-        for lv in self.levels:
-            back = None
-            for r, res in enumerate(RESOURCES):
-                limit = lv.limits.get(res)
-                if limit is None:
-                    continue
-                used = ledger.used(lv.key, res) + asked[r]
-                if used <= limit:
-                    continue
-                if back is None:
-                    back = [0, 0, 0]
-                    for a in removed:
-                        if self._belongs(a, lv.key):
-                            ch = charges[a.id]
-                            back[0] += ch[0]
-                            back[1] += ch[1]
-                            back[2] += ch[2]
-                if used - back[r] > limit:
+    def _trial(self, victims: Sequence[Allocation] = ()) -> Trial:
+        t = Trial(len(self.levels))
+        for a in victims:
+            self._change(t, a, 1)
+        return t
+
+    def _change(self, t: Trial, allocation: Allocation, sign: int) -> None:
+        """Add (1) or take back (-1) a would-be victim."""
+        on, gi_of = self.ix.on, self.ix.gi_of
+        for uuid in allocation.gpu_uuids:
+            gi = gi_of.get(uuid)
+            if gi is None:
+                continue
+            cm, cc = on[gi][allocation.id]
+            f = t.freed.get(gi)
+            if f is None:
+                f = t.freed[gi] = [0, 0, 0]
+            f[0] += sign * cm
+            f[1] += sign * cc
+            f[2] += sign
+        charge = self.st._charges[allocation.id]
+        for i, lv in enumerate(self.levels):
+            if not allocation.borrowed and self._belongs(allocation, lv.key):
+                b = t.back[i]
+                b[0] += sign * charge[0]
+                b[1] += sign * charge[1]
+                b[2] += sign * charge[2]
+        if sign > 0:
+            t.victims.append(allocation)
+            t.ids.add(allocation.id)
+        else:
+            for i, v in enumerate(t.victims):
+                if v is allocation:
+                    del t.victims[i]
+                    break
+            t.ids.discard(allocation.id)
+
+    def _quota_ok(self, t: Trial, asked: tuple[int, int, int]) -> bool:
+        for i, limits in enumerate(self.limits):
+            used, back = self.used[i], t.back[i]
+            for r in range(3):
+                limit = limits[r]
+                if limit is not None and used[r] + asked[r] - back[r] > limit:
                     return False
         return True
 
-    def _freed(self, removed: Sequence[Allocation]) -> dict[int, list[int]]:
-        freed: dict[int, list[int]] = {}
-        on = self.ix.on
-        gi_of = self.ix.gi_of
-        for a in removed:
-            for uuid in a.gpu_uuids:
-                gi = gi_of.get(uuid)
-                if gi is None:
-                    continue
-                cm, cc = on[gi][a.id]
-                f = freed.setdefault(gi, [0, 0, 0])
-                f[0] += cm
-                f[1] += cc
-                f[2] += 1
-        return freed
+    def _quota_helps(self, t: Trial, allocation: Allocation, asked: tuple[int, int, int]) -> bool:
+        """Does ``allocation`` give back something a level is still short of?"""
+        if allocation.borrowed:
+            return False  # borrowed usage is not counted against the quota
+        charge = self.st._charges[allocation.id]
+        for i, limits in enumerate(self.limits):
+            used, back = self.used[i], t.back[i]
+            short = any(
+                limits[r] is not None and charge[r] > 0 and used[r] + asked[r] - back[r] > limits[r]
+                for r in range(3)
+            )
+            if short and self._belongs(allocation, self.levels[i].key):
+                return True
+        return False
 
-    def _feasible(self, ni: int | None, removed: Sequence[Allocation]) -> list[int] | None:
-        """Cards the request would get on node ``ni`` (None: the base placement) with
-        ``removed`` gone, if capacity and every quota level allow."""
+    def _feasible(self, ni: int | None, t: Trial) -> list[int] | None:
+        """Cards the request would get on node ``ni`` (None: the base placement) with the
+        trial's victims gone, if capacity and every quota level allow."""
         if ni is None:
             assert self.base is not None
             cards = self.base[1]
         else:
             a = self.ask
-            cards = self.ix.fit_node(ni, a.m, a.c, a.k, a.whole, a.group, self._freed(removed))
+            cards = self.ix.fit_node(ni, a.m, a.c, a.k, a.whole, a.group, t.freed)
             if cards is None:
                 return None
-        if self.deficits or self.ask.whole:
-            if not self._quota_ok(removed, self.asked_for(cards)):
+        if self.levels and (self.deficits or self.ask.whole):
+            if not self._quota_ok(t, self.asked_for(cards)):
                 return None
         return cards
 
@@ -199,28 +241,26 @@ class VictimSearch:
                 return True  # gets the card closer; may take more victims
         return False
 
-    def _fixes_quota(self, allocation: Allocation, removed: Sequence[Allocation]) -> bool:
-        """Does ``allocation`` reduce a deficit still open after ``removed``?"""
-        charge = self.st._charges[allocation.id]
-        for lv, r, need in self.deficits:
-            if charge[r] <= 0 or not self._belongs(allocation, lv.key):
-                continue
-            back = sum(
-                self.st._charges[a.id][r] for a in removed if self._belongs(a, lv.key)
-            )
-            if back < need:
-                return True
-        return False
-
     def _quota_candidates(self) -> list[Allocation]:
         """Eligible allocations of the widest level in deficit, in preference order."""
-        widest = max((lv for lv, _, _ in self.deficits), key=lambda lv: -len(lv.key))
-        order = self.st._ws_order.get(widest.key[0], [])
-        return [a for a in self._eligible(order) if self._belongs(a, widest.key)]
+        if self._quota_cands is None:
+            widest = max((lv for lv, _, _ in self.deficits), key=lambda lv: -len(lv.key))
+            order = self.st._ws_order.get(widest.key[0], [])
+            self._quota_cands = [
+                a for a in self._eligible(order)
+                if not a.borrowed and self._belongs(a, widest.key)
+            ]
+        return self._quota_cands
+
+    def _quota_fixable(self) -> bool:
+        """Could evicting every eligible allocation of the levels in deficit fix them?"""
+        return self._quota_ok(self._trial(self._quota_candidates()), self.low)
 
     # ---- the search -----------------------------------------------------------------------
 
     def run(self) -> Solution | None:
+        if self.deficits and not self._quota_fixable():
+            return None
         return self._single() or self._several()
 
     def _single(self) -> Solution | None:
@@ -230,15 +270,16 @@ class VictimSearch:
         else:
             narrowest = None
             order = self.st._order
+        charges = self.st._charges
         for a in self._eligible(order):
             if narrowest is not None:
-                if not self._belongs(a, narrowest.key):
+                if a.borrowed or not self._belongs(a, narrowest.key):
                     continue
-                charge = self.st._charges[a.id]
+                charge = charges[a.id]
                 if any(charge[r] < need for _, r, need in self.deficits):
                     continue
             if self.base is not None:
-                cards = self._feasible(None, [a])
+                cards = self._feasible(None, self._trial([a]))
                 if cards is not None:
                     return Solution([a], self.base[0], cards)
                 continue
@@ -247,32 +288,35 @@ class VictimSearch:
             ni = self._node_of(a)
             if ni is None:
                 continue
-            cards = self._feasible(ni, [a])
+            cards = self._feasible(ni, self._trial([a]))
             if cards is not None:
                 return Solution([a], ni, cards)
         return None
 
-    def _reprieve(self, ni: int | None, chosen: list[Allocation]) -> tuple[list[Allocation], list[int]]:
-        cards = self._feasible(ni, chosen)
+    def _reprieve(self, ni: int | None, t: Trial) -> list[int]:
+        """Give back every victim the request can do without, the most valuable first."""
+        cards = self._feasible(ni, t)
         assert cards is not None
-        for a in list(reversed(chosen)):
-            trial = [v for v in chosen if v is not a]
-            got = self._feasible(ni, trial)
-            if got is not None:
-                chosen, cards = trial, got
-        return chosen, cards
+        for a in list(reversed(t.victims)):
+            self._change(t, a, -1)
+            got = self._feasible(ni, t)
+            if got is None:
+                self._change(t, a, 1)
+            else:
+                cards = got
+        return cards
 
     def _several(self) -> Solution | None:
         if self.base is not None:
             if not self.deficits:
                 return None
-            chosen: list[Allocation] = []
+            t = self._trial()
             for a in self._quota_candidates():
-                if self._fixes_quota(a, chosen):
-                    chosen.append(a)
-                    if self._feasible(None, chosen) is not None:
-                        chosen, cards = self._reprieve(None, chosen)
-                        return Solution(chosen, self.base[0], cards)
+                if self._quota_helps(t, a, self.low):
+                    self._change(t, a, 1)
+                    if self._feasible(None, t) is not None:
+                        cards = self._reprieve(None, t)
+                        return Solution(t.victims, self.base[0], cards)
             return None
         a = self.ask
         nodes = self.ix.evictable_nodes(self.p, a.m, a.c, a.k, a.whole, a.group)
@@ -280,48 +324,95 @@ class VictimSearch:
             return None
         nodes.sort(key=lambda ni: self.ix.node_rank(ni, a.group, a.whole))
         nodes = nodes[: max(1, self.st.config.policy.max_preemption_nodes)]
-        quota_cands = self._quota_candidates() if self.deficits else []
         keys = self.st._key
         best: tuple | None = None
         best_solution: Solution | None = None
         for rank, ni in enumerate(nodes):
-            local = self._local_candidates(ni)
-            if quota_cands:
-                seen = {v.id for v in local}
-                cands = local + [v for v in quota_cands if v.id not in seen]
-                cands.sort(key=lambda v: keys[v.id])
-            else:
-                cands = local
-            chosen: list[Allocation] = []
-            found = False
-            for v in cands:
-                helps = self._frees_a_card(v, self._freed(chosen)) or (
-                    self.deficits and self._fixes_quota(v, chosen)
-                )
-                if not helps:
-                    continue
-                chosen.append(v)
-                if best is not None and len(chosen) > best[0]:
-                    break  # already worse than the best node
-                if self._feasible(ni, chosen) is not None:
-                    found = True
-                    break
-            if not found:
+            # capacity first: the k cards of this node that are cheapest to clear ...
+            per_card = self._card_costs(ni)
+            if len(per_card) < a.k:
                 continue
-            chosen, cards = self._reprieve(ni, chosen)
-            score = (len(chosen), sorted((keys[v.id] for v in chosen), reverse=True), rank)
+            if best is not None and max(len(v) for _, v in per_card[: a.k]) > best[0]:
+                continue  # clearing the hardest of its cards alone takes more than the best
+            t = self._trial()
+            for _, victims in per_card[: a.k]:
+                for v in victims:
+                    if v.id not in t.ids:
+                        self._change(t, v, 1)
+            cards = self.ix.fit_node(ni, a.m, a.c, a.k, a.whole, a.group, t.freed)
+            if cards is None:
+                continue
+            reprieve = any(len(v.gpu_uuids) > 1 for v in t.victims)
+            # ... then the quota, from eligible allocations of the levels in deficit
+            if self.levels and (self.deficits or a.whole):
+                asked = self.asked_for(cards)
+                if not self._quota_ok(t, asked):
+                    if not self.deficits:
+                        continue  # only bigger whole cards here; the quota has no room
+                    for v in self._quota_candidates():
+                        if v.id not in t.ids and self._quota_helps(t, v, asked):
+                            self._change(t, v, 1)
+                            reprieve = True
+                            if self._quota_ok(t, asked):
+                                break
+                    if not self._quota_ok(t, asked):
+                        continue
+            if reprieve:
+                cards = self._reprieve(ni, t)
+            if best is not None and len(t) > best[0]:
+                continue
+            score = (len(t), sorted((keys[v.id] for v in t.victims), reverse=True), rank)
             if best is None or score < best:
                 best = score
-                best_solution = Solution(chosen, ni, cards)
+                best_solution = Solution(list(t.victims), ni, cards)
         return best_solution
 
-    def _local_candidates(self, ni: int) -> list[Allocation]:
-        keys = self.st._key
+    def _card_costs(self, ni: int) -> list[tuple[tuple, list[Allocation]]]:
+        """For each card of node ``ni`` the request could use: the fewest, least valuable
+        eligible allocations on it whose removal makes it fit (greedy in preference order,
+        then the superfluous ones given back), cheapest cards first."""
+        ix, a = self.ix, self.ask
+        keys, allocs = self.st._key, self.st._allocs
         preempt, value = self.pc.preempt, self.pc.value
-        local = []
-        for a in self.ix.node_allocs[ni].values():
-            key = keys[a.id]
-            if key[0] == 0 or (preempt and key[1] < value):
-                local.append(a)
-        local.sort(key=lambda v: keys[v.id])
-        return local
+        cards = (ix.wgpus if a.whole else ix.sgpus)[ni].get(a.group, ())
+        result = []
+        for gi in cards:
+            on = ix.on[gi]
+            if a.whole:
+                if not on:
+                    result.append(((0, ()), []))
+                    continue
+                ks = [keys[aid] for aid in on]
+                if any(k[0] == 1 and (not preempt or k[1] >= value) for k in ks):
+                    continue
+                ks.sort()
+                result.append(((len(ks), tuple(reversed(ks))), [allocs[k[3]] for k in ks]))
+                continue
+            fm = ix.cap_m[gi] - ix.used_m[gi]
+            fc = ix.cap_c[gi] - ix.used_c[gi]
+            if fm >= a.m and fc >= a.c:
+                result.append(((0, ()), []))
+                continue
+            ks = sorted(
+                k for k in (keys[aid] for aid in on)
+                if k[0] == 0 or (preempt and k[1] < value)
+            )
+            chosen = []
+            for k in ks:
+                cm, cc = on[k[3]]
+                chosen.append((k, cm, cc))
+                fm += cm
+                fc += cc
+                if fm >= a.m and fc >= a.c:
+                    break
+            else:
+                continue  # even all of them are not enough
+            for item in reversed(list(chosen)):
+                if fm - item[1] >= a.m and fc - item[2] >= a.c:
+                    chosen.remove(item)
+                    fm -= item[1]
+                    fc -= item[2]
+            ks = sorted(item[0] for item in chosen)
+            result.append(((len(ks), tuple(reversed(ks))), [allocs[k[3]] for k in ks]))
+        result.sort(key=lambda item: item[0])
+        return result

@@ -248,7 +248,7 @@ class AdmissionState:
                 if limit is not None and low[r] > limit:
                     error = QuotaExceeded(
                         msg.quota_never(level, res, limit, low[r], kind),
-                        level=level.label, resource=res, used=self._ledger.used(level.key, res),
+                        level=level.label, resource=res, used=self._ledger.own(level.key, res),
                         limit=limit, asked=low[r],
                     )
                     return Decision("reject", reason=error.message, error=error)
@@ -301,7 +301,7 @@ class AdmissionState:
         for level in levels:
             limit = level.limits.get(res)
             if limit is not None:
-                left = limit - self._ledger.used(level.key, res)
+                left = limit - self._ledger.own(level.key, res)
                 room = left if room is None else min(room, left)
         return room if room is not None else 1 << 62
 
@@ -313,7 +313,7 @@ class AdmissionState:
                 limit = level.limits.get(res)
                 if limit is None:
                     continue
-                used = self._ledger.used(level.key, res)
+                used = self._ledger.own(level.key, res)
                 if used + asked[r] > limit:
                     return level, res, used, limit
         return None

@@ -196,8 +196,15 @@ class QuotaLedger:
                     del self._usage[key], self._members[key]
 
     def used(self, key: tuple[str, ...], resource: str) -> int:
+        """All usage of a level, borrowed included."""
         u = self._usage.get(key)
         return u.get(resource) if u is not None else 0
+
+    def own(self, key: tuple[str, ...], resource: str) -> int:
+        """Usage of a level that counts against its quota: borrowed allocations run on idle
+        capacity beyond the quota, so they do not."""
+        u = self._usage.get(key)
+        return u.get(resource) - u.get("borrowed_" + resource) if u is not None else 0
 
     def usage(self, key: tuple[str, ...]) -> Usage:
         return self._usage.get(key) or Usage()

@@ -60,15 +60,20 @@ def test_borrowed_allocations_go_before_lower_priority_ones():
     assert [v.id for v in d.victims] == ["borrowed"]
 
 
-def test_a_borrowed_allocation_frees_quota_of_its_own_workspace_for_a_non_borrowing_request():
-    st = state(pool(node("a", 2)), WS, allocations=[
+def test_borrowed_usage_does_not_count_against_the_quota_but_yields_its_capacity():
+    # ann borrowed 20 GiB beyond vision's 20 GiB quota; bob's request is within the quota
+    st = state(pool(node("a", 1)), WS, allocations=[
         alloc("own", "a-gpu0", 10, 10, pc="low", ws="vision", user="ann"),
-        alloc("extra", "a-gpu1", 20, 10, pc="high", ws="vision", user="ann", borrowed=True),
+        alloc("extra", "a-gpu0", 20, 10, pc="high", ws="vision", user="ann", borrowed=True),
     ])
     d = st.decide(req("bob", memory_gib=10, ws="vision"))
+    assert d.kind == "grant" and not d.allocation.borrowed  # idle capacity: both keep running
+    st.add(alloc("filler", "a-gpu0", 50, 10, pc="high", ws="nlp"))
+    d = st.decide(req("bob", memory_gib=10, ws="vision"))
     assert d.kind == "preempt" and [v.id for v in d.victims] == ["extra"]
-    # 10 GiB more would need 'own' gone too, and a default-class request may not preempt it
-    assert st.decide(req("bob", memory_gib=20, ws="vision")).kind == "wait"
+    # 20 GiB would be over vision's quota even without the borrowed part: it waits
+    d = st.decide(req("bob", memory_gib=20, ws="vision"))
+    assert d.kind == "wait" and "10 GiB are in use" in d.reason
 
 
 def test_only_non_borrowed_usage_is_held_to_the_quota():
