@@ -1003,6 +1003,8 @@ class KubernetesKernelLauncher(KernelLauncher):
 
         payload = json.dumps({"key": key, "signature_scheme": record.signature_scheme, "transport": record.transport})
         return k8s.V1Secret(
+            api_version="v1",
+            kind="Secret",
             metadata=k8s.V1ObjectMeta(
                 name=self._base_name(record) + "-key",
                 namespace=record.namespace,
@@ -1019,6 +1021,8 @@ class KubernetesKernelLauncher(KernelLauncher):
         chosen = {k: v for k, v in server.pod_labels.items() if k in self.server_selector_labels}
         match = chosen or dict(server.pod_labels)
         return k8s.V1NetworkPolicy(
+            api_version="networking.k8s.io/v1",
+            kind="NetworkPolicy",
             metadata=k8s.V1ObjectMeta(
                 name=self._base_name(record) + "-ingress",
                 namespace=record.namespace,
@@ -1079,6 +1083,8 @@ class KubernetesKernelLauncher(KernelLauncher):
             A_JUPYTER_KERNEL_ID: record.jupyter_kernel_id,
         }
         pod = k8s.V1Pod(
+            api_version="v1",
+            kind="Pod",
             metadata=k8s.V1ObjectMeta(
                 name=self._pod_name(record),
                 namespace=record.namespace,

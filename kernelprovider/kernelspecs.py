@@ -96,16 +96,16 @@ def install(
             with open(os.path.join(tmp, "kernel.json"), "w") as f:
                 json.dump(spec, f, indent=1)
             try:
-                path = ksm.install_kernel_spec(tmp, kernel_name=name, user=user, prefix=prefix, replace=True)
+                path = ksm.install_kernel_spec(tmp, kernel_name=name, user=user, prefix=prefix)
             except OSError as e:
                 where = "--user" if user else (prefix or "the system kernelspec directory")
                 raise KernelspecError(f"Cannot write kernelspec {name} in {where}: {e}") from None
         installed.append(path)
-    if replace_stale:
+    if replace_stale:  # sizes the hub no longer offers
         target = _target_dir(ksm, user, prefix)
-        for found, path in ksm.find_kernel_specs().items():
-            if found.startswith(prefix_name) and found not in names and os.path.dirname(path) == target:
-                shutil.rmtree(path, ignore_errors=True)
+        for entry in sorted(os.listdir(target)) if os.path.isdir(target) else []:
+            if entry.startswith(prefix_name) and entry not in names:
+                shutil.rmtree(os.path.join(target, entry), ignore_errors=True)
     return installed
 
 

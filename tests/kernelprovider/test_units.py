@@ -1,0 +1,298 @@
+"""Unit tests: broker size config, kernelspecs and their installer, the kernel pod's objects, the
+in-pod bootstrap, the local launcher's sweep, and the provisioner outside a hub."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import kubernetes_validate
+import kubernetes_validate.utils
+import pytest
+
+from hubext import labels as L
+from hubext.allocator import GPUAllocator
+from hubext.broker import BrokerError, validate_sizes
+from hubext.kernel_launcher import (
+    BOOTSTRAP,
+    KERNEL_ID,
+    KernelRecord,
+    KubernetesKernelLauncher,
+    LocalKernelLauncher,
+    ServerRef,
+)
+from kernelprovider.kernelspecs import install, kernelspec, kernelspec_name
+from quotas import Allocation, Owner
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture()
+def no_allocator():
+    yield
+    GPUAllocator.clear_instance()
+
+
+# ---- sizes and kernelspecs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sizes", "expected"),
+    [
+        ({"name": "x"}, "must be a list"),
+        ([{"name": "Big GPU", "memory_mib": 1, "cores_percent": 1}], "kernel_sizes[0].name"),
+        ([{"name": "a", "memory_mib": 1024, "cores_percent": 10, "colour": "red"}], "unknown key(s) colour"),
+        ([{"name": "a", "memory_mib": "1GiB", "cores_percent": 10}], "gpu.memory_mib must be int"),
+        ([{"name": "a", "memory_mib": 1024, "cores_percent": 150}], "cores_percent in 1..100"),
+        (
+            [{"name": "a", "memory_mib": 1, "cores_percent": 1}, {"name": "a", "memory_mib": 1, "cores_percent": 1}],
+            "kernel_sizes[1].name 'a' is used twice",
+        ),
+        ([{"name": "a", "memory_mib": 1, "cores_percent": 1, "allowed_groups": "staff"}], "allowed_groups"),
+    ],
+)
+def test_bad_kernel_sizes_are_refused_naming_the_entry_and_key(sizes, expected):
+    with pytest.raises(BrokerError) as e:
+        validate_sizes(sizes)
+    assert expected in e.value.message
+    assert e.value.status == 500
+
+
+def test_sizes_get_a_display_name_and_their_gpu_section():
+    [size] = validate_sizes([{"name": "gpu-20g", "memory_mib": 20480, "cores_percent": 50, "count": 2}])
+    assert size["display_name"] == "2x GPU 20 GiB"
+    assert size["gpu"] == {"memory_mib": 20480, "cores_percent": 50, "count": 2}
+
+
+def test_kernelspec_of_a_size_uses_the_provisioner_and_message_interrupts():
+    spec = kernelspec({"name": "gpu-10g", "display_name": "GPU 10 GiB", "memory_mib": 10240})
+    assert spec["display_name"] == "Python 3 (GPU 10 GiB)"
+    assert spec["interrupt_mode"] == "message"
+    assert spec["metadata"]["kernel_provisioner"]["config"] == {"size": "gpu-10g"}
+    assert "{connection_file}" in spec["argv"]
+    assert kernelspec_name("GPU 10g!") == "elastic-gpu-gpu-10g"
+
+
+def test_install_replaces_stale_gpu_kernelspecs(tmp_path):
+    sizes = [{"name": "gpu-10g", "display_name": "GPU 10 GiB"}, {"name": "gpu-4g", "display_name": "GPU 4 GiB"}]
+    install(sizes, prefix=str(tmp_path))
+    kernels = tmp_path / "share/jupyter/kernels"
+    assert sorted(p.name for p in kernels.iterdir()) == ["elastic-gpu-gpu-10g", "elastic-gpu-gpu-4g"]
+    (kernels / "python3").mkdir()  # not ours: must stay
+    install(sizes[:1], prefix=str(tmp_path))
+    assert sorted(p.name for p in kernels.iterdir()) == ["elastic-gpu-gpu-10g", "python3"]
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
+    return subprocess.run(
+        [sys.executable, "-m", "kernelprovider", *args],
+        capture_output=True,
+        text=True,
+        env={**base, **(env or {})},
+        cwd=REPO,
+        timeout=60,
+    )
+
+
+def test_installer_says_what_is_missing_without_a_traceback():
+    result = run_cli("install-kernelspecs")
+    assert result.returncode == 2 and "--hub-url" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli("install-kernelspecs", "--hub-url", "http://127.0.0.1:9")
+    assert result.returncode == 2 and "--token" in result.stderr
+    result = run_cli("install-kernelspecs", "--hub-url", "http://127.0.0.1:9", "--token", "t")
+    assert result.returncode == 1 and "Cannot read GPU kernel sizes" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# ---- Kubernetes objects --------------------------------------------------------------------------
+
+
+def _kube_objects():
+    launcher = KubernetesKernelLauncher(namespace="jhub", image="kernel:1")
+    record = KernelRecord(
+        id="0123456789abcdef0123456789abcdef",
+        user="Alice@Example.org",
+        server_name="gpu",
+        size="gpu-10g",
+        allocation_id="kernel-alice-01234567-0",
+        section={"memory_mib": 10240, "cores_percent": 25},
+        namespace="jhub",
+        ports={"shell_port": 41001, "iopub_port": 41002, "stdin_port": 41003, "control_port": 41004, "hb_port": 41005},
+        server_identity="uid-1/0",
+        created_at=1.0,
+    )
+    allocation = Allocation(
+        id=record.allocation_id,
+        owner=Owner(user=record.user),
+        node="gpu-node-1",
+        gpu_uuids=("GPU-1",),
+        memory_mib=10240,
+        cores_percent=25,
+        priority_class="default",
+        kind="kernel",
+    )
+    server = ServerRef(
+        user=record.user,
+        name="gpu",
+        identity="uid-1/0",
+        pod_name="jupyter-alice-40example-2eorg--gpu",
+        pod_uid="uid-1",
+        namespace="jhub",
+        pod_labels={"component": "singleuser-server", "hub.jupyter.org/username": "alice", "app": "jupyterhub"},
+    )
+    key = "s3cr3t-key-" + "x" * 32
+    pod = _manifest(launcher._pod(record, allocation, server))
+    secret = _manifest(launcher._secret(record, key, server))
+    policy = _manifest(launcher._network_policy(record, server))
+    return record, key, pod, secret, policy
+
+
+def _manifest(obj) -> dict:
+    """A client model as the JSON the API server receives (camelCase, no nulls)."""
+
+    def prune(value):
+        if isinstance(value, dict):
+            return {k: prune(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list):
+            return [prune(v) for v in value]
+        return value
+
+    return prune(obj.to_dict(serialize=True))
+
+
+def test_kernel_pod_secret_and_network_policy_are_valid_kubernetes_objects(no_allocator):
+    record, key, pod, secret, policy = _kube_objects()
+    version = kubernetes_validate.utils.latest_version()
+    for obj in (pod, secret, policy):
+        kubernetes_validate.validate(obj, version, strict=True)
+    # the pod: our labels, the slice, no API token, owned by the server pod, key only in the Secret
+    assert pod["metadata"]["labels"][L.KIND] == "kernel" and pod["metadata"]["labels"][KERNEL_ID] == record.id
+    assert pod["metadata"]["annotations"][L.A_MEMORY_MIB] == "10240"
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "gpu-node-1"}
+    assert pod["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": "jupyter-alice-40example-2eorg--gpu",
+            "uid": "uid-1",
+            "blockOwnerDeletion": False,
+        }
+    ]
+    assert key not in json.dumps(pod)
+    [volume] = [v for v in pod["spec"]["volumes"] if v.get("secret")]
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert oct(volume["secret"]["defaultMode"]) == "0o400"
+    assert json.loads(__import__("base64").b64decode(secret["data"]["connection.json"]))["key"] == key
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    # the policy: only the user's server pod may reach this kernel, on its ports
+    assert policy["spec"]["podSelector"] == {"matchLabels": {KERNEL_ID: record.id}}
+    [rule] = policy["spec"]["ingress"]
+    assert rule["from"] == [
+        {"podSelector": {"matchLabels": {"component": "singleuser-server", "hub.jupyter.org/username": "alice"}}}
+    ]
+    assert sorted(p["port"] for p in rule["ports"]) == sorted(record.ports.values())
+
+
+def test_pod_bootstrap_builds_a_private_connection_file_from_the_secret(tmp_path):
+    secret = tmp_path / "connection.json"
+    secret.write_text(json.dumps({"key": "k" * 32, "signature_scheme": "hmac-sha256", "transport": "tcp"}))
+    ports = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+    show = (
+        "import json, os, sys; p = sys.argv[1]; "
+        "print(json.dumps([json.load(open(p)), oct(os.stat(p).st_mode & 0o777)]))"
+    )
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            BOOTSTRAP,
+            str(secret),
+            json.dumps(ports),
+            sys.executable,
+            "-c",
+            show,
+            "{connection_file}",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "POD_IP": "10.1.2.3", "TMPDIR": str(tmp_path)},
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    info, mode = json.loads(result.stdout)
+    assert info == {"key": "k" * 32, "signature_scheme": "hmac-sha256", "transport": "tcp", "ip": "10.1.2.3", **ports}
+    assert mode == "0o600"
+
+
+# ---- the local launcher ---------------------------------------------------------------------------
+
+
+def test_local_sweep_stops_kernel_processes_nobody_knows(tmp_path, no_allocator):
+    launcher = LocalKernelLauncher(state_dir=str(tmp_path / "kernels"))
+    root = tmp_path / "kernels"
+    stray, kept = root / ("a" * 32), root / ("b" * 32)
+    for d in (stray, kept):
+        d.mkdir(parents=True)
+        (d / "connection.json").write_text("{}")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", str(stray / "connection.json")], start_new_session=True
+    )
+    try:
+        time.sleep(0.2)
+        swept = asyncio.run(launcher.sweep({"b" * 32}))
+        assert swept == ["a" * 32]
+        assert proc.wait(10) is not None, "the stray kernel process must be stopped"
+        assert not stray.exists() and kept.exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_local_ledger_survives_a_restart_and_notices_dead_kernels(tmp_path, no_allocator):
+    launcher = LocalKernelLauncher(state_dir=str(tmp_path))
+    conn = tmp_path / ("c" * 32) / "connection.json"  # a kernel is recognised by its connection file
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(conn)], start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        records = [
+            KernelRecord(
+                id="c" * 32,
+                user="u",
+                server_name="",
+                size="s",
+                allocation_id="a1",
+                state="running",
+                holder=str(alive.pid),
+            ),
+            KernelRecord(
+                id="d" * 32, user="u", server_name="", size="s", allocation_id="a2", state="running", holder="999999"
+            ),
+            # a live pid that is not this kernel (the pid was reused): not taken for the kernel
+            KernelRecord(
+                id="e" * 32,
+                user="u",
+                server_name="",
+                size="s",
+                allocation_id="a3",
+                state="running",
+                holder=str(other.pid),
+            ),
+        ]
+        launcher.persist(records)
+        assert stat.S_IMODE(os.stat(tmp_path / "kernels.json").st_mode) == 0o600
+        loaded = {r.id: r for r in asyncio.run(LocalKernelLauncher(state_dir=str(tmp_path)).start())}
+        assert loaded["c" * 32].state == "running" and loaded["c" * 32].holder == str(alive.pid)
+        assert loaded["d" * 32].state == "stopped" and "while the hub was down" in loaded["d" * 32].reason
+        assert loaded["e" * 32].state == "stopped"
+    finally:
+        alive.kill()
+        other.kill()
