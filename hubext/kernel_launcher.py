@@ -25,7 +25,6 @@ import asyncio
 import base64
 import json
 import os
-import random
 import shlex
 import signal
 import socket
@@ -172,11 +171,6 @@ class KernelRecord:
     def from_json(cls, data: dict[str, Any]) -> KernelRecord:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
-
-
-def random_ports(count: int = 5, low: int = 20000, high: int = 60000) -> list[int]:
-    """Distinct random ports in [low, high) (for pods: every pod has its own address)."""
-    return random.sample(range(low, high), count)
 
 
 def free_local_ports(ip: str, count: int = 5) -> list[int]:
@@ -825,6 +819,13 @@ class KubernetesKernelLauncher(KernelLauncher):
         scheduler's message. 0 (default): fail at once — admission already placed it, so an
         unschedulable kernel pod means a node problem, not a wait.""",
     )
+    kernel_port_base = Integer(
+        50001,
+        config=True,
+        help="""First of the kernel pods' ZMQ ports. Each pod has its own address, so the ports are
+        fixed: base..base+4, and base+10..base+14 after a restart (alternating, so that
+        jupyter-server and JupyterLab see the ports change and reconnect). Default: 50001.""",
+    )
     delete_grace_seconds = Integer(2, config=True, help="gracePeriodSeconds when deleting kernel pods. Default: 2.")
     k8s_api_request_timeout = Float(10.0, config=True, help="Seconds to wait for one Kubernetes API call.")
 
@@ -835,6 +836,11 @@ class KubernetesKernelLauncher(KernelLauncher):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._unschedulable_since: dict[str, float] = {}
+
+    def pod_ports(self, generation: int) -> dict[str, int]:
+        """The ZMQ ports of a kernel pod of this generation (two alternating sets)."""
+        base = self.kernel_port_base + 10 * (generation % 2)
+        return {name: base + i for i, name in enumerate(PORT_NAMES)}
 
     # ---- clients -----------------------------------------------------------------------
 
@@ -1035,7 +1041,12 @@ class KubernetesKernelLauncher(KernelLauncher):
                 ingress=[
                     k8s.V1NetworkPolicyIngressRule(
                         _from=[k8s.V1NetworkPolicyPeer(pod_selector=k8s.V1LabelSelector(match_labels=match))],
-                        ports=[k8s.V1NetworkPolicyPort(protocol="TCP", port=p) for p in record.ports.values()],
+                        # both port sets: the policy outlives restarts, which alternate between them
+                        ports=[
+                            k8s.V1NetworkPolicyPort(protocol="TCP", port=p)
+                            for g in (0, 1)
+                            for p in self.pod_ports(g).values()
+                        ],
                     )
                 ],
             ),
@@ -1129,7 +1140,7 @@ class KubernetesKernelLauncher(KernelLauncher):
         from kubernetes_asyncio.client.rest import ApiException
 
         record.namespace = self._ns(server.namespace)
-        record.ports = dict(zip(PORT_NAMES, random_ports(), strict=True))
+        record.ports = self.pod_ports(record.generation)
         record.server_identity = server.identity
         created: list[tuple[str, str]] = []
         try:
@@ -1203,7 +1214,7 @@ class KubernetesKernelLauncher(KernelLauncher):
 
         old = record.holder
         record.generation += 1
-        record.ports = dict(zip(PORT_NAMES, random_ports(), strict=True))
+        record.ports = self.pod_ports(record.generation)
         record.ip, record.exit_code = "", None
         pod = self._pod(record, allocation, server)
         if server is None and old:  # keep the owner (the server pod) of the previous generation

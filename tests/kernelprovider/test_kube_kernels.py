@@ -129,6 +129,7 @@ def test_interrupt_and_restart_of_a_kernel_pod(cluster):
     [after] = broker_kernels(hub)
     assert after["allocation_id"] == before["allocation_id"], "restart keeps the slice"
     assert after["holder"] != before["holder"] and after["generation"] == before["generation"] + 1
+    assert after["shell_port"] != before["shell_port"], "the ports change, so jupyter-server reconnects"
     hub.wait_for(
         lambda: [p.metadata.name for p in kernel_pods(api)] == [after["holder"]],
         timeout=20,

@@ -124,7 +124,7 @@ def _kube_objects():
         allocation_id="kernel-alice-01234567-0",
         section={"memory_mib": 10240, "cores_percent": 25},
         namespace="jhub",
-        ports={"shell_port": 41001, "iopub_port": 41002, "stdin_port": 41003, "control_port": 41004, "hb_port": 41005},
+        ports={"shell_port": 50001, "iopub_port": 50002, "stdin_port": 50003, "control_port": 50004, "hb_port": 50005},
         server_identity="uid-1/0",
         created_at=1.0,
     )
@@ -199,7 +199,7 @@ def test_kernel_pod_secret_and_network_policy_are_valid_kubernetes_objects(no_al
     assert rule["from"] == [
         {"podSelector": {"matchLabels": {"component": "singleuser-server", "hub.jupyter.org/username": "alice"}}}
     ]
-    assert sorted(p["port"] for p in rule["ports"]) == sorted(record.ports.values())
+    assert sorted(p["port"] for p in rule["ports"]) == [*range(50001, 50006), *range(50011, 50016)]
 
 
 def test_pod_bootstrap_builds_a_private_connection_file_from_the_secret(tmp_path):
