@@ -296,3 +296,19 @@ def test_local_ledger_survives_a_restart_and_notices_dead_kernels(tmp_path, no_a
     finally:
         alive.kill()
         other.kill()
+
+
+def test_broker_configure_wires_handlers_scopes_and_server_tokens():
+    from traitlets.config import Config
+
+    from hubext.broker import BROKER_HANDLERS, CUSTOM_SCOPES, configure
+
+    c = Config()
+    c.Spawner.server_token_scopes = ["access:servers!server", "users:activity!user", "read:users:name!user"]
+    configure(c)
+    assert c.JupyterHub.extra_handlers == BROKER_HANDLERS
+    assert set(c.JupyterHub.custom_scopes) == set(CUSTOM_SCOPES)
+    assert "custom:elastic-gpu:kernels!user" in c.JupyterHub.extra_user_scopes
+    assert c.Spawner.server_token_scopes == sorted(
+        ["access:servers!server", "users:activity!user", "read:users:name!user", "custom:elastic-gpu:kernels!user"]
+    )
