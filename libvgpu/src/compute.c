@@ -1,0 +1,249 @@
+/*
+ * compute.c: the launch gate (kernel launches, cooperative launches, graph launches).
+ *
+ * Every launch stamps the activity record (a clock read through the vDSO and a store to this
+ * process's slot, at most once per clock tick). Without a cores limit or node regions that is
+ * all: no locks, no syscalls. With them, the launch passes the priority gate (priority.c)
+ * and the rate limiter below.
+ *
+ * The rate limiter is a token bucket in GPU time shared by the container's processes: it
+ * refills at cores_percent of wall time, each launch takes the measured GPU time of one
+ * launch, and a launch that finds the bucket in debt sleeps the debt off. The cost of a launch
+ * is measured, not guessed: every SAMPLE_NS one process asks NVML for the container's SM
+ * utilisation over the window and divides the GPU time it implies by the launches admitted
+ * in that window. Kernels of any length and graphs of any size are limited the same way.
+ */
+#define _GNU_SOURCE
+#include "vgpu.h"
+
+#define SAMPLE_NS (50ull * 1000000ull)
+#define BURST_NS (50ull * 1000000ull)
+
+static _Atomic uint64_t stamp_ns;         /* last activity stamp written by this process */
+static _Atomic uint64_t unstamped_launches; /* launches not yet added to the activity file */
+
+static void stamp_slow(uint64_t now) {
+    struct vgpu_container_region *r = vgpu.reg;
+    if (vgpu.me) atomic_store_explicit(&vgpu.me->last_launch_ns, now, memory_order_relaxed);
+    if (now - atomic_load_explicit(&r->last_launch_ns, memory_order_relaxed) >= 1000000ull)
+        atomic_store_explicit(&r->last_launch_ns, now, memory_order_relaxed);
+    struct vgpu_activity *a = vgpu.act;
+    if (a) {
+        uint64_t n = atomic_exchange_explicit(&unstamped_launches, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&a->launches, n, memory_order_relaxed);
+        if (now - atomic_load_explicit(&a->last_launch_ns, memory_order_relaxed) >= 1000000ull)
+            atomic_store_explicit(&a->last_launch_ns, now, memory_order_relaxed);
+    }
+}
+
+static inline void stamp_activity(void) {
+    struct vgpu_slot *me = vgpu.me;
+    if (VGPU_LIKELY(me != NULL)) {
+        uint64_t n = atomic_load_explicit(&me->launches, memory_order_relaxed);
+        atomic_store_explicit(&me->launches, n + 1, memory_order_relaxed);
+    }
+    if (vgpu.act) {
+        uint64_t n = atomic_load_explicit(&unstamped_launches, memory_order_relaxed);
+        atomic_store_explicit(&unstamped_launches, n + 1, memory_order_relaxed);
+    }
+    uint64_t now = vgpu_coarse_real_ns(); /* vDSO, ~1-4 ms resolution */
+    if (VGPU_LIKELY(now == atomic_load_explicit(&stamp_ns, memory_order_relaxed))) return;
+    atomic_store_explicit(&stamp_ns, now, memory_order_relaxed);
+    stamp_slow(now);
+}
+
+/* ---- the rate limiter -------------------------------------------------------------------- */
+
+#define PROBE_LAUNCHES 16           /* launches per window while the cost is not known yet */
+#define STALE_NS 3000000000ull      /* nobody launched for this long: measure afresh */
+#define MAX_WINDOW_NS 2000000000ull /* give up waiting for NVML samples after this long */
+#define MAX_SLEEP_NS 1000000000ull  /* one launch never waits longer than this */
+#define SATURATED_PERMILLE 970      /* a window this busy is "saturated" */
+
+static void restart(struct vgpu_compute *c) {
+    atomic_store(&c->launches, 0);
+    atomic_store(&c->sample_us, vgpu_real_ns() / 1000);
+}
+
+static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last, uint64_t now,
+                   uint64_t prev_gate) {
+    if (!atomic_compare_exchange_strong(&c->sample_ns, &last, now)) return; /* someone else */
+    uint64_t since = atomic_load(&c->sample_us);
+    if (last == 0 || since == 0) {
+        restart(c);
+        return;
+    }
+    if (now - prev_gate > STALE_NS) { /* idle: measure the (maybe new) work afresh */
+        atomic_store(&c->cost_ns, 0);
+        atomic_store(&c->tokens_ns, 0);
+        restart(c);
+        return;
+    }
+    uint64_t ts = since;
+    uint32_t permille;
+    int src = vgpu_nvml_container_util(dev, &ts, &permille);
+    if (src < 0) {
+        static _Atomic int warned;
+        if (!atomic_exchange(&warned, 1))
+            vgpu_log("NVML gives no utilisation for GPU %d: its cores limit cannot be enforced",
+                     dev);
+        return;
+    }
+    uint64_t window_ns = ts > since ? (ts - since) * 1000 : 0;
+    if (src == 2 && window_ns < MAX_WINDOW_NS) return; /* no new samples: keep the window open */
+    if (!window_ns) window_ns = now - last;
+    uint64_t n = atomic_exchange(&c->launches, 0);
+    atomic_store(&c->sample_us, ts > since ? ts : vgpu_real_ns() / 1000);
+    atomic_store(&c->util_permille, permille);
+    uint64_t busy = (uint64_t)((double)permille / 1000.0 * (double)window_ns);
+    uint64_t old = atomic_load(&c->cost_ns);
+    /* the bucket was charged old per launch; charge what the GPU really ran instead, so work
+     * queued earlier is paid for when it runs (the debt is bounded: stop feeding, no payback) */
+    if (old) {
+        int64_t delta = (int64_t)(n * old) - (int64_t)busy;
+        int64_t t = atomic_fetch_add(&c->tokens_ns, delta) + delta;
+        int64_t floor = -(int64_t)(BURST_NS * pct / 100);
+        while (t < floor && !atomic_compare_exchange_weak(&c->tokens_ns, &t, floor)) {
+        }
+    }
+    int saturated = permille >= SATURATED_PERMILLE && pct <= 90;
+    if (!n && !saturated) return;
+    uint64_t cost;
+    if (saturated) {
+        /* busy all window although limited: queued work hides the real cost. The debt above
+         * already stops the feeding; raise the estimate at most twofold per window. */
+        uint64_t bound = window_ns / (n ? n : 1);
+        cost = old ? (bound > 2 * old ? 2 * old : bound > old ? bound : old) : bound;
+    } else {
+        /* the GPU idled in this window: little was left queued. Below NVML's resolution
+         * (1 %) the work is not known to be zero: count it as half a percent. */
+        uint64_t est = (busy > window_ns / 200 ? busy : window_ns / 200) / n;
+        cost = !old || est < old / 4 ? est : (old + est) / 2;
+    }
+    atomic_store(&c->cost_ns, cost ? cost : 1);
+    vgpu_debug("gpu %d: %.1f%% busy over %.1f ms, %llu launches: %.1f us per launch", dev,
+               permille / 10.0, window_ns / 1e6, (unsigned long long)n, (cost ? cost : 1) / 1e3);
+}
+
+void vgpu_compute_gate(int dev) {
+    uint32_t pct = vgpu.cfg.cores_percent[dev];
+    struct vgpu_compute *c = &vgpu.reg->compute[dev];
+    uint64_t now = vgpu_mono_ns();
+    uint64_t in_window = atomic_fetch_add_explicit(&c->launches, 1, memory_order_relaxed) + 1;
+    uint64_t prev_gate = atomic_load_explicit(&c->gate_ns, memory_order_relaxed);
+    if (now - prev_gate >= 1000000ull) atomic_store_explicit(&c->gate_ns, now, memory_order_relaxed);
+    uint64_t last = atomic_load_explicit(&c->sample_ns, memory_order_relaxed);
+    if (now - last >= SAMPLE_NS) sample(dev, pct, c, last, now, prev_gate);
+
+    uint64_t cost = atomic_load_explicit(&c->cost_ns, memory_order_relaxed);
+    if (!cost) { /* not measured yet: a few launches per window, so no backlog builds up */
+        if (in_window > PROBE_LAUNCHES) {
+            last = atomic_load(&c->sample_ns);
+            uint64_t t = vgpu_mono_ns();
+            if (last + SAMPLE_NS > t) vgpu_sleep_ns(last + SAMPLE_NS - t);
+        }
+        return;
+    }
+    uint64_t refill = atomic_load_explicit(&c->refill_ns, memory_order_relaxed);
+    if (now > refill && atomic_compare_exchange_strong(&c->refill_ns, &refill, now)) {
+        uint64_t gap = now - refill;
+        if (gap > BURST_NS) gap = BURST_NS;
+        int64_t add = (int64_t)(gap * pct / 100), cap = (int64_t)(BURST_NS * pct / 100);
+        int64_t t = atomic_fetch_add(&c->tokens_ns, add) + add;
+        while (t > cap && !atomic_compare_exchange_weak(&c->tokens_ns, &t, cap)) {
+        }
+    }
+    int64_t t = atomic_fetch_sub(&c->tokens_ns, (int64_t)cost) - (int64_t)cost;
+    if (t < 0) {
+        uint64_t wait = (uint64_t)(-t) * 100 / pct;
+        vgpu_sleep_ns(wait < MAX_SLEEP_NS ? wait : MAX_SLEEP_NS);
+    }
+}
+
+/* ---- the launch hooks ------------------------------------------------------------------ */
+
+static __attribute__((noinline)) void gate_slow(void) {
+    CUdevice dev;
+    vgpu_current_device(&dev);
+    if (dev < 0 || dev >= VGPU_MAX_DEV) return;
+    if (vgpu.features & VGPU_F_PRIORITY) vgpu_priority_gate(dev);
+    if (vgpu.cfg.cores_percent[dev]) vgpu_compute_gate(dev);
+}
+
+static inline CUresult gate(int id) {
+    if (VGPU_UNLIKELY(!atomic_load_explicit(&vgpu_cuda_go, memory_order_acquire))) {
+        CUresult rc = vgpu_not_ready();
+        if (rc != CUDA_SUCCESS) return rc;
+    }
+    if (VGPU_UNLIKELY(!atomic_load_explicit(&vgpu_hooks[id].real, memory_order_relaxed)))
+        return CUDA_ERROR_NOT_FOUND;
+    unsigned f = vgpu.features;
+    if (f & VGPU_F_REGION) {
+        stamp_activity();
+        if (f & (VGPU_F_COMPUTE | VGPU_F_PRIORITY)) gate_slow();
+    }
+    return CUDA_SUCCESS;
+}
+
+VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                    unsigned int gz, unsigned int bx, unsigned int by,
+                                    unsigned int bz, unsigned int shmem, CUstream s, void **p,
+                                    void **e) {
+    CUresult rc = gate(H_cuLaunchKernel);
+    if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
+    return REAL(cuLaunchKernel)(f, gx, gy, gz, bx, by, bz, shmem, s, p, e);
+}
+
+VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
+                                         unsigned int gz, unsigned int bx, unsigned int by,
+                                         unsigned int bz, unsigned int shmem, CUstream s,
+                                         void **p, void **e) {
+    CUresult rc = gate(H_cuLaunchKernel_ptsz);
+    if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
+    return REAL(cuLaunchKernel_ptsz)(f, gx, gy, gz, bx, by, bz, shmem, s, p, e);
+}
+
+VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **p,
+                                      void **e) {
+    CUresult rc = gate(H_cuLaunchKernelEx);
+    if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
+    return REAL(cuLaunchKernelEx)(cfg, f, p, e);
+}
+
+VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **p,
+                                           void **e) {
+    CUresult rc = gate(H_cuLaunchKernelEx_ptsz);
+    if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
+    return REAL(cuLaunchKernelEx_ptsz)(cfg, f, p, e);
+}
+
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
+                                               unsigned int gz, unsigned int bx, unsigned int by,
+                                               unsigned int bz, unsigned int shmem, CUstream s,
+                                               void **p) {
+    CUresult rc = gate(H_cuLaunchCooperativeKernel);
+    if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
+    return REAL(cuLaunchCooperativeKernel)(f, gx, gy, gz, bx, by, bz, shmem, s, p);
+}
+
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
+                                                    unsigned int gy, unsigned int gz,
+                                                    unsigned int bx, unsigned int by,
+                                                    unsigned int bz, unsigned int shmem,
+                                                    CUstream s, void **p) {
+    CUresult rc = gate(H_cuLaunchCooperativeKernel_ptsz);
+    if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
+    return REAL(cuLaunchCooperativeKernel_ptsz)(f, gx, gy, gz, bx, by, bz, shmem, s, p);
+}
+
+VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
+    CUresult rc = gate(H_cuGraphLaunch);
+    if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
+    return REAL(cuGraphLaunch)(g, s);
+}
+
+VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
+    CUresult rc = gate(H_cuGraphLaunch_ptsz);
+    if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
+    return REAL(cuGraphLaunch_ptsz)(g, s);
+}

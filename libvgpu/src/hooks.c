@@ -1,0 +1,427 @@
+/*
+ * hooks.c: the hook table, how the real driver is found, start-up, cuGetProcAddress, and the
+ * dlopen redirect.
+ *
+ * How calls reach the hooks
+ *  - Programs linked against libcuda.so.1 bind to our exported symbols (LD_PRELOAD comes first
+ *    in the global scope).
+ *  - Programs that dlopen("libcuda.so.1") and dlsym() from the handle (the CUDA runtime,
+ *    PyTorch, ctypes) would bypass LD_PRELOAD: dlsym on a handle searches only that library
+ *    and its dependencies. Our dlopen() therefore answers requests for libcuda / libnvidia-ml
+ *    with a handle to a small proxy library (libvgpu-cuda.so / libvgpu-nvml.so beside this
+ *    one) whose dependencies are [libvgpu.so, the real library]: dlsym on it finds our hook for
+ *    hooked names and the real function for every other name. No global dlsym override.
+ *    Every other dlopen() is a tail call into libc's, so the caller's RUNPATH still applies.
+ *  - CUDA 12+ runtimes fetch entry points with cuGetProcAddress(_v2): we answer it with our
+ *    hook for hooked names (matched by the real pointer the driver returns, then by name and
+ *    version).
+ *
+ * Nothing here runs at load time: no constructor. The first hooked call initialises (config,
+ * region, real symbols) under pthread_once; libraries that call dlopen/dlsym from their own
+ * constructors, before anything of ours ran, are fine.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "vgpu.h"
+
+#define ROW(sym, base, since, lib, ptsz, hook) \
+    [H_##sym] = {#sym, base, since, VGPU_LIB_##lib, ptsz, (void *)(hook), NULL}
+
+struct vgpu_hook vgpu_hooks[H_COUNT] = {
+    ROW(cuInit, "cuInit", 2000, CUDA, 0, cuInit),
+    ROW(cuGetProcAddress, "cuGetProcAddress", 11030, CUDA, 0, cuGetProcAddress),
+    ROW(cuGetProcAddress_v2, "cuGetProcAddress", 12000, CUDA, 0, cuGetProcAddress_v2),
+    ROW(cuMemAlloc_v2, "cuMemAlloc", 3020, CUDA, 0, cuMemAlloc_v2),
+    ROW(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, CUDA, 0, cuMemAllocPitch_v2),
+    ROW(cuMemAllocManaged, "cuMemAllocManaged", 6000, CUDA, 0, cuMemAllocManaged),
+    ROW(cuMemAllocAsync, "cuMemAllocAsync", 11020, CUDA, 0, cuMemAllocAsync),
+    ROW(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, CUDA, 1, cuMemAllocAsync_ptsz),
+    ROW(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, CUDA, 0,
+        cuMemAllocFromPoolAsync),
+    ROW(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, CUDA, 1,
+        cuMemAllocFromPoolAsync_ptsz),
+    ROW(cuMemFree_v2, "cuMemFree", 3020, CUDA, 0, cuMemFree_v2),
+    ROW(cuMemFreeAsync, "cuMemFreeAsync", 11020, CUDA, 0, cuMemFreeAsync),
+    ROW(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, CUDA, 1, cuMemFreeAsync_ptsz),
+    ROW(cuMemCreate, "cuMemCreate", 10020, CUDA, 0, cuMemCreate),
+    ROW(cuMemRelease, "cuMemRelease", 10020, CUDA, 0, cuMemRelease),
+    ROW(cuArrayCreate_v2, "cuArrayCreate", 3020, CUDA, 0, cuArrayCreate_v2),
+    ROW(cuArray3DCreate_v2, "cuArray3DCreate", 3020, CUDA, 0, cuArray3DCreate_v2),
+    ROW(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 5000, CUDA, 0, cuMipmappedArrayCreate),
+    ROW(cuArrayDestroy, "cuArrayDestroy", 2000, CUDA, 0, cuArrayDestroy),
+    ROW(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 5000, CUDA, 0,
+        cuMipmappedArrayDestroy),
+    ROW(cuMemGetInfo_v2, "cuMemGetInfo", 3020, CUDA, 0, cuMemGetInfo_v2),
+    ROW(cuDeviceTotalMem_v2, "cuDeviceTotalMem", 3020, CUDA, 0, cuDeviceTotalMem_v2),
+    ROW(cuCtxCreate_v2, "cuCtxCreate", 3020, CUDA, 0, cuCtxCreate_v2),
+    ROW(cuCtxCreate_v3, "cuCtxCreate", 11040, CUDA, 0, cuCtxCreate_v3),
+    ROW(cuCtxCreate_v4, "cuCtxCreate", 12050, CUDA, 0, cuCtxCreate_v4),
+    ROW(cuCtxDestroy_v2, "cuCtxDestroy", 4000, CUDA, 0, cuCtxDestroy_v2),
+    ROW(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000, CUDA, 0,
+        cuDevicePrimaryCtxRetain),
+    ROW(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, CUDA, 0,
+        cuDevicePrimaryCtxRelease_v2),
+    ROW(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, CUDA, 0,
+        cuDevicePrimaryCtxReset_v2),
+    ROW(cuModuleLoad, "cuModuleLoad", 2000, CUDA, 0, cuModuleLoad),
+    ROW(cuModuleLoadData, "cuModuleLoadData", 2000, CUDA, 0, cuModuleLoadData),
+    ROW(cuModuleLoadDataEx, "cuModuleLoadDataEx", 2010, CUDA, 0, cuModuleLoadDataEx),
+    ROW(cuModuleLoadFatBinary, "cuModuleLoadFatBinary", 2000, CUDA, 0, cuModuleLoadFatBinary),
+    ROW(cuModuleUnload, "cuModuleUnload", 2000, CUDA, 0, cuModuleUnload),
+    ROW(cuLibraryLoadData, "cuLibraryLoadData", 12000, CUDA, 0, cuLibraryLoadData),
+    ROW(cuLibraryLoadFromFile, "cuLibraryLoadFromFile", 12000, CUDA, 0, cuLibraryLoadFromFile),
+    ROW(cuLibraryUnload, "cuLibraryUnload", 12000, CUDA, 0, cuLibraryUnload),
+    ROW(cuLaunchKernel, "cuLaunchKernel", 4000, CUDA, 0, cuLaunchKernel),
+    ROW(cuLaunchKernel_ptsz, "cuLaunchKernel", 7000, CUDA, 1, cuLaunchKernel_ptsz),
+    ROW(cuLaunchKernelEx, "cuLaunchKernelEx", 11060, CUDA, 0, cuLaunchKernelEx),
+    ROW(cuLaunchKernelEx_ptsz, "cuLaunchKernelEx", 11060, CUDA, 1, cuLaunchKernelEx_ptsz),
+    ROW(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", 9000, CUDA, 0,
+        cuLaunchCooperativeKernel),
+    ROW(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 9000, CUDA, 1,
+        cuLaunchCooperativeKernel_ptsz),
+    ROW(cuGraphLaunch, "cuGraphLaunch", 10000, CUDA, 0, cuGraphLaunch),
+    ROW(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, CUDA, 1, cuGraphLaunch_ptsz),
+    ROW(cuDeviceGetCount, NULL, 0, CUDA, 0, NULL),
+    ROW(cuDeviceGetUuid, NULL, 0, CUDA, 0, NULL),
+    ROW(cuCtxGetDevice, NULL, 0, CUDA, 0, NULL),
+    ROW(cuCtxGetCurrent, NULL, 0, CUDA, 0, NULL),
+    ROW(cuArrayGetMemoryRequirements, NULL, 0, CUDA, 0, NULL),
+    ROW(cuMipmappedArrayGetMemoryRequirements, NULL, 0, CUDA, 0, NULL),
+    ROW(nvmlDeviceGetMemoryInfo, NULL, 0, NVML, 0, nvmlDeviceGetMemoryInfo),
+    ROW(nvmlDeviceGetMemoryInfo_v2, NULL, 0, NVML, 0, nvmlDeviceGetMemoryInfo_v2),
+    ROW(nvmlInit_v2, NULL, 0, NVML, 0, NULL),
+    ROW(nvmlDeviceGetHandleByUUID, NULL, 0, NVML, 0, NULL),
+    ROW(nvmlDeviceGetIndex, NULL, 0, NVML, 0, NULL),
+    ROW(nvmlDeviceGetUUID, NULL, 0, NVML, 0, NULL),
+    ROW(nvmlDeviceGetUtilizationRates, NULL, 0, NVML, 0, NULL),
+    ROW(nvmlDeviceGetProcessUtilization, NULL, 0, NVML, 0, NULL),
+    ROW(nvmlDeviceGetComputeRunningProcesses_v2, NULL, 0, NVML, 0, NULL),
+};
+
+struct vgpu_proc vgpu = {
+    .reg_fd = -1,
+    .slot = -1,
+    .slow_lock = PTHREAD_MUTEX_INITIALIZER,
+};
+_Atomic int vgpu_cuda_go;
+int vgpu_debug_on;
+
+static const char *const lib_names[VGPU_LIB_COUNT][3] = {
+    {"libcuda.so.1", "libcuda.so", NULL},
+    {"libnvidia-ml.so.1", "libnvidia-ml.so", NULL},
+};
+static const char *const proxy_names[VGPU_LIB_COUNT] = {"libvgpu-cuda.so", "libvgpu-nvml.so"};
+
+/* ---- logging, sleeping ------------------------------------------------------------------ */
+
+void vgpu_log(const char *fmt, ...) {
+    char line[1024];
+    int n = snprintf(line, sizeof(line), "libvgpu[%d]: ", (int)getpid());
+    va_list ap;
+    va_start(ap, fmt);
+    int m = vsnprintf(line + n, sizeof(line) - (size_t)n - 1, fmt, ap);
+    va_end(ap);
+    size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+    if (len > sizeof(line) - 2) len = sizeof(line) - 2;
+    line[len++] = '\n';
+    ssize_t w = write(STDERR_FILENO, line, len); /* one write: lines from processes don't mix */
+    (void)w;
+}
+
+void vgpu_sleep_ns(uint64_t ns) {
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ull),
+                          .tv_nsec = (long)(ns % 1000000000ull)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* ---- the real dlopen, and the redirect ------------------------------------------------- */
+
+typedef void *(*dlopen_fn)(const char *, int);
+static dlopen_fn _Atomic real_dlopen_ptr;
+
+static __attribute__((noinline)) dlopen_fn resolve_real_dlopen(void) {
+    dlopen_fn f = (dlopen_fn)dlsym(RTLD_NEXT, "dlopen");
+    if (!f) f = (dlopen_fn)dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.34");
+    if (!f) f = (dlopen_fn)dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.2.5");
+    atomic_store_explicit(&real_dlopen_ptr, f, memory_order_release);
+    return f;
+}
+
+static inline dlopen_fn real_dlopen(void) {
+    dlopen_fn f = atomic_load_explicit(&real_dlopen_ptr, memory_order_acquire);
+    return VGPU_LIKELY(f != NULL) ? f : resolve_real_dlopen();
+}
+
+/* Which driver library a dlopen() name asks for, or -1. */
+static int driver_lib_of(const char *file) {
+    const char *base = strrchr(file, '/');
+    base = base ? base + 1 : file;
+    if (strncmp(base, "libcuda.so", 10) == 0 && (base[10] == 0 || base[10] == '.'))
+        return VGPU_LIB_CUDA;
+    if (strncmp(base, "libnvidia-ml.so", 15) == 0 && (base[15] == 0 || base[15] == '.'))
+        return VGPU_LIB_NVML;
+    return -1;
+}
+
+static char proxy_path[VGPU_LIB_COUNT][PATH_MAX];
+static pthread_once_t proxy_once = PTHREAD_ONCE_INIT;
+
+static void find_proxies(void) {
+    Dl_info info;
+    char self[PATH_MAX];
+    if (!dladdr((void *)&vgpu_hooks, &info) || !info.dli_fname || !realpath(info.dli_fname, self))
+        return;
+    char *slash = strrchr(self, '/');
+    if (!slash) return;
+    *slash = 0;
+    for (int lib = 0; lib < VGPU_LIB_COUNT; lib++) {
+        char p[PATH_MAX];
+        if (snprintf(p, sizeof(p), "%s/%s", self, proxy_names[lib]) >= (int)sizeof(p)) continue;
+        if (access(p, R_OK) == 0) memcpy(proxy_path[lib], p, sizeof(p));
+    }
+}
+
+static __attribute__((noinline)) void *dlopen_driver(const char *file, int flags, int lib) {
+    dlopen_fn real = real_dlopen();
+    void *h = real(file, flags);
+    if (!h) return NULL;
+    pthread_once(&proxy_once, find_proxies);
+    if (!proxy_path[lib][0]) {
+        static _Atomic int warned;
+        if (!atomic_exchange(&warned, 1))
+            vgpu_log("%s not found beside libvgpu.so: programs that dlopen %s are not limited",
+                     proxy_names[lib], file);
+        return h;
+    }
+    void *p = real(proxy_path[lib], (flags & ~RTLD_NOLOAD) | RTLD_LAZY);
+    if (!p) {
+        vgpu_log("cannot load %s (%s): programs that dlopen %s are not limited",
+                 proxy_path[lib], dlerror(), file);
+        return h;
+    }
+    dlclose(h); /* the proxy holds its own reference to the real library */
+    return p;
+}
+
+/* Must stay a plain tail call for non-driver names: glibc's dlopen looks at its caller's
+ * RUNPATH, and a tail call leaves the original caller as the return address. */
+__attribute__((optimize("optimize-sibling-calls"))) VGPU_EXPORT void *dlopen(const char *file,
+                                                                              int flags) {
+    int lib = file ? driver_lib_of(file) : -1;
+    if (VGPU_UNLIKELY(lib >= 0)) return dlopen_driver(file, flags, lib);
+    return real_dlopen()(file, flags);
+}
+
+/* ---- resolving the real libraries --------------------------------------------------------- */
+
+static void *lib_handle[VGPU_LIB_COUNT];
+
+static void resolve_lib(int lib) {
+    dlopen_fn real = real_dlopen();
+    void *h = NULL;
+    for (int i = 0; !h && lib_names[lib][i]; i++) h = real(lib_names[lib][i], RTLD_LAZY | RTLD_NOLOAD);
+    for (int i = 0; !h && lib_names[lib][i]; i++) h = real(lib_names[lib][i], RTLD_LAZY);
+    lib_handle[lib] = h;
+    if (!h) return;
+    for (int id = 0; id < H_COUNT; id++) {
+        if (vgpu_hooks[id].lib != lib) continue;
+        void *p = dlsym(h, vgpu_hooks[id].name);
+        atomic_store_explicit(&vgpu_hooks[id].real, p, memory_order_release);
+    }
+}
+
+/* ---- start-up ------------------------------------------------------------------------------ */
+
+static pthread_once_t state_once = PTHREAD_ONCE_INIT;
+static pthread_once_t cuda_once = PTHREAD_ONCE_INIT;
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+static int nvml_ok;
+
+static void atfork_prepare(void) { pthread_mutex_lock(&vgpu.slow_lock); }
+static void atfork_parent(void) { pthread_mutex_unlock(&vgpu.slow_lock); }
+static void atfork_child(void) {
+    pthread_mutex_init(&vgpu.slow_lock, NULL);
+    vgpu_region_after_fork_child();
+    vgpu_mem_after_fork_child();
+}
+
+static void init_state(void) {
+    char err[PATH_MAX + 512];
+    const char *dbg = getenv("LIBVGPU_DEBUG");
+    vgpu_debug_on = dbg && *dbg && *dbg != '0';
+    const char *t = getenv("LIBVGPU_TEST_SLEEP_IN_LOCK_MS");
+    if (t) vgpu.test_sleep_in_lock_ms = (unsigned)atoi(t);
+    if (vgpu_config_load(&vgpu.cfg, err, sizeof(err)) != 0) {
+        vgpu_log("invalid configuration: %s; CUDA is disabled until it is fixed", err);
+        atomic_store(&vgpu.state, VGPU_BROKEN);
+        return;
+    }
+    const struct vgpu_config *c = &vgpu.cfg;
+    unsigned f = 0;
+    for (int i = 0; i < VGPU_MAX_DEV; i++) {
+        if (c->memory_bytes[i] != VGPU_UNLIMITED) f |= VGPU_F_MEMORY;
+        if (c->cores_percent[i]) f |= VGPU_F_COMPUTE;
+    }
+    if (c->node_region_dir[0]) f |= VGPU_F_PRIORITY;
+    int want_region = f || c->container_region[0] || c->activity_file[0];
+    if (want_region && vgpu_region_open() == 0) f |= VGPU_F_REGION;
+    if (want_region && !(f & VGPU_F_REGION)) {
+        vgpu_log("no accounting region could be set up; CUDA is disabled");
+        atomic_store(&vgpu.state, VGPU_BROKEN);
+        return;
+    }
+    vgpu.features = f;
+    pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+    atomic_store(&vgpu.state, VGPU_READY);
+}
+
+int vgpu_ensure_state(void) {
+    int s = atomic_load_explicit(&vgpu.state, memory_order_acquire);
+    if (VGPU_LIKELY(s != VGPU_UNINIT)) return s;
+    pthread_once(&state_once, init_state);
+    return atomic_load(&vgpu.state);
+}
+
+static void init_cuda(void) {
+    resolve_lib(VGPU_LIB_CUDA);
+    if (!lib_handle[VGPU_LIB_CUDA]) vgpu_log("the real libcuda.so.1 was not found");
+}
+
+int vgpu_ensure_cuda(void) {
+    int s = vgpu_ensure_state();
+    pthread_once(&cuda_once, init_cuda);
+    if (s == VGPU_READY && lib_handle[VGPU_LIB_CUDA]) atomic_store(&vgpu_cuda_go, 1);
+    return s;
+}
+
+CUresult vgpu_not_ready(void) {
+    int s = vgpu_ensure_cuda();
+    if (s != VGPU_READY) return CUDA_ERROR_NOT_INITIALIZED;
+    return lib_handle[VGPU_LIB_CUDA] ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+/* Resolves the NVML rows without initialising NVML (for the NVML hooks themselves). */
+static pthread_once_t nvml_resolve_once = PTHREAD_ONCE_INIT;
+static void resolve_nvml_only(void) {
+    if (!lib_handle[VGPU_LIB_NVML]) resolve_lib(VGPU_LIB_NVML);
+}
+int vgpu_resolve_nvml(void) {
+    pthread_once(&nvml_resolve_once, resolve_nvml_only);
+    return lib_handle[VGPU_LIB_NVML] ? 0 : -1;
+}
+
+static void init_nvml(void) {
+    vgpu_resolve_nvml();
+    nvmlInit_v2_fn init = REAL(nvmlInit_v2);
+    nvml_ok = init && init() == NVML_SUCCESS;
+}
+
+int vgpu_ensure_nvml(void) {
+    pthread_once(&nvml_once, init_nvml);
+    return nvml_ok ? 0 : -1;
+}
+
+int vgpu_current_device(CUdevice *dev) {
+    if (atomic_load_explicit(&vgpu.single_dev, memory_order_relaxed)) {
+        *dev = 0;
+        return 0;
+    }
+    cuCtxGetDevice_fn get = REAL(cuCtxGetDevice);
+    if (!get || get(dev) != CUDA_SUCCESS || *dev < 0) {
+        *dev = 0;
+        return -1;
+    }
+    return 0;
+}
+
+int vgpu_device_uuid(int dev, char *out, size_t outlen) {
+    cuDeviceGetUuid_fn get = REAL(cuDeviceGetUuid);
+    CUuuid u;
+    if (!get || get(&u, dev) != CUDA_SUCCESS) return -1;
+    const unsigned char *b = (const unsigned char *)u.bytes;
+    snprintf(out, outlen,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0],
+             b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13],
+             b[14], b[15]);
+    return 0;
+}
+
+/* ---- cuInit ------------------------------------------------------------------------------ */
+
+VGPU_EXPORT CUresult cuInit(unsigned int flags) {
+    CUresult rc = vgpu_not_ready();
+    if (rc != CUDA_SUCCESS) return rc;
+    cuInit_fn real = REAL(cuInit);
+    if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+    rc = real(flags);
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!atomic_load(&vgpu.ndev)) {
+        int n = 0;
+        cuDeviceGetCount_fn count = REAL(cuDeviceGetCount);
+        if (count && count(&n) == CUDA_SUCCESS && n > 0) {
+            atomic_store(&vgpu.single_dev, n == 1);
+            atomic_store(&vgpu.ndev, n);
+        }
+    }
+    if (vgpu.features & VGPU_F_REGION) vgpu_region_claim_slot();
+    return CUDA_SUCCESS;
+}
+
+/* ---- cuGetProcAddress ------------------------------------------------------------------- */
+
+static int hook_by_real(void *fn) {
+    for (int id = 0; id < H_COUNT; id++)
+        if (vgpu_hooks[id].lib == VGPU_LIB_CUDA && vgpu_hooks[id].hook &&
+            atomic_load_explicit(&vgpu_hooks[id].real, memory_order_relaxed) == fn)
+            return id;
+    return -1;
+}
+
+static int hook_by_name(const char *symbol, int version, cuuint64_t flags) {
+    int best = -1, best_ptsz = -1;
+    for (int id = 0; id < H_COUNT; id++) {
+        const struct vgpu_hook *h = &vgpu_hooks[id];
+        if (!h->base || !h->hook || strcmp(h->base, symbol) != 0 || h->since > version) continue;
+        int *slot = h->ptsz ? &best_ptsz : &best;
+        if (*slot < 0 || vgpu_hooks[*slot].since < h->since) *slot = id;
+    }
+    if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best_ptsz >= 0) return best_ptsz;
+    return best;
+}
+
+static CUresult answer(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                       CUresult rc) {
+    if (rc != CUDA_SUCCESS || !symbol || !pfn || !*pfn) return rc;
+    int id = hook_by_real(*pfn);
+    if (id < 0) id = hook_by_name(symbol, version, flags);
+    if (id >= 0) *pfn = vgpu_hooks[id].hook;
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version,
+                                      cuuint64_t flags) {
+    vgpu_ensure_cuda();
+    cuGetProcAddress_fn real = REAL(cuGetProcAddress);
+    if (!real) return CUDA_ERROR_NOT_FOUND;
+    return answer(symbol, pfn, version, flags, real(symbol, pfn, version, flags));
+}
+
+VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
+                                         cuuint64_t flags,
+                                         CUdriverProcAddressQueryResult *status) {
+    vgpu_ensure_cuda();
+    cuGetProcAddress_v2_fn real = REAL(cuGetProcAddress_v2);
+    if (!real) {
+        if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+        return cuGetProcAddress(symbol, pfn, version, flags);
+    }
+    return answer(symbol, pfn, version, flags, real(symbol, pfn, version, flags, status));
+}

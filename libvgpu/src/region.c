@@ -1,0 +1,506 @@
+/*
+ * region.c: the shared-memory regions.
+ *
+ *  - container region (one per container, cfg.container_region): per-process slots with
+ *    memory in use per GPU and the last launch time, the container's totals, the compute
+ *    limiter's shared state;
+ *  - node region (one per GPU, <node_region_dir>/<GPU uuid>.region): one entry per container
+ *    on that GPU with its priority, last launch and memory in use;
+ *  - activity file (optional, cfg.activity_file): a container-wide summary for the culler.
+ *
+ * Files are fixed-size and versioned. A new file is initialised under a temporary name and
+ * linked into place, so nobody ever maps a half-initialised region, and nobody waits on a
+ * node-wide lock to start. Structural changes happen under a PTHREAD_MUTEX_ROBUST mutex in the
+ * region; a process that dies holding it hands the next locker EOWNERDEAD, which marks it
+ * consistent and repairs the totals from the slots.
+ *
+ * Liveness does not depend on pids (which are per namespace and get reused): each process
+ * holds an OFD lock on one byte per slot/entry (past EOF) for as long as it lives; the kernel
+ * drops it when the process dies, SIGKILL included. Anyone with the file open can test it.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "vgpu.h"
+
+_Static_assert(sizeof(struct vgpu_slot) == 320, "slot layout");
+_Static_assert(sizeof(struct vgpu_compute) == 128, "compute layout");
+_Static_assert(__builtin_offsetof(struct vgpu_container_region, lock) == 128, "layout");
+_Static_assert(__builtin_offsetof(struct vgpu_container_region, used) == 192, "layout");
+_Static_assert(__builtin_offsetof(struct vgpu_container_region, compute) == 512, "layout");
+_Static_assert(__builtin_offsetof(struct vgpu_container_region, slots) == 4096, "layout");
+_Static_assert(sizeof(struct vgpu_node_entry) == 128, "node entry layout");
+_Static_assert(__builtin_offsetof(struct vgpu_node_region, entries) == 256, "layout");
+_Static_assert(sizeof(struct vgpu_activity) == 4096, "activity layout");
+_Static_assert(sizeof(pthread_mutex_t) <= 64, "mutex fits its pad");
+
+struct head {
+    char magic[8];
+    uint32_t version;
+    uint32_t kind;
+    uint64_t size;
+    uint64_t created_ns;
+};
+
+static char region_path[PATH_MAX];
+static char node_path[VGPU_MAX_DEV][PATH_MAX];
+
+/* ---- locks --------------------------------------------------------------------------------- */
+
+static void init_robust_mutex(pthread_mutex_t *m) {
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(m, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
+/* 0 locked; 1 locked after the previous owner died (now consistent); -1 not locked. */
+static int robust_lock(pthread_mutex_t *m) {
+    int rc = pthread_mutex_lock(m);
+    if (rc == 0) return 0;
+    if (rc == EOWNERDEAD) {
+        pthread_mutex_consistent(m);
+        return 1;
+    }
+    static _Atomic int warned;
+    if (!atomic_exchange(&warned, 1))
+        vgpu_log("region lock unusable (%s); continuing without it", strerror(rc));
+    return -1;
+}
+
+/* OFD lock probe: 1 if another open file description holds a conflicting lock on the byte,
+ * 0 if none, -1 if the kernel cannot tell. */
+static int ofd_probe(int fd, off_t byte, short type) {
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};
+    if (fd < 0 || fcntl(fd, F_OFD_GETLK, &fl) != 0) return -1;
+    return fl.l_type != F_UNLCK;
+}
+
+static int ofd_lock(int fd, off_t byte, short type) {
+    struct flock fl = {.l_type = type, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};
+    if (fd < 0) return 0;
+    return fcntl(fd, F_OFD_SETLK, &fl);
+}
+
+/* ---- mapping files ------------------------------------------------------------------------- */
+
+static void make_parent_dir(const char *path) {
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return;
+    *slash = 0;
+    if (mkdir(dir, 0777) == 0) chmod(dir, 0777 | S_ISVTX);
+}
+
+static uint64_t random_u64(void) {
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
+        v = vgpu_mono_ns() ^ ((uint64_t)getpid() << 32);
+    return v ? v : 1;
+}
+
+typedef void (*init_fn)(void *mem, void *arg);
+
+static int valid_head(const struct head *h, size_t size, uint32_t kind) {
+    return memcmp(h->magic, VGPU_MAGIC, 8) == 0 && h->version == VGPU_REGION_VERSION &&
+           h->kind == kind && h->size == size;
+}
+
+static void write_head(void *mem, size_t size, uint32_t kind) {
+    struct head *h = mem;
+    h->version = VGPU_REGION_VERSION;
+    h->kind = kind;
+    h->size = size;
+    h->created_ns = vgpu_real_ns();
+    atomic_thread_fence(memory_order_release);
+    memcpy(h->magic, VGPU_MAGIC, 8); /* last: a reader that sees the magic sees the rest */
+}
+
+/* Maps path (creating and initialising it if missing). 0 ok; -1 with errno; -2 wrong layout. */
+static int map_region(const char *path, size_t size, uint32_t kind, init_fn init, void *arg,
+                      void **out, int *out_fd) {
+    make_parent_dir(path);
+    for (int attempt = 0; attempt < 200; attempt++) {
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd >= 0) {
+            struct stat st;
+            if (fstat(fd, &st) != 0) {
+                close(fd);
+                return -1;
+            }
+            if ((size_t)st.st_size < size) { /* only with the O_EXCL fallback, mid-creation */
+                close(fd);
+                vgpu_sleep_ns(1000000);
+                continue;
+            }
+            void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (m == MAP_FAILED) {
+                close(fd);
+                return -1;
+            }
+            if (!valid_head(m, size, kind)) {
+                int empty = ((struct head *)m)->magic[0] == 0;
+                munmap(m, size);
+                close(fd);
+                if (empty) {
+                    vgpu_sleep_ns(1000000);
+                    continue;
+                }
+                return -2;
+            }
+            *out = m;
+            *out_fd = fd;
+            return 0;
+        }
+        if (errno != ENOENT) return -1;
+        /* create under a temporary name, then link into place */
+        char tmp[PATH_MAX + 64];
+        snprintf(tmp, sizeof(tmp), "%s.tmp.%d.%llx", path, (int)getpid(),
+                 (unsigned long long)random_u64());
+        int tfd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (tfd < 0) return -1;
+        fchmod(tfd, 0666);
+        if (ftruncate(tfd, (off_t)size) != 0) {
+            int e = errno;
+            close(tfd);
+            unlink(tmp);
+            errno = e;
+            return -1;
+        }
+        void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, tfd, 0);
+        if (m == MAP_FAILED) {
+            int e = errno;
+            close(tfd);
+            unlink(tmp);
+            errno = e;
+            return -1;
+        }
+        init(m, arg);
+        write_head(m, size, kind);
+        int linked = link(tmp, path);
+        int e = errno;
+        unlink(tmp);
+        if (linked == 0) {
+            *out = m;
+            *out_fd = tfd;
+            return 0;
+        }
+        munmap(m, size);
+        close(tfd);
+        if (e != EEXIST) {
+            errno = e;
+            return -1;
+        }
+        /* someone else created it first: map theirs */
+    }
+    errno = ETIMEDOUT;
+    return -1;
+}
+
+/* ---- container region ---------------------------------------------------------------------- */
+
+static void init_container(void *mem, void *arg) {
+    (void)arg;
+    struct vgpu_container_region *r = mem;
+    r->container_id = random_u64();
+    r->max_devices = VGPU_MAX_DEV;
+    r->max_procs = VGPU_MAX_PROCS;
+    r->slot_size = sizeof(struct vgpu_slot);
+    r->slots_offset = (uint32_t)__builtin_offsetof(struct vgpu_container_region, slots);
+    for (int i = 0; i < VGPU_MAX_DEV; i++) r->limit[i] = VGPU_UNLIMITED;
+    init_robust_mutex(&r->lock.m);
+}
+
+static void init_activity(void *mem, void *arg) {
+    struct vgpu_activity *a = mem;
+    a->container_id = *(uint64_t *)arg;
+}
+
+static void write_config_copy(struct vgpu_container_region *r) {
+    for (int i = 0; i < VGPU_MAX_DEV; i++) {
+        r->limit[i] = vgpu.cfg.memory_bytes[i];
+        r->cores_percent[i] = vgpu.cfg.cores_percent[i];
+    }
+    r->priority = vgpu.cfg.priority;
+}
+
+static int open_private(void) {
+    size_t size = sizeof(struct vgpu_container_region);
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return -1;
+    init_container(m, NULL);
+    write_head(m, size, VGPU_KIND_CONTAINER);
+    vgpu.reg = m;
+    vgpu.reg_fd = -1;
+    vgpu.reg_private = 1;
+    return 0;
+}
+
+int vgpu_region_open(void) {
+    struct vgpu_config *c = &vgpu.cfg;
+    if (!c->container_region[0])
+        snprintf(c->container_region, sizeof(c->container_region), "/tmp/libvgpu-%d.region",
+                 (int)getuid());
+    snprintf(region_path, sizeof(region_path), "%s", c->container_region);
+    void *m;
+    int fd;
+    int rc = map_region(region_path, sizeof(struct vgpu_container_region), VGPU_KIND_CONTAINER,
+                        init_container, NULL, &m, &fd);
+    if (rc == 0) {
+        vgpu.reg = m;
+        vgpu.reg_fd = fd;
+    } else {
+        vgpu_log("cannot share the accounting region %s (%s); limits apply per process",
+                 region_path, rc == -2 ? "written by another libvgpu version" : strerror(errno));
+        if (open_private() != 0) return -1;
+    }
+    write_config_copy(vgpu.reg);
+    if (c->activity_file[0]) {
+        uint64_t cid = vgpu.reg->container_id;
+        rc = map_region(c->activity_file, sizeof(struct vgpu_activity), VGPU_KIND_ACTIVITY,
+                        init_activity, &cid, &m, &fd);
+        if (rc == 0) {
+            vgpu.act = m;
+            close(fd); /* no locks live in it; the mapping is enough */
+            if (vgpu.act->container_id != cid) vgpu.act->container_id = cid;
+        } else {
+            vgpu_log("cannot use the activity file %s (%s)", c->activity_file,
+                     rc == -2 ? "written by another libvgpu version" : strerror(errno));
+        }
+    }
+    return 0;
+}
+
+static int slot_alive(struct vgpu_container_region *r, int i) {
+    if (vgpu.reg_private) return 1;
+    int p = ofd_probe(vgpu.reg_fd, VGPU_LOCK_BASE + i, F_WRLCK);
+    if (p >= 0) return p;
+    int pid = atomic_load(&r->slots[i].pid);
+    return !(kill(pid, 0) != 0 && errno == ESRCH);
+}
+
+void vgpu_region_reap_locked(struct vgpu_container_region *r) {
+    uint64_t total[VGPU_MAX_DEV] = {0};
+    int mine = atomic_load(&vgpu.slot);
+    uint32_t hwm = atomic_load(&r->hwm);
+    if (hwm > VGPU_MAX_PROCS) hwm = VGPU_MAX_PROCS;
+    for (uint32_t i = 0; i < hwm; i++) {
+        struct vgpu_slot *s = &r->slots[i];
+        if (!atomic_load(&s->pid)) continue;
+        if ((int)i != mine && !slot_alive(r, (int)i)) {
+            for (int d = 0; d < VGPU_MAX_DEV; d++) {
+                atomic_store(&s->used[d], 0);
+                atomic_store(&s->overhead[d], 0);
+            }
+            atomic_store(&s->pid, 0);
+            continue;
+        }
+        for (int d = 0; d < VGPU_MAX_DEV; d++) total[d] += atomic_load(&s->used[d]);
+    }
+    for (int d = 0; d < VGPU_MAX_DEV; d++) atomic_store(&r->used[d], total[d]);
+}
+
+int vgpu_region_lock(struct vgpu_container_region *r) {
+    int rc = robust_lock(&r->lock.m);
+    if (rc == 1) {
+        vgpu_log("a process died holding the accounting lock; usage repaired from live processes");
+        vgpu_region_reap_locked(r);
+        rc = 0;
+    }
+    return rc;
+}
+
+void vgpu_region_unlock(struct vgpu_container_region *r) { pthread_mutex_unlock(&r->lock.m); }
+
+int vgpu_region_claim_slot(void) {
+    if (atomic_load(&vgpu.slot) >= 0) return 0;
+    if (!vgpu.reg) return -1;
+    pthread_mutex_lock(&vgpu.slow_lock);
+    if (atomic_load(&vgpu.slot) >= 0) {
+        pthread_mutex_unlock(&vgpu.slow_lock);
+        return 0;
+    }
+    struct vgpu_container_region *r = vgpu.reg;
+    int locked = vgpu_region_lock(r) == 0;
+    int found = -1;
+    for (int pass = 0; pass < 2 && found < 0; pass++) {
+        if (pass) vgpu_region_reap_locked(r);
+        for (int i = 0; i < VGPU_MAX_PROCS && found < 0; i++) {
+            if (atomic_load(&r->slots[i].pid)) continue;
+            if (ofd_lock(vgpu.reg_fd, VGPU_LOCK_BASE + i, F_WRLCK) != 0) continue;
+            found = i;
+        }
+    }
+    if (found >= 0) {
+        struct vgpu_slot *s = &r->slots[found];
+        for (int d = 0; d < VGPU_MAX_DEV; d++) {
+            atomic_store(&s->used[d], 0);
+            atomic_store(&s->overhead[d], 0);
+        }
+        atomic_store(&s->host_pid, 0);
+        s->flags = 0;
+        s->attached_ns = vgpu_real_ns();
+        atomic_store(&s->last_launch_ns, 0);
+        atomic_store(&s->launches, 0);
+        memset(s->comm, 0, sizeof(s->comm));
+        snprintf(s->comm, sizeof(s->comm), "%s", program_invocation_short_name);
+        atomic_store(&s->pid, (int32_t)getpid());
+        if (atomic_load(&r->hwm) < (uint32_t)found + 1) atomic_store(&r->hwm, (uint32_t)found + 1);
+        vgpu.me = s;
+        atomic_store(&vgpu.slot, found);
+    }
+    if (locked) vgpu_region_unlock(r);
+    pthread_mutex_unlock(&vgpu.slow_lock);
+    if (found < 0) {
+        vgpu_log("all %d process slots of %s are taken; this process is not accounted",
+                 VGPU_MAX_PROCS, region_path);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- node regions ----------------------------------------------------------------------- */
+
+static void init_node(void *mem, void *arg) {
+    struct vgpu_node_region *n = mem;
+    snprintf(n->uuid, sizeof(n->uuid), "%s", (const char *)arg);
+    n->max_entries = VGPU_NODE_ENTRIES;
+    n->entry_size = sizeof(struct vgpu_node_entry);
+    n->entries_offset = (uint32_t)__builtin_offsetof(struct vgpu_node_region, entries);
+    init_robust_mutex(&n->lock.m);
+}
+
+static int claim_entry(struct vgpu_node_region *n, int fd, int dev) {
+    uint64_t cid = vgpu.reg->container_id;
+    int found = -1, spare = -1;
+    for (int i = 0; i < VGPU_NODE_ENTRIES; i++) {
+        uint64_t id = atomic_load(&n->entries[i].container_id);
+        if (id == cid) {
+            found = i;
+            break;
+        }
+        if (spare < 0 && (id == 0 || ofd_probe(fd, VGPU_LOCK_BASE + i, F_WRLCK) == 0)) spare = i;
+    }
+    if (found < 0 && spare >= 0) {
+        struct vgpu_node_entry *e = &n->entries[spare];
+        atomic_store(&e->container_id, 0);
+        e->priority = vgpu.cfg.priority;
+        e->cores_percent = vgpu.cfg.cores_percent[dev];
+        e->memory_limit = vgpu.cfg.memory_bytes[dev];
+        atomic_store(&e->memory_used, atomic_load(&vgpu.reg->used[dev]));
+        atomic_store(&e->last_launch_ns, 0);
+        atomic_store(&e->held_since_ns, 0);
+        e->attached_ns = vgpu_real_ns();
+        memset(e->name, 0, sizeof(e->name));
+        snprintf(e->name, sizeof(e->name), "%s", vgpu.cfg.name);
+        atomic_store(&e->container_id, cid);
+        found = spare;
+    }
+    if (found >= 0 && ofd_lock(fd, VGPU_LOCK_BASE + found, F_RDLCK) != 0) found = -1;
+    return found;
+}
+
+struct vgpu_node_attach *vgpu_node_get(int dev) {
+    if (dev < 0 || dev >= VGPU_MAX_DEV || !vgpu.reg) return NULL;
+    struct vgpu_node_attach *na = &vgpu.node[dev];
+    int s = atomic_load_explicit(&na->state, memory_order_acquire);
+    if (VGPU_LIKELY(s == 1)) return na;
+    if (s < 0 || !vgpu.cfg.node_region_dir[0]) return NULL;
+    pthread_mutex_lock(&vgpu.slow_lock);
+    s = atomic_load(&na->state);
+    if (s != 0) {
+        pthread_mutex_unlock(&vgpu.slow_lock);
+        return s == 1 ? na : NULL;
+    }
+    char uuid[80];
+    int rc = -1;
+    if (vgpu_device_uuid(dev, uuid, sizeof(uuid)) == 0 &&
+        snprintf(node_path[dev], sizeof(node_path[dev]), "%s/%s.region",
+                 vgpu.cfg.node_region_dir, uuid) < (int)sizeof(node_path[dev])) {
+        void *m;
+        int fd;
+        rc = map_region(node_path[dev], sizeof(struct vgpu_node_region), VGPU_KIND_NODE,
+                        init_node, uuid, &m, &fd);
+        if (rc == 0) {
+            struct vgpu_node_region *n = m;
+            int locked = robust_lock(&n->lock.m) >= 0;
+            int entry = claim_entry(n, fd, dev);
+            if (locked) pthread_mutex_unlock(&n->lock.m);
+            if (entry >= 0) {
+                na->region = n;
+                na->fd = fd;
+                na->entry = entry;
+            } else {
+                vgpu_log("node region %s has no free entry; priority is not applied on GPU %d",
+                         node_path[dev], dev);
+                munmap(m, sizeof(struct vgpu_node_region));
+                close(fd);
+                rc = -1;
+            }
+        } else {
+            vgpu_log("cannot use the node region %s (%s); priority is not applied on GPU %d",
+                     node_path[dev], rc == -2 ? "written by another libvgpu version"
+                                              : strerror(errno), dev);
+        }
+    }
+    atomic_store_explicit(&na->state, rc == 0 ? 1 : -1, memory_order_release);
+    pthread_mutex_unlock(&vgpu.slow_lock);
+    return rc == 0 ? na : NULL;
+}
+
+void vgpu_publish_usage(int dev) {
+    uint64_t used = atomic_load_explicit(&vgpu.reg->used[dev], memory_order_relaxed);
+    if (vgpu.act) {
+        atomic_store_explicit(&vgpu.act->used[dev], used, memory_order_relaxed);
+        atomic_store_explicit(&vgpu.act->updated_ns, vgpu_coarse_real_ns(), memory_order_relaxed);
+    }
+    if (vgpu.features & VGPU_F_PRIORITY) {
+        struct vgpu_node_attach *na = vgpu_node_get(dev);
+        if (na)
+            atomic_store_explicit(&na->region->entries[na->entry].memory_used, used,
+                                  memory_order_relaxed);
+    }
+}
+
+/* ---- fork ------------------------------------------------------------------------------- */
+
+static int reopen(const char *path, int oldfd) {
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    close(oldfd); /* drops our reference only; the parent's locks stay with the parent */
+    return fd;
+}
+
+void vgpu_region_after_fork_child(void) {
+    atomic_store(&vgpu.slot, -1);
+    vgpu.me = NULL;
+    if (!vgpu.reg) return;
+    if (vgpu.reg_private) {
+        struct vgpu_container_region *r = vgpu.reg;
+        for (int i = 0; i < VGPU_MAX_PROCS; i++) memset(&r->slots[i], 0, sizeof(r->slots[i]));
+        for (int d = 0; d < VGPU_MAX_DEV; d++) atomic_store(&r->used[d], 0);
+        atomic_store(&r->hwm, 0);
+    } else if (vgpu.reg_fd >= 0) {
+        vgpu.reg_fd = reopen(region_path, vgpu.reg_fd);
+    }
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        struct vgpu_node_attach *na = &vgpu.node[d];
+        if (atomic_load(&na->state) != 1) continue;
+        na->fd = reopen(node_path[d], na->fd);
+        if (na->fd < 0 || ofd_lock(na->fd, VGPU_LOCK_BASE + na->entry, F_RDLCK) != 0)
+            atomic_store(&na->state, -1);
+        na->next_check_ns = 0;
+        na->stamped_ns = 0;
+    }
+}

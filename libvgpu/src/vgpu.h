@@ -1,0 +1,387 @@
+/*
+ * libvgpu: shared types of the shim.
+ *
+ * Files: hooks.c (the hook table, driver resolution, cuGetProcAddress, the dlopen redirect),
+ * config.c (limits file / env), region.c (shared-memory regions), memory.c (allocation
+ * accounting), compute.c (launch gate, rate limiter), priority.c (node-wide priority),
+ * nvml.c (NVML hooks and the shim's own NVML queries).
+ *
+ * The region layouts below are a contract with libvgpu/regions.py (Python reader used by the
+ * node agent and the culler): change them only together with VGPU_REGION_VERSION and the
+ * offsets table there (tests/libvgpu/test_regions.py checks both agree).
+ */
+#ifndef VGPU_H
+#define VGPU_H
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "cuda_api.h"
+
+#define VGPU_EXPORT __attribute__((visibility("default")))
+#define VGPU_LIKELY(x) __builtin_expect(!!(x), 1)
+#define VGPU_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+#define VGPU_MAX_DEV 16
+#define VGPU_MAX_PROCS 1024
+#define VGPU_NODE_ENTRIES 64
+#define VGPU_REGION_VERSION 1
+#define VGPU_MAGIC "LIBVGPU"
+#define VGPU_KIND_CONTAINER 1
+#define VGPU_KIND_NODE 2
+#define VGPU_KIND_ACTIVITY 3
+#define VGPU_UNLIMITED UINT64_MAX
+/* Byte offset of the per-slot / per-entry liveness locks (F_OFD_SETLK; advisory, past EOF). */
+#define VGPU_LOCK_BASE (1LL << 30)
+
+#ifndef VGPU_DEFAULT_CONFIG
+#define VGPU_DEFAULT_CONFIG "/etc/libvgpu/limits.conf"
+#endif
+
+/* ---- shared-memory layouts (all integers little-endian, naturally aligned) --------------- */
+
+typedef union {
+    pthread_mutex_t m; /* PTHREAD_PROCESS_SHARED + PTHREAD_MUTEX_ROBUST */
+    char pad[64];
+} vgpu_lock_t;
+
+/* Compute limiter state of one GPU, shared by the container's processes (128 bytes). */
+struct vgpu_compute {
+    _Atomic int64_t tokens_ns;   /* GPU-time budget; negative = debt being slept off */
+    _Atomic uint64_t refill_ns;  /* CLOCK_MONOTONIC of the last refill */
+    _Atomic uint64_t cost_ns;    /* measured GPU time per launch (0 = not measured yet) */
+    _Atomic uint64_t launches;   /* launches since the last sample */
+    _Atomic uint64_t sample_ns;  /* CLOCK_MONOTONIC of the last utilisation sample */
+    _Atomic uint64_t sample_us;  /* NVML timestamp of the last sample (lastSeenTimeStamp) */
+    _Atomic uint32_t util_permille; /* the container's measured utilisation, last window */
+    uint32_t pad0;
+    _Atomic uint64_t gate_ns;    /* CLOCK_MONOTONIC of a recent launch (1 ms resolution) */
+    uint64_t pad1[8];
+};
+
+/* One process of the container (320 bytes). pid == 0: free. Liveness: the owner holds an
+ * OFD write lock on byte VGPU_LOCK_BASE + index of the region file while it lives. */
+struct vgpu_slot {
+    _Atomic int32_t pid;           /* pid in the container's pid namespace */
+    _Atomic int32_t host_pid;      /* host pid if known (the node agent may fill it), else 0 */
+    uint32_t flags;
+    uint32_t reserved;
+    uint64_t attached_ns;          /* CLOCK_REALTIME ns */
+    _Atomic uint64_t last_launch_ns; /* CLOCK_REALTIME ns of the last kernel/graph launch, 0 never */
+    _Atomic uint64_t launches;     /* launches so far (approximate under thread races) */
+    char comm[16];                 /* process name */
+    uint64_t pad;
+    _Atomic uint64_t used[VGPU_MAX_DEV];     /* bytes in use per GPU: allocations + overhead */
+    _Atomic uint64_t overhead[VGPU_MAX_DEV]; /* the part of used[] that is context/module memory */
+};
+
+struct vgpu_container_region {
+    char magic[8];            /* "LIBVGPU\0" */
+    uint32_t version;
+    uint32_t kind;            /* VGPU_KIND_CONTAINER */
+    uint64_t size;
+    uint64_t created_ns;
+    uint64_t container_id;    /* random, chosen by the creator */
+    uint32_t max_devices;
+    uint32_t max_procs;
+    uint32_t slot_size;
+    uint32_t slots_offset;
+    int32_t priority;         /* informational copy of the config */
+    _Atomic uint32_t hwm;     /* slots [0, hwm) may be in use */
+    _Atomic uint64_t last_launch_ns; /* container-wide, CLOCK_REALTIME ns (1 ms resolution) */
+    uint64_t pad0[7];
+    vgpu_lock_t lock;                        /* offset 128 */
+    _Atomic uint64_t used[VGPU_MAX_DEV];     /* offset 192: sum over live slots */
+    uint64_t limit[VGPU_MAX_DEV];            /* offset 320: informational, never read as a limit */
+    uint32_t cores_percent[VGPU_MAX_DEV];    /* offset 448: informational, 0 = unlimited */
+    struct vgpu_compute compute[VGPU_MAX_DEV]; /* offset 512 */
+    char reserved[4096 - 2560];
+    struct vgpu_slot slots[VGPU_MAX_PROCS];  /* offset 4096 */
+};
+
+/* One container on one GPU in the node region (128 bytes). container_id == 0: free.
+ * Liveness: every attached process holds an OFD read lock on VGPU_LOCK_BASE + index. */
+struct vgpu_node_entry {
+    _Atomic uint64_t container_id;
+    int32_t priority;
+    uint32_t cores_percent;
+    uint64_t memory_limit;             /* bytes, VGPU_UNLIMITED if none */
+    _Atomic uint64_t memory_used;      /* the container's usage on this GPU */
+    _Atomic uint64_t last_launch_ns;   /* CLOCK_REALTIME ns, 1 ms resolution */
+    _Atomic uint64_t held_since_ns;    /* != 0 while it holds launches for a higher priority */
+    uint64_t attached_ns;
+    uint64_t pad;
+    char name[64];                     /* config 'name' (e.g. the allocation id) */
+};
+
+struct vgpu_node_region {
+    char magic[8];
+    uint32_t version;
+    uint32_t kind;            /* VGPU_KIND_NODE */
+    uint64_t size;
+    uint64_t created_ns;
+    char uuid[64];            /* offset 32: GPU uuid, "GPU-..." */
+    uint32_t max_entries;     /* offset 96 */
+    uint32_t entry_size;
+    uint32_t entries_offset;
+    uint32_t pad0;
+    uint64_t pad1[2];
+    vgpu_lock_t lock;         /* offset 128 */
+    char reserved[64];
+    struct vgpu_node_entry entries[VGPU_NODE_ENTRIES]; /* offset 256 */
+};
+
+/* The activity file: a container-wide summary for the culler (4096 bytes). */
+struct vgpu_activity {
+    char magic[8];
+    uint32_t version;
+    uint32_t kind;            /* VGPU_KIND_ACTIVITY */
+    uint64_t size;
+    uint64_t created_ns;
+    uint64_t container_id;    /* offset 32 */
+    _Atomic uint64_t last_launch_ns; /* offset 40 */
+    _Atomic uint64_t launches;       /* offset 48, approximate */
+    _Atomic uint64_t updated_ns;     /* offset 56 */
+    _Atomic uint64_t used[VGPU_MAX_DEV]; /* offset 64: container usage per GPU */
+    char reserved[4096 - 192];
+};
+
+/* ---- configuration ---------------------------------------------------------------------- */
+
+struct vgpu_config {
+    uint64_t memory_bytes[VGPU_MAX_DEV]; /* VGPU_UNLIMITED if none */
+    uint32_t cores_percent[VGPU_MAX_DEV]; /* 0 = unlimited */
+    int32_t priority;
+    int64_t context_bytes;      /* -1: measure, else charge this per context */
+    uint32_t priority_window_ms;
+    char container_region[PATH_MAX];
+    char node_region_dir[PATH_MAX];
+    char activity_file[PATH_MAX];
+    char name[64];
+    char source[PATH_MAX + 32]; /* where the limits came from, for messages */
+};
+
+/* Parses the limits file (or env fallback) into cfg. Returns 0, or -1 after writing one line
+ * naming the problem to err. Pure: reads only the given file and the environment. */
+int vgpu_config_load(struct vgpu_config *cfg, char *err, size_t errlen);
+int vgpu_config_parse_text(struct vgpu_config *cfg, const char *text, const char *origin,
+                           char *err, size_t errlen);
+
+/* ---- the hook table --------------------------------------------------------------------- */
+
+enum vgpu_lib { VGPU_LIB_CUDA = 0, VGPU_LIB_NVML = 1, VGPU_LIB_COUNT = 2 };
+
+/* One row per symbol: the real symbol name, its cuGetProcAddress base name and the CUDA
+ * version that introduced this variant, which library holds it, whether it is a per-thread
+ * default stream (_ptsz) variant, and our hook (NULL: resolved for the shim's own use only). */
+struct vgpu_hook {
+    const char *name;
+    const char *base;
+    int since;
+    unsigned char lib;
+    unsigned char ptsz;
+    void *hook;
+    void *_Atomic real;
+};
+
+enum vgpu_hook_id {
+    H_cuInit, H_cuGetProcAddress, H_cuGetProcAddress_v2,
+    H_cuMemAlloc_v2, H_cuMemAllocPitch_v2, H_cuMemAllocManaged,
+    H_cuMemAllocAsync, H_cuMemAllocAsync_ptsz, H_cuMemAllocFromPoolAsync,
+    H_cuMemAllocFromPoolAsync_ptsz, H_cuMemFree_v2, H_cuMemFreeAsync, H_cuMemFreeAsync_ptsz,
+    H_cuMemCreate, H_cuMemRelease, H_cuArrayCreate_v2, H_cuArray3DCreate_v2,
+    H_cuMipmappedArrayCreate, H_cuArrayDestroy, H_cuMipmappedArrayDestroy,
+    H_cuMemGetInfo_v2, H_cuDeviceTotalMem_v2,
+    H_cuCtxCreate_v2, H_cuCtxCreate_v3, H_cuCtxCreate_v4, H_cuCtxDestroy_v2,
+    H_cuDevicePrimaryCtxRetain, H_cuDevicePrimaryCtxRelease_v2, H_cuDevicePrimaryCtxReset_v2,
+    H_cuModuleLoad, H_cuModuleLoadData, H_cuModuleLoadDataEx, H_cuModuleLoadFatBinary,
+    H_cuModuleUnload, H_cuLibraryLoadData, H_cuLibraryLoadFromFile, H_cuLibraryUnload,
+    H_cuLaunchKernel, H_cuLaunchKernel_ptsz, H_cuLaunchKernelEx, H_cuLaunchKernelEx_ptsz,
+    H_cuLaunchCooperativeKernel, H_cuLaunchCooperativeKernel_ptsz,
+    H_cuGraphLaunch, H_cuGraphLaunch_ptsz,
+    /* resolved for the shim's own use */
+    H_cuDeviceGetCount, H_cuDeviceGetUuid, H_cuCtxGetDevice, H_cuCtxGetCurrent,
+    H_cuArrayGetMemoryRequirements, H_cuMipmappedArrayGetMemoryRequirements,
+    /* NVML */
+    H_nvmlDeviceGetMemoryInfo, H_nvmlDeviceGetMemoryInfo_v2,
+    H_nvmlInit_v2, H_nvmlDeviceGetHandleByUUID, H_nvmlDeviceGetIndex, H_nvmlDeviceGetUUID,
+    H_nvmlDeviceGetUtilizationRates, H_nvmlDeviceGetProcessUtilization,
+    H_nvmlDeviceGetComputeRunningProcesses_v2,
+    H_COUNT
+};
+
+extern struct vgpu_hook vgpu_hooks[H_COUNT];
+
+/* The real function of a row, typed: REAL(cuMemAlloc_v2)(...). NULL if the driver lacks it. */
+#define REAL(sym) ((sym##_fn)atomic_load_explicit(&vgpu_hooks[H_##sym].real, memory_order_acquire))
+
+typedef nvmlReturn_t (*nvmlDeviceGetUUID_fn)(nvmlDevice_t, char *, unsigned int);
+
+/* ---- process state ---------------------------------------------------------------------- */
+
+enum vgpu_state { VGPU_UNINIT = 0, VGPU_READY = 1, VGPU_BROKEN = 2 };
+
+#define VGPU_F_MEMORY 1u   /* a memory limit on some GPU */
+#define VGPU_F_COMPUTE 2u  /* a cores limit on some GPU */
+#define VGPU_F_PRIORITY 4u /* node regions configured */
+#define VGPU_F_REGION 8u   /* a container region is mapped (activity is recorded) */
+
+struct vgpu_node_attach {
+    struct vgpu_node_region *region; /* NULL until attached */
+    int fd;
+    int entry;
+    _Atomic int state;               /* 0 not tried, 1 attached, -1 failed */
+    _Atomic uint64_t next_check_ns;  /* priority: next time the entries are scanned */
+    _Atomic uint64_t stamped_ns;     /* last last_launch_ns written */
+};
+
+struct vgpu_proc {
+    _Atomic int state;               /* enum vgpu_state */
+    unsigned features;
+    struct vgpu_config cfg;
+    struct vgpu_container_region *reg;
+    int reg_fd;
+    int reg_private;                 /* anonymous fallback: limits per process only */
+    _Atomic int slot;                /* -1 until claimed */
+    struct vgpu_slot *me;
+    struct vgpu_activity *act;
+    _Atomic int ndev;                /* CUDA devices, known after cuInit (0 = not yet) */
+    _Atomic int single_dev;          /* 1 when exactly one device is visible */
+    struct vgpu_node_attach node[VGPU_MAX_DEV];
+    unsigned test_sleep_in_lock_ms;  /* LIBVGPU_TEST_SLEEP_IN_LOCK_MS: test hook */
+    pthread_mutex_t slow_lock;       /* process-local: slot claim, node attach */
+};
+
+extern struct vgpu_proc vgpu;
+
+/* hooks.c */
+int vgpu_ensure_state(void);        /* config + region map; returns enum vgpu_state */
+int vgpu_ensure_cuda(void);         /* + real libcuda resolved; returns enum vgpu_state */
+int vgpu_ensure_nvml(void);         /* real NVML resolved and initialised; 0 ok, -1 missing */
+int vgpu_resolve_nvml(void);        /* real NVML symbols resolved (no nvmlInit); 0 ok */
+void vgpu_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+extern int vgpu_debug_on; /* LIBVGPU_DEBUG=1: log limiter decisions */
+#define vgpu_debug(...) do { if (VGPU_UNLIKELY(vgpu_debug_on)) vgpu_log(__VA_ARGS__); } while (0)
+int vgpu_current_device(CUdevice *dev);
+int vgpu_device_uuid(int dev, char *out, size_t outlen);
+
+static inline uint64_t vgpu_mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t vgpu_real_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline uint64_t vgpu_coarse_real_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void vgpu_sleep_ns(uint64_t ns);
+
+/* region.c */
+int vgpu_region_open(void);              /* maps the container region (and activity file) */
+int vgpu_region_claim_slot(void);        /* claims this process's slot; 0 ok */
+int vgpu_region_lock(struct vgpu_container_region *r); /* 0: locked; -1: unusable, not locked */
+void vgpu_region_unlock(struct vgpu_container_region *r);
+void vgpu_region_reap_locked(struct vgpu_container_region *r);
+void vgpu_region_after_fork_child(void);
+struct vgpu_node_attach *vgpu_node_get(int dev); /* attaches on first use; NULL if unavailable */
+void vgpu_publish_usage(int dev);        /* mirrors the container's usage to node/activity */
+
+/* memory.c */
+CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead);
+void vgpu_mem_release(int dev, uint64_t bytes, int overhead);
+void vgpu_mem_forget_context(CUcontext ctx);
+void vgpu_mem_after_fork_child(void);
+uint64_t vgpu_limit(int dev);
+uint64_t vgpu_container_used(int dev);
+
+/* compute.c / priority.c */
+void vgpu_compute_gate(int dev);
+void vgpu_priority_gate(int dev);
+
+/* nvml.c */
+int vgpu_nvml_device(int dev, nvmlDevice_t *out);
+int vgpu_nvml_container_util(int dev, uint64_t *since_us, uint32_t *permille);
+int vgpu_nvml_process_used(int dev, uint64_t *bytes);
+
+/* ---- the hooks (exported under the driver's own names; defined in memory.c, compute.c,
+ * hooks.c, nvml.c) ------------------------------------------------------------------------ */
+VGPU_EXPORT CUresult cuInit(unsigned int);
+VGPU_EXPORT CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
+VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
+                                         CUdriverProcAddressQueryResult *);
+VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned int);
+VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, CUstream);
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr);
+VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
+VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t,
+                                 const CUmemAllocationProp *, unsigned long long);
+VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle);
+VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *,
+                                            unsigned int);
+VGPU_EXPORT CUresult cuArrayDestroy(CUarray);
+VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray);
+VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *, size_t *);
+VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
+VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
+VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *, CUexecAffinityParam *, int, unsigned int,
+                                    CUdevice);
+VGPU_EXPORT CUresult cuCtxCreate_v4(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
+VGPU_EXPORT CUresult cuCtxDestroy_v2(CUcontext);
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+VGPU_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
+VGPU_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
+VGPU_EXPORT CUresult cuModuleLoad(CUmodule *, const char *);
+VGPU_EXPORT CUresult cuModuleLoadData(CUmodule *, const void *);
+VGPU_EXPORT CUresult cuModuleLoadDataEx(CUmodule *, const void *, unsigned int, int *, void **);
+VGPU_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *, const void *);
+VGPU_EXPORT CUresult cuModuleUnload(CUmodule);
+VGPU_EXPORT CUresult cuLibraryLoadData(CUlibrary *, const void *, int *, void **, unsigned int,
+                                       int *, void **, unsigned int);
+VGPU_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *, const char *, int *, void **,
+                                           unsigned int, int *, void **, unsigned int);
+VGPU_EXPORT CUresult cuLibraryUnload(CUlibrary);
+VGPU_EXPORT CUresult cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int,
+                                    unsigned int, unsigned int, unsigned int, unsigned int,
+                                    CUstream, void **, void **);
+VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction, unsigned int, unsigned int, unsigned int,
+                                         unsigned int, unsigned int, unsigned int, unsigned int,
+                                         CUstream, void **, void **);
+VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *, CUfunction, void **, void **);
+VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *, CUfunction, void **, void **);
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction, unsigned int, unsigned int,
+                                               unsigned int, unsigned int, unsigned int,
+                                               unsigned int, unsigned int, CUstream, void **);
+VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction, unsigned int, unsigned int,
+                                                    unsigned int, unsigned int, unsigned int,
+                                                    unsigned int, unsigned int, CUstream,
+                                                    void **);
+VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec, CUstream);
+VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
+
+/* Hot-path readiness: set once config, region and the real libcuda are in place. */
+extern _Atomic int vgpu_cuda_go;
+CUresult vgpu_not_ready(void); /* slow path: initialises; CUDA_SUCCESS when now ready */
+
+#endif /* VGPU_H */
