@@ -114,6 +114,14 @@ class CardIndex:
         self.pmax_m = [[0] * n_nodes for _ in range(n_predicates)]
         self.pmax_c = [[0] * n_nodes for _ in range(n_predicates)]
         self.pempty = [[0] * n_nodes for _ in range(n_predicates)]
+        # the largest single evictable charge per card, and per-node summaries of what one
+        # victim could free (to find single-victim preemptions without walking everything)
+        self.elig: dict[str, Sequence[bool]] = {}
+        self.em1 = [[0] * n_gpus for _ in range(n_predicates)]
+        self.ec1 = [[0] * n_gpus for _ in range(n_predicates)]
+        self.p1max_m = [[0] * n_nodes for _ in range(n_predicates)]
+        self.p1max_c = [[0] * n_nodes for _ in range(n_predicates)]
+        self.pempty1 = [[0] * n_nodes for _ in range(n_predicates)]
         self._static_shape()
         for ni in range(n_nodes):
             self._refresh(ni, initial=True)
@@ -184,6 +192,8 @@ class CardIndex:
     ) -> None:
         """Add (sign=1) or remove (sign=-1) an allocation's charges on the cards it holds."""
         nodes = set()
+        if sign > 0:
+            self.elig[allocation.id] = eligible
         for uuid in allocation.gpu_uuids:
             gi = self.gi_of.get(uuid)
             if gi is None:
@@ -201,12 +211,21 @@ class CardIndex:
                     self.em[p][gi] += sign * cm
                     self.ec[p][gi] += sign * cc
                     self.en[p][gi] += sign
+                    best_m = best_c = 0
+                    for aid, (am, ac) in self.on[gi].items():
+                        if self.elig[aid][p]:
+                            best_m = max(best_m, am)
+                            best_c = max(best_c, ac)
+                    self.em1[p][gi] = best_m
+                    self.ec1[p][gi] = best_c
             ni = self.node_of_gpu[gi]
             nodes.add(ni)
             if sign > 0:
                 self.node_allocs[ni][allocation.id] = allocation
             else:
                 self.node_allocs[ni].pop(allocation.id, None)
+        if sign < 0:
+            self.elig.pop(allocation.id, None)
         if refresh:
             for ni in nodes:
                 self._refresh(ni)
@@ -237,14 +256,22 @@ class CardIndex:
         slice_cards = self.sgpus[ni].get(ANY, ())
         whole_cards = self.wgpus[ni].get(ANY, ())
         for p in range(self.n_pred):
-            em, ec, en = self.em[p], self.ec[p], self.en[p]
-            best_m = best_c = 0
+            em, ec, en, em1, ec1 = self.em[p], self.ec[p], self.en[p], self.em1[p], self.ec1[p]
+            best_m = best_c = one_m = one_c = 0
             for gi in slice_cards:
-                best_m = max(best_m, cap_m[gi] - used_m[gi] + em[gi])
-                best_c = max(best_c, cap_c[gi] - used_c[gi] + ec[gi])
+                fm, fc = cap_m[gi] - used_m[gi], cap_c[gi] - used_c[gi]
+                best_m = max(best_m, fm + em[gi])
+                best_c = max(best_c, fc + ec[gi])
+                one_m = max(one_m, fm + em1[gi])
+                one_c = max(one_c, fc + ec1[gi])
             self.pmax_m[p][ni] = best_m
             self.pmax_c[p][ni] = best_c
+            self.p1max_m[p][ni] = one_m
+            self.p1max_c[p][ni] = one_c
             self.pempty[p][ni] = sum(1 for gi in whole_cards if nalloc[gi] == en[gi])
+            self.pempty1[p][ni] = sum(
+                1 for gi in whole_cards if nalloc[gi] == 1 and en[gi] == 1
+            )
 
     @staticmethod
     def _resort(
@@ -400,6 +427,37 @@ class CardIndex:
                         n += 1
                 if n >= k:
                     result.append(ni)
+        return result
+
+    def single_victims(
+        self, p: int, m: int, c: int, k: int, whole: bool, group: str
+    ) -> list[str]:
+        """Ids of allocations predicate ``p`` may evict whose removal alone makes one of their
+        cards usable for the request, on nodes where one victim could be enough."""
+        result = []
+        on, nalloc = self.on, self.nalloc
+        if whole:
+            empty, pempty1, en = self.empty[group], self.pempty1[p], self.en[p]
+            for ni, wg in enumerate(self.wgpus):
+                if empty.get(ni, 0) + pempty1[ni] < k:
+                    continue
+                for gi in wg.get(group, ()):
+                    if nalloc[gi] == 1 and en[gi] == 1:
+                        result.extend(on[gi])
+            return result
+        one_m, one_c = self.p1max_m[p], self.p1max_c[p]
+        em1, ec1, elig = self.em1[p], self.ec1[p], self.elig
+        cap_m, cap_c, used_m, used_c = self.cap_m, self.cap_c, self.used_m, self.used_c
+        for ni, sg in enumerate(self.sgpus):
+            if one_m[ni] < m or one_c[ni] < c:
+                continue
+            for gi in sg.get(group, ()):
+                fm, fc = cap_m[gi] - used_m[gi], cap_c[gi] - used_c[gi]
+                if (fm >= m and fc >= c) or fm + em1[gi] < m or fc + ec1[gi] < c:
+                    continue
+                for aid, (am, ac) in on[gi].items():
+                    if elig[aid][p] and fm + am >= m and fc + ac >= c:
+                        result.append(aid)
         return result
 
     def most_free_card(self, group: str) -> tuple[int, int]:

@@ -21,6 +21,7 @@ candidates), add eligible allocations in preference order while they help, then 
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -75,6 +76,10 @@ class Trial:
 
 
 class VictimSearch:
+    #: single-victim search: allocations walked in preference order before switching to the
+    #: card index (which finds the same answer; the walk is faster when answers abound)
+    scan_budget = 256
+
     def __init__(
         self,
         state: AdmissionState,
@@ -106,6 +111,7 @@ class VictimSearch:
                 if limit is not None and self.used[i][r] + self.low[r] > limit:
                     self.deficits.append((lv, r, self.used[i][r] + self.low[r] - limit))
         self._quota_cands: list[Allocation] | None = None
+        self._ready: dict[int, int] = {}
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -271,7 +277,14 @@ class VictimSearch:
             narrowest = None
             order = self.st._order
         charges = self.st._charges
+        budget = None if narrowest is not None or self.base is not None else self.scan_budget
+        last = None
         for a in self._eligible(order):
+            if budget is not None:
+                if budget == 0:
+                    return self._single_indexed(last)
+                budget -= 1
+                last = self.st._key[a.id]
             if narrowest is not None:
                 if a.borrowed or not self._belongs(a, narrowest.key):
                     continue
@@ -288,10 +301,47 @@ class VictimSearch:
             ni = self._node_of(a)
             if ni is None:
                 continue
+            if self.ask.k > 1 and self._ready_cards(ni) + len(a.gpu_uuids) < self.ask.k:
+                continue  # one victim cannot free enough cards on this node
             cards = self._feasible(ni, self._trial([a]))
             if cards is not None:
                 return Solution([a], ni, cards)
         return None
+
+    def _single_indexed(self, after: VictimKey | None) -> Solution | None:
+        """The best single victim after key ``after``, from the card index (no quota deficit,
+        no room anywhere)."""
+        a, keys, allocs = self.ask, self.st._key, self.st._allocs
+        ids = set(self.ix.single_victims(self.p, a.m, a.c, a.k, a.whole, a.group))
+        ordered = sorted(keys[i] for i in ids)
+        if after is not None:
+            ordered = ordered[bisect_right(ordered, after):]
+        for key in ordered:
+            v = allocs[key[3]]
+            ni = self._node_of(v)
+            if ni is None:
+                continue
+            if a.k > 1 and self._ready_cards(ni) + len(v.gpu_uuids) < a.k:
+                continue
+            cards = self._feasible(ni, self._trial([v]))
+            if cards is not None:
+                return Solution([v], ni, cards)
+        return None
+
+    def _ready_cards(self, ni: int) -> int:
+        """Cards of node ``ni`` the request could use right now (memoized per search)."""
+        hit = self._ready.get(ni)
+        if hit is None:
+            ix, a = self.ix, self.ask
+            if a.whole:
+                hit = ix.empty[a.group].get(ni, 0)
+            else:
+                hit = sum(
+                    1 for gi in ix.sgpus[ni].get(a.group, ())
+                    if ix.cap_m[gi] - ix.used_m[gi] >= a.m and ix.cap_c[gi] - ix.used_c[gi] >= a.c
+                )
+            self._ready[ni] = hit
+        return hit
 
     def _reprieve(self, ni: int | None, t: Trial) -> list[int]:
         """Give back every victim the request can do without, the most valuable first."""
@@ -375,6 +425,8 @@ class VictimSearch:
         keys, allocs = self.st._key, self.st._allocs
         preempt, value = self.pc.preempt, self.pc.value
         cards = (ix.wgpus if a.whole else ix.sgpus)[ni].get(a.group, ())
+        cap_m, cap_c, used_m, used_c = ix.cap_m, ix.cap_c, ix.used_m, ix.used_c
+        em, ec = ix.em[self.p], ix.ec[self.p]
         result = []
         for gi in cards:
             on = ix.on[gi]
@@ -388,15 +440,19 @@ class VictimSearch:
                 ks.sort()
                 result.append(((len(ks), tuple(reversed(ks))), [allocs[k[3]] for k in ks]))
                 continue
-            fm = ix.cap_m[gi] - ix.used_m[gi]
-            fc = ix.cap_c[gi] - ix.used_c[gi]
+            fm = cap_m[gi] - used_m[gi]
+            fc = cap_c[gi] - used_c[gi]
             if fm >= a.m and fc >= a.c:
                 result.append(((0, ()), []))
                 continue
-            ks = sorted(
-                k for k in (keys[aid] for aid in on)
-                if k[0] == 0 or (preempt and k[1] < value)
-            )
+            if fm + em[gi] < a.m or fc + ec[gi] < a.c:
+                continue  # even every allocation it may evict here would not make room
+            ks = []
+            for aid in on:
+                k = keys[aid]
+                if k[0] == 0 or (preempt and k[1] < value):
+                    ks.append(k)
+            ks.sort()
             chosen = []
             for k in ks:
                 cm, cc = on[k[3]]

@@ -24,6 +24,7 @@ from quotas import (
     Pool,
     load_config,
 )
+from quotas.preemption import VictimSearch
 
 GIB = 1024
 PROPERTY = settings(
@@ -298,7 +299,8 @@ def index_snapshot(state: AdmissionState) -> dict:
     """Every incrementally kept summary of the card index (white box, on purpose)."""
     ix = state._index
     names = ("used_m", "used_c", "nalloc", "on", "free_sum", "order", "max_m", "max_c", "empty",
-             "worder", "em", "ec", "en", "pmax_m", "pmax_c", "pempty")
+             "worder", "em", "ec", "en", "pmax_m", "pmax_c", "pempty", "elig", "em1", "ec1",
+             "p1max_m", "p1max_c", "pempty1")
     snap = {name: getattr(ix, name) for name in names}
     snap["node_allocs"] = [sorted(d) for d in ix.node_allocs]
     snap["victim_order"] = state._order
@@ -319,5 +321,23 @@ def test_the_incremental_indexes_decide_like_a_state_built_from_scratch(scenario
         assert type(again.error) is type(d.error)
         assert index_snapshot(fresh) == index_snapshot(state)
         assert fresh.usage() == state.usage()
+
+    play(cfg, pool, ops, check)
+
+
+@PROPERTY
+@given(scenarios(max_ops=20, busy=True))
+def test_the_indexed_single_victim_search_agrees_with_the_ordered_walk(scenario):
+    cfg, pool, ops = scenario
+
+    def check(state, request, d):
+        saved = VictimSearch.scan_budget
+        try:
+            VictimSearch.scan_budget = 0  # straight to the card index
+            indexed = state.decide(request, now=float(len(state.allocations)))
+        finally:
+            VictimSearch.scan_budget = saved
+        assert (indexed.kind, indexed.allocation, indexed.victims) == (
+            d.kind, d.allocation, d.victims)
 
     play(cfg, pool, ops, check)
