@@ -440,16 +440,20 @@ class GPUBroker(SingletonConfigurable):
         except Exception as e:
             self.log.warning("Could not refresh GPU kernel %s: %s", record.id, e)
             return
-        if record.state != before and record.state in ("stopped", "failed"):
+        if record.state not in ("stopped", "failed"):
+            return
+        if record.state != before:
             self.log.info("GPU kernel %s of %s is %s: %s", record.id, record.user, record.state, record.reason)
-            if record.exit_code is None and record.state == "failed":
-                # it never ran (unschedulable, image): free the slice and its pod now
-                try:
-                    await self.launcher.delete(record)
-                except Exception:
-                    self.log.exception("Deleting failed GPU kernel %s", record.id)
-                record.holder = ""
+        if record.state == "failed" and record.exit_code is None and record.holder:
+            # it never ran (unschedulable, image): delete its pod now
+            try:
+                await self.launcher.delete(record)
+            except Exception:
+                self.log.exception("Deleting failed GPU kernel %s", record.id)
+            record.holder = ""
+        if self.allocator.get(record.allocation_id) is not None:  # a stopped kernel holds no slice
             await self._release(record.allocation_id, f"kernel {record.state}: {record.reason}")
+        if record.state != before:
             self._persist()
 
     async def restart(self, record: KernelRecord) -> KernelRecord:
@@ -559,8 +563,7 @@ class GPUBroker(SingletonConfigurable):
                 label = f"{record.user}/{record.server_name}" if record.server_name else record.user
                 await self.delete(record, f"its server {label} is gone")
                 continue
-            if record.state in ("pending", "running"):
-                await self._refresh(record)
+            await self._refresh(record)
         try:
             swept = await self.launcher.sweep(set(self.kernels))
             if swept:

@@ -103,7 +103,8 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
         self._polled_at = 0.0
         self._replaced = False  # a restart was requested: the old kernel process counts as gone
         self._shutting_down = False
-        self._deleted = False
+        self._deleted = False  # the broker's record is gone (deleted by us, or by the hub)
+        self._gone_reason = ""  # set when the hub stopped it: then a restart must not take a new slice
 
     # ---- talking to the broker ---------------------------------------------------------------
 
@@ -218,7 +219,13 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> dict[str, Any]:
         km = self.parent
         key: bytes = km.session.key
-        if self.remote_id is not None and not self._deleted:
+        if self.remote_id is not None and self._gone_reason:
+            # the hub stopped this kernel (culled, deleted by an admin, its server gone): an
+            # automatic restart must not quietly take a new slice; the user starts a new kernel
+            raise GPUKernelError(f"The GPU kernel cannot be restarted: {self._gone_reason}. Start a new kernel.", 410)
+        if self.remote_id is not None and self._deleted:
+            self.remote_id = None  # we deleted it (a forced restart of a live kernel): start a new one
+        if self.remote_id is not None:
             if not self._replaced:  # a restart that did not come through shutdown_requested/kill
                 await self._restart_remote()
             self._replaced = False
@@ -244,6 +251,7 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
         self.remote_id = data["id"]
         self.model = data
         self._deleted = self._replaced = self._shutting_down = False
+        self._gone_reason = ""
         self._polled_at = time.monotonic()
         try:
             await self._wait_running()
@@ -263,7 +271,8 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
         code, data = await self._api("POST", self._kernel_path("/restart"), timeout=self.request_timeout + 30)
         if code == 404:
             self._deleted = True
-            raise GPUKernelError("The GPU kernel was stopped by the hub and cannot be restarted; start a new one.", 410)
+            self._gone_reason = self._gone_reason or "the hub stopped it"
+            raise GPUKernelError(f"The GPU kernel cannot be restarted: {self._gone_reason}. Start a new kernel.", 410)
         if code != 200:
             raise GPUKernelError(self._message(code, data), code if 400 <= code < 600 else 500)
         self.model = data
@@ -283,6 +292,8 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
             if code == 404:
                 self.model = {**self.model, "state": "stopped", "exit_code": 1}
                 self._deleted = True
+                self._gone_reason = "the hub stopped it"
+                self.log.warning("GPU kernel %s (kernel %s) was stopped by the hub", self.remote_id, self.kernel_id)
                 return 1
             if code == 200:
                 self.model = data
@@ -323,6 +334,10 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
         if restart:
             if not self._replaced and not self._deleted:
                 await self._restart_remote()
+            return
+        if self.model.get("state") in ("stopped", "failed"):
+            # already dead: nothing to kill. jupyter_client kills with restart=False even when it
+            # restarts a dead kernel (restart_kernel(now=True)); cleanup() deletes it if final.
             return
         await self._delete_quietly()
 

@@ -154,6 +154,36 @@ def test_restart_keeps_the_slice_and_gives_a_fresh_kernel(stack, alice):
     assert kernel_slices(hub) == []
 
 
+def test_a_crashed_kernel_frees_its_slice_and_is_restarted_by_the_server(stack, alice):
+    hub = stack[0]
+    status, session = alice.start_session(SPEC)
+    assert status == 201, session
+    kid = session["kernel"]["id"]
+    conn = alice.connect(kid)
+    try:
+        [before] = broker_kernels(hub, "alice")
+        conn.execute_async("import os; os._exit(3)")
+        # jupyter-server's restarter sees the kernel dead (poll asks the broker) and restarts it:
+        # the broker re-admits it (the crash released its slice) and starts a new process
+        after = hub.wait_for(
+            lambda: next((k for k in broker_kernels(hub, "alice") if k["generation"] > before["generation"]), None),
+            timeout=30,
+            what="the crashed kernel to be restarted",
+        )
+        assert after["id"] == before["id"] and after["allocation_id"] != before["allocation_id"]
+        assert after["state"] == "running"
+    finally:
+        conn.close()
+    conn = alice.connect(kid)
+    try:
+        assert conn.execute("40 + 2")["text"] == "42"
+    finally:
+        conn.close()
+    assert [s["allocation_id"] for s in kernel_slices(hub)] == [after["allocation_id"]], "one slice, not two"
+    stop_session(alice, session)
+    assert kernel_slices(hub) == []
+
+
 def test_a_second_kernel_over_quota_is_refused_with_the_reason(stack, alice):
     hub = stack[0]
     status, first = alice.start_session(SPEC)
