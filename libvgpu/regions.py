@@ -190,9 +190,20 @@ class Activity:
     memory_used_bytes: tuple[int, ...]
 
     def idle_seconds(self, now: float | None = None) -> float | None:
+        """Seconds since the container's last kernel launch (None: never launched)."""
         if self.last_launch_at is None:
             return None
         return max(0.0, (time.time() if now is None else now) - self.last_launch_at)
+
+    @property
+    def last_launch(self) -> float | None:
+        """Alias of last_launch_at (the culler's name for it)."""
+        return self.last_launch_at
+
+    @property
+    def memory_used_mib(self) -> int:
+        """Memory in use on all GPUs, MiB."""
+        return sum(self.memory_used_bytes) // (1 << 20)
 
 
 def _seconds(ns: int) -> float | None:
@@ -224,6 +235,8 @@ def _load(path: str | os.PathLike[str], kind: int, size: int, what: str) -> tupl
     name = os.fspath(path)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError as exc:  # not created yet: no process of it initialised CUDA
+        raise FileNotFoundError(exc.errno, f"no {what} yet", name) from exc
     except OSError as exc:
         raise RegionError(f"{name}: cannot open the {what} ({exc.strerror})") from exc
     try:
@@ -265,7 +278,11 @@ def _locked(fd: int, index: int) -> bool | None:
 def read_container_region(
     path: str | os.PathLike[str], *, include_dead: bool = False
 ) -> ContainerUsage:
-    """Snapshot of a container region. Raises :class:`RegionError` naming what is wrong."""
+    """Snapshot of a container region.
+
+    Raises FileNotFoundError when it does not exist yet (no process of the container has
+    initialised CUDA), :class:`RegionError` naming what is wrong otherwise.
+    """
     size = LAYOUT["container.size"]
     buf, fd = _load(path, KIND_CONTAINER, size, "container region")
     try:
@@ -344,7 +361,7 @@ def _pid_alive(pid: int) -> bool | None:
 
 
 def read_node_region(path: str | os.PathLike[str], *, include_dead: bool = False) -> NodeGPU:
-    """Snapshot of one GPU's node region. Raises :class:`RegionError` naming what is wrong."""
+    """Snapshot of one GPU's node region (FileNotFoundError / :class:`RegionError` as above)."""
     size = LAYOUT["node.size"]
     buf, fd = _load(path, KIND_NODE, size, "node region")
     try:
@@ -397,14 +414,15 @@ def read_node_regions(
     for entry in sorted(root.glob("*.region")):
         try:
             gpu = read_node_region(entry, include_dead=include_dead)
-        except RegionError:
+        except (RegionError, FileNotFoundError):
             continue
         found[gpu.uuid] = gpu
     return found
 
 
 def read_activity(path: str | os.PathLike[str]) -> Activity:
-    """The activity file. Raises :class:`RegionError` naming what is wrong."""
+    """The activity file (FileNotFoundError while no process of the container initialised
+    CUDA; :class:`RegionError` naming what is wrong otherwise)."""
     buf, fd = _load(path, KIND_ACTIVITY, LAYOUT["activity.size"], "activity file")
     os.close(fd)
     L = LAYOUT

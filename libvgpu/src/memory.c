@@ -168,7 +168,7 @@ uint64_t vgpu_container_used(int dev) {
 
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead) {
     struct vgpu_container_region *r = vgpu.reg;
-    if (!r || dev < 0 || dev >= VGPU_MAX_DEV) return CUDA_SUCCESS;
+    if (!r || dev < 0 || dev >= VGPU_MAX_DEV || !bytes) return CUDA_SUCCESS;
     if (!vgpu.me) vgpu_region_claim_slot();
     struct vgpu_slot *me = vgpu.me;
     uint64_t limit = vgpu.cfg.memory_bytes[dev];

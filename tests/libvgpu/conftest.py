@@ -1,0 +1,37 @@
+"""Fixtures for the shim's tests: one build per session, one simulated node per test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from .harness import Build, Node, build_all
+
+
+@pytest.fixture(scope="session")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
+    """The shim (built from libvgpu/src like the package install does), doubles and programs."""
+    return build_all(tmp_path_factory.mktemp("libvgpu-build"))
+
+
+@pytest.fixture
+def make_node(build: Build, tmp_path: Path) -> Iterator[Callable[..., Node]]:
+    """make_node(**double_env) -> a fresh simulated node; its processes die with the test."""
+    nodes: list[Node] = []
+
+    def make(**double_env: str | int) -> Node:
+        node = Node(build, tmp_path / f"node{len(nodes)}", **double_env)
+        nodes.append(node)
+        return node
+
+    yield make
+    for node in nodes:
+        node.cleanup()
+
+
+@pytest.fixture
+def node(make_node: Callable[..., Node]) -> Node:
+    """A node with one 4 GiB simulated GPU whose contexts take no memory."""
+    return make_node()

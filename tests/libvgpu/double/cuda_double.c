@@ -1,0 +1,699 @@
+/*
+ * A CUDA driver test double: built by the tests as libcuda.so.1 (soname libcuda.so.1).
+ * Simulated devices (double_state.h) with real memory accounting, contexts that take memory,
+ * and kernels that take simulated GPU time on a device timeline shared across processes.
+ * Exports the driver entry points the shim hooks, a few it does not (to prove the proxy
+ * forwards them), cuGetProcAddress(_v2) answering with its own functions, and two test
+ * helpers: cuDoubleBusyNs and cuDoubleDeviceUsed.
+ */
+#include "double_state.h"
+
+#include "../../../libvgpu/src/cuda_api.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+static int initialised;
+
+struct dctx {
+    int dev;
+    int primary;
+};
+
+static struct dctx primary_ctx[DBL_MAX_DEV];
+static int primary_refs[DBL_MAX_DEV];
+static __thread struct dctx *current;
+static pthread_mutex_t local = PTHREAD_MUTEX_INITIALIZER;
+
+enum { A_PTR, A_VMM, A_ARRAY, A_MIPMAP, A_MODULE };
+struct alloc {
+    uint64_t key, size;
+    struct dctx *ctx;
+    int dev, kind;
+};
+static struct alloc *allocs;
+static size_t nallocs, capallocs;
+
+struct dfunc {
+    uint64_t ns;
+};
+struct dmod {
+    int dev;
+};
+struct dgraph {
+    uint64_t total_ns;
+    int nodes;
+};
+
+/* ---- memory ------------------------------------------------------------------------------ */
+
+static CUresult charge(int dev, uint64_t bytes) {
+    dbl_lock();
+    struct dbl_pid *p = dbl_pid_locked(getpid());
+    struct dbl_dev *d = &dbl->dev[dev];
+    if (!p || bytes > d->total || d->used > d->total - bytes) {
+        dbl_unlock();
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    d->used += bytes;
+    p->used[dev] += bytes;
+    dbl_unlock();
+    return CUDA_SUCCESS;
+}
+
+static void count_context(int dev, int delta) {
+    dbl_lock();
+    struct dbl_pid *p = dbl_pid_locked(getpid());
+    if (p) p->contexts[dev] += (uint32_t)delta;
+    dbl_unlock();
+}
+
+static void uncharge(int dev, uint64_t bytes) {
+    dbl_lock();
+    struct dbl_pid *p = dbl_pid_locked(getpid());
+    struct dbl_dev *d = &dbl->dev[dev];
+    d->used -= bytes < d->used ? bytes : d->used;
+    if (p) p->used[dev] -= bytes < p->used[dev] ? bytes : p->used[dev];
+    dbl_unlock();
+}
+
+static void remember(uint64_t key, uint64_t size, struct dctx *ctx, int dev, int kind) {
+    pthread_mutex_lock(&local);
+    if (nallocs == capallocs) {
+        capallocs = capallocs ? capallocs * 2 : 256;
+        allocs = realloc(allocs, capallocs * sizeof(*allocs));
+    }
+    allocs[nallocs++] = (struct alloc){key, size, ctx, dev, kind};
+    pthread_mutex_unlock(&local);
+}
+
+static int forget(uint64_t key, int kind, struct alloc *out) {
+    pthread_mutex_lock(&local);
+    for (size_t i = 0; i < nallocs; i++)
+        if (allocs[i].key == key && allocs[i].kind == kind) {
+            *out = allocs[i];
+            allocs[i] = allocs[--nallocs];
+            pthread_mutex_unlock(&local);
+            return 1;
+        }
+    pthread_mutex_unlock(&local);
+    return 0;
+}
+
+static void forget_ctx(struct dctx *ctx) {
+    pthread_mutex_lock(&local);
+    for (size_t i = 0; i < nallocs;) {
+        if (allocs[i].ctx == ctx && allocs[i].kind != A_VMM) {
+            uncharge(allocs[i].dev, allocs[i].size);
+            allocs[i] = allocs[--nallocs];
+            continue;
+        }
+        i++;
+    }
+    pthread_mutex_unlock(&local);
+}
+
+static uint64_t new_addr(uint64_t size) {
+    return __atomic_fetch_add(&dbl->next_addr, (size + 511) / 512 * 512 + 512, __ATOMIC_RELAXED);
+}
+
+static CUresult need_ctx(void) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+}
+
+static CUresult alloc(CUdeviceptr *p, uint64_t size, int kind) {
+    CUresult rc = need_ctx();
+    if (rc) return rc;
+    if (!p || !size) return CUDA_ERROR_INVALID_VALUE;
+    dbl_burn(dbl_env.alloc_cpu_ns);
+    if ((rc = charge(current->dev, size))) return rc;
+    *p = new_addr(size);
+    remember(*p, size, current, current->dev, kind);
+    return CUDA_SUCCESS;
+}
+
+static CUresult release(uint64_t key, int kind) {
+    struct alloc a;
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!forget(key, kind, &a)) return CUDA_ERROR_INVALID_VALUE;
+    dbl_burn(dbl_env.alloc_cpu_ns);
+    uncharge(a.dev, a.size);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return alloc(p, n, A_PTR); }
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) {
+    (void)f;
+    return alloc(p, n, A_PTR);
+}
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
+    (void)s;
+    return alloc(p, n, A_PTR);
+}
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) {
+    return cuMemAllocAsync(p, n, s);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
+    (void)pool;
+    (void)s;
+    return alloc(p, n, A_PTR);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool,
+                                             CUstream s) {
+    return cuMemAllocFromPoolAsync(p, n, pool, s);
+}
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h,
+                                   unsigned elem) {
+    (void)elem;
+    if (!pitch) return CUDA_ERROR_INVALID_VALUE;
+    size_t pt = (w + 1023) / 1024 * 1024; /* the double aligns rows to 1 KiB */
+    CUresult rc = alloc(p, (uint64_t)pt * h, A_PTR);
+    if (!rc) *pitch = pt;
+    return rc;
+}
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return release(p, A_PTR); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    (void)s;
+    return release(p, A_PTR);
+}
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n,
+                            const CUmemAllocationProp *prop, unsigned long long flags) {
+    (void)flags;
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!h || !prop || !n || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        prop->location.id < 0 || prop->location.id >= (int)dbl_env.ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = charge(prop->location.id, n);
+    if (rc) return rc;
+    *h = new_addr(n) | 1;
+    remember(*h, n, NULL, prop->location.id, A_VMM);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return release(h, A_VMM); }
+
+static uint64_t elem_bytes(CUarray_format f, unsigned ch) {
+    uint64_t b = (f == 0x01 || f == 0x08) ? 1 : (f == 0x02 || f == 0x09 || f == 0x10) ? 2 : 4;
+    return b * (ch ? ch : 1);
+}
+static uint64_t d1(size_t v) { return v ? v : 1; }
+static uint64_t round64k(uint64_t n) { return (n + 65535) / 65536 * 65536; }
+
+static CUresult array(void **out, uint64_t bytes, int kind) {
+    CUresult rc = need_ctx();
+    if (rc) return rc;
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    bytes = round64k(bytes); /* arrays are tiled: the double rounds them to 64 KiB */
+    if ((rc = charge(current->dev, bytes))) return rc;
+    uint64_t key = new_addr(bytes);
+    *out = (void *)(uintptr_t)key;
+    remember(key, bytes, current, current->dev, kind);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d) {
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    return array((void **)a, d1(d->Width) * d1(d->Height) * elem_bytes(d->Format, d->NumChannels),
+                 A_ARRAY);
+}
+EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    return array((void **)a,
+                 d1(d->Width) * d1(d->Height) * d1(d->Depth) * elem_bytes(d->Format, d->NumChannels),
+                 A_ARRAY);
+}
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                       unsigned levels) {
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t total = 0;
+    for (unsigned l = 0; l < (levels ? levels : 1); l++)
+        total += d1(d->Width >> l) * (d->Height ? d1(d->Height >> l) : 1) *
+                 (d->Depth ? d1(d->Depth >> l) : 1) * elem_bytes(d->Format, d->NumChannels);
+    return array((void **)a, total, A_MIPMAP);
+}
+EXPORT CUresult cuArrayDestroy(CUarray a) { return release((uint64_t)(uintptr_t)a, A_ARRAY); }
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) {
+    return release((uint64_t)(uintptr_t)a, A_MIPMAP);
+}
+
+static CUresult requirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *r, uint64_t key, int kind) {
+    if (!r) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&local);
+    for (size_t i = 0; i < nallocs; i++)
+        if (allocs[i].key == key && allocs[i].kind == kind) {
+            memset(r, 0, sizeof(*r));
+            r->size = allocs[i].size;
+            r->alignment = 65536;
+            pthread_mutex_unlock(&local);
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&local);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *r, CUarray a,
+                                             CUdevice dev) {
+    (void)dev;
+    return requirements(r, (uint64_t)(uintptr_t)a, A_ARRAY);
+}
+EXPORT CUresult cuMipmappedArrayGetMemoryRequirements(CUDA_ARRAY_MEMORY_REQUIREMENTS *r,
+                                                      CUmipmappedArray a, CUdevice dev) {
+    (void)dev;
+    return requirements(r, (uint64_t)(uintptr_t)a, A_MIPMAP);
+}
+
+EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
+    CUresult rc = need_ctx();
+    if (rc) return rc;
+    dbl_lock();
+    dbl_pid_locked(getpid());
+    struct dbl_dev *d = &dbl->dev[current->dev];
+    *free_bytes = d->total - d->used;
+    *total = d->total;
+    dbl_unlock();
+    return CUDA_SUCCESS;
+}
+
+/* ---- devices and contexts -------------------------------------------------------------- */
+
+EXPORT CUresult cuInit(unsigned flags) {
+    if (flags) return CUDA_ERROR_INVALID_VALUE;
+    dbl_ready();
+    initialised = 1;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDriverGetVersion(int *v) {
+    *v = 12040;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetCount(int *n) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    *n = dbl_env.ndev;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ordinal < 0 || ordinal >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
+    memset(u, 0, sizeof(*u));
+    memcpy(u->bytes, "\xd0\x0b\x1e\x00sim-gpu", 11);
+    u->bytes[15] = (char)d;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+    snprintf(name, (size_t)len, "Simulated GPU %d", d);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = dbl->dev[d].total;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGetErrorString(CUresult e, const char **s) {
+    *s = e == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : e ? "error" : "no error";
+    return CUDA_SUCCESS;
+}
+
+static CUresult ctx_create(CUcontext *out, CUdevice dev) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out || dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = charge(dev, dbl_env.context);
+    if (rc) return rc;
+    count_context(dev, 1);
+    struct dctx *c = calloc(1, sizeof(*c));
+    c->dev = dev;
+    current = c;
+    *out = (CUcontext)c;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice dev) {
+    (void)flags;
+    return ctx_create(c, dev);
+}
+EXPORT CUresult cuCtxCreate_v3(CUcontext *c, CUexecAffinityParam *p, int n, unsigned flags,
+                               CUdevice dev) {
+    (void)p, (void)n, (void)flags;
+    return ctx_create(c, dev);
+}
+EXPORT CUresult cuCtxCreate_v4(CUcontext *c, CUctxCreateParams *p, unsigned flags, CUdevice dev) {
+    (void)p, (void)flags;
+    return ctx_create(c, dev);
+}
+EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    struct dctx *c = (struct dctx *)ctx;
+    if (!c || c->primary) return CUDA_ERROR_INVALID_CONTEXT;
+    forget_ctx(c);
+    uncharge(c->dev, dbl_env.context);
+    count_context(c->dev, -1);
+    if (current == c) current = NULL;
+    free(c);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+    current = (struct dctx *)ctx;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) {
+    *ctx = (CUcontext)current;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
+    CUresult rc = need_ctx();
+    if (rc) return rc;
+    *d = current->dev;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *out, CUdevice dev) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!out || dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&local);
+    CUresult rc = CUDA_SUCCESS;
+    if (primary_refs[dev] == 0 && !(rc = charge(dev, dbl_env.context))) count_context(dev, 1);
+    if (!rc) {
+        primary_refs[dev]++;
+        primary_ctx[dev].dev = dev;
+        primary_ctx[dev].primary = 1;
+        *out = (CUcontext)&primary_ctx[dev];
+    }
+    pthread_mutex_unlock(&local);
+    return rc;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    if (dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&local);
+    int gone = primary_refs[dev] > 0 && --primary_refs[dev] == 0;
+    pthread_mutex_unlock(&local);
+    if (gone) {
+        forget_ctx(&primary_ctx[dev]);
+        uncharge(dev, dbl_env.context);
+        count_context(dev, -1);
+        if (current == &primary_ctx[dev]) current = NULL;
+    }
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+    if (dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
+    forget_ctx(&primary_ctx[dev]);
+    return CUDA_SUCCESS;
+}
+
+/* ---- modules --------------------------------------------------------------------------- */
+
+static CUresult module_load(void **out) {
+    CUresult rc = need_ctx();
+    if (rc) return rc;
+    if (dbl_env.module && (rc = charge(current->dev, dbl_env.module))) return rc;
+    struct dmod *m = calloc(1, sizeof(*m));
+    m->dev = current->dev;
+    *out = m;
+    if (dbl_env.module) remember((uint64_t)(uintptr_t)m, dbl_env.module, current, m->dev, A_MODULE);
+    return CUDA_SUCCESS;
+}
+static CUresult module_unload(void *m) {
+    struct alloc a;
+    if (!m) return CUDA_ERROR_INVALID_HANDLE;
+    if (forget((uint64_t)(uintptr_t)m, A_MODULE, &a)) uncharge(a.dev, a.size);
+    free(m);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuModuleLoad(CUmodule *m, const char *f) {
+    (void)f;
+    return module_load((void **)m);
+}
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *img) {
+    (void)img;
+    return module_load((void **)m);
+}
+EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *img, unsigned n, int *o, void **v) {
+    (void)img, (void)n, (void)o, (void)v;
+    return module_load((void **)m);
+}
+EXPORT CUresult cuModuleLoadFatBinary(CUmodule *m, const void *img) {
+    (void)img;
+    return module_load((void **)m);
+}
+EXPORT CUresult cuModuleUnload(CUmodule m) { return module_unload(m); }
+EXPORT CUresult cuLibraryLoadData(CUlibrary *l, const void *c, int *o, void **v, unsigned n,
+                                  int *lo, void **lv, unsigned ln) {
+    (void)c, (void)o, (void)v, (void)n, (void)lo, (void)lv, (void)ln;
+    return module_load((void **)l);
+}
+EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *f, int *o, void **v, unsigned n,
+                                      int *lo, void **lv, unsigned ln) {
+    (void)f, (void)o, (void)v, (void)n, (void)lo, (void)lv, (void)ln;
+    return module_load((void **)l);
+}
+EXPORT CUresult cuLibraryUnload(CUlibrary l) { return module_unload(l); }
+
+/* Kernel "k<us>" runs <us> microseconds; any other name runs CUDA_DOUBLE_KERNEL_US. */
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+    if (!f || !m || !name) return CUDA_ERROR_INVALID_VALUE;
+    struct dfunc *fn = calloc(1, sizeof(*fn));
+    fn->ns = name[0] == 'k' && name[1] >= '0' && name[1] <= '9'
+                 ? strtoull(name + 1, NULL, 10) * 1000
+                 : dbl_env.kernel_ns;
+    *f = (CUfunction)fn;
+    return CUDA_SUCCESS;
+}
+
+/* ---- launches -------------------------------------------------------------------------- */
+
+static uint64_t pending[4096]; /* end times of this process's queued kernels */
+static uint64_t launched, last_end;
+
+static CUresult run(uint64_t ns, int count) {
+    CUresult rc = need_ctx();
+    if (rc) return rc;
+    dbl_burn(dbl_env.launch_cpu_ns);
+    int dev = current->dev;
+    for (int k = 0; k < count; k++) {
+        pthread_mutex_lock(&local);
+        uint64_t slot = launched % (uint64_t)dbl_env.queue;
+        uint64_t wait_until = pending[slot];
+        pthread_mutex_unlock(&local);
+        dbl_sleep_until(wait_until); /* the queue is full: the launch blocks, as a driver's does */
+        dbl_lock();
+        struct dbl_dev *d = &dbl->dev[dev];
+        uint64_t now = dbl_now();
+        uint64_t start = d->busy_until > now ? d->busy_until : now;
+        struct dbl_kernel *r = &d->ring[d->head % DBL_RING];
+        r->pid = getpid();
+        r->start = start;
+        r->end = start + ns;
+        d->busy_until = r->end;
+        d->head++;
+        uint64_t end = r->end;
+        dbl_unlock();
+        pthread_mutex_lock(&local);
+        pending[launched % (uint64_t)dbl_env.queue] = end;
+        launched++;
+        if (end > last_end) last_end = end;
+        pthread_mutex_unlock(&local);
+    }
+    return CUDA_SUCCESS;
+}
+
+static uint64_t fn_ns(CUfunction f) { return f ? ((struct dfunc *)f)->ns : dbl_env.kernel_ns; }
+
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned sh, CUstream s, void **p,
+                               void **e) {
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)sh, (void)s, (void)p,
+        (void)e;
+    return run(fn_ns(f), 1);
+}
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                    unsigned bx, unsigned by, unsigned bz, unsigned sh, CUstream s,
+                                    void **p, void **e) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sh, s, p, e);
+}
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e) {
+    (void)c, (void)p, (void)e;
+    return run(fn_ns(f), 1);
+}
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e) {
+    return cuLaunchKernelEx(c, f, p, e);
+}
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                          unsigned bx, unsigned by, unsigned bz, unsigned sh,
+                                          CUstream s, void **p) {
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)sh, (void)s, (void)p;
+    return run(fn_ns(f), 1);
+}
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
+                                               unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                                               unsigned sh, CUstream s, void **p) {
+    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, sh, s, p);
+}
+
+EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned flags) {
+    (void)flags;
+    *g = (CUgraph)calloc(1, sizeof(struct dgraph));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                        size_t ndeps, const CUDA_KERNEL_NODE_PARAMS_v2 *params) {
+    (void)deps, (void)ndeps;
+    struct dgraph *gr = (struct dgraph *)g;
+    gr->total_ns += fn_ns(params->func);
+    gr->nodes++;
+    *node = (CUgraphNode)(uintptr_t)gr->nodes;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsigned long long f) {
+    (void)f;
+    struct dgraph *copy = malloc(sizeof(*copy));
+    *copy = *(struct dgraph *)g;
+    *exec = (CUgraphExec)copy;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
+    (void)s;
+    struct dgraph *g = (struct dgraph *)exec;
+    if (!g || !g->nodes) return CUDA_ERROR_INVALID_VALUE;
+    return run(g->total_ns / (uint64_t)g->nodes, g->nodes);
+}
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) { return cuGraphLaunch(exec, s); }
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
+    free(exec);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphDestroy(CUgraph g) {
+    free(g);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    pthread_mutex_lock(&local);
+    uint64_t t = last_end;
+    pthread_mutex_unlock(&local);
+    dbl_sleep_until(t);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamSynchronize(CUstream s) {
+    (void)s;
+    return cuCtxSynchronize();
+}
+
+/* ---- test helpers (not CUDA) ------------------------------------------------------------ */
+
+EXPORT unsigned long long cuDoubleBusyNs(int dev, int pid, unsigned long long t0,
+                                         unsigned long long t1) {
+    dbl_ready();
+    dbl_lock();
+    uint64_t b = dbl_busy_locked(dev, pid, t0, t1);
+    dbl_unlock();
+    return b;
+}
+EXPORT unsigned long long cuDoubleDeviceUsed(int dev) {
+    dbl_ready();
+    dbl_lock();
+    dbl_pid_locked(getpid());
+    uint64_t u = dbl->dev[dev].used;
+    dbl_unlock();
+    return u;
+}
+
+/* ---- cuGetProcAddress ------------------------------------------------------------------- */
+
+/* With CUDA_DOUBLE_PROC_ALIASES=1 these two are handed out instead of the exported symbols,
+ * the way a real driver may hand out internal entry points. */
+static CUresult alias_cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return alloc(p, n, A_PTR); }
+static CUresult alias_cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                     unsigned bx, unsigned by, unsigned bz, unsigned sh,
+                                     CUstream s, void **p, void **e) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sh, s, p, e);
+}
+
+EXPORT CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
+EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
+                                    CUdriverProcAddressQueryResult *);
+
+static const struct {
+    const char *base;
+    int since, ptsz;
+    void *fn, *alias;
+} procs[] = {
+#define P(base, since, ptsz, fn) {base, since, ptsz, (void *)fn, NULL}
+    P("cuInit", 2000, 0, cuInit),
+    P("cuDriverGetVersion", 2020, 0, cuDriverGetVersion),
+    P("cuDeviceGetCount", 2000, 0, cuDeviceGetCount),
+    P("cuDeviceGet", 2000, 0, cuDeviceGet),
+    P("cuDeviceGetUuid", 9020, 0, cuDeviceGetUuid),
+    P("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2),
+    P("cuGetErrorString", 6000, 0, cuGetErrorString),
+    P("cuCtxCreate", 3020, 0, cuCtxCreate_v2),
+    P("cuCtxCreate", 11040, 0, cuCtxCreate_v3),
+    P("cuCtxCreate", 12050, 0, cuCtxCreate_v4),
+    P("cuCtxDestroy", 4000, 0, cuCtxDestroy_v2),
+    P("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent),
+    P("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent),
+    P("cuCtxGetDevice", 2000, 0, cuCtxGetDevice),
+    P("cuCtxSynchronize", 2000, 0, cuCtxSynchronize),
+    P("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain),
+    P("cuDevicePrimaryCtxRelease", 11000, 0, cuDevicePrimaryCtxRelease_v2),
+    P("cuDevicePrimaryCtxReset", 11000, 0, cuDevicePrimaryCtxReset_v2),
+    {"cuMemAlloc", 3020, 0, (void *)cuMemAlloc_v2, (void *)alias_cuMemAlloc_v2},
+    P("cuMemAllocPitch", 3020, 0, cuMemAllocPitch_v2),
+    P("cuMemAllocManaged", 6000, 0, cuMemAllocManaged),
+    P("cuMemAllocAsync", 11020, 0, cuMemAllocAsync),
+    P("cuMemAllocAsync", 11020, 1, cuMemAllocAsync_ptsz),
+    P("cuMemAllocFromPoolAsync", 11020, 0, cuMemAllocFromPoolAsync),
+    P("cuMemAllocFromPoolAsync", 11020, 1, cuMemAllocFromPoolAsync_ptsz),
+    P("cuMemFree", 3020, 0, cuMemFree_v2),
+    P("cuMemFreeAsync", 11020, 0, cuMemFreeAsync),
+    P("cuMemFreeAsync", 11020, 1, cuMemFreeAsync_ptsz),
+    P("cuMemCreate", 10020, 0, cuMemCreate),
+    P("cuMemRelease", 10020, 0, cuMemRelease),
+    P("cuMemGetInfo", 3020, 0, cuMemGetInfo_v2),
+    P("cuArrayCreate", 3020, 0, cuArrayCreate_v2),
+    P("cuArray3DCreate", 3020, 0, cuArray3DCreate_v2),
+    P("cuMipmappedArrayCreate", 5000, 0, cuMipmappedArrayCreate),
+    P("cuArrayDestroy", 2000, 0, cuArrayDestroy),
+    P("cuMipmappedArrayDestroy", 5000, 0, cuMipmappedArrayDestroy),
+    P("cuModuleLoadData", 2000, 0, cuModuleLoadData),
+    P("cuModuleUnload", 2000, 0, cuModuleUnload),
+    P("cuModuleGetFunction", 2000, 0, cuModuleGetFunction),
+    {"cuLaunchKernel", 4000, 0, (void *)cuLaunchKernel, (void *)alias_cuLaunchKernel},
+    P("cuLaunchKernel", 7000, 1, cuLaunchKernel_ptsz),
+    P("cuLaunchKernelEx", 11060, 0, cuLaunchKernelEx),
+    P("cuLaunchKernelEx", 11060, 1, cuLaunchKernelEx_ptsz),
+    P("cuLaunchCooperativeKernel", 9000, 0, cuLaunchCooperativeKernel),
+    P("cuLaunchCooperativeKernel", 9000, 1, cuLaunchCooperativeKernel_ptsz),
+    P("cuGraphLaunch", 10000, 0, cuGraphLaunch),
+    P("cuGraphLaunch", 10000, 1, cuGraphLaunch_ptsz),
+    P("cuGetProcAddress", 11030, 0, cuGetProcAddress),
+    P("cuGetProcAddress", 12000, 0, cuGetProcAddress_v2),
+#undef P
+};
+
+EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status) {
+    int best = -1, best_ptsz = -1;
+    for (int i = 0; i < (int)(sizeof(procs) / sizeof(procs[0])); i++) {
+        if (strcmp(procs[i].base, symbol) != 0 || procs[i].since > version) continue;
+        int *b = procs[i].ptsz ? &best_ptsz : &best;
+        if (*b < 0 || procs[*b].since < procs[i].since) *b = i;
+    }
+    int pick = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && best_ptsz >= 0 ? best_ptsz
+                                                                                         : best;
+    if (pick < 0) {
+        *pfn = NULL;
+        if (status) *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    *pfn = dbl_env.proc_aliases && procs[pick].alias ? procs[pick].alias : procs[pick].fn;
+    if (status) *status = CU_GET_PROC_ADDRESS_SUCCESS;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, cuuint64_t flags) {
+    return cuGetProcAddress_v2(symbol, pfn, version, flags, NULL);
+}
+
+__attribute__((constructor)) static void double_env(void) { dbl_ready(); }

@@ -1,0 +1,212 @@
+/*
+ * State of the simulated GPU(s), shared by the CUDA driver double (libcuda.so.1) and the NVML
+ * double (libnvidia-ml.so.1) of every process that maps the same file (CUDA_DOUBLE_STATE).
+ *
+ * A device has a fixed memory size; processes allocate from it, contexts and modules use some
+ * of it too. Kernels run one after another on the device timeline (busy_until), each for its
+ * simulated duration; a ring of recent kernels (pid, start, end) is what utilisation is
+ * measured from, exactly like NVML samples real SM activity.
+ *
+ * Environment (read once per process):
+ *   CUDA_DOUBLE_STATE          state file (default /tmp/cuda-double-<uid>.state)
+ *   CUDA_DOUBLE_DEVICES        number of devices (1..4, default 1)
+ *   CUDA_DOUBLE_MEMORY_MIB     memory per device (default 16384)
+ *   CUDA_DOUBLE_CONTEXT_MIB    memory a context takes (default 300)
+ *   CUDA_DOUBLE_MODULE_MIB     memory a loaded module takes (default 0)
+ *   CUDA_DOUBLE_KERNEL_US      duration of a kernel whose name is not k<microseconds> (100)
+ *   CUDA_DOUBLE_QUEUE          kernels a process may have queued before launches block (1024)
+ *   CUDA_DOUBLE_LAUNCH_CPU_NS  CPU time a launch costs the caller (busy loop, default 0)
+ *   CUDA_DOUBLE_ALLOC_CPU_NS   CPU time an allocation costs the caller (default 0)
+ *   CUDA_DOUBLE_UTIL_WINDOW_MS window of nvmlDeviceGetUtilizationRates (default 100)
+ *   CUDA_DOUBLE_NO_PROCESS_UTIL=1  nvmlDeviceGetProcessUtilization answers NOT_SUPPORTED
+ *   CUDA_DOUBLE_PROC_ALIASES=1 cuGetProcAddress returns internal entry points, not the
+ *                              exported symbols (as a real driver may)
+ */
+#ifndef DOUBLE_STATE_H
+#define DOUBLE_STATE_H
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DBL_MAX_DEV 4
+#define DBL_RING 65536
+#define DBL_PIDS 512
+#define DBL_MAGIC 0x44424c31u
+
+struct dbl_kernel {
+    int32_t pid;
+    uint32_t pad;
+    uint64_t start, end; /* CLOCK_REALTIME ns */
+};
+
+struct dbl_dev {
+    uint64_t total, used;
+    uint64_t busy_until;
+    uint64_t head; /* kernels ever queued; ring index = head % DBL_RING */
+    struct dbl_kernel ring[DBL_RING];
+};
+
+struct dbl_pid {
+    int32_t pid;
+    uint32_t pad;
+    uint64_t used[DBL_MAX_DEV];
+    uint32_t contexts[DBL_MAX_DEV]; /* listed by NVML while it has a context or memory */
+};
+
+struct dbl_state {
+    uint32_t magic;
+    uint32_t ndev;
+    pthread_mutex_t lock;
+    uint64_t next_addr;
+    struct dbl_dev dev[DBL_MAX_DEV];
+    struct dbl_pid pids[DBL_PIDS];
+};
+
+struct dbl_env {
+    int ndev;
+    uint64_t memory, context, module, kernel_ns, launch_cpu_ns, alloc_cpu_ns, util_window_ns;
+    int queue, no_process_util, proc_aliases;
+};
+
+static struct dbl_state *dbl;
+static struct dbl_env dbl_env;
+static pthread_once_t dbl_once = PTHREAD_ONCE_INIT;
+
+static inline uint64_t dbl_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static inline void dbl_sleep_until(uint64_t t) {
+    for (uint64_t now = dbl_now(); now < t; now = dbl_now()) {
+        uint64_t ns = t - now;
+        struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static inline void dbl_burn(uint64_t ns) {
+    if (!ns) return;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    do {
+        clock_gettime(CLOCK_MONOTONIC, &b);
+    } while ((uint64_t)(b.tv_sec - a.tv_sec) * 1000000000ull + (uint64_t)b.tv_nsec -
+                 (uint64_t)a.tv_nsec < ns);
+}
+
+static inline uint64_t dbl_env_u64(const char *name, uint64_t dflt) {
+    const char *v = getenv(name);
+    return v && *v ? strtoull(v, NULL, 10) : dflt;
+}
+
+static void dbl_lock(void) {
+    int rc = pthread_mutex_lock(&dbl->lock);
+    if (rc == EOWNERDEAD) pthread_mutex_consistent(&dbl->lock);
+}
+
+static void dbl_unlock(void) { pthread_mutex_unlock(&dbl->lock); }
+
+static void dbl_init(void) {
+    struct dbl_env *e = &dbl_env;
+    e->ndev = (int)dbl_env_u64("CUDA_DOUBLE_DEVICES", 1);
+    if (e->ndev < 1) e->ndev = 1;
+    if (e->ndev > DBL_MAX_DEV) e->ndev = DBL_MAX_DEV;
+    e->memory = dbl_env_u64("CUDA_DOUBLE_MEMORY_MIB", 16384) << 20;
+    e->context = dbl_env_u64("CUDA_DOUBLE_CONTEXT_MIB", 300) << 20;
+    e->module = dbl_env_u64("CUDA_DOUBLE_MODULE_MIB", 0) << 20;
+    e->kernel_ns = dbl_env_u64("CUDA_DOUBLE_KERNEL_US", 100) * 1000;
+    e->queue = (int)dbl_env_u64("CUDA_DOUBLE_QUEUE", 1024);
+    if (e->queue < 1) e->queue = 1;
+    if (e->queue > 4096) e->queue = 4096;
+    e->launch_cpu_ns = dbl_env_u64("CUDA_DOUBLE_LAUNCH_CPU_NS", 0);
+    e->alloc_cpu_ns = dbl_env_u64("CUDA_DOUBLE_ALLOC_CPU_NS", 0);
+    e->util_window_ns = dbl_env_u64("CUDA_DOUBLE_UTIL_WINDOW_MS", 100) * 1000000ull;
+    e->no_process_util = dbl_env_u64("CUDA_DOUBLE_NO_PROCESS_UTIL", 0) != 0;
+    e->proc_aliases = dbl_env_u64("CUDA_DOUBLE_PROC_ALIASES", 0) != 0;
+
+    char path[4096];
+    const char *p = getenv("CUDA_DOUBLE_STATE");
+    if (p && *p) snprintf(path, sizeof(path), "%s", p);
+    else snprintf(path, sizeof(path), "/tmp/cuda-double-%d.state", (int)getuid());
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        fprintf(stderr, "cuda double: cannot open %s: %s\n", path, strerror(errno));
+        abort();
+    }
+    flock(fd, LOCK_EX);
+    struct stat st;
+    fstat(fd, &st);
+    int fresh = st.st_size < (off_t)sizeof(struct dbl_state);
+    if (fresh && ftruncate(fd, sizeof(struct dbl_state)) != 0) abort();
+    dbl = mmap(NULL, sizeof(struct dbl_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (dbl == MAP_FAILED) abort();
+    if (fresh || dbl->magic != DBL_MAGIC) {
+        memset(dbl, 0, sizeof(*dbl));
+        pthread_mutexattr_t a;
+        pthread_mutexattr_init(&a);
+        pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+        pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+        pthread_mutex_init(&dbl->lock, &a);
+        dbl->ndev = (uint32_t)e->ndev;
+        dbl->next_addr = 0x700000000000ull;
+        for (int i = 0; i < DBL_MAX_DEV; i++) dbl->dev[i].total = e->memory;
+        dbl->magic = DBL_MAGIC;
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+}
+
+static inline void dbl_ready(void) { pthread_once(&dbl_once, dbl_init); }
+
+/* This process's record (lock held); reaps records of dead processes on the way. */
+static struct dbl_pid *dbl_pid_locked(int pid) {
+    struct dbl_pid *free_slot = NULL;
+    for (int i = 0; i < DBL_PIDS; i++) {
+        struct dbl_pid *r = &dbl->pids[i];
+        if (r->pid == pid) return r;
+        if (r->pid && kill(r->pid, 0) != 0 && errno == ESRCH) { /* the driver frees the dead */
+            for (int d = 0; d < DBL_MAX_DEV; d++) {
+                dbl->dev[d].used -= r->used[d] < dbl->dev[d].used ? r->used[d] : dbl->dev[d].used;
+                r->used[d] = 0;
+                r->contexts[d] = 0;
+            }
+            r->pid = 0;
+        }
+        if (!r->pid && !free_slot) free_slot = r;
+    }
+    if (!free_slot) return NULL;
+    memset(free_slot, 0, sizeof(*free_slot));
+    free_slot->pid = pid;
+    return free_slot;
+}
+
+/* Busy ns of pid (0: anyone) on dev within [t0, t1] (lock held). */
+static uint64_t dbl_busy_locked(int dev, int pid, uint64_t t0, uint64_t t1) {
+    struct dbl_dev *d = &dbl->dev[dev];
+    uint64_t busy = 0;
+    uint64_t n = d->head < DBL_RING ? d->head : DBL_RING;
+    for (uint64_t k = 0; k < n; k++) {
+        const struct dbl_kernel *r = &d->ring[(d->head - 1 - k) % DBL_RING];
+        if (r->end <= t0) break; /* the timeline is ordered: everything older ends earlier */
+        if (pid && r->pid != pid) continue;
+        uint64_t s = r->start > t0 ? r->start : t0, e = r->end < t1 ? r->end : t1;
+        if (e > s) busy += e - s;
+    }
+    return busy;
+}
+
+#endif

@@ -1,0 +1,1 @@
+int inner_answer(void) { return 42; }

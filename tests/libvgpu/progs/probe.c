@@ -1,0 +1,517 @@
+/*
+ * probe: runs a scenario of CUDA driver / NVML calls given as arguments and prints one line per
+ * step ("<step> rc=<CUresult> ..."), so the Python tests can drive every path of the shim.
+ *
+ * How it reaches the driver (PROBE_MODE):
+ *   link     the symbols it is linked against (libcuda.so.1 / libnvidia-ml.so.1), as a program
+ *            built with -lcuda does;
+ *   dlopen   dlopen("libcuda.so.1") + dlsym on the handle, as PyTorch and ctypes do;
+ *   getproc  dlopen + dlsym("cuGetProcAddress_v2") only, everything else through
+ *            cuGetProcAddress (version 12040), as the CUDA 12 runtime does.
+ *
+ * Steps (sizes take K/M/G suffixes):
+ *   init | ctx[:dev] | release[:dev] | ctxcreate[:dev] | ctxdestroy | reset[:dev]
+ *   alloc:N | managed:N | async:N | pool:N | pitch:W:H | vmm:N[:dev] | array:W:H
+ *   array3d:W:H:D | mipmap:W:H:LEVELS | free | freeall
+ *   info | total[:dev] | nvml[:idx] | module | unload
+ *   launch:N:US | launchex:N:US | coop:N:US | graph:N:NODES:US | sync
+ *   util:WARM_S:MEASURE_S:US:KIND[:all]   launch KIND (kernel|ex|coop|graph) for WARM+MEASURE
+ *                                          seconds; print the utilisation of the last MEASURE
+ *   timeline:SECONDS:US                    launch for SECONDS; print the gaps between launches
+ *   bench:N                                N launches, then N alloc+free pairs: ns per op
+ *   procaddr | errstr | devused[:dev] | fork:N | sleep:MS | ready | wait
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../../../libvgpu/src/cuda_api.h"
+
+/* linked symbols (link mode) */
+CUresult cuInit(unsigned int);
+CUresult cuDeviceGetCount(int *);
+CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+nvmlReturn_t nvmlInit_v2(void);
+
+typedef CUresult (*cuCtxSetCurrent_fn)(CUcontext);
+typedef CUresult (*cuModuleGetFunction_fn)(CUfunction *, CUmodule, const char *);
+typedef CUresult (*cuCtxSynchronize_fn)(void);
+typedef CUresult (*cuGraphCreate_fn)(CUgraph *, unsigned int);
+typedef CUresult (*cuGraphAddKernelNode_v2_fn)(CUgraphNode *, CUgraph, const CUgraphNode *,
+                                               size_t, const CUDA_KERNEL_NODE_PARAMS_v2 *);
+typedef CUresult (*cuGraphInstantiateWithFlags_fn)(CUgraphExec *, CUgraph, unsigned long long);
+typedef CUresult (*cuGetErrorString_fn)(CUresult, const char **);
+typedef nvmlReturn_t (*nvmlDeviceGetHandleByIndex_v2_fn)(unsigned int, nvmlDevice_t *);
+typedef unsigned long long (*cuDoubleBusyNs_fn)(int, int, unsigned long long, unsigned long long);
+typedef unsigned long long (*cuDoubleDeviceUsed_fn)(int);
+
+static struct {
+    cuInit_fn cuInit;
+    cuDeviceGetCount_fn cuDeviceGetCount;
+    cuDevicePrimaryCtxRetain_fn cuDevicePrimaryCtxRetain;
+    cuDevicePrimaryCtxRelease_v2_fn cuDevicePrimaryCtxRelease;
+    cuDevicePrimaryCtxReset_v2_fn cuDevicePrimaryCtxReset;
+    cuCtxSetCurrent_fn cuCtxSetCurrent;
+    cuCtxCreate_v2_fn cuCtxCreate;
+    cuCtxDestroy_v2_fn cuCtxDestroy;
+    cuMemAlloc_v2_fn cuMemAlloc;
+    cuMemAllocManaged_fn cuMemAllocManaged;
+    cuMemAllocAsync_fn cuMemAllocAsync;
+    cuMemAllocFromPoolAsync_fn cuMemAllocFromPoolAsync;
+    cuMemAllocPitch_v2_fn cuMemAllocPitch;
+    cuMemFree_v2_fn cuMemFree;
+    cuMemFreeAsync_fn cuMemFreeAsync;
+    cuMemCreate_fn cuMemCreate;
+    cuMemRelease_fn cuMemRelease;
+    cuArrayCreate_v2_fn cuArrayCreate;
+    cuArray3DCreate_v2_fn cuArray3DCreate;
+    cuMipmappedArrayCreate_fn cuMipmappedArrayCreate;
+    cuArrayDestroy_fn cuArrayDestroy;
+    cuMipmappedArrayDestroy_fn cuMipmappedArrayDestroy;
+    cuMemGetInfo_v2_fn cuMemGetInfo;
+    cuDeviceTotalMem_v2_fn cuDeviceTotalMem;
+    cuModuleLoadData_fn cuModuleLoadData;
+    cuModuleUnload_fn cuModuleUnload;
+    cuModuleGetFunction_fn cuModuleGetFunction;
+    cuLaunchKernel_fn cuLaunchKernel;
+    cuLaunchKernelEx_fn cuLaunchKernelEx;
+    cuLaunchCooperativeKernel_fn cuLaunchCooperativeKernel;
+    cuGraphLaunch_fn cuGraphLaunch;
+    cuGraphCreate_fn cuGraphCreate;
+    cuGraphAddKernelNode_v2_fn cuGraphAddKernelNode;
+    cuGraphInstantiateWithFlags_fn cuGraphInstantiateWithFlags;
+    cuCtxSynchronize_fn cuCtxSynchronize;
+    cuGetErrorString_fn cuGetErrorString;
+    cuGetProcAddress_v2_fn cuGetProcAddress;
+    nvmlInit_v2_fn nvmlInit;
+    nvmlDeviceGetHandleByIndex_v2_fn nvmlDeviceGetHandleByIndex;
+    nvmlDeviceGetMemoryInfo_fn nvmlDeviceGetMemoryInfo;
+    nvmlDeviceGetMemoryInfo_v2_fn nvmlDeviceGetMemoryInfo_v2;
+    cuDoubleBusyNs_fn busy;
+    cuDoubleDeviceUsed_fn device_used;
+} D;
+
+static void *cuda_handle, *nvml_handle;
+static const char *mode;
+
+/* name: exported symbol; base: cuGetProcAddress name */
+static void *sym(const char *name, const char *base) {
+    void *p = NULL;
+    if (strcmp(mode, "link") == 0) {
+        p = dlsym(RTLD_DEFAULT, name);
+    } else if (strcmp(mode, "getproc") == 0 && base) {
+        CUdriverProcAddressQueryResult st;
+        if (D.cuGetProcAddress(base, &p, 12040, 0, &st) != CUDA_SUCCESS) p = NULL;
+    } else {
+        p = dlsym(cuda_handle, name);
+    }
+    return p;
+}
+
+static void resolve(void) {
+    mode = getenv("PROBE_MODE");
+    if (!mode) mode = "link";
+    if (strcmp(mode, "link") != 0) {
+        cuda_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        nvml_handle = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+        if (!cuda_handle || !nvml_handle) {
+            printf("dlopen failed: %s\n", dlerror());
+            exit(2);
+        }
+        D.cuGetProcAddress = (cuGetProcAddress_v2_fn)dlsym(cuda_handle, "cuGetProcAddress_v2");
+    } else {
+        D.cuGetProcAddress = cuGetProcAddress_v2;
+        D.nvmlInit = nvmlInit_v2; /* a real reference: the program is linked against NVML */
+        nvml_handle = RTLD_DEFAULT;
+    }
+#define R(field, name, base) D.field = (__typeof__(D.field))sym(name, base)
+    R(cuInit, "cuInit", "cuInit");
+    R(cuDeviceGetCount, "cuDeviceGetCount", "cuDeviceGetCount");
+    R(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain");
+    R(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2", "cuDevicePrimaryCtxRelease");
+    R(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset_v2", "cuDevicePrimaryCtxReset");
+    R(cuCtxSetCurrent, "cuCtxSetCurrent", "cuCtxSetCurrent");
+    R(cuCtxCreate, "cuCtxCreate_v2", NULL);
+    R(cuCtxDestroy, "cuCtxDestroy_v2", "cuCtxDestroy");
+    R(cuMemAlloc, "cuMemAlloc_v2", "cuMemAlloc");
+    R(cuMemAllocManaged, "cuMemAllocManaged", "cuMemAllocManaged");
+    R(cuMemAllocAsync, "cuMemAllocAsync", "cuMemAllocAsync");
+    R(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync");
+    R(cuMemAllocPitch, "cuMemAllocPitch_v2", "cuMemAllocPitch");
+    R(cuMemFree, "cuMemFree_v2", "cuMemFree");
+    R(cuMemFreeAsync, "cuMemFreeAsync", "cuMemFreeAsync");
+    R(cuMemCreate, "cuMemCreate", "cuMemCreate");
+    R(cuMemRelease, "cuMemRelease", "cuMemRelease");
+    R(cuArrayCreate, "cuArrayCreate_v2", "cuArrayCreate");
+    R(cuArray3DCreate, "cuArray3DCreate_v2", "cuArray3DCreate");
+    R(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate");
+    R(cuArrayDestroy, "cuArrayDestroy", "cuArrayDestroy");
+    R(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", "cuMipmappedArrayDestroy");
+    R(cuMemGetInfo, "cuMemGetInfo_v2", "cuMemGetInfo");
+    R(cuDeviceTotalMem, "cuDeviceTotalMem_v2", "cuDeviceTotalMem");
+    R(cuModuleLoadData, "cuModuleLoadData", "cuModuleLoadData");
+    R(cuModuleUnload, "cuModuleUnload", "cuModuleUnload");
+    R(cuModuleGetFunction, "cuModuleGetFunction", "cuModuleGetFunction");
+    R(cuLaunchKernel, "cuLaunchKernel", "cuLaunchKernel");
+    R(cuLaunchKernelEx, "cuLaunchKernelEx", "cuLaunchKernelEx");
+    R(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel");
+    R(cuGraphLaunch, "cuGraphLaunch", "cuGraphLaunch");
+    R(cuCtxSynchronize, "cuCtxSynchronize", "cuCtxSynchronize");
+    R(cuGetErrorString, "cuGetErrorString", "cuGetErrorString");
+#undef R
+    /* graph building and test helpers: straight from the library */
+    void *h = cuda_handle ? cuda_handle : RTLD_DEFAULT;
+    D.cuGraphCreate = (cuGraphCreate_fn)dlsym(h, "cuGraphCreate");
+    D.cuGraphAddKernelNode = (cuGraphAddKernelNode_v2_fn)dlsym(h, "cuGraphAddKernelNode_v2");
+    D.cuGraphInstantiateWithFlags =
+        (cuGraphInstantiateWithFlags_fn)dlsym(h, "cuGraphInstantiateWithFlags");
+    D.busy = (cuDoubleBusyNs_fn)dlsym(h, "cuDoubleBusyNs");
+    D.device_used = (cuDoubleDeviceUsed_fn)dlsym(h, "cuDoubleDeviceUsed");
+    if (!D.nvmlInit) D.nvmlInit = (nvmlInit_v2_fn)dlsym(nvml_handle, "nvmlInit_v2");
+    D.nvmlDeviceGetHandleByIndex =
+        (nvmlDeviceGetHandleByIndex_v2_fn)dlsym(nvml_handle, "nvmlDeviceGetHandleByIndex_v2");
+    D.nvmlDeviceGetMemoryInfo = (nvmlDeviceGetMemoryInfo_fn)dlsym(nvml_handle, "nvmlDeviceGetMemoryInfo");
+    D.nvmlDeviceGetMemoryInfo_v2 =
+        (nvmlDeviceGetMemoryInfo_v2_fn)dlsym(nvml_handle, "nvmlDeviceGetMemoryInfo_v2");
+}
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t size_arg(const char *s) {
+    char *end;
+    uint64_t v = strtoull(s, &end, 10);
+    switch (*end) {
+    case 'K': return v << 10;
+    case 'M': return v << 20;
+    case 'G': return v << 30;
+    default: return v;
+    }
+}
+
+enum { K_PTR, K_ASYNC, K_VMM, K_ARRAY, K_MIPMAP };
+static struct {
+    int kind;
+    uint64_t h;
+} stack[65536];
+static int depth;
+static CUcontext created[64];
+static int ncreated;
+static CUmodule modules[64];
+static int nmodules;
+static CUfunction kernels[4096];
+
+static void push(int kind, uint64_t h) {
+    if (depth < 65536) stack[depth++] = (typeof(stack[0])){kind, h};
+}
+
+static CUresult pop_free(void) {
+    if (!depth) return CUDA_ERROR_INVALID_VALUE;
+    depth--;
+    switch (stack[depth].kind) {
+    case K_ASYNC: return D.cuMemFreeAsync(stack[depth].h, NULL);
+    case K_VMM: return D.cuMemRelease(stack[depth].h);
+    case K_ARRAY: return D.cuArrayDestroy((CUarray)(uintptr_t)stack[depth].h);
+    case K_MIPMAP: return D.cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)stack[depth].h);
+    default: return D.cuMemFree(stack[depth].h);
+    }
+}
+
+static CUfunction kernel(unsigned us) {
+    if (us < 4096 && kernels[us]) return kernels[us];
+    if (!nmodules) {
+        if (D.cuModuleLoadData(&modules[0], "image") != CUDA_SUCCESS) return NULL;
+        nmodules = 1;
+    }
+    char name[32];
+    snprintf(name, sizeof(name), "k%u", us);
+    CUfunction f = NULL;
+    D.cuModuleGetFunction(&f, modules[0], name);
+    if (us < 4096) kernels[us] = f;
+    return f;
+}
+
+static CUgraphExec make_graph(int nodes, unsigned us) {
+    CUgraph g;
+    CUgraphExec e;
+    D.cuGraphCreate(&g, 0);
+    for (int i = 0; i < nodes; i++) {
+        CUDA_KERNEL_NODE_PARAMS_v2 p;
+        memset(&p, 0, sizeof(p));
+        p.func = kernel(us);
+        CUgraphNode n;
+        D.cuGraphAddKernelNode(&n, g, NULL, 0, &p);
+    }
+    D.cuGraphInstantiateWithFlags(&e, g, 0);
+    return e;
+}
+
+static CUresult launch_one(const char *kind, CUfunction f, CUgraphExec g) {
+    if (strcmp(kind, "ex") == 0) {
+        CUlaunchConfig c;
+        memset(&c, 0, sizeof(c));
+        c.gridDimX = c.gridDimY = c.gridDimZ = c.blockDimX = c.blockDimY = c.blockDimZ = 1;
+        return D.cuLaunchKernelEx(&c, f, NULL, NULL);
+    }
+    if (strcmp(kind, "coop") == 0) return D.cuLaunchCooperativeKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL);
+    if (strcmp(kind, "graph") == 0) return D.cuGraphLaunch(g, NULL);
+    return D.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+}
+
+static int step(char *arg) {
+    char *a[8] = {0};
+    int n = 0;
+    for (char *t = strtok(arg, ":"); t && n < 8; t = strtok(NULL, ":")) a[n++] = t;
+    const char *cmd = a[0];
+    CUresult rc = CUDA_SUCCESS;
+    if (!strcmp(cmd, "init")) {
+        uint64_t t0 = now_ns();
+        rc = D.cuInit(0);
+        uint64_t t1 = now_ns();
+        int count = 0;
+        if (!rc) D.cuDeviceGetCount(&count);
+        printf("init rc=%d devices=%d init_us=%llu done_ns=%llu\n", rc, count,
+               (unsigned long long)((t1 - t0) / 1000), (unsigned long long)t1);
+    } else if (!strcmp(cmd, "ctx")) {
+        CUcontext c = NULL;
+        rc = D.cuDevicePrimaryCtxRetain(&c, a[1] ? atoi(a[1]) : 0);
+        if (!rc) D.cuCtxSetCurrent(c);
+        printf("ctx rc=%d\n", rc);
+    } else if (!strcmp(cmd, "release")) {
+        rc = D.cuDevicePrimaryCtxRelease(a[1] ? atoi(a[1]) : 0);
+        printf("release rc=%d\n", rc);
+    } else if (!strcmp(cmd, "reset")) {
+        rc = D.cuDevicePrimaryCtxReset(a[1] ? atoi(a[1]) : 0);
+        printf("reset rc=%d\n", rc);
+    } else if (!strcmp(cmd, "ctxcreate")) {
+        CUcontext c = NULL;
+        rc = D.cuCtxCreate(&c, 0, a[1] ? atoi(a[1]) : 0);
+        if (!rc && ncreated < 64) created[ncreated++] = c;
+        printf("ctxcreate rc=%d\n", rc);
+    } else if (!strcmp(cmd, "ctxdestroy")) {
+        rc = ncreated ? D.cuCtxDestroy(created[--ncreated]) : CUDA_ERROR_INVALID_CONTEXT;
+        printf("ctxdestroy rc=%d\n", rc);
+    } else if (!strcmp(cmd, "alloc") || !strcmp(cmd, "managed") || !strcmp(cmd, "async") ||
+               !strcmp(cmd, "pool")) {
+        CUdeviceptr p = 0;
+        uint64_t sz = size_arg(a[1]);
+        int kind = K_PTR;
+        if (!strcmp(cmd, "alloc")) rc = D.cuMemAlloc(&p, sz);
+        else if (!strcmp(cmd, "managed")) rc = D.cuMemAllocManaged(&p, sz, 1);
+        else if (!strcmp(cmd, "async")) rc = D.cuMemAllocAsync(&p, sz, NULL), kind = K_ASYNC;
+        else rc = D.cuMemAllocFromPoolAsync(&p, sz, NULL, NULL), kind = K_ASYNC;
+        if (!rc) push(kind, p);
+        printf("%s rc=%d\n", cmd, rc);
+    } else if (!strcmp(cmd, "pitch")) {
+        CUdeviceptr p = 0;
+        size_t pitch = 0;
+        rc = D.cuMemAllocPitch(&p, &pitch, size_arg(a[1]), size_arg(a[2]), 4);
+        if (!rc) push(K_PTR, p);
+        printf("pitch rc=%d pitch=%zu\n", rc, pitch);
+    } else if (!strcmp(cmd, "vmm")) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof(prop));
+        prop.type = 1;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        prop.location.id = a[2] ? atoi(a[2]) : 0;
+        CUmemGenericAllocationHandle h = 0;
+        rc = D.cuMemCreate(&h, size_arg(a[1]), &prop, 0);
+        if (!rc) push(K_VMM, h);
+        printf("vmm rc=%d\n", rc);
+    } else if (!strcmp(cmd, "array")) {
+        CUDA_ARRAY_DESCRIPTOR d = {size_arg(a[1]), size_arg(a[2]), CU_AD_FORMAT_FLOAT, 1};
+        CUarray arr;
+        rc = D.cuArrayCreate(&arr, &d);
+        if (!rc) push(K_ARRAY, (uint64_t)(uintptr_t)arr);
+        printf("array rc=%d\n", rc);
+    } else if (!strcmp(cmd, "array3d") || !strcmp(cmd, "mipmap")) {
+        CUDA_ARRAY3D_DESCRIPTOR d;
+        memset(&d, 0, sizeof(d));
+        d.Width = size_arg(a[1]);
+        d.Height = size_arg(a[2]);
+        d.Format = CU_AD_FORMAT_UNSIGNED_INT8;
+        d.NumChannels = 4;
+        if (!strcmp(cmd, "array3d")) {
+            d.Depth = size_arg(a[3]);
+            CUarray arr;
+            rc = D.cuArray3DCreate(&arr, &d);
+            if (!rc) push(K_ARRAY, (uint64_t)(uintptr_t)arr);
+        } else {
+            CUmipmappedArray arr;
+            rc = D.cuMipmappedArrayCreate(&arr, &d, (unsigned)atoi(a[3]));
+            if (!rc) push(K_MIPMAP, (uint64_t)(uintptr_t)arr);
+        }
+        printf("%s rc=%d\n", cmd, rc);
+    } else if (!strcmp(cmd, "free")) {
+        rc = pop_free();
+        printf("free rc=%d\n", rc);
+    } else if (!strcmp(cmd, "freeall")) {
+        while (depth && !rc) rc = pop_free();
+        printf("freeall rc=%d\n", rc);
+    } else if (!strcmp(cmd, "info")) {
+        size_t fr = 0, tot = 0;
+        rc = D.cuMemGetInfo(&fr, &tot);
+        printf("info rc=%d free=%zu total=%zu\n", rc, fr, tot);
+    } else if (!strcmp(cmd, "total")) {
+        size_t tot = 0;
+        rc = D.cuDeviceTotalMem(&tot, a[1] ? atoi(a[1]) : 0);
+        printf("total rc=%d total=%zu\n", rc, tot);
+    } else if (!strcmp(cmd, "nvml")) {
+        nvmlDevice_t dev;
+        nvmlMemory_t m;
+        nvmlMemory_v2_t m2;
+        memset(&m2, 0, sizeof(m2));
+        m2.version = nvmlMemory_v2;
+        int r = D.nvmlInit();
+        if (!r) r = D.nvmlDeviceGetHandleByIndex(a[1] ? (unsigned)atoi(a[1]) : 0, &dev);
+        if (!r) r = D.nvmlDeviceGetMemoryInfo(dev, &m);
+        int r2 = r ? r : D.nvmlDeviceGetMemoryInfo_v2(dev, &m2);
+        printf("nvml rc=%d total=%llu used=%llu free=%llu rc2=%d total2=%llu used2=%llu "
+               "free2=%llu\n", r, m.total, m.used, m.free, r2, m2.total, m2.used, m2.free);
+        rc = r;
+    } else if (!strcmp(cmd, "module")) {
+        rc = nmodules < 64 ? D.cuModuleLoadData(&modules[nmodules], "image") : 1;
+        if (!rc) nmodules++;
+        printf("module rc=%d\n", rc);
+    } else if (!strcmp(cmd, "unload")) {
+        rc = nmodules ? D.cuModuleUnload(modules[--nmodules]) : 1;
+        memset(kernels, 0, sizeof(kernels));
+        printf("unload rc=%d\n", rc);
+    } else if (!strcmp(cmd, "launch") || !strcmp(cmd, "launchex") || !strcmp(cmd, "coop") ||
+               !strcmp(cmd, "graph")) {
+        int count = atoi(a[1]);
+        int nodes = !strcmp(cmd, "graph") ? atoi(a[2]) : 1;
+        unsigned us = (unsigned)atoi(!strcmp(cmd, "graph") ? a[3] : a[2]);
+        const char *kind = !strcmp(cmd, "launchex") ? "ex" : !strcmp(cmd, "launch") ? "kernel" : cmd;
+        CUfunction f = kernel(us);
+        CUgraphExec g = !strcmp(cmd, "graph") ? make_graph(nodes, us) : NULL;
+        for (int i = 0; i < count && !rc; i++) rc = launch_one(kind, f, g);
+        printf("%s rc=%d\n", cmd, rc);
+    } else if (!strcmp(cmd, "sync")) {
+        rc = D.cuCtxSynchronize();
+        printf("sync rc=%d\n", rc);
+    } else if (!strcmp(cmd, "util")) {
+        double warm = atof(a[1]), measure = atof(a[2]);
+        unsigned us = (unsigned)atoi(a[3]);
+        const char *kind = a[4];
+        int all = a[5] && !strcmp(a[5], "all");
+        CUfunction f = kernel(us);
+        CUgraphExec g = !strcmp(kind, "graph") ? make_graph(4, us / 4) : NULL;
+        uint64_t t0 = now_ns(), tw = t0 + (uint64_t)(warm * 1e9), t1 = tw + (uint64_t)(measure * 1e9);
+        long launches = 0;
+        while (now_ns() < t1 && !rc) {
+            rc = launch_one(kind, f, g);
+            launches++;
+        }
+        uint64_t end = now_ns();
+        unsigned long long b = D.busy(0, all ? 0 : getpid(), tw, end);
+        printf("util rc=%d util=%.1f launches=%ld\n", rc, 100.0 * (double)b / (double)(end - tw),
+               launches);
+    } else if (!strcmp(cmd, "timeline")) {
+        double secs = atof(a[1]);
+        unsigned us = (unsigned)atoi(a[2]);
+        CUfunction f = kernel(us);
+        uint64_t t0 = now_ns(), end = t0 + (uint64_t)(secs * 1e9), last = t0;
+        printf("timeline start_ms=%.1f", t0 / 1e6);
+        long launches = 0;
+        while (!rc) {
+            rc = D.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+            uint64_t t = now_ns();
+            launches++;
+            if (t - last > 50000000ull) printf(" gap=%.1f-%.1f", last / 1e6, t / 1e6);
+            last = t;
+            if (t >= end) break;
+        }
+        printf(" end_ms=%.1f launches=%ld rc=%d\n", last / 1e6, launches, rc);
+    } else if (!strcmp(cmd, "procaddr")) {
+        void *via_proc = NULL, *via_dlsym = NULL, *via_default;
+        CUdriverProcAddressQueryResult st;
+        rc = D.cuGetProcAddress("cuMemAlloc", &via_proc, 12040, 0, &st);
+        via_dlsym = cuda_handle ? dlsym(cuda_handle, "cuMemAlloc_v2") : NULL;
+        via_default = dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+        void *launch_proc = NULL, *ptsz = NULL;
+        D.cuGetProcAddress("cuLaunchKernel", &launch_proc, 12040, 0, &st);
+        D.cuGetProcAddress("cuLaunchKernel", &ptsz, 12040,
+                           CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, &st);
+        Dl_info i1, i2, i3;
+        memset(&i1, 0, sizeof(i1));
+        memset(&i2, 0, sizeof(i2));
+        memset(&i3, 0, sizeof(i3));
+        dladdr(via_proc, &i1);
+        dladdr(launch_proc, &i2);
+        dladdr(ptsz, &i3);
+        printf("procaddr rc=%d memalloc_lib=%s memalloc_sym=%s launch_lib=%s ptsz_sym=%s "
+               "same_as_default=%d same_as_dlsym=%d\n",
+               rc, i1.dli_fname ? strrchr(i1.dli_fname, '/') + 1 : "?",
+               i1.dli_sname ? i1.dli_sname : "?",
+               i2.dli_fname ? strrchr(i2.dli_fname, '/') + 1 : "?",
+               i3.dli_sname ? i3.dli_sname : "?", via_proc == via_default,
+               via_dlsym ? via_proc == via_dlsym : -1);
+    } else if (!strcmp(cmd, "errstr")) {
+        const char *s = NULL;
+        rc = D.cuGetErrorString ? D.cuGetErrorString(CUDA_ERROR_OUT_OF_MEMORY, &s) : 500;
+        printf("errstr rc=%d text=%s\n", rc, s ? s : "?");
+    } else if (!strcmp(cmd, "devused")) { /* the simulated card's own count, not the shim's */
+        printf("devused used=%llu\n", D.device_used(a[1] ? atoi(a[1]) : 0));
+    } else if (!strcmp(cmd, "fork")) { /* a child that allocates after fork, then exits */
+        fflush(stdout);
+        pid_t child = fork();
+        if (child == 0) {
+            CUdeviceptr p = 0;
+            CUresult r = D.cuMemAlloc(&p, size_arg(a[1]));
+            printf("child alloc rc=%d\n", r);
+            fflush(stdout);
+            _exit(0);
+        }
+        int status = 0;
+        waitpid(child, &status, 0);
+        printf("fork rc=0 status=%d\n", status);
+    } else if (!strcmp(cmd, "bench")) { /* ns per launch and per alloc+free pair */
+        long count = atol(a[1]);
+        CUfunction f = kernel(0);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (long i = 0; i < count && !rc; i++)
+            rc = D.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double launch = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / count;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (long i = 0; i < count && !rc; i++) {
+            CUdeviceptr p = 0;
+            rc = D.cuMemAlloc(&p, 4096);
+            if (!rc) rc = D.cuMemFree(p);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double alloc = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / count;
+        printf("bench rc=%d launch_ns=%.1f alloc_ns=%.1f\n", rc, launch, alloc);
+    } else if (!strcmp(cmd, "sleep")) {
+        usleep((useconds_t)atoi(a[1]) * 1000);
+    } else if (!strcmp(cmd, "ready")) {
+        printf("ready\n");
+    } else if (!strcmp(cmd, "wait")) {
+        printf("waiting\n");
+        fflush(stdout);
+        for (;;) pause();
+    } else {
+        printf("unknown step %s\n", cmd);
+        return 2;
+    }
+    fflush(stdout);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    resolve();
+    for (int i = 1; i < argc; i++)
+        if (step(argv[i])) return 2;
+    return 0;
+}
