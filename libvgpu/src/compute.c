@@ -19,8 +19,7 @@
 #define SAMPLE_NS (50ull * 1000000ull)
 #define BURST_NS (50ull * 1000000ull)
 
-static _Atomic uint64_t stamp_ns;         /* last activity stamp written by this process */
-static _Atomic uint64_t unstamped_launches; /* launches not yet added to the activity file */
+static _Atomic uint64_t stamp_ns; /* last activity stamp written by this process */
 
 static void stamp_slow(uint64_t now) {
     struct vgpu_container_region *r = vgpu.reg;
@@ -29,8 +28,6 @@ static void stamp_slow(uint64_t now) {
         atomic_store_explicit(&r->last_launch_ns, now, memory_order_relaxed);
     struct vgpu_activity *a = vgpu.act;
     if (a) {
-        uint64_t n = atomic_exchange_explicit(&unstamped_launches, 0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&a->launches, n, memory_order_relaxed);
         if (now - atomic_load_explicit(&a->last_launch_ns, memory_order_relaxed) >= 1000000ull)
             atomic_store_explicit(&a->last_launch_ns, now, memory_order_relaxed);
     }
@@ -42,10 +39,7 @@ static inline void stamp_activity(void) {
         uint64_t n = atomic_load_explicit(&me->launches, memory_order_relaxed);
         atomic_store_explicit(&me->launches, n + 1, memory_order_relaxed);
     }
-    if (vgpu.act) {
-        uint64_t n = atomic_load_explicit(&unstamped_launches, memory_order_relaxed);
-        atomic_store_explicit(&unstamped_launches, n + 1, memory_order_relaxed);
-    }
+    if (vgpu.act) atomic_fetch_add_explicit(&vgpu.act->launches, 1, memory_order_relaxed);
     uint64_t now = vgpu_coarse_real_ns(); /* vDSO, ~1-4 ms resolution */
     if (VGPU_LIKELY(now == atomic_load_explicit(&stamp_ns, memory_order_relaxed))) return;
     atomic_store_explicit(&stamp_ns, now, memory_order_relaxed);

@@ -371,6 +371,33 @@ int vgpu_region_claim_slot(void) {
     return 0;
 }
 
+/* A process that exits normally gives its slot back (SIGKILLed ones are reaped by the others).
+ * Never blocks: if the lock is busy the slot is cleared and the totals are recomputed by the
+ * next reap (every query and every allocation near the limit reaps). */
+__attribute__((destructor)) static void release_slot_at_exit(void) {
+    struct vgpu_container_region *r = vgpu.reg;
+    int i = atomic_load(&vgpu.slot);
+    if (!r || i < 0 || vgpu.reg_private) return;
+    struct vgpu_slot *s = &r->slots[i];
+    int locked = pthread_mutex_trylock(&r->lock.m);
+    if (locked == EOWNERDEAD) {
+        pthread_mutex_consistent(&r->lock.m);
+        locked = 0;
+    }
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        uint64_t used = atomic_exchange(&s->used[d], 0);
+        atomic_store(&s->overhead[d], 0);
+        if (locked == 0 && used) {
+            uint64_t total = atomic_load(&r->used[d]);
+            atomic_store(&r->used[d], total > used ? total - used : 0);
+        }
+    }
+    atomic_store(&s->pid, 0);
+    if (locked == 0) pthread_mutex_unlock(&r->lock.m);
+    atomic_store(&vgpu.slot, -1);
+    vgpu.me = NULL;
+}
+
 /* ---- node regions ----------------------------------------------------------------------- */
 
 static void init_node(void *mem, void *arg) {

@@ -1,0 +1,100 @@
+"""Priority: on a shared GPU a low-priority container holds its launches while a
+higher-priority one has launched within the window, and resumes when it goes quiet; with or
+without a cores limit, graph launches included."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from libvgpu.regions import read_node_regions
+
+WINDOW_MS = 200
+
+
+def gaps(out: str) -> list[tuple[float, float]]:
+    """(start_ms, end_ms) of every pause longer than 50 ms in a 'timeline' line."""
+    found = []
+    for word in out.split():
+        if word.startswith("gap="):
+            a, b = word[4:].split("-")
+            found.append((float(a), float(b)))
+    return found
+
+
+def field(out: str, key: str) -> float:
+    return float(out.split(f"{key}=")[1].split()[0])
+
+
+def run_pair(node, low_limits: str, high_priority: int, *, high_kind: str = "timeline:1:1000"):
+    common = f"node_region_dir={node.node_dir}\npriority_window_ms={WINDOW_MS}"
+    low = node.container("low", f"priority=1\nname=low\n{low_limits}\n{common}")
+    high = node.container("high", f"priority={high_priority}\nname=high\n{common}")
+    low_proc = low.start("init", "ctx", "ready", "timeline:3:1000", wait_for="ready")
+    time.sleep(1.0)
+    started = time.time() * 1000
+    h = high.run("init", "ctx", high_kind)
+    ended = time.time() * 1000
+    out, err = low_proc.communicate(timeout=30)
+    assert low_proc.returncode == 0, err
+    assert h.returncode == 0, h.stderr
+    return out, started, ended, h
+
+
+@pytest.mark.parametrize("low_limits", ["", "cores_percent=50"], ids=["no-cores-limit", "cores-limit"])
+def test_low_priority_holds_while_high_priority_runs_and_resumes_after(make_node, low_limits):
+    node = make_node(CUDA_DOUBLE_QUEUE=2)  # launches pace at the kernels' speed
+    out, started, ended, high = run_pair(node, low_limits, 100)
+    high_start, high_end = field(high.stdout, "start_ms"), field(high.stdout, "end_ms")
+    held = [g for g in gaps(out) if g[1] - g[0] > 500]
+    assert len(held) == 1, out
+    begin, end = held[0]
+    assert begin <= high_start + 60  # held from (nearly) the high one's first launch ...
+    assert high_end + WINDOW_MS - 60 <= end <= high_end + WINDOW_MS + 250  # ... to a window after
+    assert field(out, "end_ms") - end > 500  # and it ran again afterwards
+    assert field(out, "launches") > 500
+
+
+def test_equal_priority_does_not_hold(make_node):
+    node = make_node(CUDA_DOUBLE_QUEUE=2)
+    out, *_ = run_pair(node, "", 1)
+    assert [g for g in gaps(out) if g[1] - g[0] > 300] == []
+
+
+def test_graph_launches_of_a_low_priority_container_are_held(make_node):
+    node = make_node(CUDA_DOUBLE_QUEUE=2)
+    common = f"node_region_dir={node.node_dir}\npriority_window_ms={WINDOW_MS}"
+    low = node.container("low", f"priority=1\n{common}")
+    high = node.container("high", f"priority=100\n{common}")
+    busy = high.start("init", "ctx", "ready", "timeline:1.5:1000", wait_for="ready")
+    time.sleep(0.3)
+    started = time.monotonic()
+    r = low.run("init", "ctx", "graph:1:4:100")  # waits until high has been quiet for a window
+    held = time.monotonic() - started
+    out, _ = busy.communicate(timeout=30)
+    assert r.rcs("graph") == [0]
+    assert held >= 1.5 - 0.3 + WINDOW_MS / 1000 - 0.15, out
+
+
+def test_node_region_shows_priorities_and_who_is_held(make_node):
+    node = make_node(CUDA_DOUBLE_QUEUE=2)
+    common = f"node_region_dir={node.node_dir}\npriority_window_ms=2000"
+    low = node.container("low", f"priority=1\nname=alloc-low\nmemory_mib=512\n{common}")
+    high = node.container("high", f"priority=100\nname=alloc-high\n{common}")
+    high.start("init", "ctx", "alloc:64M", "launch:3:10", "wait")
+    low.start("init", "ctx", "ready", "launch:1:10", wait_for="ready")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        (gpu,) = read_node_regions(node.node_dir).values()
+        by_name = {c.name: c for c in gpu.containers}
+        if by_name.get("alloc-low") and by_name["alloc-low"].held_since:
+            break
+        time.sleep(0.05)
+    assert gpu.uuid.startswith("GPU-")
+    lo, hi = by_name["alloc-low"], by_name["alloc-high"]
+    assert (lo.priority, hi.priority) == (1, 100)
+    assert lo.held_since is not None and hi.held_since is None
+    assert hi.last_launch_at is not None and time.time() - hi.last_launch_at < 10
+    assert hi.memory_used_bytes == 64 << 20 and lo.memory_limit_bytes == 512 << 20
+    assert lo.alive and hi.alive
