@@ -1,6 +1,6 @@
 """Kernel start: from "start kernel" to the first executed cell, remote GPU kernel vs local kernel.
 
-    python bench/kernel_start.py [--mode emulator|local] [--rounds 5]
+    python bench/kernel_start.py [--mode emulator|local] [--rounds 9]
 
 Both kernels are started the way JupyterLab starts them, through the user's real jupyter-server
 (started by a real JupyterHub): ``POST /api/sessions``, a websocket on the kernel's channels,
@@ -58,7 +58,7 @@ def time_first_cell(server: Server, spec: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mode", choices=("emulator", "local"), default="emulator")
-    parser.add_argument("--rounds", type=int, default=5, help="measured rounds (after one warm-up), default 5")
+    parser.add_argument("--rounds", type=int, default=9, help="measured rounds (after one warm-up), default 9")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")

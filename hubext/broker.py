@@ -431,7 +431,7 @@ class GPUBroker(SingletonConfigurable):
             if record.state != "pending" or time.monotonic() >= deadline or record.id not in self.kernels:
                 return record
             await asyncio.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+            delay = min(delay * 1.5, 0.2)
 
     async def _refresh(self, record: KernelRecord) -> None:
         before = record.state
