@@ -503,9 +503,8 @@ class GPUCuller(Application):
             self.metrics.warnings.labels("failed").inc()
         else:
             self.metrics.warnings.labels("sent").inc()
-        after = await self.client.kernel_model(k.user, k.server_name, k.kernel_id, k.server_url)
         before = v.view.jupyter.last_activity if v.view.jupyter else now
-        activity_after = JupyterState.from_model(after).last_activity if after else before
+        activity_after = await self._settled_activity(k, before)
         self.store.put(
             k.kernel_id,
             GraceWarning(warned_at=now, activity_before=before, activity_after=activity_after, due_at=v.due_at or now),
@@ -522,6 +521,19 @@ class GPUCuller(Application):
             "" if ok else " (warning not delivered)",
         )
         return ok
+
+    async def _settled_activity(self, k: GPUKernel, default: float) -> float:
+        """The kernel's last_activity once the server has seen all of the warning's messages (its
+        activity watcher reads the kernel's output apart from our websocket, so it may lag)."""
+        last = None
+        for _ in range(6):
+            model = await self.client.kernel_model(k.user, k.server_name, k.kernel_id, k.server_url)
+            value = JupyterState.from_model(model).last_activity if model else default
+            if value == last:
+                break
+            last = value
+            await asyncio.sleep(0.2)
+        return last if last is not None else default
 
     async def _print(self, v: Verdict, text: str) -> bool:
         k = v.kernel
@@ -554,8 +566,14 @@ class GPUCuller(Application):
         method = "server"
         if v.view.server_status == "ok":
             j = v.view.jupyter
-            if j is not None and j.connections > 0:
+            if j is not None and j.connections > 0 and self.store.get(k.kernel_id) is None:
+                # someone is watching and was not warned (no grace period, or pressure): say why. The
+                # notice is activity on the server: recorded like a warning, so that a culler killed
+                # before the shutdown does not take it for the user's activity after its restart
                 await self._print(v, f"[elastic-gpu] Shutting this kernel down to free its GPU slice: {why}.")
+                settled = await self._settled_activity(k, j.last_activity)
+                self.store.put(k.kernel_id, GraceWarning(time.time(), j.last_activity, settled, time.time()))
+                self.store.save()
             answer = await self.client.shutdown_kernel(k.user, k.server_name, k.kernel_id, k.server_url)
             freed = await self._confirm_free(k, self.confirm_timeout_seconds) if answer != "failed" else False
             if answer == "failed":

@@ -202,15 +202,21 @@ def needs_jupyter_state(
 # ---- the decision ----------------------------------------------------------------------------
 
 
+#: activity this close after the culler's own warning is taken for the warning's (the server
+#: records the warning's last output a moment after the culler reads it back)
+WARNING_ACTIVITY_SLACK_SECONDS = 2.0
+
+
 def effective_last_activity(last_activity: float, warning: GraceWarning | None) -> tuple[float, bool]:
     """The kernel's Jupyter activity with the culler's own warning taken out.
 
-    Returns (last activity, warning still valid). Unchanged ``last_activity`` since right after
-    the warning means nobody used the kernel since: its activity is what it was before.
+    Returns (last activity, warning still valid). ``last_activity`` unchanged since right after
+    the warning (within a short slack) means nobody used the kernel since: its activity is what
+    it was before the warning.
     """
     if warning is None:
         return last_activity, False
-    if last_activity <= warning.activity_after + 1e-3:
+    if last_activity <= warning.activity_after + WARNING_ACTIVITY_SLACK_SECONDS:
         return min(last_activity, warning.activity_before), True
     return last_activity, False
 

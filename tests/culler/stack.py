@@ -296,14 +296,16 @@ class CullerProcess:
                 pass
 
 
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.2, log: str = "") -> Any:
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.2, log: Any = "") -> Any:
+    """Poll ``predicate`` until truthy; on timeout fail with ``log`` (a string, or a callable giving one)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{log}")
+    text = log() if callable(log) else log
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{text}")
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:

@@ -100,6 +100,10 @@ def stack(tmp_path_factory):
         hub.stop()
 
 
+def diagnose(hub: HubRunner, culler: CullerProcess) -> str:
+    return f"--- culler log:\n{culler.log_text()[-4000:]}\n--- hub log:\n{hub.log_tail(40)}"
+
+
 def broker_kernels(hub: HubRunner) -> dict[str, dict]:
     status, body = hub.api("GET", "/gpu/kernels")
     assert status == 200, body
@@ -159,7 +163,12 @@ def test_idle_gpu_kernel_is_culled_through_its_server_and_its_slice_returns_to_t
     assert record["activity_file"], "the broker must say where the shim's activity record is"
     assert used_mib(hub) == 40960
     culler = culler_factory("real-idle", idle_timeout_seconds=3, warning_seconds=0)
-    wait_until(lambda: kid not in broker_kernels(hub), 30, "the idle GPU kernel to be culled", log=culler.log_text())
+    wait_until(
+        lambda: kid not in broker_kernels(hub),
+        30,
+        "the idle GPU kernel to be culled",
+        log=lambda: diagnose(hub, culler),
+    )
     assert used_mib(hub) == 0, "the slice must be back in the pool"
     assert not on_server(servers["alice"], kid), "JupyterLab must see the kernel stopped"
     line = culler.wait_log(rf"Culled GPU kernel {kid} of alice .*").group(0)
@@ -196,7 +205,7 @@ def test_gpu_kernel_launching_work_with_no_browser_is_kept(stack, sessions, cull
         lambda: kid not in broker_kernels(hub),
         20,
         "the kernel to be culled once its GPU is idle",
-        log=culler.log_text(),
+        log=lambda: diagnose(hub, culler),
     )
     assert "(6.0 GiB in use)" in culler.wait_log(rf"Culled GPU kernel {kid} .*").group(0)
 
@@ -215,13 +224,16 @@ def test_open_tab_without_gpu_work_is_warned_then_culled_when_cull_connected_all
             priority_class_policies={"high": {"cull_connected": False}},
         )
         wait_until(
-            lambda: kid not in broker_kernels(hub), 30, "the connected idle kernel to be culled", log=culler.log_text()
+            lambda: kid not in broker_kernels(hub),
+            30,
+            "the connected idle kernel to be culled",
+            log=lambda: diagnose(hub, culler),
         )
         tab.drain(1.0)
         warnings = tab.streams("will be shut down at")
         assert len(warnings) == 1, f"expected one warning on the kernel's output, got {tab.streams('')}"
         assert "has been idle for" in warnings[0] and "40.0 GiB" in warnings[0]
-        assert tab.streams("Shutting this kernel down to free its GPU slice"), "no notice before the shutdown"
+        assert not tab.streams("Shutting this kernel down"), "a warned kernel needs no second notice"
         assert used_mib(hub) == 40960
         # the same situation in a class with cull_connected=False: kept, and told nothing
         assert protected in broker_kernels(hub) and on_server(servers["alice"], protected)
@@ -238,6 +250,7 @@ def test_pressure_mode_reclaims_the_low_priority_idle_kernel_for_a_waiting_kerne
     low = sessions("alice", LOW)
     default = sessions("bob", DEFAULT)
     assert used_mib(hub) == 81920, "the card is full"
+    tab = KernelTab(hub, "alice", low)  # alice has the notebook open, but does nothing
     culler = culler_factory(
         "real-pressure",
         idle_timeout_seconds=600,
@@ -253,13 +266,17 @@ def test_pressure_mode_reclaims_the_low_priority_idle_kernel_for_a_waiting_kerne
     waiting = threading.Thread(target=start_waiting)
     waiting.start()
     waiting.join(60)
-    assert result.get("kid"), f"the waiting kernel did not start\n{culler.log_text()[-3000:]}"
+    assert result.get("kid"), f"the waiting kernel did not start\n{diagnose(hub, culler)}"
     kernels = broker_kernels(hub)
     assert low not in kernels, "the low-priority idle kernel must have yielded"
     assert default in kernels and kernels[result["kid"]]["state"] == "running"
     line = culler.wait_log(rf"Culled GPU kernel {low} of alice .*").group(0)
     assert "while GPU requests are waiting" in line and "bob's waiting default-priority request" in line
     assert not on_server(servers["alice"], low)
+    tab.drain(0.5)
+    tab.close()
+    [notice] = tab.streams("Shutting this kernel down to free its GPU slice")
+    assert "while GPU requests are waiting" in notice
 
 
 def test_culler_restart_mid_cycle_is_safe(stack, sessions, culler_factory):
@@ -281,7 +298,7 @@ def test_culler_restart_mid_cycle_is_safe(stack, sessions, culler_factory):
             lambda: kid not in broker_kernels(hub),
             20,
             "the kernel to be culled after the restarts",
-            log=third.log_text(),
+            log=lambda: diagnose(hub, third),
         )
         time.sleep(1.0)  # a few more cycles of the third culler
         tab.drain(1.0)
@@ -308,7 +325,10 @@ def test_gpu_kernel_its_server_does_not_know_is_reclaimed_through_the_broker(sta
     pid = int(record["holder"])
     culler = culler_factory("orphan", idle_timeout_seconds=2, warning_seconds=0)
     wait_until(
-        lambda: "no-such-kernel" not in broker_kernels(hub), 20, "the orphan to be reclaimed", log=culler.log_text()
+        lambda: "no-such-kernel" not in broker_kernels(hub),
+        20,
+        "the orphan to be reclaimed",
+        log=lambda: diagnose(hub, culler),
     )
     line = culler.wait_log(r"Culled GPU kernel no-such-kernel of bob .*").group(0)
     assert "server is gone or does not know it" in line and "via broker" in line
