@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Build, Node, build_all
+from .harness import Build, Node, _build, build_all
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +35,13 @@ def make_node(build: Build, tmp_path: Path) -> Iterator[Callable[..., Node]]:
 def node(make_node: Callable[..., Node]) -> Node:
     """A node with one 4 GiB simulated GPU whose contexts take no memory."""
     return make_node()
+
+
+@pytest.fixture(scope="session")
+def default_path_build(build: Build, tmp_path_factory: pytest.TempPathFactory) -> Build:
+    """A shim whose built-in limits-file path (normally /etc/libvgpu/limits.conf) is in a
+    temporary directory, so the tests can see what the default path does."""
+    root = tmp_path_factory.mktemp("libvgpu-default-path")
+    default = root / "etc" / "limits.conf"
+    _build.build(root / "shim", defines={"VGPU_DEFAULT_CONFIG": f'"{default}"'})
+    return Build(root, root / "shim", build.lib_dir, build.bin_dir)

@@ -27,6 +27,10 @@ EXPORT nvmlReturn_t nvmlInit_v2(void) {
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInit_v2(); }
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    return nvmlInit_v2();
+}
 EXPORT nvmlReturn_t nvmlShutdown(void) { return NVML_SUCCESS; }
 EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
     dbl_ready();

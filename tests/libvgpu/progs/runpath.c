@@ -6,8 +6,8 @@
 int outer_load(void);
 
 int main(void) {
+    void *direct = dlopen("libinner.so", RTLD_NOW); /* first: afterwards it is loaded anyway */
     int via_outer = outer_load();
-    void *direct = dlopen("libinner.so", RTLD_NOW);
     printf("runpath outer_rc=%d direct_found=%d\n", via_outer, direct != NULL);
     return 0;
 }
