@@ -451,13 +451,23 @@ class CardIndex:
         for ni, sg in enumerate(self.sgpus):
             if one_m[ni] < m or one_c[ni] < c:
                 continue
+            found = []
+            ready = 0
             for gi in sg.get(group, ()):
                 fm, fc = cap_m[gi] - used_m[gi], cap_c[gi] - used_c[gi]
-                if (fm >= m and fc >= c) or fm + em1[gi] < m or fc + ec1[gi] < c:
+                if fm >= m and fc >= c:
+                    ready += 1
                     continue
+                if fm + em1[gi] < m or fc + ec1[gi] < c:
+                    continue
+                fixable = False
                 for aid, (am, ac) in on[gi].items():
                     if elig[aid][p] and fm + am >= m and fc + ac >= c:
-                        result.append(aid)
+                        found.append(aid)
+                        fixable = True
+                ready += fixable
+            if found and (k == 1 or ready >= k):
+                result.extend(found)
         return result
 
     def most_free_card(self, group: str) -> tuple[int, int]:

@@ -21,7 +21,6 @@ candidates), add eligible allocations in preference order while they help, then 
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -79,6 +78,9 @@ class VictimSearch:
     #: single-victim search: allocations walked in preference order before switching to the
     #: card index (which finds the same answer; the walk is faster when answers abound)
     scan_budget = 256
+    #: several victims: weigh this many candidate nodes (in placement order), or more, up to
+    #: Policy.max_preemption_nodes, until one of them works
+    settle_after = 32
 
     def __init__(
         self,
@@ -275,7 +277,8 @@ class VictimSearch:
             order = self.st._ws_order.get(narrowest.key[0], [])
         else:
             narrowest = None
-            order = self.st._order
+            group = self.ask.group
+            order = self.st._group_order.get(group, []) if group else self.st._order
         charges = self.st._charges
         budget = None if narrowest is not None or self.base is not None else self.scan_budget
         last = None
@@ -313,10 +316,18 @@ class VictimSearch:
         no room anywhere)."""
         a, keys, allocs = self.ask, self.st._key, self.st._allocs
         ids = set(self.ix.single_victims(self.p, a.m, a.c, a.k, a.whole, a.group))
-        ordered = sorted(keys[i] for i in ids)
         if after is not None:
-            ordered = ordered[bisect_right(ordered, after):]
-        for key in ordered:
+            ids = {i for i in ids if keys[i] > after}
+        if not ids:
+            return None
+        if a.k == 1 and not a.whole:
+            # each of these alone makes a card fit: the best is simply the smallest key
+            first = allocs[min(ids, key=keys.__getitem__)]
+            ni = self._node_of(first)
+            cards = self._feasible(ni, self._trial([first])) if ni is not None else None
+            if cards is not None:
+                return Solution([first], ni, cards)
+        for key in sorted(keys[i] for i in ids):
             v = allocs[key[3]]
             ni = self._node_of(v)
             if ni is None:
@@ -356,18 +367,32 @@ class VictimSearch:
                 cards = got
         return cards
 
+    def _quota_only(self) -> list[Allocation] | None:
+        """The fewest eligible allocations of the levels in deficit whose eviction fixes the
+        quota (greedy in preference order, then the superfluous ones given back)."""
+        t = self._trial()
+        for v in self._quota_candidates():
+            if self._quota_helps(t, v, self.low):
+                self._change(t, v, 1)
+                if self._quota_ok(t, self.low):
+                    for u in list(reversed(t.victims)):
+                        self._change(t, u, -1)
+                        if not self._quota_ok(t, self.low):
+                            self._change(t, u, 1)
+                    return list(t.victims)
+        return None
+
     def _several(self) -> Solution | None:
-        if self.base is not None:
-            if not self.deficits:
-                return None
-            t = self._trial()
-            for a in self._quota_candidates():
-                if self._quota_helps(t, a, self.low):
-                    self._change(t, a, 1)
-                    if self._feasible(None, t) is not None:
-                        cards = self._reprieve(None, t)
-                        return Solution(t.victims, self.base[0], cards)
+        quota = self._quota_only() if self.deficits else []
+        if quota is None:
             return None
+        if self.base is not None:
+            if not quota:
+                return None
+            t = self._trial(quota)
+            if self._feasible(None, t) is None:
+                return None
+            return Solution(quota, self.base[0], self._reprieve(None, t))
         a = self.ask
         nodes = self.ix.evictable_nodes(self.p, a.m, a.c, a.k, a.whole, a.group)
         if not nodes:
@@ -375,47 +400,76 @@ class VictimSearch:
         nodes.sort(key=lambda ni: self.ix.node_rank(ni, a.group, a.whole))
         nodes = nodes[: max(1, self.st.config.policy.max_preemption_nodes)]
         keys = self.st._key
+        widest = (
+            max((lv for lv, _, _ in self.deficits), key=lambda lv: -len(lv.key))
+            if self.deficits else None
+        )
         best: tuple | None = None
-        best_solution: Solution | None = None
+        plan: tuple[int, list[Allocation], bool] | None = None
         for rank, ni in enumerate(nodes):
-            # capacity first: the k cards of this node that are cheapest to clear ...
+            if rank >= self.settle_after and best is not None:
+                break  # weighed enough candidate nodes
+            # capacity: the k cards of this node that are cheapest to clear ...
             per_card = self._card_costs(ni)
             if len(per_card) < a.k:
                 continue
             if best is not None and max(len(v) for _, v in per_card[: a.k]) > best[0]:
                 continue  # clearing the hardest of its cards alone takes more than the best
-            t = self._trial()
+            chosen: dict[str, Allocation] = {}
             for _, victims in per_card[: a.k]:
                 for v in victims:
-                    if v.id not in t.ids:
-                        self._change(t, v, 1)
-            cards = self.ix.fit_node(ni, a.m, a.c, a.k, a.whole, a.group, t.freed)
-            if cards is None:
-                continue
-            reprieve = any(len(v.gpu_uuids) > 1 for v in t.victims)
-            # ... then the quota, from eligible allocations of the levels in deficit
-            if self.levels and (self.deficits or a.whole):
-                asked = self.asked_for(cards)
-                if not self._quota_ok(t, asked):
-                    if not self.deficits:
-                        continue  # only bigger whole cards here; the quota has no room
-                    for v in self._quota_candidates():
-                        if v.id not in t.ids and self._quota_helps(t, v, asked):
-                            self._change(t, v, 1)
-                            reprieve = True
-                            if self._quota_ok(t, asked):
-                                break
-                    if not self._quota_ok(t, asked):
-                        continue
-            if reprieve:
-                cards = self._reprieve(ni, t)
-            if best is not None and len(t) > best[0]:
-                continue
-            score = (len(t), sorted((keys[v.id] for v in t.victims), reverse=True), rank)
+                    chosen[v.id] = v
+            # ... plus the quota's own victims. If a capacity victim also counts against a
+            # level in deficit, or cards differ in size (whole), work it out in full.
+            simple = not a.whole and all(
+                len(v.gpu_uuids) == 1
+                and (widest is None or v.borrowed or not self._belongs(v, widest.key))
+                for v in chosen.values()
+            )
+            if simple:
+                for v in quota:
+                    chosen[v.id] = v
+                victims = list(chosen.values())
+            else:
+                got = self._full(ni, list(chosen.values()))
+                if got is None:
+                    continue
+                victims = got
+            score = (len(victims), tuple(sorted((keys[v.id] for v in victims), reverse=True)),
+                     rank)
             if best is None or score < best:
-                best = score
-                best_solution = Solution(list(t.victims), ni, cards)
-        return best_solution
+                best, plan = score, (ni, victims, simple)
+        if plan is None:
+            return None
+        ni, victims, simple = plan
+        t = self._trial(victims)
+        if self._feasible(ni, t) is None:  # pragma: no cover - the parts each fit
+            return None
+        cards = self._reprieve(ni, t)
+        return Solution(list(t.victims), ni, cards)
+
+    def _full(self, ni: int, capacity: list[Allocation]) -> list[Allocation] | None:
+        """Victims on node ``ni``: the capacity victims, then quota victims while a level is
+        short, then every superfluous one given back."""
+        a = self.ask
+        t = self._trial(capacity)
+        cards = self.ix.fit_node(ni, a.m, a.c, a.k, a.whole, a.group, t.freed)
+        if cards is None:
+            return None
+        if self.levels and (self.deficits or a.whole):
+            asked = self.asked_for(cards)
+            if not self._quota_ok(t, asked):
+                if not self.deficits:
+                    return None  # only bigger whole cards here; the quota has no room
+                for v in self._quota_candidates():
+                    if v.id not in t.ids and self._quota_helps(t, v, asked):
+                        self._change(t, v, 1)
+                        if self._quota_ok(t, asked):
+                            break
+                if not self._quota_ok(t, asked):
+                    return None
+        self._reprieve(ni, t)
+        return list(t.victims)
 
     def _card_costs(self, ni: int) -> list[tuple[tuple, list[Allocation]]]:
         """For each card of node ``ni`` the request could use: the fewest, least valuable
@@ -423,52 +477,53 @@ class VictimSearch:
         then the superfluous ones given back), cheapest cards first."""
         ix, a = self.ix, self.ask
         keys, allocs = self.st._key, self.st._allocs
+        m, c = a.m, a.c
         preempt, value = self.pc.preempt, self.pc.value
         cards = (ix.wgpus if a.whole else ix.sgpus)[ni].get(a.group, ())
+        on_all, nalloc = ix.on, ix.nalloc
         cap_m, cap_c, used_m, used_c = ix.cap_m, ix.cap_c, ix.used_m, ix.used_c
-        em, ec = ix.em[self.p], ix.ec[self.p]
+        em, ec, en = ix.em[self.p], ix.ec[self.p], ix.en[self.p]
+        free: tuple = (0, ())
         result = []
         for gi in cards:
-            on = ix.on[gi]
+            on = on_all[gi]
             if a.whole:
                 if not on:
-                    result.append(((0, ()), []))
-                    continue
-                ks = [keys[aid] for aid in on]
-                if any(k[0] == 1 and (not preempt or k[1] >= value) for k in ks):
-                    continue
-                ks.sort()
-                result.append(((len(ks), tuple(reversed(ks))), [allocs[k[3]] for k in ks]))
+                    result.append((free, []))
+                elif en[gi] == nalloc[gi]:  # every allocation on it may be evicted
+                    ks = sorted(keys[aid] for aid in on)
+                    result.append(((len(ks), tuple(reversed(ks))), [allocs[k[3]] for k in ks]))
                 continue
-            fm = cap_m[gi] - used_m[gi]
-            fc = cap_c[gi] - used_c[gi]
-            if fm >= a.m and fc >= a.c:
-                result.append(((0, ()), []))
+            need_m = m - cap_m[gi] + used_m[gi]
+            need_c = c - cap_c[gi] + used_c[gi]
+            if need_m <= 0 and need_c <= 0:
+                result.append((free, []))
                 continue
-            if fm + em[gi] < a.m or fc + ec[gi] < a.c:
+            if em[gi] < need_m or ec[gi] < need_c:
                 continue  # even every allocation it may evict here would not make room
-            ks = []
-            for aid in on:
+            items = []
+            for aid, (cm, cc) in on.items():
                 k = keys[aid]
                 if k[0] == 0 or (preempt and k[1] < value):
-                    ks.append(k)
-            ks.sort()
-            chosen = []
-            for k in ks:
-                cm, cc = on[k[3]]
-                chosen.append((k, cm, cc))
-                fm += cm
-                fc += cc
-                if fm >= a.m and fc >= a.c:
+                    items.append((k, cm, cc))
+            items.sort()
+            n = 0
+            for _, cm, cc in items:
+                n += 1
+                need_m -= cm
+                need_c -= cc
+                if need_m <= 0 and need_c <= 0:
                     break
-            else:
-                continue  # even all of them are not enough
-            for item in reversed(list(chosen)):
-                if fm - item[1] >= a.m and fc - item[2] >= a.c:
-                    chosen.remove(item)
-                    fm -= item[1]
-                    fc -= item[2]
-            ks = sorted(item[0] for item in chosen)
-            result.append(((len(ks), tuple(reversed(ks))), [allocs[k[3]] for k in ks]))
+            chosen = items[:n]
+            if n > 1:  # give back the most valuable ones it can do without
+                for item in reversed(items[:n]):
+                    if need_m + item[1] <= 0 and need_c + item[2] <= 0:
+                        chosen.remove(item)
+                        need_m += item[1]
+                        need_c += item[2]
+            result.append((
+                (len(chosen), tuple(item[0] for item in reversed(chosen))),
+                [allocs[item[0][3]] for item in chosen],
+            ))
         result.sort(key=lambda item: item[0])
         return result

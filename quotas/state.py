@@ -52,6 +52,8 @@ class AdmissionState:
         self._key: dict[str, VictimKey] = {}
         self._order: list[VictimKey] = []
         self._ws_order: dict[str, list[VictimKey]] = {}
+        #: victim order per GPU model (lower case) of the cards an allocation holds
+        self._group_order: dict[str, list[VictimKey]] = {}
 
     # ---- the ledger -----------------------------------------------------------------------
 
@@ -84,6 +86,8 @@ class AdmissionState:
         self._key[allocation.id] = key
         insort(self._order, key)
         insort(self._ws_order.setdefault(allocation.owner.workspace, []), key)
+        for group in self._groups(allocation):
+            insort(self._group_order.setdefault(group, []), key)
         self._ledger.apply(allocation.id, allocation.owner, charge, allocation.borrowed, 1)
         self._index.apply(allocation, eligible, 1, refresh)
 
@@ -96,7 +100,9 @@ class AdmissionState:
         if allocation is None:
             return None
         key = self._key.pop(allocation_id)
-        for order in (self._order, self._ws_order[allocation.owner.workspace]):
+        orders = [self._order, self._ws_order[allocation.owner.workspace]]
+        orders.extend(self._group_order[g] for g in self._groups(allocation))
+        for order in orders:
             del order[bisect_left(order, key)]
         charge = self._charges.pop(allocation_id)
         eligible = self._eligible.pop(allocation_id)
@@ -122,6 +128,11 @@ class AdmissionState:
         for allocation in allocations:
             self._add(allocation, refresh=False)
         self._index.refresh_all()
+
+    def _groups(self, allocation: Allocation) -> set[str]:
+        ix = self._index
+        return {ix.group[gi] for gi in (ix.gi_of.get(u) for u in allocation.gpu_uuids)
+                if gi is not None}
 
     def _charge(self, allocation: Allocation) -> tuple[int, int, int]:
         """What an allocation counts against quotas: (memory MiB, cores %, vGPUs). A whole
