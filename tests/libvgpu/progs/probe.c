@@ -45,6 +45,8 @@ typedef CUresult (*cuGraphCreate_fn)(CUgraph *, unsigned int);
 typedef CUresult (*cuGraphAddKernelNode_v2_fn)(CUgraphNode *, CUgraph, const CUgraphNode *,
                                                size_t, const CUDA_KERNEL_NODE_PARAMS_v2 *);
 typedef CUresult (*cuGraphInstantiateWithFlags_fn)(CUgraphExec *, CUgraph, unsigned long long);
+typedef CUresult (*cuGraphDestroy_fn)(CUgraph);
+typedef CUresult (*cuGraphExecDestroy_fn)(CUgraphExec);
 typedef CUresult (*cuGetErrorString_fn)(CUresult, const char **);
 typedef nvmlReturn_t (*nvmlDeviceGetHandleByIndex_v2_fn)(unsigned int, nvmlDevice_t *);
 typedef unsigned long long (*cuDoubleBusyNs_fn)(int, int, unsigned long long, unsigned long long);
@@ -85,6 +87,8 @@ static struct {
     cuGraphCreate_fn cuGraphCreate;
     cuGraphAddKernelNode_v2_fn cuGraphAddKernelNode;
     cuGraphInstantiateWithFlags_fn cuGraphInstantiateWithFlags;
+    cuGraphDestroy_fn cuGraphDestroy;
+    cuGraphExecDestroy_fn cuGraphExecDestroy;
     cuCtxSynchronize_fn cuCtxSynchronize;
     cuGetErrorString_fn cuGetErrorString;
     cuGetProcAddress_v2_fn cuGetProcAddress;
@@ -170,6 +174,8 @@ static void resolve(void) {
     D.cuGraphAddKernelNode = (cuGraphAddKernelNode_v2_fn)dlsym(h, "cuGraphAddKernelNode_v2");
     D.cuGraphInstantiateWithFlags =
         (cuGraphInstantiateWithFlags_fn)dlsym(h, "cuGraphInstantiateWithFlags");
+    D.cuGraphDestroy = (cuGraphDestroy_fn)dlsym(h, "cuGraphDestroy");
+    D.cuGraphExecDestroy = (cuGraphExecDestroy_fn)dlsym(h, "cuGraphExecDestroy");
     D.busy = (cuDoubleBusyNs_fn)dlsym(h, "cuDoubleBusyNs");
     D.device_used = (cuDoubleDeviceUsed_fn)dlsym(h, "cuDoubleDeviceUsed");
     if (!D.nvmlInit) D.nvmlInit = (nvmlInit_v2_fn)dlsym(nvml_handle, "nvmlInit_v2");
@@ -251,6 +257,7 @@ static CUgraphExec make_graph(int nodes, unsigned us) {
         D.cuGraphAddKernelNode(&n, g, NULL, 0, &p);
     }
     D.cuGraphInstantiateWithFlags(&e, g, 0);
+    D.cuGraphDestroy(g); /* the executable graph stands alone */
     return e;
 }
 
@@ -394,6 +401,7 @@ static int step(char *arg) {
         CUfunction f = kernel(us);
         CUgraphExec g = !strcmp(cmd, "graph") ? make_graph(nodes, us) : NULL;
         for (int i = 0; i < count && !rc; i++) rc = launch_one(kind, f, g);
+        if (g) D.cuGraphExecDestroy(g);
         printf("%s rc=%d\n", cmd, rc);
     } else if (!strcmp(cmd, "sync")) {
         rc = D.cuCtxSynchronize();
@@ -412,6 +420,7 @@ static int step(char *arg) {
             launches++;
         }
         uint64_t end = now_ns();
+        if (g) D.cuGraphExecDestroy(g);
         unsigned long long b = D.busy(0, all ? 0 : getpid(), tw, end);
         printf("util rc=%d util=%.1f launches=%ld\n", rc, 100.0 * (double)b / (double)(end - tw),
                launches);

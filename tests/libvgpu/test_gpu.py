@@ -1,0 +1,157 @@
+"""On a real NVIDIA GPU with PyTorch (``pytest -m gpu``; skipped without one): the installed
+shim limits real CUDA 12 programs, which reach the driver through the runtime's dlopen and
+cuGetProcAddress."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import libvgpu
+
+pytestmark = pytest.mark.gpu
+GiB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def shim() -> str:
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA GPU is visible")
+    try:
+        return libvgpu.library_path()
+    except libvgpu.ShimNotBuilt as exc:
+        pytest.skip(str(exc))
+
+
+def container(tmp_path: Path, name: str, limits: str) -> dict[str, str]:
+    root = tmp_path / name
+    root.mkdir()
+    conf = root / "limits.conf"
+    conf.write_text(f"{limits}\ncontainer_region={root / 'container.region'}\n")
+    conf.chmod(0o444)
+    return {"LIBVGPU_CONFIG": str(conf)}
+
+
+def python(shim: str, env: dict[str, str], code: str, **kw) -> subprocess.Popen[str]:
+    full = {**os.environ, **env, "LD_PRELOAD": shim, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=full,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def result(proc: subprocess.Popen[str], timeout: float = 120) -> dict:
+    out, err = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_torch_sees_the_slice(shim, tmp_path):
+    env = container(tmp_path, "c", "memory_mib=4096")
+    out = result(python(shim, env, """
+        import json, torch
+        free, total = torch.cuda.mem_get_info()
+        print(json.dumps({"free": free, "total": total}))
+    """))
+    assert out["total"] == 4 * GiB
+    assert 0 < out["free"] < out["total"]  # the context's own memory is already counted
+
+
+def test_allocating_past_a_shared_slice_raises_oom(shim, tmp_path):
+    env = container(tmp_path, "c", "memory_mib=6144")  # 2 + 3.5 GiB + two contexts > 6 GiB
+    holder = python(shim, env, """
+        import sys, time, torch
+        x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        out = result(python(shim, env, """
+            import json, torch
+            try:
+                torch.empty(int(3.5 * (1 << 30)), dtype=torch.uint8, device="cuda")
+                big = "allocated"
+            except torch.cuda.OutOfMemoryError:
+                big = "oom"
+            torch.cuda.empty_cache()
+            small = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+            print(json.dumps({"big": big, "small": small.numel()}))
+        """))
+        assert out == {"big": "oom", "small": 1 << 30}
+    finally:
+        holder.kill()
+        holder.communicate()
+
+
+def device_utilisation(seconds: float) -> float:
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    samples = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        samples.append(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        time.sleep(0.2)
+    return sum(samples) / len(samples)
+
+
+MATMULS = """
+    import time, torch
+    a = torch.randn(4096, 4096, device="cuda")
+    print("ready", flush=True)
+    end = time.monotonic() + {seconds}
+    while time.monotonic() < end:
+        for _ in range(8):
+            b = a @ a
+        torch.cuda.synchronize()
+    print('{{"done": 1}}')
+"""
+
+
+def test_cores_limit_of_30_percent_measures_25_to_35(shim, tmp_path):
+    env = container(tmp_path, "c", "cores_percent=30")
+    proc = python(shim, env, MATMULS.format(seconds=14))
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(3)  # let the limiter measure the kernels
+    measured = device_utilisation(8)
+    result(proc)
+    assert 25 <= measured <= 35, measured
+
+
+def test_low_priority_stalls_while_high_priority_runs(shim, tmp_path):
+    nodes = tmp_path / "node"
+    low_env = container(tmp_path, "low", f"priority=1\nnode_region_dir={nodes}")
+    high_env = container(tmp_path, "high", f"priority=100\nnode_region_dir={nodes}")
+    low = python(shim, low_env, """
+        import json, time, torch
+        a = torch.randn(2048, 2048, device="cuda")
+        print("ready", flush=True)
+        stamps, end = [], time.monotonic() + 9
+        while time.monotonic() < end:
+            b = a @ a
+            torch.cuda.synchronize()
+            stamps.append(time.monotonic())
+        print(json.dumps({"stamps": stamps}))
+    """)
+    assert low.stdout.readline().strip() == "ready"
+    time.sleep(2)
+    t0 = time.monotonic()
+    high = python(shim, high_env, MATMULS.format(seconds=3))
+    assert high.stdout.readline().strip() == "ready"
+    t1 = time.monotonic()
+    result(high)
+    t2 = time.monotonic()
+    stamps = result(low)["stamps"]
+    during = [s for s in stamps if t1 + 0.5 <= s <= t2 - 0.2]
+    before = [s for s in stamps if t0 - 1.5 <= s <= t0 - 0.5]
+    after = [s for s in stamps if t2 + 1.0 <= s <= t2 + 2.0]
+    assert len(before) > 20 and len(after) > 20
+    assert len(during) <= len(before) / 20  # stalled while the high-priority one ran
