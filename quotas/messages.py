@@ -15,6 +15,12 @@ def mib(n: int) -> str:
     return f"{n} MiB"
 
 
+def a(text: str) -> str:
+    """'a 10 GiB', 'an 8 GiB', 'an 80 GiB', 'an 11 GiB'."""
+    eleven = text.startswith(("11", "18")) and not text[2:3].isdigit()
+    return f"an {text}" if text.startswith("8") or eleven else f"a {text}"
+
+
 def plural(n: int, word: str, words: str | None = None) -> str:
     return f"{n} {word if n == 1 else (words or word + 's')}"
 
@@ -57,7 +63,7 @@ def quota_wait(level: Level, resource: str, used: int, limit: int, asked: int, k
     if resource == "memory_mib":
         return (
             f"{cap(level.label)} has {mib(limit)} of GPU memory; {mib(used)} "
-            f"are in use, so a {mib(asked)} {kind} does not fit. {todo}"
+            f"are in use, so {a(mib(asked))} {kind} does not fit. {todo}"
         )
     if resource == "cores_percent":
         return (
@@ -75,8 +81,8 @@ def quota_never(level: Level, resource: str, limit: int, asked: int, kind: str) 
     todo = "Pick a smaller profile or ask an admin to raise the quota."
     if resource == "memory_mib":
         return (
-            f"{cap(level.label)} has {mib(limit)} of GPU memory in all, so a "
-            f"{mib(asked)} {kind} can never fit. {todo}"
+            f"{cap(level.label)} has {mib(limit)} of GPU memory in all, so "
+            f"{a(mib(asked))} {kind} can never fit. {todo}"
         )
     if resource == "cores_percent":
         return (

@@ -12,11 +12,17 @@ Rules:
 - Preference: fewest victims; then the victims with the lowest "worst" key, where a victim's key
   is (not borrowed, priority value, newest first). Borrowed allocations are thus the first to go.
 
-Search: (1) the best single victim, exactly, by walking eligible allocations in preference
-order and stopping at the first that works; (2) otherwise, per candidate node (at most
-``Policy.max_preemption_nodes`` of them, in placement order, as kube-scheduler bounds its
-candidates), add eligible allocations in preference order while they help, then give back
-(reprieve) every victim the request can do without, worst first, so no victim is superfluous.
+Search:
+
+1. The best single victim, exactly: walk eligible allocations in preference order and stop at
+   the first that works; if that walk runs long (``scan_budget``), ask the card index for the
+   allocations that alone would make a card usable and take the best of those.
+2. Otherwise several victims, per candidate node in placement order: for each usable card the
+   fewest, least valuable eligible allocations that clear it (greedy in preference order, then
+   the superfluous ones given back); the k cheapest cards; plus the quota's own victims when a
+   level is short. The search weighs ``settle_after`` (32) candidate nodes, or more until one
+   works, up to ``Policy.max_preemption_nodes`` (100), as kube-scheduler bounds its preemption
+   candidates; the chosen set is then reprieved once more, so no victim is superfluous.
 """
 
 from __future__ import annotations

@@ -281,7 +281,7 @@ class AdmissionState:
             level, res, used, limit = over
             return self._grant(
                 request, pc, base, True, now,
-                reason=f"Borrowed idle capacity: {level.label} is over its "
+                reason=f"Borrowed idle capacity: {level.label} is over the "
                 f"{_RESOURCE_WORDS[res]} quota ({_amount(res, used)} of "
                 f"{_amount(res, limit)} in use); this allocation is preempted first when the "
                 "capacity is needed back.",
@@ -414,7 +414,7 @@ class AdmissionState:
         if over is not None:  # a borrowing class over its quota: it may only use idle capacity
             level, res, used, limit = over
             text = (
-                f"{msg.cap(level.label)} is over its {_RESOURCE_WORDS[res]} quota "
+                f"{msg.cap(level.label)} is over the {_RESOURCE_WORDS[res]} quota "
                 f"({_amount(res, used)} of {_amount(res, limit)} in use); priority class "
                 f"'{pc.name}' may borrow idle capacity, but none is free. " + text
             )

@@ -12,7 +12,7 @@ def test_a_borrowing_class_may_exceed_its_quota_with_idle_capacity():
     grant(st, req(memory_gib=20, priority_class="low", ws="vision"))
     d = st.decide(req(memory_gib=20, priority_class="low", ws="vision"))
     assert d.kind == "grant" and d.allocation.borrowed
-    assert d.reason.startswith("Borrowed idle capacity: workspace 'vision' is over its GPU memory "
+    assert d.reason.startswith("Borrowed idle capacity: workspace 'vision' is over the GPU memory "
                                "quota (20 GiB of 20 GiB in use)")
 
 
@@ -36,7 +36,7 @@ def test_borrowing_needs_idle_capacity_and_never_preempts():
     ])
     d = st.decide(req(memory_gib=10, priority_class="low", ws="vision"))
     assert d.kind == "wait" and isinstance(d.error, PoolFull)
-    assert "Workspace 'vision' is over its GPU memory quota (20 GiB of 20 GiB in use); priority " \
+    assert "Workspace 'vision' is over the GPU memory quota (20 GiB of 20 GiB in use); priority " \
            "class 'low' may borrow idle capacity, but none is free." in d.reason
 
 

@@ -137,3 +137,10 @@ def test_usage_lists_allocations_of_owners_the_config_no_longer_knows():
     gone = {w["name"]: w for w in st.usage()["workspaces"]}["gone"]
     assert gone["used"]["memory_mib"] == 5 * GIB
     assert gone["limits"] == {"memory_mib": None, "cores_percent": None, "gpus": None}
+
+
+def test_messages_use_an_before_eight_and_eleven():
+    st = big_state()
+    grant(st, req("alice", 15, ws="vision", ns="ml"))
+    d = st.decide(req("alice", 8, ws="vision", ns="ml", kind="kernel"))
+    assert "so an 8 GiB kernel does not fit" in d.reason
