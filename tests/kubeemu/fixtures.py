@@ -4,7 +4,8 @@ Import them into a conftest.py::
 
     from tests.kubeemu.fixtures import kube_emulator, kube_namespace  # noqa: F401
 
-``kube_emulator`` is session-scoped and exports ``KUBECONFIG`` while it lives. It is one
+``kube_emulator`` is session-scoped and exports ``KUBECONFIG`` while it lives (also into
+the kubernetes / kubernetes_asyncio module globals that captured it at import). It is one
 emulator per test process even when several conftest files import the fixture: KubeSpawner
 caches its client configuration (``kubespawner.clients.load_config``) and clients per
 process, so a second API server in the same process would silently be ignored by it.
@@ -17,6 +18,7 @@ namespace-independent way, or start their own ``KubeEmulator`` for a hub subproc
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
 import uuid
@@ -25,6 +27,29 @@ from collections.abc import Iterator
 import pytest
 
 from .emulator import KubeEmulator
+
+# Both official clients read KUBECONFIG once, at import, into these module globals.
+_DEFAULT_LOCATION_HOLDERS = ("kubernetes_asyncio.config.kube_config", "kubernetes_asyncio.config",
+                             "kubernetes.config.kube_config", "kubernetes.config")
+_saved_locations: dict[str, str] = {}
+
+
+def _point_clients_at(path: str | None) -> None:
+    """Make already-imported clients' default kubeconfig location follow KUBECONFIG."""
+    for modname in _DEFAULT_LOCATION_HOLDERS:
+        try:
+            mod = importlib.import_module(modname)
+        except ImportError:
+            continue
+        if not hasattr(mod, "KUBE_CONFIG_DEFAULT_LOCATION"):
+            continue
+        if path is None:
+            if modname in _saved_locations:
+                mod.KUBE_CONFIG_DEFAULT_LOCATION = _saved_locations.pop(modname)
+        else:
+            _saved_locations.setdefault(modname, mod.KUBE_CONFIG_DEFAULT_LOCATION)
+            mod.KUBE_CONFIG_DEFAULT_LOCATION = path
+
 
 _lock = threading.Lock()
 _shared: KubeEmulator | None = None
@@ -42,6 +67,7 @@ def acquire_shared_emulator() -> KubeEmulator:
             _shared = emu
             _old_kubeconfig = os.environ.get("KUBECONFIG")
             os.environ["KUBECONFIG"] = emu.kubeconfig_path
+            _point_clients_at(emu.kubeconfig_path)
         _users += 1
         return _shared
 
@@ -53,6 +79,7 @@ def release_shared_emulator() -> None:
         if _users > 0 or _shared is None:
             return
         emu, _shared = _shared, None
+        _point_clients_at(None)
         if _old_kubeconfig is None:
             os.environ.pop("KUBECONFIG", None)
         else:
