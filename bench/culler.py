@@ -165,7 +165,8 @@ def serve(port: int, kernels: int, victims: int, interval: float, shutdown_ms: f
             (r"/user/([^/]+)/api/kernels", ServerKernels),
             (r"/user/([^/]+)/api/kernels/([^/]+)", ServerKernel),
             (r"/bench/results", Results),
-        ]
+        ],
+        log_function=lambda handler: None,
     )
     app.listen(port, "127.0.0.1", backlog=1024)
     signal.signal(signal.SIGTERM, lambda *_: IOLoop.current().add_callback_from_signal(IOLoop.current().stop))
@@ -181,7 +182,7 @@ def run_culler(url: str, interval: float, cycles: int, concurrency: int) -> list
 
     from culler.app import GPUCuller
 
-    reports = []
+    reports, checks = [], []
 
     class BenchCuller(GPUCuller):
         async def run_cycle(self):
@@ -189,6 +190,11 @@ def run_culler(url: str, interval: float, cycles: int, concurrency: int) -> list
             reports.append(report)
             if len(reports) >= cycles:
                 self._stop.set()
+            return report
+
+        async def run_due_checks(self):
+            report = await super().run_due_checks()
+            checks.append(report)
             return report
 
     cfg = Config()
@@ -200,11 +206,11 @@ def run_culler(url: str, interval: float, cycles: int, concurrency: int) -> list
     cfg.GPUCuller.warning_seconds = 300
     cfg.GPUCuller.concurrency = concurrency
     cfg.GPUCuller.state_file = ""
-    cfg.GPUCuller.log_level = "WARNING"
+    cfg.GPUCuller.log_level = "WARN"
     app = BenchCuller(config=cfg)
     app.setup()
     asyncio.run(app.main())
-    return reports
+    return reports, checks
 
 
 def main() -> None:
@@ -250,7 +256,7 @@ def main() -> None:
         assert server.stdout.readline().strip() == "ready", "the bench server did not start"
         url = f"http://127.0.0.1:{port}"
         started = time.time()
-        reports = run_culler(url, args.interval, args.cycles, args.concurrency)
+        reports, checks = run_culler(url, args.interval, args.cycles, args.concurrency)
         with urllib.request.urlopen(url + "/bench/results", timeout=30) as resp:
             results = json.loads(resp.read())
     finally:
@@ -273,6 +279,10 @@ def main() -> None:
             f"  cycle {i}: {r.seconds:.2f} s, {r.kernels} kernels, {r.servers_asked} servers asked, "
             f"{sum(1 for c in r.culls if c.freed)} culled{' ERROR ' + r.error if r.error else ''}"
         )
+    print(
+        f"  due checks between cycles: {len(checks)}, {sum(r.kernels for r in checks)} kernels looked at again, "
+        f"{sum(1 for r in checks for c in r.culls if c.freed)} culled"
+    )
     print(
         f"  cycle seconds: mean {statistics.mean(cycles):.2f}, max {max(cycles):.2f}; servers asked per cycle "
         f"{min(asked)}..{max(asked)}"

@@ -253,6 +253,9 @@ class GPUCuller(Application):
         self.pressure_credit: dict[str, int] = {}
         self.http_server: HTTPServer | None = None
         self._stop: asyncio.Event | None = None  # created in the running loop
+        #: kernels falling due before the next cycle: broker id -> (epoch seconds, kernel)
+        self._checks: dict[str, tuple[float, GPUKernel]] = {}
+        self._next_cycle_at = 0.0
         self._bad_records: set[str] = set()
 
     # ---- start-up -------------------------------------------------------------------------
@@ -378,24 +381,60 @@ class GPUCuller(Application):
         return report
 
     async def _cycle(self, report: CycleReport) -> None:
-        client, rules, store = self.client, self.rules, self.store
+        client, store = self.client, self.store
         records, pool = await asyncio.gather(client.gpu_kernels(), client.gpu_pool())
         kernels = self._parse(records)
         waiting = self._waiting(pool)
-        rules = self.rules
         report.kernels, report.waiting = len(kernels), len(waiting)
         self.metrics.waiting.set(len(waiting))
         live = {w.request_id for w in waiting}
         self.pressure_credit = {r: v for r, v in self.pressure_credit.items() if r in live}
         store.keep_only(k.kernel_id for k in kernels)
 
-        # which servers to ask: only for kernels the GPU signal does not already rule out
+        views, report.servers_asked = await self._gather(kernels, pressure=bool(waiting))
+        verdicts = decide(
+            views,
+            self.rules,
+            time.time(),
+            waiting=waiting,
+            warnings=store.warnings,
+            pressure_credit=self.pressure_credit,
+        )
+        report.verdicts = verdicts
+        counts: dict[str, int] = {}
+        for v in verdicts:
+            counts[v.reason] = counts.get(v.reason, 0) + 1
+        self.log.debug(
+            "Cycle: %d GPU kernels, %d servers asked, %d waiting; verdicts %s",
+            len(kernels),
+            report.servers_asked,
+            len(waiting),
+            ", ".join(f"{r}={n}" for r, n in sorted(counts.items())) or "-",
+        )
+        self.metrics.kernels.clear()
+        for reason, n in counts.items():
+            self.metrics.kernels.labels(reason).set(n)
+        self._checks = {}
+        await self._act(verdicts, report, horizon=report.started + self.interval_seconds)
+        if report.warned or report.culls:
+            self.log.info(
+                "Culling cycle: %d GPU kernels, %d servers asked, %d waiting requests, %d warned, %d culled in %.2f s",
+                len(kernels),
+                report.servers_asked,
+                len(waiting),
+                len(report.warned),
+                sum(1 for c in report.culls if c.freed),
+                time.time() - report.started,
+            )
+
+    async def _gather(self, kernels: list[GPUKernel], pressure: bool) -> tuple[list[KernelView], int]:
+        """Join each kernel's Jupyter state, asking only the servers of kernels the GPU signal does not rule out."""
         now = time.time()
         wanted: dict[tuple[str, str, str], list[GPUKernel]] = {}
         for k in kernels:
-            if needs_jupyter_state(k, rules, now, pressure=bool(waiting), warned=store.get(k.kernel_id) is not None):
+            warned = self.store.get(k.kernel_id) is not None
+            if needs_jupyter_state(k, self.rules, now, pressure=pressure, warned=warned):
                 wanted.setdefault((k.user, k.server_name, k.server_url), []).append(k)
-        report.servers_asked = len(wanted)
         answers = await self._bounded([self.client.server_kernels(user, server, url) for (user, server, url) in wanted])
         by_server: dict[tuple[str, str, str], ServerKernels] = dict(zip(wanted, answers, strict=True))
         views = []
@@ -413,55 +452,57 @@ class GPUCuller(Application):
                 if answer.status == "unknown":
                     self.metrics.errors.labels("server").inc()
                 views.append(KernelView(k, None, answer.status))
+        return views, len(wanted)
 
-        now = time.time()
-        verdicts = decide(
-            views, rules, now, waiting=waiting, warnings=store.warnings, pressure_credit=self.pressure_credit
-        )
-        report.verdicts = verdicts
-        counts: dict[str, int] = {}
+    async def _act(self, verdicts: list[Verdict], report: CycleReport, horizon: float) -> None:
+        """Warn and cull as decided; remember kernels that fall due before ``horizon`` (the next cycle)."""
+        store = self.store
         for v in verdicts:
-            counts[v.reason] = counts.get(v.reason, 0) + 1
             if v.extra.get("warning_void"):
                 store.drop(v.kernel.kernel_id)
-        self.log.debug(
-            "Cycle: %d GPU kernels, %d servers asked, %d waiting; verdicts %s",
-            len(kernels),
-            len(wanted),
-            len(waiting),
-            ", ".join(f"{r}={n}" for r, n in sorted(counts.items())) or "-",
-        )
-        self.metrics.kernels.clear()
-        for reason, n in counts.items():
-            self.metrics.kernels.labels(reason).set(n)
-
+            check_at = v.extra.get("check_at", v.due_at)
+            if v.action == "keep" and check_at is not None and check_at < horizon:
+                self._checks[v.kernel.id] = (max(check_at, time.time() + 0.5), v.kernel)
         to_warn = [v for v in verdicts if v.action == "warn"]
         to_cull = [v for v in verdicts if v.action == "cull"]
         if to_warn:
             results = await self._bounded([self._warn(v) for v in to_warn])
-            report.warned = [v.kernel.kernel_id for v, ok in zip(to_warn, results, strict=True) if ok]
+            report.warned += [v.kernel.kernel_id for v, ok in zip(to_warn, results, strict=True) if ok]
+            for v in to_warn:  # look again when its grace period ends
+                if v.due_at is not None and v.due_at < horizon:
+                    self._checks[v.kernel.id] = (v.due_at, v.kernel)
             store.save()
         if to_cull:
-            report.culls = list(await self._bounded([self._cull(v) for v in to_cull]))
-        for result in report.culls:
-            request_id = result.verdict.extra.get("request_id")
-            if request_id and result.freed:
-                self.pressure_credit[request_id] = (
-                    self.pressure_credit.get(request_id, 0) + result.verdict.kernel.freed_memory_mib
-                )
-            if result.freed:
-                store.drop(result.verdict.kernel.kernel_id)
+            culls = list(await self._bounded([self._cull(v) for v in to_cull]))
+            report.culls += culls
+            for result in culls:
+                request_id = result.verdict.extra.get("request_id")
+                if request_id and result.freed:
+                    self.pressure_credit[request_id] = (
+                        self.pressure_credit.get(request_id, 0) + result.verdict.kernel.freed_memory_mib
+                    )
+                if result.freed:
+                    store.drop(result.verdict.kernel.kernel_id)
         store.save()
-        if to_warn or to_cull:
-            self.log.info(
-                "Culling cycle: %d GPU kernels, %d servers asked, %d waiting requests, %d warned, %d culled in %.2f s",
-                len(kernels),
-                len(wanted),
-                len(waiting),
-                len(report.warned),
-                sum(1 for c in report.culls if c.freed),
-                time.time() - report.started,
-            )
+
+    async def run_due_checks(self) -> CycleReport:
+        """Between cycles: look again at the kernels that fall due now (their timeout or grace ends),
+        so a slice comes back within moments of its timeout rather than at the next cycle."""
+        report = CycleReport(started=time.time())
+        now = report.started
+        due = [k for (at, k) in self._checks.values() if at <= now]
+        for k in due:
+            self._checks.pop(k.id, None)
+        horizon = self._next_cycle_at
+        answers = await self._bounded([self.client.gpu_kernel(k.id) for k in due])
+        kernels = self._parse([record for status, record in answers if status == "present"])
+        if kernels:
+            views, report.servers_asked = await self._gather(kernels, pressure=False)
+            verdicts = decide(views, self.rules, time.time(), warnings=self.store.warnings)
+            report.kernels, report.verdicts = len(kernels), verdicts
+            await self._act(verdicts, report, horizon=horizon)
+        report.seconds = time.time() - report.started
+        return report
 
     async def _bounded(self, coros: list) -> list:
         sem = asyncio.Semaphore(max(1, self.concurrency))
@@ -682,14 +723,25 @@ class GPUCuller(Application):
         try:
             while not self._stop.is_set():
                 started = time.monotonic()
+                self._next_cycle_at = time.time() + self.interval_seconds
                 await self.run_cycle()
                 if self.run_once:
                     break
-                wait = max(0.0, started + self.interval_seconds - time.monotonic())
-                try:
-                    await asyncio.wait_for(self._stop.wait(), wait)
-                except asyncio.TimeoutError:
-                    pass
+                while not self._stop.is_set():
+                    left = started + self.interval_seconds - time.monotonic()
+                    if left <= 0:
+                        break
+                    first = min((at for at, _ in self._checks.values()), default=None)
+                    wait = left if first is None else min(left, max(0.05, first - time.time()))
+                    try:
+                        await asyncio.wait_for(self._stop.wait(), wait)
+                    except asyncio.TimeoutError:
+                        pass
+                    if not self._stop.is_set() and self._checks and wait < left:
+                        try:
+                            await self.run_due_checks()
+                        except HubUnavailable as e:
+                            self.log.warning("Due check skipped: %s", e)
         finally:
             if self.store:
                 self.store.save()

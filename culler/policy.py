@@ -184,6 +184,12 @@ def needs_jupyter_state(
         return False
     if warned:
         return True
+    first = gpu_side_due(kernel, rules, pressure=pressure)
+    return first is not None and now >= first
+
+
+def gpu_side_due(kernel: GPUKernel, rules: Rules, *, pressure: bool = False) -> float | None:
+    """The earliest moment the kernel could be warned or culled, judging by its GPU signal and age alone."""
     policy = rules.book.for_kernel(kernel)
     since = gpu_idle_since(kernel)
     if since is None:
@@ -196,7 +202,7 @@ def needs_jupyter_state(
         candidates.append(kernel.created_at + policy.max_age_seconds - lead)
     if pressure and policy.pressure_min_idle_seconds is not None:
         candidates.append(since + max(policy.pressure_min_idle_seconds, rules.gpu_busy_window_seconds))
-    return bool(candidates) and now >= min(candidates)
+    return min(candidates) if candidates else None
 
 
 # ---- the decision ----------------------------------------------------------------------------
@@ -255,7 +261,7 @@ def _judge(view: KernelView, rules: Rules, now: float, warnings: Mapping[str, Gr
         return Verdict(view, "keep", "no-kernel-id", detail="the broker does not know its Jupyter kernel id")
     gpu_since = gpu_idle_since(k)
     if view.server_status == "skipped":
-        return Verdict(view, "keep", "gpu-recent", idle_seconds=_idle(now, gpu_since))
+        return Verdict(view, "keep", "gpu-recent", idle_seconds=_idle(now, gpu_since), due_at=gpu_side_due(k, rules))
     if view.server_status == "unknown":
         return Verdict(view, "keep", "server-unreachable", detail="the user's server did not answer")
     if view.server_status == "gone" or view.jupyter is None:
@@ -310,6 +316,7 @@ def _judge(view: KernelView, rules: Rules, now: float, warnings: Mapping[str, Gr
             return Verdict(
                 view, "warn", reason, idle_seconds=idle, due_at=max(due, now + policy.warning_seconds), extra=extra
             )
+        extra["check_at"] = due - policy.warning_seconds  # the moment to warn
         return Verdict(view, "keep", "idle", idle_seconds=idle, due_at=due, extra=extra)
     if warned and warning is not None:
         due = max(due, warning.warned_at + policy.warning_seconds)

@@ -278,3 +278,15 @@ def test_broker_records_in_flat_or_nested_shapes_are_read_and_bad_ones_named():
         GPUKernel.from_record({"id": "a4", "user": "ada", "created_at": "yesterday"})
     with pytest.raises(RecordError, match=r"kernel a5: user: expected a user name"):
         GPUKernel.from_record({"id": "a5"})
+
+
+def test_verdicts_say_when_to_look_again_so_the_loop_can_act_at_the_due_moment():
+    r = rules(default={"warning_seconds": 300})
+    k = kernel(launch=NOW - 1800)
+    # skipped on the GPU signal alone: look again when it could be warned
+    [v] = decide([KernelView(k)], r, NOW)
+    assert v.reason == "gpu-recent" and v.due_at == pytest.approx(NOW - 1800 + H - 300)
+    # connected, idle 40 min: warn at timeout - warning, cull at the timeout
+    [v] = decide([view(k, activity=NOW - 2400, connections=1)], r, NOW)
+    assert v.action == "keep" and v.due_at == pytest.approx(NOW + 1800)
+    assert v.extra["check_at"] == pytest.approx(NOW + 1500)
