@@ -1035,8 +1035,8 @@ class Kubelet:
         if rt is None:
             if self.stopping:
                 return
-            current = self.store.iter_objects("pods")
-            pod = next((p for p in current if p["metadata"]["uid"] == uid), None)
+            with self.store.lock:
+                pod = copy.deepcopy(self.store.by_uid(uid))
             if pod is None or uid in self.runtimes:
                 return
             if pod["metadata"].get("deletionTimestamp"):

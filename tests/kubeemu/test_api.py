@@ -346,3 +346,16 @@ def test_namespace_deletion_removes_its_content(kube_emulator, core):
     with pytest.raises(ApiException) as err:
         core.delete_namespace("default")
     assert err.value.status == 403
+
+
+def test_server_side_apply_creates_then_updates(kube_emulator, kube_namespace):
+    path = f"/api/v1/namespaces/{kube_namespace}/configmaps/applied?fieldManager=test"
+    doc = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: applied\ndata:\n  a: '1'\n"
+    code, body = http(kube_emulator, "PATCH", path, doc, "application/apply-patch+yaml")
+    assert code == 201 and body["data"] == {"a": "1"}
+    code, body = http(kube_emulator, "PATCH", path, doc.replace("'1'", "'2'"),
+                      "application/apply-patch+yaml")
+    assert code == 200 and body["data"] == {"a": "2"}
+    code, body = http(kube_emulator, "PATCH", path.split("?")[0], doc,
+                      "application/apply-patch+yaml")
+    assert code == 400 and "fieldManager is required" in body["message"]

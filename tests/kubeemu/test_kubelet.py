@@ -242,3 +242,15 @@ def test_log_of_a_pod_that_has_not_started_is_a_bad_request(core, kube_namespace
         core.read_namespaced_pod_log("nowhere", kube_namespace)
     assert err.value.status == 400
     assert "is waiting to start" in json.loads(err.value.body)["message"]
+
+
+def test_log_follow_streams_until_the_container_exits(kube_emulator, core, kube_namespace):
+    code = "import time\nfor i in range(3):\n    print('line', i, flush=True); time.sleep(0.3)\n"
+    core.create_namespaced_pod(kube_namespace, pod("chatty", py(code), restartPolicy="Never"))
+    kube_emulator.wait_for(lambda: kube_emulator.pod_log("chatty", kube_namespace),
+                           message="first output")
+    resp = core.read_namespaced_pod_log("chatty", kube_namespace, follow=True,
+                                        _preload_content=False)
+    assert resp.data.decode() == "line 0\nline 1\nline 2\n"
+    tail = core.read_namespaced_pod_log("chatty", kube_namespace, tail_lines=1)
+    assert tail == "line 2\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.kubeemu import KubeEmulator, NodeSpec
+from tests.kubeemu.helpers import http
 
 
 @pytest.fixture(scope="module")
@@ -133,5 +134,14 @@ def test_pod_for_another_scheduler_stays_pending_without_conditions(emu):
     hami = emu.get("pods", "hami")
     assert hami["status"]["phase"] == "Pending" and not hami["status"].get("conditions")
     assert "nodeName" not in hami["spec"]
+    # that scheduler binds it through pods/binding, as kube-scheduler does
+    code, _ = http(emu, "POST", "/api/v1/namespaces/default/pods/hami/binding", {
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "hami"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "cpu-a"}})
+    assert code == 201
+    assert emu.wait_for_pod_phase("hami", "Running")["spec"]["nodeName"] == "cpu-a"
+    code, body = http(emu, "POST", "/api/v1/namespaces/default/pods/hami/binding", {
+        "target": {"kind": "Node", "name": "gpu-a"}})
+    assert code == 409 and body["reason"] == "Conflict"
     for name in ("hami", "marker"):
         emu.delete("pods", name, grace_period_seconds=0)

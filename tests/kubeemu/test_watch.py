@@ -171,3 +171,16 @@ def test_sync_client_watch_streams_events(kube_emulator, kube_namespace):
         assert seen == ["ADDED", "DELETED"]
     finally:
         api_client.close()
+
+
+async def test_send_initial_events_ends_with_an_annotated_bookmark(kube_emulator, acore,
+                                                                   kube_namespace):
+    ns = kube_namespace
+    await acore.create_namespaced_config_map(ns, {"metadata": {"name": "c"}})
+    lines = await asyncio.to_thread(
+        _raw_watch_lines, kube_emulator,
+        f"/api/v1/namespaces/{ns}/configmaps?watch=1&sendInitialEvents=true"
+        "&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=1")
+    assert [e["type"] for e in lines[:2]] == ["ADDED", "BOOKMARK"]
+    assert lines[1]["object"]["metadata"]["annotations"] == {
+        "k8s.io/initial-events-end": "true"}
