@@ -374,3 +374,13 @@ def test_bad_policy_is_refused_with_the_key_and_what_is_allowed():
         result.stderr
     )
     assert "Traceback" not in result.stderr
+
+
+def test_slice_comes_back_at_the_timeout_not_at_the_next_cycle(stack, sessions, culler_factory):
+    hub, _, _ = stack
+    kid = sessions("alice", DEFAULT)
+    last_activity = broker_kernels(hub)[kid]["created_at"]
+    culler = culler_factory("due", interval_seconds=60, idle_timeout_seconds=4, warning_seconds=0)
+    wait_until(lambda: kid not in broker_kernels(hub), 20, "the kernel to be culled", log=lambda: diagnose(hub, culler))
+    assert time.time() - last_activity < 15, "reclaimed long after its timeout"
+    assert culler.log_text().count("Cycle:") == 1, "the cull must come from the due check, before the next cycle"
