@@ -2,8 +2,9 @@
  * config.c: the limits, from a read-only key=value file, with env vars as a fallback.
  *
  * Which file: the default path (VGPU_DEFAULT_CONFIG, /etc/libvgpu/limits.conf) when it
- * exists — then LIBVGPU_CONFIG cannot point elsewhere; otherwise LIBVGPU_CONFIG if set and
- * present; otherwise no file (env mode, the single-machine fallback).
+ * exists — then LIBVGPU_CONFIG cannot point elsewhere; otherwise LIBVGPU_CONFIG if set (a
+ * missing file is an error: limits were meant to apply); otherwise no file (env mode, the
+ * single-machine fallback).
  *
  * With a file, env can only lower memory_mib/cores_percent/priority (min of both) and may
  * supply region paths the file leaves out; it is ignored for everything else. An unknown key,
@@ -284,7 +285,12 @@ int vgpu_config_load(struct vgpu_config *cfg, char *err, size_t errlen) {
         path = VGPU_DEFAULT_CONFIG;
     } else {
         const char *p = getenv("LIBVGPU_CONFIG");
-        if (p && *p && stat(p, &st) == 0) path = p;
+        if (p && *p && stat(p, &st) != 0) { /* limits were meant to be there: fail safe */
+            snprintf(err, errlen, "%s (named by LIBVGPU_CONFIG) cannot be read (%s)", p,
+                     strerror(errno));
+            return -1;
+        }
+        if (p && *p) path = p;
     }
     if (!path) {
         static struct raw file, env;

@@ -44,9 +44,7 @@ def test_a_broken_limits_file_refuses_cuda_with_one_clear_line(node, text, messa
 
 def test_a_broken_environment_variable_refuses_cuda(node):
     box = node.container("c", "")
-    box.limits.chmod(0o644)
-    box.limits.unlink()
-    r = box.run("init", env={"LIBVGPU_MEMORY_MIB": "1G"})
+    r = box.run("init", env={"LIBVGPU_MEMORY_MIB": "1G", "LIBVGPU_CONFIG": ""})
     assert r.rcs("init") == [NOT_INITIALIZED]
     assert "environment variable LIBVGPU_MEMORY_MIB: memory_mib must be a whole number" in r.stderr
 
@@ -64,9 +62,8 @@ def test_env_cannot_raise_a_limit_from_the_file_but_can_lower_it(node):
 
 def test_env_is_the_fallback_when_there_is_no_limits_file(node, tmp_path):
     box = node.container("c", "")
-    box.limits.chmod(0o644)
-    box.limits.unlink()
-    env = {"LIBVGPU_MEMORY_MIB": "256", "LIBVGPU_CONTAINER_REGION": str(tmp_path / "r.region")}
+    env = {"LIBVGPU_MEMORY_MIB": "256", "LIBVGPU_CONTAINER_REGION": str(tmp_path / "r.region"),
+           "LIBVGPU_CONFIG": ""}
     r = box.run("init", "ctx", "alloc:300M", "alloc:200M", env=env)
     assert r.rcs("alloc") == [OOM, 0]
     assert (tmp_path / "r.region").exists()
@@ -109,3 +106,13 @@ def test_per_gpu_limits_apply_to_each_gpu(make_node):
     assert r.rcs("alloc") == [OOM, 0]
     assert [int(kv["total"]) for kv in r.all("info")] == [256 * MiB, 1024 * MiB]
     assert int(r.one("total")["total"]) == 256 * MiB
+
+
+def test_a_missing_limits_file_named_by_libvgpu_config_refuses_cuda(node):
+    box = node.container("c", "memory_mib=64")
+    box.limits.chmod(0o644)
+    box.limits.unlink()  # e.g. the volume with the limits was not mounted
+    r = box.run("init", "ctx", "alloc:1G", env={"LIBVGPU_MEMORY_MIB": "4096"})
+    assert r.rcs("init") == [NOT_INITIALIZED]
+    assert r.rcs("alloc") == [NOT_INITIALIZED]
+    assert f"{box.limits} (named by LIBVGPU_CONFIG) cannot be read" in r.stderr
