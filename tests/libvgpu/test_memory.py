@@ -151,3 +151,21 @@ def test_a_forked_child_is_accounted_as_its_own_process(node):
     child_rcs = [int(kv["rc"]) for s, kv in r.lines if s == "child"]
     assert child_rcs == [0, OOM]  # the parent's 100 MiB still counts for the child's check
     assert int(r.one("info")["free"]) == 924 * MiB  # the exited child's 900 MiB were reaped
+
+
+def test_threads_allocating_and_freeing_at_once_leave_exact_accounts(node):
+    box = node.container("c", "memory_mib=1024\ncores_percent=90")
+    r = box.run("init", "ctx", "threads:16:300:1M", "info", mode="getproc", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.one("threads")["failures"] == "0"
+    assert int(r.one("info")["free"]) == 1024 * MiB  # every reservation was released
+
+
+def test_tens_of_thousands_of_live_allocations_are_tracked_and_released(node):
+    box = node.container("c", "memory_mib=1024")
+    r = box.run("init", "ctx", "allocs:20000:4K", "info", "freeall", "info", "allocs:20000:4K",
+                "release", "ctxcreate", "info")
+    assert r.returncode == 0, r.stderr
+    assert [kv["ok"] for kv in r.all("allocs")] == ["20000", "20000"]
+    free = [int(kv["free"]) for kv in r.all("info")]
+    assert free == [1024 * MiB - 20000 * 4096, 1024 * MiB, 1024 * MiB]

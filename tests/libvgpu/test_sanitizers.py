@@ -20,6 +20,7 @@ SCENARIOS = {
     "compute": ("init", "ctx", "util:0.2:0.3:500:kernel", "util:0.1:0.2:1000:graph",
                 "launch:50:10", "sync"),
     "getproc": ("init", "ctx", "procaddr", "alloc:1M", "free", "launch:3:1", "fork:1M"),
+    "threads": ("init", "ctx", "threads:8:200:1M", "info"),
 }
 
 

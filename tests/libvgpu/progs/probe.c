@@ -11,18 +11,20 @@
  *
  * Steps (sizes take K/M/G suffixes):
  *   init | ctx[:dev] | release[:dev] | ctxcreate[:dev] | ctxdestroy | reset[:dev]
- *   alloc:N | managed:N | async:N | pool:N | pitch:W:H | vmm:N[:dev] | array:W:H
+ *   allocs:COUNT:N (kept) | alloc:N | managed:N | async:N | pool:N | pitch:W:H | vmm:N[:dev] | array:W:H
  *   array3d:W:H:D | mipmap:W:H:LEVELS | free | freeall
  *   info | total[:dev] | nvml[:idx] | module | unload
  *   launch:N:US | launchex:N:US | coop:N:US | graph:N:NODES:US | sync
  *   util:WARM_S:MEASURE_S:US:KIND[:all]   launch KIND (kernel|ex|coop|graph) for WARM+MEASURE
  *                                          seconds; print the utilisation of the last MEASURE
  *   timeline:SECONDS:US                    launch for SECONDS; print the gaps between launches
+ *   threads:N:ROUNDS:SIZE                  N threads allocating, launching and freeing at once
  *   bench:N                                N launches, then N alloc+free pairs: ns per op
  *   procaddr | errstr | devused[:dev] | fork:N | sleep:MS | ready | wait
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,6 +211,7 @@ static struct {
     uint64_t h;
 } stack[65536];
 static int depth;
+static CUcontext primary; /* the last retained primary context, for worker threads */
 static CUcontext created[64];
 static int ncreated;
 static CUmodule modules[64];
@@ -273,6 +276,26 @@ static CUresult launch_one(const char *kind, CUfunction f, CUgraphExec g) {
     return D.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
 }
 
+struct worker {
+    int rounds;
+    uint64_t size;
+    int failures;
+};
+
+static void *work(void *p) {
+    struct worker *w = p;
+    D.cuCtxSetCurrent(primary);
+    CUfunction f = kernels[1];
+    for (int i = 0; i < w->rounds; i++) {
+        CUdeviceptr a = 0, b = 0;
+        if (D.cuMemAlloc(&a, w->size) || D.cuMemAllocAsync(&b, w->size, NULL)) w->failures++;
+        if (f && D.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)) w->failures++;
+        if (a && D.cuMemFree(a)) w->failures++;
+        if (b && D.cuMemFreeAsync(b, NULL)) w->failures++;
+    }
+    return NULL;
+}
+
 static int step(char *arg) {
     char *a[8] = {0};
     int n = 0;
@@ -290,7 +313,7 @@ static int step(char *arg) {
     } else if (!strcmp(cmd, "ctx")) {
         CUcontext c = NULL;
         rc = D.cuDevicePrimaryCtxRetain(&c, a[1] ? atoi(a[1]) : 0);
-        if (!rc) D.cuCtxSetCurrent(c);
+        if (!rc) D.cuCtxSetCurrent(c), primary = c;
         printf("ctx rc=%d\n", rc);
     } else if (!strcmp(cmd, "release")) {
         rc = D.cuDevicePrimaryCtxRelease(a[1] ? atoi(a[1]) : 0);
@@ -317,6 +340,16 @@ static int step(char *arg) {
         else rc = D.cuMemAllocFromPoolAsync(&p, sz, NULL, NULL), kind = K_ASYNC;
         if (!rc) push(kind, p);
         printf("%s rc=%d\n", cmd, rc);
+    } else if (!strcmp(cmd, "allocs")) { /* allocs:N:SIZE, all kept */
+        int count = atoi(a[1]), ok = 0;
+        for (int i = 0; i < count; i++) {
+            CUdeviceptr p = 0;
+            rc = D.cuMemAlloc(&p, size_arg(a[2]));
+            if (rc) break;
+            push(K_PTR, p);
+            ok++;
+        }
+        printf("allocs rc=%d ok=%d\n", rc, ok);
     } else if (!strcmp(cmd, "pitch")) {
         CUdeviceptr p = 0;
         size_t pitch = 0;
@@ -483,6 +516,21 @@ static int step(char *arg) {
         int status = 0;
         waitpid(child, &status, 0);
         printf("fork rc=0 status=%d\n", status);
+    } else if (!strcmp(cmd, "threads")) { /* threads:N:ROUNDS:SIZE alloc/launch/free at once */
+        int n = atoi(a[1]);
+        pthread_t tids[64];
+        struct worker w[64];
+        kernel(1);
+        for (int i = 0; i < n && i < 64; i++) {
+            w[i] = (struct worker){atoi(a[2]), size_arg(a[3]), 0};
+            pthread_create(&tids[i], NULL, work, &w[i]);
+        }
+        int failures = 0;
+        for (int i = 0; i < n && i < 64; i++) {
+            pthread_join(tids[i], NULL);
+            failures += w[i].failures;
+        }
+        printf("threads rc=0 failures=%d\n", failures);
     } else if (!strcmp(cmd, "bench")) { /* ns per launch and per alloc+free pair */
         long count = atol(a[1]);
         CUfunction f = kernel(0);
