@@ -786,19 +786,20 @@ async def _token_may_access(culler: GPUCuller, token: str, service: str) -> bool
     client = culler.client
     if client is None:
         return False
-    resp = await client.http.fetch(
-        f"{culler.api_url.rstrip('/')}/user",
-        headers={"Authorization": f"token {token}"},
-        raise_error=False,
-        request_timeout=culler.request_timeout_seconds,
-    )
+    try:
+        resp = await client.http.fetch(
+            f"{culler.api_url.rstrip('/')}/user",
+            headers={"Authorization": f"token {token}"},
+            raise_error=False,
+            request_timeout=culler.request_timeout_seconds,
+        )
+    except (OSError, asyncio.TimeoutError):
+        return False
     if resp.code != 200:
         return False
     model = HubClient._json(resp) or {}
     scopes = set(model.get("scopes") or [])
-    return bool(scopes & {"access:services", f"access:services!service={service}", "admin:services"}) or bool(
-        model.get("admin")
-    )
+    return bool(scopes & {"access:services", f"access:services!service={service}"})
 
 
 def _has_activity(record: Mapping[str, Any]) -> bool:
