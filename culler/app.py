@@ -724,7 +724,11 @@ class GPUCuller(Application):
             while not self._stop.is_set():
                 started = time.monotonic()
                 self._next_cycle_at = time.time() + self.interval_seconds
-                await self.run_cycle()
+                try:
+                    await self.run_cycle()
+                except Exception:  # a bug must not stop reclaiming: log it, try again next interval
+                    self.metrics.errors.labels("cycle").inc()
+                    self.log.exception("Culling cycle failed")
                 if self.run_once:
                     break
                 while not self._stop.is_set():
@@ -740,8 +744,9 @@ class GPUCuller(Application):
                     if not self._stop.is_set() and self._checks and wait < left:
                         try:
                             await self.run_due_checks()
-                        except HubUnavailable as e:
-                            self.log.warning("Due check skipped: %s", e)
+                        except Exception:
+                            self.metrics.errors.labels("cycle").inc()
+                            self.log.exception("Due check failed")
         finally:
             if self.store:
                 self.store.save()
