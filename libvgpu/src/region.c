@@ -140,7 +140,7 @@ static int map_region(const char *path, size_t size, uint32_t kind, init_fn init
                 close(fd);
                 return -1;
             }
-            if ((size_t)st.st_size < size) { /* only with the O_EXCL fallback, mid-creation */
+            if ((size_t)st.st_size < size) { /* not one of ours, or damaged: wait, then give up */
                 close(fd);
                 vgpu_sleep_ns(1000000);
                 continue;
@@ -191,7 +191,11 @@ static int map_region(const char *path, size_t size, uint32_t kind, init_fn init
         write_head(m, size, kind);
         int linked = link(tmp, path);
         int e = errno;
-        unlink(tmp);
+        if (linked != 0 && e != EEXIST) { /* no hard links here: an atomic no-clobber rename */
+            linked = renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE);
+            e = errno;
+        }
+        unlink(tmp); /* (gone already after a rename) */
         if (linked == 0) {
             *out = m;
             *out_fd = tfd;
