@@ -22,6 +22,7 @@ from typing import Any
 from tornado import web
 from traitlets import Callable as CallableTrait
 from traitlets import Dict, Float, Union
+from traitlets.config import LoggingConfigurable
 
 from quotas import AdmissionError, Allocation, GPURequest, Owner
 
@@ -111,8 +112,12 @@ def check_forged_options(profile: Mapping[str, Any], user_options: Mapping[str, 
             )
 
 
-class GPUSpawnerMixin:
-    """Admission, queueing and release of a notebook's GPU slice, for any Spawner."""
+class GPUSpawnerMixin(LoggingConfigurable):
+    """Admission, queueing and release of a notebook's GPU slice, for any Spawner.
+
+    A traitlets class so its traits are configurable on the concrete spawner
+    (``c.ElasticGPUSpawner.gpu_owner_mapping``); mixed in before the Spawner base.
+    """
 
     gpu_owner_mapping = Union(
         [Dict(), CallableTrait()],

@@ -34,21 +34,12 @@ def configure_hub(
     """Set the traits that make a hub an Elastic GPU hub (see the module docstring)."""
     if mode not in MODES:
         raise ValueError(f"configure_hub: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    from hubext import broker
     from hubext.admin import ADMIN_HANDLERS
-    from hubext.broker import BROKER_HANDLERS, CUSTOM_SCOPES, SERVER_TOKEN_SCOPES
 
-    c.JupyterHub.extra_handlers = list(c.JupyterHub.get("extra_handlers", [])) + [
-        *BROKER_HANDLERS,
-        *ADMIN_HANDLERS,
-    ]
-    c.JupyterHub.custom_scopes = {**dict(c.JupyterHub.get("custom_scopes", {})), **CUSTOM_SCOPES}
-    c.Spawner.server_token_scopes = sorted(
-        {
-            "access:servers!server",
-            "users:activity!user",
-            *SERVER_TOKEN_SCOPES,
-        }
-    )
+    broker.configure(c)  # handlers, custom scopes, users' and server tokens' kernel scope, start-up
+    c.JupyterHub.extra_handlers = list(c.JupyterHub.extra_handlers) + list(ADMIN_HANDLERS)
+    CUSTOM_SCOPES = broker.CUSTOM_SCOPES
     if admission_config_file:
         c.GPUAllocator.admission_config_file = admission_config_file
     if mode == "local":
