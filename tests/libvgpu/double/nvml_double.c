@@ -4,6 +4,18 @@
  * CUDA_DOUBLE_UTIL_WINDOW_MS, per-process SM utilisation since lastSeenTimeStamp, and the
  * memory each process uses (contexts and modules included), all measured from the kernels
  * that really ran on the simulated timeline.
+ *
+ * For the node agent (additive; unset variables keep the behaviour above):
+ *   CUDA_DOUBLE_NAME           device name (default "Simulated GPU <index>")
+ *   CUDA_DOUBLE_TEMPERATURE_C  nvmlDeviceGetTemperature: this + index (default 40)
+ *   CUDA_DOUBLE_SM_COUNT       nvmlDeviceGetAttributes_v2 on a full GPU (unset: NOT_SUPPORTED,
+ *                              as real drivers answer for non-MIG handles)
+ *   CUDA_DOUBLE_MIG            GPUs in MIG mode and their instances, e.g. "1:3g.40gb,3g.40gb"
+ *                              (several GPUs separated by ';'); others report MIG disabled
+ *   CUDA_DOUBLE_XID_FILE       a file of "<device index> <xid>" lines: every line appended
+ *                              after nvmlEventSetCreate is delivered by nvmlEventSetWait_v2 as
+ *                              an Xid critical error event of that device
+ * nvmlDeviceGetComputeRunningProcesses_v3 answers like _v2 (same structure).
  */
 #include "double_state.h"
 
@@ -21,6 +33,59 @@ static int valid(nvmlDevice_t d) {
     return x >= devices && x < devices + dbl_env.ndev;
 }
 static int idx(nvmlDevice_t d) { return ((struct nvml_device *)d)->index; }
+
+/* ---- MIG instances (CUDA_DOUBLE_MIG) ------------------------------------------------------- */
+
+#define DBL_MIG_MAX 7
+struct nvml_mig {
+    int parent, index;
+    char profile[32];
+};
+static struct nvml_mig migs[DBL_MAX_DEV][DBL_MIG_MAX];
+static int mig_count[DBL_MAX_DEV];
+static int mig_enabled[DBL_MAX_DEV];
+static pthread_once_t mig_once = PTHREAD_ONCE_INIT;
+
+static void mig_parse(void) {
+    const char *spec = getenv("CUDA_DOUBLE_MIG");
+    if (!spec) return;
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", spec);
+    char *save_gpu = NULL;
+    for (char *gpu = strtok_r(buf, ";", &save_gpu); gpu; gpu = strtok_r(NULL, ";", &save_gpu)) {
+        char *colon = strchr(gpu, ':');
+        int dev = atoi(gpu);
+        if (dev < 0 || dev >= DBL_MAX_DEV) continue;
+        mig_enabled[dev] = 1;
+        if (!colon) continue;
+        char *save_p = NULL;
+        for (char *p = strtok_r(colon + 1, ",", &save_p); p && mig_count[dev] < DBL_MIG_MAX;
+             p = strtok_r(NULL, ",", &save_p)) {
+            struct nvml_mig *m = &migs[dev][mig_count[dev]];
+            m->parent = dev;
+            m->index = mig_count[dev]++;
+            snprintf(m->profile, sizeof(m->profile), "%s", p);
+        }
+    }
+}
+static void mig_ready(void) { pthread_once(&mig_once, mig_parse); }
+
+static struct nvml_mig *as_mig(nvmlDevice_t d) {
+    struct nvml_mig *m = (struct nvml_mig *)d;
+    if (m < &migs[0][0] || m >= &migs[0][0] + DBL_MAX_DEV * DBL_MIG_MAX) return NULL;
+    return m->index < mig_count[m->parent] ? m : NULL;
+}
+/* "3g.40gb" -> 3 slices, 40 GiB */
+static int mig_slices(const struct nvml_mig *m) { return atoi(m->profile); }
+static uint64_t mig_memory(const struct nvml_mig *m) {
+    const char *dot = strchr(m->profile, '.');
+    return dot ? strtoull(dot + 1, NULL, 10) << 30 : 0;
+}
+static void device_name(int i, char *name, unsigned len) {
+    const char *n = getenv("CUDA_DOUBLE_NAME");
+    if (n && *n) snprintf(name, len, "%s", n);
+    else snprintf(name, len, "Simulated GPU %d", i);
+}
 
 EXPORT nvmlReturn_t nvmlInit_v2(void) {
     dbl_ready();
@@ -47,6 +112,11 @@ static void uuid_of(int i, char *out, unsigned len) {
     snprintf(out, len, "GPU-d00b1e00-7369-6d2d-6770-7500000000%02x", i);
 }
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *out, unsigned int len) {
+    struct nvml_mig *m = as_mig(d);
+    if (m) {
+        snprintf(out, len, "MIG-d00b1e00-7369-6d2d-6d69-6700000000%d%d", m->parent, m->index);
+        return NVML_SUCCESS;
+    }
     if (!valid(d)) return NVML_ERROR_INVALID_ARGUMENT;
     uuid_of(idx(d), out, len);
     return NVML_SUCCESS;
@@ -69,12 +139,26 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i) {
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len) {
+    struct nvml_mig *m = as_mig(d);
+    if (m) {
+        char parent[96];
+        device_name(m->parent, parent, sizeof(parent));
+        snprintf(name, len, "%s MIG %s", parent, m->profile);
+        return NVML_SUCCESS;
+    }
     if (!valid(d)) return NVML_ERROR_INVALID_ARGUMENT;
-    snprintf(name, len, "Simulated GPU %d", idx(d));
+    device_name(idx(d), name, len);
     return NVML_SUCCESS;
 }
 
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
+    struct nvml_mig *g = as_mig(d);
+    if (g && m) {
+        m->total = mig_memory(g);
+        m->used = 0;
+        m->free = m->total;
+        return NVML_SUCCESS;
+    }
     if (!valid(d) || !m) return NVML_ERROR_INVALID_ARGUMENT;
     dbl_lock();
     dbl_pid_locked(getpid());
@@ -175,6 +259,170 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsi
     dbl_unlock();
     *count = n;
     return n > cap ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
+                                                            nvmlProcessInfo_v2_t *out) {
+    return nvmlDeviceGetComputeRunningProcesses_v2(d, count, out);
+}
+
+/* ---- for the node agent: temperature, attributes, MIG, Xid events ------------------------ */
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *temp) {
+    if (!valid(d) || !temp || sensor != 0) return NVML_ERROR_INVALID_ARGUMENT;
+    *temp = (unsigned)dbl_env_u64("CUDA_DOUBLE_TEMPERATURE_C", 40) + (unsigned)idx(d);
+    return NVML_SUCCESS;
+}
+
+struct dbl_attributes { /* nvmlDeviceAttributes_t */
+    unsigned int multiprocessorCount, sharedCopyEngineCount, sharedDecoderCount,
+        sharedEncoderCount, sharedJpegCount, sharedOfaCount, gpuInstanceSliceCount,
+        computeInstanceSliceCount;
+    unsigned long long memorySizeMB;
+};
+
+EXPORT nvmlReturn_t nvmlDeviceGetAttributes_v2(nvmlDevice_t d, struct dbl_attributes *a) {
+    if (!a) return NVML_ERROR_INVALID_ARGUMENT;
+    mig_ready();
+    struct nvml_mig *m = as_mig(d);
+    memset(a, 0, sizeof(*a));
+    if (m) {
+        unsigned per_slice = (unsigned)dbl_env_u64("CUDA_DOUBLE_SM_COUNT", 98) / 7;
+        a->multiprocessorCount = per_slice * (unsigned)mig_slices(m);
+        a->gpuInstanceSliceCount = a->computeInstanceSliceCount = (unsigned)mig_slices(m);
+        a->memorySizeMB = mig_memory(m) >> 20;
+        return NVML_SUCCESS;
+    }
+    if (!valid(d)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!getenv("CUDA_DOUBLE_SM_COUNT")) return NVML_ERROR_NOT_SUPPORTED;
+    a->multiprocessorCount = (unsigned)dbl_env_u64("CUDA_DOUBLE_SM_COUNT", 0);
+    a->memorySizeMB = dbl_env.memory >> 20;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current,
+                                         unsigned int *pending) {
+    if (!valid(d) || !current || !pending) return NVML_ERROR_INVALID_ARGUMENT;
+    mig_ready();
+    *current = *pending = (unsigned)mig_enabled[idx(d)];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count) {
+    if (!valid(d) || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    mig_ready();
+    *count = mig_enabled[idx(d)] ? DBL_MIG_MAX : 0;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int i,
+                                                        nvmlDevice_t *out) {
+    if (!valid(d) || !out) return NVML_ERROR_INVALID_ARGUMENT;
+    mig_ready();
+    if (!mig_enabled[idx(d)]) return NVML_ERROR_INVALID_ARGUMENT;
+    if ((int)i >= mig_count[idx(d)]) return NVML_ERROR_NOT_FOUND;
+    *out = (nvmlDevice_t)&migs[idx(d)][i];
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceIsMigDeviceHandle(nvmlDevice_t d, unsigned int *is_mig) {
+    if (!is_mig) return NVML_ERROR_INVALID_ARGUMENT;
+    mig_ready();
+    *is_mig = as_mig(d) != NULL;
+    return NVML_SUCCESS;
+}
+
+#define DBL_EVENT_XID 0x8ull /* nvmlEventTypeXidCriticalError */
+#define DBL_ERROR_TIMEOUT 10 /* NVML_ERROR_TIMEOUT */
+
+struct dbl_event_set {
+    unsigned registered; /* bit per device */
+    long offset;         /* bytes of CUDA_DOUBLE_XID_FILE already delivered */
+};
+struct dbl_event_data { /* nvmlEventData_t */
+    nvmlDevice_t device;
+    unsigned long long eventType, eventData;
+    unsigned int gpuInstanceId, computeInstanceId;
+};
+
+static long xid_file_size(void) {
+    const char *path = getenv("CUDA_DOUBLE_XID_FILE");
+    struct stat st;
+    return path && stat(path, &st) == 0 ? (long)st.st_size : 0;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(struct dbl_event_set **set) {
+    if (!set) return NVML_ERROR_INVALID_ARGUMENT;
+    *set = calloc(1, sizeof(**set));
+    if (!*set) return NVML_ERROR_UNKNOWN;
+    (*set)->offset = xid_file_size(); /* like the driver: only events from now on */
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetFree(struct dbl_event_set *set) {
+    free(set);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
+    if (!valid(d) || !types) return NVML_ERROR_INVALID_ARGUMENT;
+    *types = DBL_EVENT_XID;
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types,
+                                             struct dbl_event_set *set) {
+    if (!valid(d) || !set) return NVML_ERROR_INVALID_ARGUMENT;
+    if (types & ~DBL_EVENT_XID) return NVML_ERROR_NOT_SUPPORTED;
+    set->registered |= 1u << idx(d);
+    return NVML_SUCCESS;
+}
+
+/* The next complete "<index> <xid>" line after set->offset for a registered device. */
+static int xid_next(struct dbl_event_set *set, int *dev, unsigned long long *xid) {
+    const char *path = getenv("CUDA_DOUBLE_XID_FILE");
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f) return 0;
+    int found = 0;
+    char line[128];
+    if (fseek(f, set->offset, SEEK_SET) == 0) {
+        while (!found && fgets(line, sizeof(line), f)) {
+            size_t n = strlen(line);
+            if (!n || line[n - 1] != '\n') break; /* partly written: next time */
+            set->offset += (long)n;
+            int d;
+            unsigned long long x;
+            if (sscanf(line, "%d %llu", &d, &x) == 2 && d >= 0 && d < dbl_env.ndev &&
+                (set->registered & (1u << d))) {
+                *dev = d;
+                *xid = x;
+                found = 1;
+            }
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+EXPORT nvmlReturn_t nvmlEventSetWait_v2(struct dbl_event_set *set, struct dbl_event_data *data,
+                                        unsigned int timeout_ms) {
+    if (!set || !data) return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t deadline = dbl_now() + (uint64_t)timeout_ms * 1000000ull;
+    for (;;) {
+        int dev;
+        unsigned long long xid;
+        if (xid_next(set, &dev, &xid)) {
+            memset(data, 0, sizeof(*data));
+            data->device = (nvmlDevice_t)&devices[dev];
+            data->eventType = DBL_EVENT_XID;
+            data->eventData = xid;
+            return NVML_SUCCESS;
+        }
+        uint64_t now = dbl_now();
+        if (now >= deadline) return DBL_ERROR_TIMEOUT;
+        uint64_t step = deadline - now < 10000000ull ? deadline - now : 10000000ull;
+        dbl_sleep_until(now + step);
+    }
 }
 
 __attribute__((constructor)) static void double_env(void) { dbl_ready(); }
