@@ -193,8 +193,9 @@ def test_gpu_kernel_launching_work_with_no_browser_is_kept(stack, sessions, cull
     writer = threading.Thread(target=shim, daemon=True)
     writer.start()
     try:
-        culler = culler_factory("real-busy", idle_timeout_seconds=2, gpu_busy_window_seconds=1, warning_seconds=0)
-        time.sleep(6)
+        # the shim records a launch every 0.2 s; the busy window leaves room for a loaded test machine
+        culler = culler_factory("real-busy", idle_timeout_seconds=2, gpu_busy_window_seconds=3, warning_seconds=0)
+        time.sleep(7)
         assert kid in broker_kernels(hub) and on_server(servers["alice"], kid), "a busy GPU kernel was culled"
         assert metric_value(culler.metrics(), "elastic_gpu_culler_kernels", reason="gpu-active") == 1
     finally:
