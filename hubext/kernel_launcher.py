@@ -475,7 +475,7 @@ class LocalKernelLauncher(KernelLauncher):
         os.chmod(region, 0o700)
         if uid >= 0:
             os.chown(region, uid, gid)
-        text = L.limits_file_text(allocation, priority) + f"container_region={region / 'container.region'}\n"
+        text = L.limits_file_text(allocation, priority, container_region=str(region / "container.region"))
         tmp = kdir / "limits.conf.tmp"
         tmp.write_text(text)
         os.chmod(tmp, 0o444)

@@ -159,7 +159,13 @@ def apply_gpu_to_pod(
     meta = pod.metadata
     meta.labels = {**(meta.labels or {}), **L.allocation_labels(allocation, server)}
     annotations = {**(meta.annotations or {}), **L.allocation_annotations(allocation)}
-    annotations[L.A_LIMITS] = L.limits_file_text(allocation, priority_value)
+    annotations[L.A_LIMITS] = L.limits_file_text(
+        allocation,
+        priority_value,
+        container_region="/var/run/libvgpu/container.region",
+        node_region_dir="/var/run/libvgpu/node",
+        activity_file="/var/run/libvgpu/activity",
+    )
     meta.annotations = annotations
     spec = pod.spec
     spec.priority_class_name = priority_class_name
@@ -176,8 +182,7 @@ def apply_gpu_to_pod(
         env += [
             k8s.V1EnvVar(name="NVIDIA_VISIBLE_DEVICES", value=",".join(allocation.gpu_uuids)),
             k8s.V1EnvVar(name="LIBVGPU_CONFIG", value="/etc/libvgpu/limits.conf"),
-            k8s.V1EnvVar(name="LIBVGPU_CONTAINER_REGION", value="/var/run/libvgpu/container.region"),
-            k8s.V1EnvVar(name="LIBVGPU_NODE_REGION_DIR", value="/var/run/libvgpu/node"),
+            k8s.V1EnvVar(name="CUDA_DEVICE_ORDER", value="PCI_BUS_ID"),
         ]
         spec.volumes = list(spec.volumes or []) + [
             k8s.V1Volume(

@@ -118,15 +118,31 @@ def allocation_from_metadata(
         return None
 
 
-def limits_file_text(allocation: Allocation, priority_value: int) -> str:
+def limits_file_text(
+    allocation: Allocation,
+    priority_value: int,
+    *,
+    container_region: str = "",
+    node_region_dir: str = "",
+    activity_file: str = "",
+) -> str:
     """The shim's read-only limits file (libvgpu's key=value format) for ``allocation``.
 
     GPU indices are container-relative: the container sees only its granted GPUs, in order.
+    Region paths live here too, not only in env vars a user could change; ``name`` ties the
+    shim's regions to the allocation for the node agent and the culler.
     """
-    lines = [f"# elastic-gpu allocation {allocation.id}"]
+    lines = [f"# elastic-gpu allocation {allocation.id}", f"name={allocation.id}"]
     for index, _uuid in enumerate(allocation.gpu_uuids):
         if not allocation.whole:
             lines.append(f"memory_mib.{index}={allocation.memory_mib}")
             lines.append(f"cores_percent.{index}={allocation.cores_percent}")
     lines.append(f"priority={priority_value}")
+    for key, value in (
+        ("container_region", container_region),
+        ("node_region_dir", node_region_dir),
+        ("activity_file", activity_file),
+    ):
+        if value:
+            lines.append(f"{key}={value}")
     return "\n".join(lines) + "\n"

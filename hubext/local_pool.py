@@ -530,10 +530,13 @@ class LocalPool(PoolBackend):
         if uid is not None and os.geteuid() == 0:
             os.chown(region_dir, uid, gid if gid is not None else -1)
         os.chmod(region_dir, 0o700)
-        text = L.limits_file_text(allocation, priority_value)
-        text += f"container_region={region_dir / 'container.region'}\n"
-        text += f"node_region_dir={self.regions_dir / 'node'}\n"
-        text += f"activity_file={region_dir / 'activity'}\n"
+        text = L.limits_file_text(
+            allocation,
+            priority_value,
+            container_region=str(region_dir / "container.region"),
+            node_region_dir=str(self.regions_dir / "node"),
+            activity_file=str(region_dir / "activity"),
+        )
         tmp = limits.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -88,6 +88,10 @@ async def test_native_backend_pins_node_exposes_only_granted_gpus_and_mounts_rea
     limits_text = pod["metadata"]["annotations"][L.A_LIMITS]
     assert "memory_mib.0=20480" in limits_text and "memory_mib.1=20480" in limits_text
     assert "cores_percent.1=25" in limits_text and "priority=100" in limits_text
+    # region paths and the allocation name come from the read-only file, not only from env a user can edit
+    assert f"name={ALLOCATION.id}" in limits_text
+    assert "container_region=/var/run/libvgpu/container.region" in limits_text
+    assert not any(e["name"].startswith("LIBVGPU_CONTAINER") for e in spec["containers"][0]["env"])
     assert "nvidia.com/gpu" not in (spec["containers"][0].get("resources", {}).get("limits") or {})
 
 
