@@ -708,6 +708,7 @@ class GPUCuller(Application):
                 pass
         self.client = self.make_client()
         self.start_http()
+        self._watch_hub_process()
         self.log.info(
             "GPU culler started: every %gs, idle timeout %gs, warning %gs, pressure min idle %s, cull_connected=%s%s; "
             "hub %s, servers via %s",
@@ -754,6 +755,26 @@ class GPUCuller(Application):
                 self.http_server.stop()
             self.client.close()
             self.log.info("GPU culler stopped")
+
+    def _watch_hub_process(self) -> None:
+        """A hub-managed culler stops when its hub dies (SIGKILL, OOM): it must not outlive it.
+
+        JupyterHub stops managed services on a clean shutdown only; after a crash the next hub
+        starts a new culler, and an orphaned one would cull beside it forever.
+        """
+        parent = os.getppid()
+        if not os.environ.get("JUPYTERHUB_SERVICE_NAME") or parent == 1:
+            return  # run by hand, or as its own Deployment (pid 1's child): nothing to follow
+
+        async def follow() -> None:
+            while not self._stop.is_set():
+                if os.getppid() != parent:
+                    self.log.warning("The hub (pid %d) is gone; the GPU culler stops with it", parent)
+                    self._stop.set()
+                    return
+                await asyncio.sleep(1)
+
+        self._hub_watch = asyncio.ensure_future(follow())
 
     def start(self) -> None:
         asyncio.run(self.main())

@@ -226,7 +226,6 @@ c.HubUserGPUSpawner.home_dir_template = str(DATA / "home" / "{username}")
 import sys
 from pathlib import Path
 
-from hubext.broker import USER_SCOPES
 from hubext.hubconfig import configure_hub
 
 c = get_config()  # noqa: F821
@@ -241,9 +240,6 @@ configure_hub(
     simulate_gpus={simulate!r},
     data_dir=str(DATA),
 )
-
-# Every user may run GPU kernels for themself through the broker (their server's token carries this).
-c.JupyterHub.extra_user_scopes = set(c.JupyterHub.get("extra_user_scopes", set())) | set(USER_SCOPES)
 
 # ---- the hub's own files and ports ----
 c.JupyterHub.db_url = f"sqlite:///{{DATA / 'jupyterhub.sqlite'}}"
@@ -472,6 +468,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(proxy).parent), str(Path(sys.executable).parent), env.get("PATH", "")])
     env["ELASTIC_GPU_CONFIG_DIR"] = str(config_dir)
+    env["ELASTIC_GPU_PUBLIC_URL"] = f"http://{'127.0.0.1' if args.ip in ('', '0.0.0.0') else args.ip}:{args.port}"
     host = "127.0.0.1" if args.ip in ("", "0.0.0.0", "::") else args.ip
     url = f"http://{host}:{args.port}"
     say(f"starting JupyterHub (log: {log_path})")

@@ -7,7 +7,9 @@ In ``jupyterhub_config.py``::
 
 It registers the broker and admin handlers under /hub, the custom scopes that let a user's
 server call the broker for its own user only, the spawner, the allocator's pool backend and
-(optionally) the culler as a hub-managed service. Everything it sets is a normal traitlet, so
+(optionally) the culler as a hub-managed service. The culler reaches users' servers through
+the proxy: ``proxy_url``, else $ELASTIC_GPU_PUBLIC_URL (``elastic-gpu up`` sets it), else
+``http://<JupyterHub.ip>:<JupyterHub.port>``. Everything it sets is a normal traitlet, so
 settings made after the call win.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import os
 import secrets
-import sys
+import socket
 from typing import Any
 
 MODES = ("local", "kubernetes")
@@ -30,6 +32,8 @@ def configure_hub(
     data_dir: str = "",
     culler: bool = True,
     culler_args: list[str] | None = None,
+    culler_port: int = 0,
+    proxy_url: str = "",
 ) -> None:
     """Set the traits that make a hub an Elastic GPU hub (see the module docstring)."""
     if mode not in MODES:
@@ -39,7 +43,6 @@ def configure_hub(
 
     broker.configure(c)  # handlers, custom scopes, users' and server tokens' kernel scope, start-up
     c.JupyterHub.extra_handlers = list(c.JupyterHub.extra_handlers) + list(ADMIN_HANDLERS)
-    CUSTOM_SCOPES = broker.CUSTOM_SCOPES
     if admission_config_file:
         c.GPUAllocator.admission_config_file = admission_config_file
     if mode == "local":
@@ -53,25 +56,27 @@ def configure_hub(
         c.JupyterHub.spawner_class = "hubext.kube_spawner.ElasticGPUSpawner"
         c.GPUAllocator.pool_backend_class = "hubext.kube_pool.KubernetesPool"
     if culler:
+        import culler as culler_service
+
         token = os.environ.get("ELASTIC_GPU_CULLER_TOKEN") or secrets.token_hex(24)
+        if not proxy_url:
+            ip = c.JupyterHub.get("ip", "") or "127.0.0.1"
+            proxy_url = os.environ.get("ELASTIC_GPU_PUBLIC_URL") or f"http://{ip}:{c.JupyterHub.get('port', 8000)}"
         c.JupyterHub.services = list(c.JupyterHub.get("services", [])) + [
-            {
-                "name": "gpu-culler",
-                "api_token": token,
-                "command": [sys.executable, "-m", "culler", *(culler_args or [])],
-            }
+            culler_service.service_spec(
+                name="gpu-culler",
+                api_token=token,
+                port=culler_port or _free_port(),
+                proxy_url=proxy_url,
+                args=culler_args,
+            )
         ]
         c.JupyterHub.load_roles = list(c.JupyterHub.get("load_roles", [])) + [
-            {
-                "name": "gpu-culler",
-                "services": ["gpu-culler"],
-                "scopes": [
-                    "list:users",
-                    "read:users:activity",
-                    "read:servers",
-                    "access:servers",
-                    "admin:servers",
-                    *CUSTOM_SCOPES,
-                ],
-            }
+            culler_service.service_role("gpu-culler", list(broker.CUSTOM_SCOPES))
         ]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
