@@ -1,0 +1,554 @@
+"""The node agent application: ``python -m libvgpu.agent --node-name N --metrics-port 9400
+--config /etc/elastic-gpu/config.yaml --host-lib-dir /var/lib/elastic-gpu``.
+
+One asyncio loop with three periodic jobs: the inventory (NVML -> the Node's label and
+annotation, republished when it changes), the metrics snapshot (NVML samples, node regions,
+pods -> Prometheus), and the enforcement backstop (:mod:`libvgpu.backstop`). Xid events are
+waited for in one thread (the NVML wait blocks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import tornado.web
+import yaml
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from traitlets import Bool, Dict, Enum, Float, Integer, TraitError, Unicode, default
+from traitlets.config import Application, Config
+
+from libvgpu import ShimNotBuilt
+from libvgpu.backstop import REASONS, Backstop, Finding, Proc, Slice, evaluate
+from libvgpu.regions import NodeGPU, read_node_regions
+from quotas import ConfigError
+
+from . import inventory
+from .install import install_shim
+from .kube import Kube, KubeError, ObjectRef, dump_gpus
+from .metrics import AgentMetrics, Snapshot
+from .nvml import NVML, GPUInfo, GPUProcess, NVMLUnavailable, XidWatcher
+from .pods import PodInfo, pod_info, process_cgroup, process_name
+from .usage import RegionMatch, allocation_usage, match_regions
+
+BACKENDS = ("native", "hami", "mig", "whole")
+CONFIG_SECTIONS = ("NodeAgent", "Backstop")
+
+
+class AgentError(Exception):
+    """A start-up problem the agent cannot run with; the message is one line saying what to fix."""
+
+
+class NodeAgent(Application):
+    name = "elastic-gpu-node-agent"
+    description = """The elastic-gpu node agent (a DaemonSet on every GPU node).
+
+    Finds the node's GPUs with NVML and publishes them on its Node (label
+    elastic-gpu.jupyter.org/gpu-node=true, annotation elastic-gpu.jupyter.org/gpus), installs
+    libvgpu.so into --host-lib-dir, serves Prometheus metrics on --metrics-port (per GPU and per
+    allocation), and runs the enforcement backstop.
+
+    --config names a YAML file of traitlets settings by class, e.g.
+
+        NodeAgent: {pod_namespace: jhub, refresh_interval_seconds: 5}
+        Backstop: {action: kill, tolerance_mib: 256, interval_seconds: 5}
+
+    (all options: --help-all). Flags given on the command line win over the file.
+    """
+
+    aliases = {
+        "node-name": "NodeAgent.node_name",
+        "metrics-port": "NodeAgent.metrics_port",
+        "config": "NodeAgent.config_file",
+        "host-lib-dir": "NodeAgent.host_lib_dir",
+        "log-level": "Application.log_level",
+    }
+    flags: dict = {}
+
+    node_name = Unicode(
+        config=True,
+        help="Name of the Node this agent runs on (the DaemonSet passes spec.nodeName). Default: $NODE_NAME.",
+    )
+
+    @default("node_name")
+    def _default_node_name(self) -> str:
+        return os.environ.get("NODE_NAME", "")
+
+    metrics_port = Integer(
+        9400, min=1, max=65535, config=True, help="Port of the Prometheus /metrics endpoint. Default: 9400."
+    )
+    metrics_ip = Unicode("0.0.0.0", config=True, help="Address the metrics endpoint listens on. Default: all.")
+    config_file = Unicode("", config=True, help="YAML file of settings (NodeAgent:/Backstop: sections). Default: none.")
+    host_lib_dir = Unicode(
+        "/var/lib/elastic-gpu",
+        config=True,
+        help="""Host directory (a hostPath) where the agent installs lib/libvgpu.so (+ proxies),
+        ld.so.preload and regions/ (the shim's node regions). Must match the spawner's
+        gpu_host_dir. Default: /var/lib/elastic-gpu.""",
+    )
+    container_lib_dir = Unicode(
+        "/usr/local/lib/elastic-gpu",
+        config=True,
+        help="""Where GPU pods mount <host-lib-dir>/lib: ld.so.preload names libvgpu.so under this
+        path. Default: /usr/local/lib/elastic-gpu (what the spawner mounts).""",
+    )
+    backend = Enum(
+        list(BACKENDS),
+        config=True,
+        help="""How slices reach the cards: 'native' (libvgpu: installs the shim, reads its regions),
+        'hami', 'mig' or 'whole'. Default: $ELASTIC_GPU_BACKEND, else 'native'.""",
+    )
+
+    @default("backend")
+    def _default_backend(self) -> str:
+        return os.environ.get("ELASTIC_GPU_BACKEND", "native") or "native"
+
+    install_shim = Bool(
+        True, config=True, help="Install libvgpu into --host-lib-dir (native backend only). Default: True."
+    )
+    publish_inventory = Bool(True, config=True, help="Publish the GPUs on the Node. Default: True.")
+    nvml_library = Unicode(
+        "", config=True, help="Path of the NVML library to load. Default: libnvidia-ml.so.1 from the loader's path."
+    )
+    proc_root = Unicode(
+        "/proc",
+        config=True,
+        help="""The host's /proc (the agent runs with hostPID): where a process's cgroup names its
+        pod. Default: /proc.""",
+    )
+    pod_namespace = Unicode(
+        "",
+        config=True,
+        help="""Namespace of the GPU pods (the hub's user namespace). Empty: pods of every
+        namespace (needs a cluster-wide list right). Default: empty.""",
+    )
+    node_event_namespace = Unicode(
+        "default",
+        config=True,
+        help="Namespace of Events about the Node (the API server accepts 'default' for them). Default: default.",
+    )
+    default_mode = Enum(
+        ["shared", "whole"],
+        config=True,
+        help="""Mode published for cards not in MIG mode: 'shared' (slices) or 'whole'.
+        Default: 'whole' with the whole backend, else 'shared'.""",
+    )
+
+    @default("default_mode")
+    def _default_mode(self) -> str:
+        return "whole" if self.backend == "whole" else "shared"
+
+    memory_oversub = Float(1.0, min=0.01, config=True, help="memory_oversub published for every GPU. Default: 1.0.")
+    cores_oversub = Float(1.0, min=0.01, config=True, help="cores_oversub published for every GPU. Default: 1.0.")
+    gpu_overrides = Dict(
+        config=True,
+        help="""Per-GPU settings published instead of the defaults, keyed by GPU uuid or index:
+        {"0": {mode: whole}, "GPU-8f3c...": {memory_oversub: 1.5, model: H100-80GB}}.
+        Keys: mode, memory_oversub, cores_oversub, model.""",
+    )
+    refresh_interval_seconds = Float(
+        5.0, min=0.1, config=True, help="Seconds between two metrics snapshots (NVML, regions, pods). Default: 5."
+    )
+    inventory_interval_seconds = Float(
+        60.0, min=1.0, config=True, help="Seconds between two GPU discoveries (republished when changed). Default: 60."
+    )
+    pod_refresh_seconds = Float(
+        30.0,
+        min=0.1,
+        config=True,
+        help="""Seconds between two lists of this node's pods; a process of a pod not seen yet
+        triggers a list at once. Default: 30.""",
+    )
+    k8s_api_request_timeout = Float(10.0, min=0.1, config=True, help="Seconds to wait for one Kubernetes API call.")
+
+    classes = [Backstop]
+
+    @default("log_level")
+    def _default_log_level(self) -> int:
+        return logging.INFO
+
+    @default("log_format")
+    def _default_log_format(self) -> str:
+        return "[%(levelname)1.1s %(asctime)s.%(msecs).03d %(name)s] %(message)s"
+
+    # ---- start-up ------------------------------------------------------------------------
+
+    def initialize(self, argv: Sequence[str] | None = None) -> None:
+        self.parse_command_line(argv)
+        cli = self.cli_config
+        where = f"--config {self.config_file}" if self.config_file else "command line"
+        try:
+            if self.config_file:
+                self.update_config(load_yaml_config(self.config_file))
+                self.update_config(cli)  # the command line wins
+            self.backstop = Backstop(parent=self)
+        except TraitError as e:
+            raise AgentError(f"{where}: invalid setting: {_trait_message(e)}") from e
+        if not self.node_name:
+            raise AgentError("--node-name is required (or $NODE_NAME): the Node to publish the GPUs on")
+        try:
+            inventory.check_overrides(self.gpu_overrides)
+        except ConfigError as e:
+            raise AgentError(f"{where}: {e}") from e
+
+    def start(self) -> None:
+        asyncio.run(self.run())
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self.nvml = NVML(self.nvml_library)
+        self.nvml.init()  # NVMLUnavailable: main() prints its one line
+        self.gpus: list[GPUInfo] = self.nvml.discover()
+        driver = self.nvml.driver_version()
+        self.log.info(
+            "Node %s: %d GPU(s)%s: %s", self.node_name, len(self.gpus), f" (driver {driver})" if driver else "",
+            ", ".join(f"{g.index}={g.model} {g.uuid}{' MIG' if g.mig_enabled else ''}" for g in self.gpus) or "none",
+        )
+        self.metrics = AgentMetrics(self.node_name, self.backend, driver)
+        self.metrics.declare_gpus(self.gpus, REASONS)
+        if self.backend == "native" and self.install_shim:
+            try:
+                done = install_shim(self.host_lib_dir, self.container_lib_dir)
+            except ShimNotBuilt as e:
+                raise AgentError(str(e)) from e
+            except OSError as e:
+                raise AgentError(
+                    f"cannot install libvgpu into {self.host_lib_dir} ({e.strerror or e}): mount it "
+                    "writable (the chart's host-lib hostPath)"
+                ) from e
+            self.log.info(
+                "libvgpu in %s (%s); ld.so.preload -> %s/libvgpu.so", done.lib_dir,
+                "updated " + ", ".join(done.changed) if done.changed else "already current", self.container_lib_dir,
+            )
+        self.kube = Kube(self.node_name, self.k8s_api_request_timeout)
+        try:
+            await self.kube.connect()
+        except Exception as e:  # ConfigException, bad kubeconfig
+            raise AgentError(f"no Kubernetes API configuration ({e}): run in a pod, or set KUBECONFIG") from e
+        self.xid = XidWatcher(self.nvml, [g.uuid for g in self.gpus], self._on_xid)
+        self.xid.start()
+        if not self.xid.supported:
+            self.log.info("Xid errors are not counted (no NVML event set: %s)", self.xid.reason or "unsupported")
+        server = self._serve_metrics()
+        self._published: str | None = None
+        self._pods: dict[str, PodInfo] = {}
+        self._pods_at = 0.0
+        self._pods_lock = asyncio.Lock()
+        self._regions: dict[str, NodeGPU] = {}
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self._publish()
+        await self._refresh()
+        tasks = [
+            asyncio.ensure_future(self._every(self.inventory_interval_seconds, self._rediscover, "inventory")),
+            asyncio.ensure_future(self._every(self.refresh_interval_seconds, self._refresh, "metrics refresh")),
+            asyncio.ensure_future(self._every(self.backstop.interval_seconds, self._check, "backstop")),
+        ]
+        try:
+            await stop.wait()
+        finally:
+            self.log.info("Stopping")
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            server.stop()
+            self.xid.stop()
+            await self.kube.close()
+            self.nvml.shutdown()
+
+    async def _every(self, seconds: float, job: Any, what: str) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await job()
+            except KubeError as e:
+                self.log.warning("%s: %s (retrying)", what, e)
+            except Exception:
+                self.log.exception("%s failed (retrying)", what)
+
+    def _serve_metrics(self) -> Any:
+        registry = self.metrics.registry
+
+        class MetricsHandler(tornado.web.RequestHandler):
+            def get(self) -> None:
+                self.set_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.write(generate_latest(registry))
+
+        class HealthHandler(tornado.web.RequestHandler):
+            def get(self) -> None:
+                self.write("ok\n")
+
+        app = tornado.web.Application([(r"/metrics", MetricsHandler), (r"/health", HealthHandler)])
+        try:
+            server = app.listen(self.metrics_port, self.metrics_ip, xheaders=False)
+        except OSError as e:
+            where = f"{self.metrics_ip}:{self.metrics_port}"
+            raise AgentError(f"cannot serve metrics on {where} ({e.strerror or e})") from e
+        self.log.info("Metrics on http://%s:%d/metrics", self.metrics_ip, self.metrics_port)
+        return server
+
+    def _on_xid(self, uuid: str, xid: int) -> None:  # from the Xid thread
+        gpu = next((g for g in self.gpus if g.uuid == uuid), None)
+        self.metrics.count_xid(gpu, uuid, xid)
+        self.log.warning("Xid %d on GPU %s (%s)", xid, gpu.index if gpu else "?", uuid)
+
+    # ---- inventory -----------------------------------------------------------------------
+
+    def gpu_objects(self) -> list[dict]:
+        objs = inventory.gpu_objects(
+            self.gpus,
+            default_mode=self.default_mode,
+            memory_oversub=self.memory_oversub,
+            cores_oversub=self.cores_oversub,
+            overrides=self.gpu_overrides,
+        )
+        inventory.validate(self.node_name, objs)
+        return objs
+
+    async def _publish(self) -> None:
+        if not self.publish_inventory:
+            return
+        try:
+            objs = self.gpu_objects()
+        except ConfigError as e:
+            self.log.error("Not publishing the GPU inventory, the pool would refuse it: %s", e)
+            return
+        text = dump_gpus(objs)
+        try:
+            label, current = await self.kube.node_inventory()
+            want_label = "true" if objs else None
+            if current == text and label == want_label:
+                self._published = text
+                return
+            await self.kube.publish_inventory(text, bool(objs))
+        except KubeError as e:
+            self.log.warning("GPU inventory not published yet: %s (retrying)", e)
+            return
+        changed = "republished" if self._published is not None else "published"
+        self._published = text
+        self.log.info("GPU inventory %s on node %s: %d GPU(s)", changed, self.node_name, len(objs))
+
+    async def _rediscover(self) -> None:
+        gpus = self.nvml.discover()
+        if gpus != self.gpus:
+            self.log.info("The node's GPUs changed: %d GPU(s) now", len(gpus))
+            self.gpus = gpus
+            self.metrics.declare_gpus(gpus, REASONS)
+        await self._publish()  # also repairs an annotation someone else changed
+
+    # ---- pods and processes --------------------------------------------------------------
+
+    async def _node_pods(self, *, force: bool = False) -> dict[str, PodInfo]:
+        async with self._pods_lock:
+            if force or time.monotonic() - self._pods_at >= self.pod_refresh_seconds:
+                items = await self.kube.node_pods(self.pod_namespace)
+                self._pods = {p.uid: p for p in (pod_info(i) for i in items)}
+                self._pods_at = time.monotonic()
+            return self._pods
+
+    async def _pods_of(self, pids: Sequence[int]) -> dict[int, PodInfo | None]:
+        """Host pid -> its pod (None: not one of this node's pods we know)."""
+        uids = {pid: process_cgroup(pid, self.proc_root) for pid in pids}
+        pods = await self._node_pods()
+        if any(c is not None and c.pod_uid not in pods for c in uids.values()):
+            since = time.monotonic() - self._pods_at
+            if since >= min(self.pod_refresh_seconds, self.backstop.interval_seconds):
+                pods = await self._node_pods(force=True)
+        return {pid: (pods.get(c.pod_uid) if c else None) for pid, c in uids.items()}
+
+    def _shared_cards(self) -> list[GPUInfo]:
+        modes = {o["uuid"]: o["mode"] for o in inventory.gpu_objects(
+            self.gpus, default_mode=self.default_mode, overrides=self.gpu_overrides)}
+        return [g for g in self.gpus if modes.get(g.uuid) == "shared"]
+
+    def _processes(self, gpus: Sequence[GPUInfo]) -> dict[str, list[GPUProcess]]:
+        out: dict[str, list[GPUProcess]] = {}
+        for g in gpus:
+            if g.mig_enabled:
+                continue
+            try:
+                out[g.uuid] = self.nvml.processes(g.uuid)
+            except self.nvml.nv.NVMLError as e:
+                self.log.debug("No process list for GPU %s: %s", g.uuid, e)
+        return out
+
+    def _read_regions(self) -> dict[str, NodeGPU]:
+        if self.backend != "native":
+            return {}
+        return read_node_regions(Path(self.host_lib_dir) / "regions")
+
+    # ---- metrics -------------------------------------------------------------------------
+
+    async def _refresh(self) -> None:
+        samples = {}
+        for g in self.gpus:
+            try:
+                samples[g.uuid] = self.nvml.sample(g.uuid)
+            except self.nvml.nv.NVMLError as e:
+                self.log.warning("GPU %s: no sample (%s)", g.uuid, e)
+        processes = self._processes(self.gpus)
+        try:
+            pod_of_pid = await self._pods_of([p.pid for ps in processes.values() for p in ps])
+        except KubeError as e:
+            self.log.warning("Pods of node %s not listed: %s (usage per allocation may be stale)", self.node_name, e)
+            pod_of_pid = {}
+        pods = list(self._pods.values())
+        self._regions = self._read_regions()
+        usage = allocation_usage(pods, self._regions, processes, pod_of_pid)
+        self.metrics.update(
+            Snapshot(
+                gpus=list(self.gpus),
+                samples=samples,
+                allocations=usage,
+                xid_supported={g.uuid: self.xid.supported for g in self.gpus},
+            )
+        )
+
+    # ---- the backstop --------------------------------------------------------------------
+
+    async def _check(self) -> None:
+        cards = self._shared_cards()
+        processes = self._processes(cards)
+        pids = [p.pid for ps in processes.values() for p in ps]
+        pod_of_pid = await self._pods_of(pids) if pids else {}
+        pods = list(self._pods.values())
+        match: RegionMatch | None = None
+        check_shim = self.backstop.check_shim and self.backend == "native"
+        if check_shim:
+            match = match_regions(pods, self._read_regions())
+        findings: list[Finding] = []
+        for g in cards:
+            procs = processes.get(g.uuid, [])
+            if not procs:
+                continue
+            slices = {}
+            for pod in pods:
+                a = pod.allocation
+                if a is None or g.uuid not in a.gpu_uuids or pod.phase in ("Succeeded", "Failed"):
+                    continue
+                slices[a.id] = Slice(
+                    allocation_id=a.id,
+                    gpu_uuid=g.uuid,
+                    limit_bytes=None if a.whole else a.memory_mib << 20,
+                    pod=pod.key,
+                    pod_uid=pod.uid,
+                    user=a.owner.user,
+                    registered=(a.id, g.uuid) in match.registered if match is not None else True,
+                )
+            views = []
+            for p in procs:
+                pod = pod_of_pid.get(p.pid)
+                if self.backstop.recently_killed(p.pid) or (pod and pod.phase in ("Succeeded", "Failed")):
+                    continue  # on its way out: the driver lists a process until it is reaped
+                views.append(
+                    Proc(
+                        pid=p.pid,
+                        used_bytes=p.used_bytes,
+                        name=process_name(p.pid, self.proc_root),
+                        pod=pod.key if pod else "",
+                        pod_uid=pod.uid if pod else "",
+                        allocation_id=pod.allocation.id if pod and pod.allocation else "",
+                    )
+                )
+            findings += evaluate(
+                g.uuid, g.index, views, slices,
+                tolerance_bytes=self.backstop.tolerance_bytes,
+                check_unregistered=self.backstop.check_unregistered,
+                check_shim=check_shim,
+            )
+        await self.backstop.act(findings, _AgentActions(self))
+
+
+class _AgentActions:
+    """The backstop's effects: metrics, Kubernetes Events."""
+
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+
+    def count(self, finding: Finding) -> None:
+        self.agent.metrics.violations.labels(self.agent.node_name, finding.gpu_uuid, finding.reason).inc()
+
+    def killed(self, finding: Finding, proc: Proc) -> None:
+        self.agent.metrics.kills.labels(self.agent.node_name, finding.gpu_uuid, finding.reason).inc()
+
+    async def record(self, finding: Finding, message: str) -> None:
+        from libvgpu.backstop import EVENT_REASONS
+
+        agent = self.agent
+        if finding.pod:
+            namespace, name = finding.pod.split("/", 1)
+            about = ObjectRef("Pod", name, namespace, finding.pod_uid)
+        else:
+            namespace = agent.node_event_namespace
+            about = ObjectRef("Node", agent.node_name, "", agent.kube.node_uid)
+        try:
+            await agent.kube.event(about, EVENT_REASONS[finding.reason], message, namespace=namespace)
+        except KubeError as e:
+            agent.log.warning("Event not recorded: %s", e)
+
+
+# ---- config file --------------------------------------------------------------------------
+
+
+def load_yaml_config(path: str) -> Config:
+    """The --config file as traitlets Config; AgentError naming the file and key when it is wrong."""
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise AgentError(f"--config {path}: cannot read it ({e.strerror or e})") from e
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise AgentError(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from e
+    if data is None:
+        return Config()
+    if not isinstance(data, Mapping):
+        raise AgentError(f"--config {path}: must be a mapping of {' / '.join(CONFIG_SECTIONS)} sections, got {data!r}")
+    known = {"NodeAgent": NodeAgent, "Backstop": Backstop}
+    for section, body in data.items():
+        if section not in known:
+            raise AgentError(f"--config {path}: unknown section {section!r} (allowed: {', '.join(CONFIG_SECTIONS)})")
+        if body is None:
+            continue
+        if not isinstance(body, Mapping):
+            raise AgentError(f"--config {path}: {section} must be a mapping of settings, got {body!r}")
+        traits = known[section].class_traits(config=True)
+        for key in body:
+            if key not in traits:
+                raise AgentError(
+                    f"--config {path}: {section}.{key} is not a setting (allowed: {', '.join(sorted(traits))})"
+                )
+    return Config({k: dict(v or {}) for k, v in data.items()})
+
+
+def _trait_message(e: TraitError) -> str:
+    return " ".join(str(e).split())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point: one line on stderr and a non-zero exit for anything it cannot run with."""
+    app = NodeAgent()
+    try:
+        app.initialize(argv)
+        app.start()
+    except NVMLUnavailable as e:
+        print(f"elastic-gpu node agent: {e}", file=sys.stderr)
+        sys.exit(3)
+    except AgentError as e:
+        print(f"elastic-gpu node agent: {e}", file=sys.stderr)
+        sys.exit(2)
+    except TraitError as e:
+        print(f"elastic-gpu node agent: invalid setting: {_trait_message(e)}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        pass

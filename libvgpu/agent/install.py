@@ -1,0 +1,92 @@
+"""Put the shim on the host: ``<host dir>/lib/*.so``, ``<host dir>/ld.so.preload``, ``<host dir>/regions``.
+
+GPU pods mount ``<host dir>/lib`` read-only at the container path (``/usr/local/lib/elastic-gpu``
+by default), ``<host dir>/ld.so.preload`` at ``/etc/ld.so.preload`` and ``<host dir>/regions``
+as the shim's ``node_region_dir``. The preload file therefore names the library by its path
+*inside the pods*.
+
+Every file is written under a temporary name and renamed into place, so a process starting
+meanwhile maps either the old or the new library, never half of one; running processes keep the
+file they mapped. Files already identical are left alone (no new inode, nothing to remount).
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import libvgpu
+
+
+@dataclass(frozen=True)
+class Installed:
+    """What :func:`install_shim` left on the host."""
+
+    lib_dir: Path
+    libraries: tuple[Path, ...]
+    preload: Path
+    regions: Path
+    changed: tuple[str, ...]  # names of files (re)written this time
+
+
+def _atomic_write(target: Path, data: bytes, mode: int) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def install_shim(host_dir: str | os.PathLike[str], container_lib_dir: str = "/usr/local/lib/elastic-gpu",
+                 sources: list[str] | None = None) -> Installed:
+    """Install libvgpu (``libvgpu.library_files()``) under ``host_dir``.
+
+    Raises :class:`libvgpu.ShimNotBuilt` when the package has no built shim, OSError naming the
+    path when the host directory is not writable.
+    """
+    root = Path(host_dir)
+    lib_dir = root / "lib"
+    regions = root / "regions"
+    files = [Path(p) for p in (sources if sources is not None else libvgpu.library_files())]
+    changed: list[str] = []
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(lib_dir, 0o755)
+    installed: list[Path] = []
+    for src in files:
+        dst = lib_dir / src.name
+        if not (dst.is_file() and filecmp.cmp(src, dst, shallow=False)):
+            tmp_fd, tmp = tempfile.mkstemp(dir=lib_dir, prefix=f".{src.name}.")
+            os.close(tmp_fd)
+            try:
+                shutil.copyfile(src, tmp)
+                os.chmod(tmp, 0o755)
+                os.replace(tmp, dst)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+            changed.append(src.name)
+        installed.append(dst)
+    preload = root / "ld.so.preload"
+    text = f"{container_lib_dir.rstrip('/')}/{libvgpu.LIBRARY}\n".encode()
+    if not (preload.is_file() and preload.read_bytes() == text):
+        _atomic_write(preload, text, 0o644)
+        changed.append(preload.name)
+    regions.mkdir(parents=True, exist_ok=True)
+    # every GPU container (any uid) creates and maps its GPU's region here
+    os.chmod(regions, 0o1777)
+    return Installed(lib_dir=lib_dir, libraries=tuple(installed), preload=preload, regions=regions,
+                     changed=tuple(changed))

@@ -1,0 +1,160 @@
+"""The agent's few Kubernetes calls (kubernetes_asyncio): its Node, the pods on it, Events.
+
+RBAC the agent needs: nodes get/patch (cluster), pods list (the pods' namespace, or cluster-wide
+when ``NodeAgent.pod_namespace`` is empty), events create (the pods' namespace, and the namespace
+of Node events, ``default`` unless configured).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client import models as k8s
+from kubernetes_asyncio.client.rest import ApiException
+
+from hubext import labels as L
+
+COMPONENT = "elastic-gpu-node-agent"
+
+
+class KubeError(RuntimeError):
+    """A Kubernetes call failed; the message names the call and the answer."""
+
+
+@dataclass(frozen=True)
+class ObjectRef:
+    """What an Event is about."""
+
+    kind: str  # "Pod" | "Node"
+    name: str
+    namespace: str = ""  # "" for a Node
+    uid: str = ""
+
+
+async def load_client_config() -> None:
+    """In-cluster config in a pod (service account), else KUBECONFIG / ~/.kube/config."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+    else:
+        await config.load_kube_config()
+
+
+class Kube:
+    """One API client; every call has a timeout and raises :class:`KubeError` on failure."""
+
+    def __init__(self, node_name: str, timeout_seconds: float = 10.0) -> None:
+        self.node_name = node_name
+        self.timeout = timeout_seconds
+        self._api_client: client.ApiClient | None = None
+        self.node_uid = ""
+
+    async def connect(self) -> None:
+        await load_client_config()
+        self._api_client = client.ApiClient()
+
+    @property
+    def core(self) -> client.CoreV1Api:
+        if self._api_client is None:
+            raise RuntimeError("Kube.connect() was not called")
+        return client.CoreV1Api(self._api_client)
+
+    async def close(self) -> None:
+        if self._api_client is not None:
+            await self._api_client.close()
+            self._api_client = None
+
+    async def _call(self, what: str, coro: Any) -> Any:
+        try:
+            return await asyncio.wait_for(coro, self.timeout)
+        except ApiException as e:
+            reason = e.reason
+            try:
+                reason = json.loads(e.body).get("message") or reason
+            except (TypeError, ValueError, AttributeError):
+                pass
+            raise KubeError(f"{what}: {e.status} {reason}") from e
+        except asyncio.TimeoutError as e:
+            raise KubeError(f"{what}: no answer within {self.timeout:g} s") from e
+        except OSError as e:  # connection refused, DNS, ...
+            raise KubeError(f"{what}: {e}") from e
+
+    # -- the Node
+
+    async def node_inventory(self) -> tuple[str | None, str | None]:
+        """The node's current (gpu-node label, gpus annotation); records its uid for Events."""
+        node = await self._call(f"get node {self.node_name}", self.core.read_node(self.node_name))
+        self.node_uid = node.metadata.uid or ""
+        return (
+            (node.metadata.labels or {}).get(L.NODE_GPU_LABEL),
+            (node.metadata.annotations or {}).get(L.NODE_GPUS_ANNOTATION),
+        )
+
+    async def publish_inventory(self, gpus_json: str, has_gpus: bool) -> None:
+        """Label and annotate the node (a strategic merge patch of those two keys only)."""
+        body = {
+            "metadata": {
+                "labels": {L.NODE_GPU_LABEL: "true" if has_gpus else None},
+                "annotations": {L.NODE_GPUS_ANNOTATION: gpus_json},
+            }
+        }
+        await self._call(f"patch node {self.node_name}", self.core.patch_node(self.node_name, body))
+
+    # -- pods
+
+    async def node_pods(self, namespace: str = "") -> list[Any]:
+        """Our pods (``managed=true``) scheduled on this node."""
+        kw = {"field_selector": f"spec.nodeName={self.node_name}", "label_selector": f"{L.MANAGED}=true"}
+        if namespace:
+            result = await self._call(
+                f"list pods in {namespace} on node {self.node_name}",
+                self.core.list_namespaced_pod(namespace, **kw),
+            )
+        else:
+            result = await self._call(
+                f"list pods on node {self.node_name}", self.core.list_pod_for_all_namespaces(**kw)
+            )
+        return list(result.items)
+
+    # -- events
+
+    async def event(self, about: ObjectRef, reason: str, message: str, *, namespace: str,
+                    type_: str = "Warning") -> str:
+        """Record an Event; returns its name."""
+        now = datetime.now(timezone.utc)
+        prefix = about.name if about.kind == "Pod" else f"{about.name}.gpu"
+        body = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(generate_name=f"{prefix}.", namespace=namespace),
+            involved_object=k8s.V1ObjectReference(
+                kind=about.kind,
+                name=about.name,
+                namespace=about.namespace or None,
+                uid=about.uid or None,
+                api_version="v1",
+            ),
+            reason=reason,
+            message=message[:1024],
+            type=type_,
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            source=k8s.V1EventSource(component=COMPONENT, host=self.node_name),
+            reporting_component=COMPONENT,
+            reporting_instance=self.node_name,
+        )
+        created = await self._call(
+            f"create event {reason} about {about.kind.lower()} {about.name}",
+            self.core.create_namespaced_event(namespace, body),
+        )
+        return str(created.metadata.name or "")
+
+
+def dump_gpus(gpus: Sequence[dict]) -> str:
+    """The annotation value: compact JSON, keys sorted, so equal inventories compare equal."""
+    return json.dumps(list(gpus), sort_keys=True, separators=(",", ":"))

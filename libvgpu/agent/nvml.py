@@ -1,0 +1,366 @@
+"""The node's GPUs through NVML (``pynvml`` from nvidia-ml-py): inventory, samples, processes, Xid.
+
+Everything here is a thin, typed layer over pynvml so the rest of the agent never sees its
+handles or exceptions. Calls that a driver may not support (temperature on some boards, SM count
+on full GPUs, per-process listing on old drivers) degrade to ``None`` / an empty answer instead of
+failing the agent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from quotas.config import KNOWN_MODELS
+
+MIB = 1 << 20
+
+# NVML_TEMPERATURE_GPU, nvmlEventTypeXidCriticalError
+_TEMPERATURE_GPU = 0
+_EVENT_XID = 0x8
+
+
+class NVMLUnavailable(RuntimeError):
+    """NVML cannot be used on this machine; the message says why and what to do, in one line."""
+
+
+@dataclass(frozen=True)
+class MigInstance:
+    """One MIG device of a GPU in MIG mode."""
+
+    uuid: str
+    profile: str  # e.g. "3g.40gb"
+    memory_mib: int
+    sm_count: int
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    """What the inventory says about one physical GPU."""
+
+    index: int
+    uuid: str
+    name: str  # NVML's product name, e.g. "NVIDIA H100 80GB HBM3"
+    model: str  # normalised, e.g. "H100-80GB" (what profiles filter on)
+    memory_mib: int
+    sm_count: int  # 0 when unknown
+    mig_enabled: bool = False
+    mig_instances: tuple[MigInstance, ...] = ()
+
+
+@dataclass(frozen=True)
+class GPUSample:
+    """A GPU's state at one moment."""
+
+    uuid: str
+    memory_used_bytes: int
+    memory_total_bytes: int
+    utilisation_ratio: float | None  # 0..1, None: not supported
+    temperature_celsius: float | None
+
+
+@dataclass(frozen=True)
+class GPUProcess:
+    """A process with a context on a GPU, as the driver sees it (host pid)."""
+
+    pid: int
+    gpu_uuid: str
+    used_bytes: int  # None from NVML (not available) reads as 0
+
+
+# ---- model names and SM counts ------------------------------------------------------------
+
+_VENDOR = {"NVIDIA", "TESLA", "GEFORCE", "QUADRO"}
+_FORM = re.compile(r"^(SXM\d*|PCIE|HBM\d*E?|NVL|NVLINK|GPU|MIG)$", re.IGNORECASE)
+_SIZE = re.compile(r"^(\d+)GB$", re.IGNORECASE)
+
+
+def model_name(nvml_name: str, memory_mib: int) -> str:
+    """NVML's product name as the pool's model string: ``"NVIDIA H100 80GB HBM3"`` -> ``"H100-80GB"``,
+    ``"NVIDIA A100-SXM4-40GB"`` -> ``"A100-40GB"``, ``"Tesla T4"`` -> ``"T4-16GB"``.
+
+    The size comes from the name when it has one, else from the model table of ``quotas``
+    (nominal size, when NVML's figure is within 10 % below it), else from the memory NVML
+    reports, rounded to GiB (``"NVIDIA H100 NVL"`` with 95830 MiB -> ``"H100-94GB"``).
+    """
+    tokens = [t for t in re.split(r"[\s\-_]+", nvml_name.strip()) if t]
+    words: list[str] = []
+    size: str | None = None
+    for token in tokens:
+        if token.upper() in _VENDOR or _FORM.match(token):
+            continue
+        match = _SIZE.match(token)
+        if match:
+            size = size or match.group(1)
+            continue
+        words.append(token)
+    base = "-".join(words) or "GPU"
+    if size is None:
+        known = KNOWN_MODELS.get(base.upper())
+        # the nominal size when NVML's figure is that card's (a little less: reserved memory)
+        if known and 0.9 * known[0] * 1024 <= memory_mib <= known[0] * 1024:
+            size = str(int(known[0]))
+        else:
+            size = str(max(1, round(memory_mib / 1024)))
+    return f"{base}-{size}GB"
+
+
+def sm_count_for(model: str) -> int:
+    """Streaming multiprocessors of a model from the table in ``quotas`` (0 if unknown)."""
+    base = model.rsplit("-", 1)[0].upper() if model.upper().endswith("GB") else model.upper()
+    known = KNOWN_MODELS.get(base)
+    return int(known[1]) if known else 0
+
+
+def mig_profile_of(name: str) -> str:
+    """``"NVIDIA A100-SXM4-40GB MIG 3g.20gb"`` -> ``"3g.20gb"``."""
+    match = re.search(r"\bMIG\s+(\S+)\s*$", name)
+    return match.group(1) if match else name.rsplit(" ", 1)[-1]
+
+
+# ---- NVML ---------------------------------------------------------------------------------
+
+
+class NVML:
+    """pynvml, initialised once. ``library``: a path to load instead of the loader's search."""
+
+    def __init__(self, library: str = "") -> None:
+        self.library = library
+        self._nv: Any = None
+        self._handles: dict[str, Any] = {}
+
+    def init(self) -> None:
+        """Load and initialise NVML; :class:`NVMLUnavailable` (one line) when it cannot be used."""
+        try:
+            import pynvml
+        except ImportError as exc:  # pragma: no cover - a dependency of the package
+            raise NVMLUnavailable(f"the nvidia-ml-py package is not installed ({exc})") from exc
+        if self.library:
+            try:
+                pynvml.nvmlLib = ctypes.CDLL(self.library)
+            except OSError as exc:
+                raise NVMLUnavailable(
+                    f"NVML library {self.library} cannot be loaded ({exc}); fix "
+                    "NodeAgent.nvml_library or leave it empty to use libnvidia-ml.so.1 from the "
+                    "driver"
+                ) from exc
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError_LibraryNotFound as exc:
+            raise NVMLUnavailable(
+                "NVML (libnvidia-ml.so.1) was not found: run the agent on a GPU node with the "
+                "NVIDIA container runtime (NVIDIA_VISIBLE_DEVICES=all, "
+                "NVIDIA_DRIVER_CAPABILITIES=utility) or set nodeAgent.runtimeClassName"
+            ) from exc
+        except pynvml.NVMLError as exc:
+            raise NVMLUnavailable(
+                f"NVML could not be initialised ({exc}): is the NVIDIA driver loaded on this node?"
+            ) from exc
+        self._nv = pynvml
+
+    @property
+    def nv(self) -> Any:
+        if self._nv is None:
+            raise RuntimeError("NVML.init() was not called")
+        return self._nv
+
+    def shutdown(self) -> None:
+        if self._nv is not None:
+            try:
+                self._nv.nvmlShutdown()
+            except self._nv.NVMLError:
+                pass
+            self._nv = None
+
+    def driver_version(self) -> str:
+        try:
+            return str(self.nv.nvmlSystemGetDriverVersion())
+        except (self.nv.NVMLError, AttributeError):
+            return ""
+
+    # -- inventory
+
+    def discover(self) -> list[GPUInfo]:
+        """Every GPU of the node, by NVML index."""
+        nv = self.nv
+        gpus: list[GPUInfo] = []
+        handles: dict[str, Any] = {}
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            uuid = str(nv.nvmlDeviceGetUUID(h))
+            name = str(nv.nvmlDeviceGetName(h))
+            memory_mib = int(nv.nvmlDeviceGetMemoryInfo(h).total) // MIB
+            model = model_name(name, memory_mib)
+            sm = self._sm_count(h) or sm_count_for(model)
+            mig_enabled, instances = self._mig(h)
+            handles[uuid] = h
+            gpus.append(
+                GPUInfo(
+                    index=i,
+                    uuid=uuid,
+                    name=name,
+                    model=model,
+                    memory_mib=memory_mib,
+                    sm_count=sm,
+                    mig_enabled=mig_enabled,
+                    mig_instances=instances,
+                )
+            )
+        self._handles = handles
+        return gpus
+
+    def _sm_count(self, handle: Any) -> int:
+        """nvmlDeviceGetAttributes (real drivers answer it for MIG handles only)."""
+        try:
+            return int(self.nv.nvmlDeviceGetAttributes(handle).multiprocessorCount)
+        except (self.nv.NVMLError, AttributeError):
+            return 0
+
+    def _mig(self, handle: Any) -> tuple[bool, tuple[MigInstance, ...]]:
+        nv = self.nv
+        try:
+            current, _pending = nv.nvmlDeviceGetMigMode(handle)
+        except nv.NVMLError:  # not MIG capable
+            return False, ()
+        if not current:
+            return False, ()
+        instances: list[MigInstance] = []
+        try:
+            count = nv.nvmlDeviceGetMaxMigDeviceCount(handle)
+        except nv.NVMLError:
+            return True, ()
+        for j in range(count):
+            try:
+                mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, j)
+            except nv.NVMLError:  # NOT_FOUND: no instance in this slot
+                continue
+            try:
+                instances.append(
+                    MigInstance(
+                        uuid=str(nv.nvmlDeviceGetUUID(mh)),
+                        profile=mig_profile_of(str(nv.nvmlDeviceGetName(mh))),
+                        memory_mib=int(nv.nvmlDeviceGetMemoryInfo(mh).total) // MIB,
+                        sm_count=self._sm_count(mh),
+                    )
+                )
+            except nv.NVMLError:
+                continue
+        return True, tuple(instances)
+
+    def _handle(self, uuid: str) -> Any:
+        h = self._handles.get(uuid)
+        if h is None:
+            h = self.nv.nvmlDeviceGetHandleByUUID(uuid)
+            self._handles[uuid] = h
+        return h
+
+    # -- samples
+
+    def sample(self, uuid: str) -> GPUSample:
+        nv = self.nv
+        h = self._handle(uuid)
+        mem = nv.nvmlDeviceGetMemoryInfo(h)
+        try:
+            util: float | None = nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0
+        except nv.NVMLError:
+            util = None
+        try:
+            temp: float | None = float(nv.nvmlDeviceGetTemperature(h, _TEMPERATURE_GPU))
+        except nv.NVMLError:
+            temp = None
+        return GPUSample(
+            uuid=uuid,
+            memory_used_bytes=int(mem.used),
+            memory_total_bytes=int(mem.total),
+            utilisation_ratio=util,
+            temperature_celsius=temp,
+        )
+
+    def processes(self, uuid: str) -> list[GPUProcess]:
+        """Compute processes on a GPU with the memory the driver charges each (host pids)."""
+        nv = self.nv
+        h = self._handle(uuid)
+        infos: list[Any] = []
+        for fn_name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"):
+            fn = getattr(nv, fn_name, None)
+            if fn is None:
+                continue
+            try:
+                infos = fn(h)
+                break
+            except nv.NVMLError_FunctionNotFound:  # older driver: _v3 missing, try _v2
+                continue
+        return [GPUProcess(pid=int(p.pid), gpu_uuid=uuid, used_bytes=int(p.usedGpuMemory or 0)) for p in infos]
+
+
+@dataclass
+class XidWatcher:
+    """Counts Xid critical errors with an NVML event set, in a thread (the wait blocks).
+
+    ``on_xid(gpu_uuid, xid)`` is called from that thread. ``supported`` is False when the driver
+    offers no event set (the Xid counters then stay at 0).
+    """
+
+    nvml: NVML
+    uuids: list[str]
+    on_xid: Callable[[str, int], None]
+    timeout_ms: int = 500
+    supported: bool = False
+    reason: str = ""
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _set: Any = None
+
+    def start(self) -> None:
+        nv = self.nvml.nv
+        try:
+            self._set = nv.nvmlEventSetCreate()
+            registered = 0
+            for uuid in self.uuids:
+                try:
+                    nv.nvmlDeviceRegisterEvents(self.nvml._handle(uuid), _EVENT_XID, self._set)
+                    registered += 1
+                except nv.NVMLError as exc:
+                    self.reason = f"{uuid}: {exc}"
+            if not registered:
+                self.reason = self.reason or "no GPU"
+                return
+        except (nv.NVMLError, AttributeError) as exc:
+            self.reason = str(exc)
+            return
+        self.supported = True
+        self._thread = threading.Thread(target=self._run, name="xid-events", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        nv = self.nvml.nv
+        while not self._stop.is_set():
+            try:
+                data = nv.nvmlEventSetWait(self._set, self.timeout_ms)
+            except nv.NVMLError_Timeout:
+                continue
+            except nv.NVMLError:
+                if self._stop.wait(1.0):
+                    break
+                continue
+            if data.eventType & _EVENT_XID:
+                try:
+                    uuid = str(nv.nvmlDeviceGetUUID(data.device))
+                except nv.NVMLError:
+                    uuid = ""
+                self.on_xid(uuid, int(data.eventData))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout_ms / 1000 + 2)
+        if self._set is not None:
+            try:
+                self.nvml.nv.nvmlEventSetFree(self._set)
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+            self._set = None
