@@ -32,7 +32,7 @@ import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from traitlets import Bool, Enum, Float, Integer
@@ -315,12 +315,3 @@ class Backstop(LoggingConfigurable):
             acted.append(finding)
         return acted
 
-
-@dataclass
-class CardView:
-    """One shared card's inputs to :func:`evaluate` (built by the agent each check)."""
-
-    gpu_uuid: str
-    gpu_index: int
-    processes: list[Proc] = field(default_factory=list)
-    slices: dict[str, Slice] = field(default_factory=dict)

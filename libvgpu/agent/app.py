@@ -26,7 +26,7 @@ from traitlets import Bool, Dict, Enum, Float, Integer, TraitError, Unicode, def
 from traitlets.config import Application, Config
 
 from libvgpu import ShimNotBuilt
-from libvgpu.backstop import REASONS, Backstop, Finding, Proc, Slice, evaluate
+from libvgpu.backstop import EVENT_REASONS, REASONS, Backstop, Finding, Proc, Slice, evaluate
 from libvgpu.regions import NodeGPU, read_node_regions
 from quotas import ConfigError
 
@@ -482,8 +482,6 @@ class _AgentActions:
         self.agent.metrics.kills.labels(self.agent.node_name, finding.gpu_uuid, finding.reason).inc()
 
     async def record(self, finding: Finding, message: str) -> None:
-        from libvgpu.backstop import EVENT_REASONS
-
         agent = self.agent
         if finding.pod:
             namespace, name = finding.pod.split("/", 1)

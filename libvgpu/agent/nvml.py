@@ -251,7 +251,7 @@ class NVML:
                 continue
         return True, tuple(instances)
 
-    def _handle(self, uuid: str) -> Any:
+    def handle(self, uuid: str) -> Any:
         h = self._handles.get(uuid)
         if h is None:
             h = self.nv.nvmlDeviceGetHandleByUUID(uuid)
@@ -262,7 +262,7 @@ class NVML:
 
     def sample(self, uuid: str) -> GPUSample:
         nv = self.nv
-        h = self._handle(uuid)
+        h = self.handle(uuid)
         mem = nv.nvmlDeviceGetMemoryInfo(h)
         try:
             util: float | None = nv.nvmlDeviceGetUtilizationRates(h).gpu / 100.0
@@ -283,7 +283,7 @@ class NVML:
     def processes(self, uuid: str) -> list[GPUProcess]:
         """Compute processes on a GPU with the memory the driver charges each (host pids)."""
         nv = self.nv
-        h = self._handle(uuid)
+        h = self.handle(uuid)
         infos: list[Any] = []
         for fn_name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"):
             fn = getattr(nv, fn_name, None)
@@ -322,7 +322,7 @@ class XidWatcher:
             registered = 0
             for uuid in self.uuids:
                 try:
-                    nv.nvmlDeviceRegisterEvents(self.nvml._handle(uuid), _EVENT_XID, self._set)
+                    nv.nvmlDeviceRegisterEvents(self.nvml.handle(uuid), _EVENT_XID, self._set)
                     registered += 1
                 except nv.NVMLError as exc:
                     self.reason = f"{uuid}: {exc}"

@@ -217,12 +217,18 @@ def allocation(alloc_id: str, user: str, memory_mib: int) -> Allocation:
 
 
 def run_pod(node: Node, name: str, alloc: Allocation, steps: list[str], env: dict[str, str]) -> int:
-    node.emu.create(gpu_pod(node, name, alloc, [str(node.build.probe), *steps], env), "pods", NS)
+    """Start a pod whose program waits until the test wrote its cgroup file (no race with the
+    agent's checks), then runs the probe with ``steps``."""
+    go = node.root / f"{name}.go"
+    command = ["/bin/sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.02; done; exec "$0" "$@"',
+               str(node.build.probe), *steps]
+    node.emu.create(gpu_pod(node, name, alloc, command, env), "pods", NS)
     node.emu.wait_for_pod_phase(name, "Running", NS, timeout=20)
     pid = wait_for(lambda: node.emu.pod_pid(name, NS), 10, f"the process of {name}")
     uid = node.emu.get("pods", name, NS)["metadata"]["uid"]
     node.write_cgroup(pid, uid, "probe")
     node.pids[name] = pid
+    go.touch()
     return pid
 
 
@@ -281,8 +287,8 @@ Backstop:
                  15, "the inventory annotation")
         shim = "/usr/local/lib/elastic-gpu/libvgpu.so"  # the emulator maps mount paths into the pod root
         run_pod(n, "pod-a", allocation("a-ok", "alice", 1024),
-                ["sleep:1000", "init", "ctx", "alloc:300M", "launch:3:100", "wait"], {"LD_PRELOAD": shim})
-        run_pod(n, "pod-b", allocation("b-over", "bob", 256), ["sleep:1000", "init", "ctx", "alloc:1G", "wait"], {})
+                ["init", "ctx", "alloc:300M", "launch:3:100", "wait"], {"LD_PRELOAD": shim})
+        run_pod(n, "pod-b", allocation("b-over", "bob", 256), ["init", "ctx", "alloc:1G", "wait"], {})
         stray = subprocess.Popen([str(build.probe), "init", "ctx", "alloc:512M", "wait"],
                                  env={**clean_env(), **gpu_env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
