@@ -45,18 +45,6 @@ from . import labels as L
 
 PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 
-#: kernel pod label: the broker's kernel id (all generations of one kernel share it)
-KERNEL_ID = L.PREFIX + "kernel-id"
-#: kernel pod annotations (exact values)
-A_KERNEL_ID = L.PREFIX + "kernel-id"
-A_SERVER_NAME = L.PREFIX + "server-name"
-A_SERVER_IDENTITY = L.PREFIX + "server-identity"
-A_GENERATION = L.PREFIX + "generation"
-A_PORTS = L.PREFIX + "ports"
-A_SIZE = L.PREFIX + "size"
-A_SIGNATURE_SCHEME = L.PREFIX + "signature-scheme"
-A_KERNEL_CREATED_AT = L.PREFIX + "kernel-created-at"
-A_JUPYTER_KERNEL_ID = L.PREFIX + "jupyter-kernel-id"
 
 STATES = ("pending", "running", "stopped", "failed")
 
@@ -880,12 +868,12 @@ class KubernetesKernelLauncher(KernelLauncher):
         stale = []
         for pod in result.items:
             ann = pod.metadata.annotations or {}
-            kid = ann.get(A_KERNEL_ID)
+            kid = ann.get(L.A_KERNEL_ID)
             if not kid:
                 continue
-            gen = int(ann.get(A_GENERATION, "0"))
+            gen = int(ann.get(L.A_GENERATION, "0"))
             other = newest.get(kid)
-            if other is None or gen > int(other.metadata.annotations.get(A_GENERATION, "0")):
+            if other is None or gen > int(other.metadata.annotations.get(L.A_GENERATION, "0")):
                 if other is not None:
                     stale.append(other)
                 newest[kid] = pod
@@ -908,25 +896,25 @@ class KubernetesKernelLauncher(KernelLauncher):
         if allocation is None:
             return None
         try:
-            ports = json.loads(ann.get(A_PORTS, "{}"))
-            section = json.loads(ann.get(L.PREFIX + "section", "{}"))
+            ports = json.loads(ann.get(L.A_PORTS, "{}"))
+            section = json.loads(ann.get(L.A_SECTION, "{}"))
         except ValueError:
             ports, section = {}, {}
         record = KernelRecord(
             id=kid,
             user=allocation.owner.user,
-            server_name=ann.get(A_SERVER_NAME, ""),
-            size=ann.get(A_SIZE, ""),
+            server_name=ann.get(L.A_SERVER_NAME, ""),
+            size=ann.get(L.A_SIZE, ""),
             allocation_id=allocation.id,
             section=section,
             ports={k: int(v) for k, v in ports.items() if k in PORT_NAMES},
-            signature_scheme=ann.get(A_SIGNATURE_SCHEME, "hmac-sha256"),
-            server_identity=ann.get(A_SERVER_IDENTITY, ""),
+            signature_scheme=ann.get(L.A_SIGNATURE_SCHEME, "hmac-sha256"),
+            server_identity=ann.get(L.A_SERVER_IDENTITY, ""),
             holder=meta.name,
             namespace=meta.namespace,
-            generation=int(ann.get(A_GENERATION, "0")),
-            created_at=float(ann.get(A_KERNEL_CREATED_AT, "0") or 0),
-            jupyter_kernel_id=ann.get(A_JUPYTER_KERNEL_ID, ""),
+            generation=int(ann.get(L.A_GENERATION, "0")),
+            created_at=float(ann.get(L.A_KERNEL_CREATED_AT, "0") or 0),
+            jupyter_kernel_id=ann.get(L.A_JUPYTER_KERNEL_ID, ""),
         )
         record.set_allocation(allocation)
         self._apply_pod_status(record, pod)
@@ -1014,7 +1002,7 @@ class KubernetesKernelLauncher(KernelLauncher):
             metadata=k8s.V1ObjectMeta(
                 name=self._base_name(record) + "-key",
                 namespace=record.namespace,
-                labels={KERNEL_ID: record.id, L.MANAGED: "true", L.USER: L.label_value(record.user)},
+                labels={L.KERNEL_ID: record.id, L.MANAGED: "true", L.USER: L.label_value(record.user)},
                 owner_references=self._owner_refs(server),
             ),
             type="Opaque",
@@ -1032,11 +1020,11 @@ class KubernetesKernelLauncher(KernelLauncher):
             metadata=k8s.V1ObjectMeta(
                 name=self._base_name(record) + "-ingress",
                 namespace=record.namespace,
-                labels={KERNEL_ID: record.id, L.MANAGED: "true", L.USER: L.label_value(record.user)},
+                labels={L.KERNEL_ID: record.id, L.MANAGED: "true", L.USER: L.label_value(record.user)},
                 owner_references=self._owner_refs(server),
             ),
             spec=k8s.V1NetworkPolicySpec(
-                pod_selector=k8s.V1LabelSelector(match_labels={KERNEL_ID: record.id}),
+                pod_selector=k8s.V1LabelSelector(match_labels={L.KERNEL_ID: record.id}),
                 policy_types=["Ingress"],
                 ingress=[
                     k8s.V1NetworkPolicyIngressRule(
@@ -1081,17 +1069,17 @@ class KubernetesKernelLauncher(KernelLauncher):
             volume_mounts=[k8s.V1VolumeMount(name="connection", mount_path=SECRET_MOUNT, read_only=True)],
             security_context=k8s.V1SecurityContext(allow_privilege_escalation=False),
         )
-        labels = {KERNEL_ID: record.id, **self.extra_pod_labels}
+        labels = {L.KERNEL_ID: record.id, **self.extra_pod_labels}
         annotations = {
-            A_KERNEL_ID: record.id,
-            A_SERVER_NAME: record.server_name,
-            A_SERVER_IDENTITY: record.server_identity,
-            A_GENERATION: str(record.generation),
-            A_PORTS: json.dumps(record.ports, sort_keys=True),
-            A_SIZE: record.size,
-            A_SIGNATURE_SCHEME: record.signature_scheme,
-            A_KERNEL_CREATED_AT: repr(record.created_at),
-            A_JUPYTER_KERNEL_ID: record.jupyter_kernel_id,
+            L.A_KERNEL_ID: record.id,
+            L.A_SERVER_NAME: record.server_name,
+            L.A_SERVER_IDENTITY: record.server_identity,
+            L.A_GENERATION: str(record.generation),
+            L.A_PORTS: json.dumps(record.ports, sort_keys=True),
+            L.A_SIZE: record.size,
+            L.A_SIGNATURE_SCHEME: record.signature_scheme,
+            L.A_KERNEL_CREATED_AT: repr(record.created_at),
+            L.A_JUPYTER_KERNEL_ID: record.jupyter_kernel_id,
         }
         pod = k8s.V1Pod(
             api_version="v1",
@@ -1301,7 +1289,7 @@ class KubernetesKernelLauncher(KernelLauncher):
             await self._delete_pod(record.holder, ns)
         # older generations left by an interrupted restart, and the per-kernel objects
         try:
-            pods = await self._call(self.core.list_namespaced_pod(ns, label_selector=f"{KERNEL_ID}={record.id}"))
+            pods = await self._call(self.core.list_namespaced_pod(ns, label_selector=f"{L.KERNEL_ID}={record.id}"))
             for pod in pods.items:
                 if pod.metadata.name != record.holder:
                     await self._delete_pod(pod.metadata.name, ns)
@@ -1320,24 +1308,24 @@ class KubernetesKernelLauncher(KernelLauncher):
         swept: set[str] = set()
         pods = await self._call(self.core.list_namespaced_pod(ns, label_selector=f"{L.KIND}=kernel,{L.MANAGED}=true"))
         for pod in pods.items:
-            kid = (pod.metadata.annotations or {}).get(A_KERNEL_ID, "")
+            kid = (pod.metadata.annotations or {}).get(L.A_KERNEL_ID, "")
             if kid and kid not in known and pod.metadata.deletion_timestamp is None:
                 self.log.warning("Deleting stray GPU kernel pod %s/%s (kernel %s)", ns, pod.metadata.name, kid)
                 await self._delete_pod(pod.metadata.name, ns)
                 swept.add(kid)
-        selector = f"{KERNEL_ID},{L.MANAGED}=true"
+        selector = f"{L.KERNEL_ID},{L.MANAGED}=true"
         try:
             secrets = await self._call(self.core.list_namespaced_secret(ns, label_selector=selector))
             for obj in secrets.items:
-                if obj.metadata.labels.get(KERNEL_ID) not in known:
+                if obj.metadata.labels.get(L.KERNEL_ID) not in known:
                     await self._cleanup(ns, [("secret", obj.metadata.name)])
-                    swept.add(obj.metadata.labels.get(KERNEL_ID))
+                    swept.add(obj.metadata.labels.get(L.KERNEL_ID))
             if self.network_policy:
                 policies = await self._call(self.networking.list_namespaced_network_policy(ns, label_selector=selector))
                 for obj in policies.items:
-                    if obj.metadata.labels.get(KERNEL_ID) not in known:
+                    if obj.metadata.labels.get(L.KERNEL_ID) not in known:
                         await self._cleanup(ns, [("networkpolicy", obj.metadata.name)])
-                        swept.add(obj.metadata.labels.get(KERNEL_ID))
+                        swept.add(obj.metadata.labels.get(L.KERNEL_ID))
         except ApiException as e:
             self.log.warning("Could not sweep GPU kernel secrets/policies in %s: %s", ns, _api_message(e))
         return sorted(swept)

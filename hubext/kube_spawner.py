@@ -240,5 +240,5 @@ def apply_gpu_to_pod(
     container.env = env
     resources.limits = limits or None
     container.resources = resources
-    annotations[L.PREFIX + "backend"] = backend
-    annotations[L.PREFIX + "section"] = json.dumps(section, sort_keys=True)
+    annotations[L.A_BACKEND] = backend
+    annotations[L.A_SECTION] = json.dumps(section, sort_keys=True)

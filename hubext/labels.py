@@ -37,6 +37,21 @@ A_WHOLE = PREFIX + "whole"
 A_CREATED_AT = PREFIX + "created-at"
 A_LIMITS = PREFIX + "limits"
 
+A_BACKEND = PREFIX + "backend"
+A_SECTION = PREFIX + "section"
+
+# kernel pods (the broker's): label = the broker's kernel id, shared by all generations of one kernel
+KERNEL_ID = PREFIX + "kernel-id"
+A_KERNEL_ID = PREFIX + "kernel-id"
+A_SERVER_NAME = PREFIX + "server-name"
+A_SERVER_IDENTITY = PREFIX + "server-identity"
+A_GENERATION = PREFIX + "generation"
+A_PORTS = PREFIX + "ports"
+A_SIZE = PREFIX + "size"
+A_SIGNATURE_SCHEME = PREFIX + "signature-scheme"
+A_KERNEL_CREATED_AT = PREFIX + "kernel-created-at"
+A_JUPYTER_KERNEL_ID = PREFIX + "jupyter-kernel-id"
+
 # node inventory published by the node agent
 NODE_GPU_LABEL = PREFIX + "gpu-node"
 NODE_GPUS_ANNOTATION = PREFIX + "gpus"

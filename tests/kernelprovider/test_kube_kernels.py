@@ -19,7 +19,6 @@ import pytest
 from kubernetes import client as kclient
 
 from hubext import labels as L
-from hubext.kernel_launcher import KERNEL_ID
 from tests.hubrunner import HubRunner
 from tests.kernelprovider.helpers import GPU_UUID, NAMESPACE, NODE, Server, kube_stack
 
@@ -80,7 +79,7 @@ def test_gpu_kernel_runs_in_its_own_pod_holding_the_slice(cluster):
     [pod] = kernel_pods(api)
     [record] = broker_kernels(hub)
     assert pod.metadata.name == record["holder"] and pod.status.pod_ip == record["ip"]
-    assert pod.metadata.labels[KERNEL_ID] == record["id"]
+    assert pod.metadata.labels[L.KERNEL_ID] == record["id"]
     assert pod.metadata.annotations[L.ALLOCATION_ID] == record["allocation_id"]
     assert pod.spec.node_selector["kubernetes.io/hostname"] == NODE
     assert pod.spec.automount_service_account_token is False, "kernel pods get no API token"
@@ -99,7 +98,7 @@ def test_gpu_kernel_runs_in_its_own_pod_holding_the_slice(cluster):
     assert broker_kernels(hub) == []
     assert kernel_slices(hub) == [], "shutdown gives the slice back"
     hub.wait_for(lambda: kernel_pods(api) == [], timeout=20, what="the kernel pod to be deleted")
-    assert api.list_namespaced_secret(NAMESPACE, label_selector=KERNEL_ID).items == []
+    assert api.list_namespaced_secret(NAMESPACE, label_selector=L.KERNEL_ID).items == []
 
 
 def test_interrupt_and_restart_of_a_kernel_pod(cluster):
@@ -206,5 +205,5 @@ def test_killing_the_server_process_collects_its_kernel_pods(cluster):
     hub.wait_for(lambda: kernel_pods(api) == [], timeout=30, what="the kernel pod to be collected")
     hub.wait_for(lambda: kernel_slices(hub) == [], timeout=10, what="the orphaned kernel's slice to be freed")
     assert broker_kernels(hub) == []
-    assert api.list_namespaced_secret(NAMESPACE, label_selector=KERNEL_ID).items == []
+    assert api.list_namespaced_secret(NAMESPACE, label_selector=L.KERNEL_ID).items == []
     assert "is gone" in hub.log_text()

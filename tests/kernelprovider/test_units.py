@@ -21,7 +21,6 @@ from hubext.allocator import GPUAllocator
 from hubext.broker import BrokerError, validate_sizes
 from hubext.kernel_launcher import (
     BOOTSTRAP,
-    KERNEL_ID,
     KernelRecord,
     KubernetesKernelLauncher,
     LocalKernelLauncher,
@@ -173,7 +172,7 @@ def test_kernel_pod_secret_and_network_policy_are_valid_kubernetes_objects(no_al
     for obj in (pod, secret, policy):
         kubernetes_validate.validate(obj, version, strict=True)
     # the pod: our labels, the slice, no API token, owned by the server pod, key only in the Secret
-    assert pod["metadata"]["labels"][L.KIND] == "kernel" and pod["metadata"]["labels"][KERNEL_ID] == record.id
+    assert pod["metadata"]["labels"][L.KIND] == "kernel" and pod["metadata"]["labels"][L.KERNEL_ID] == record.id
     assert pod["metadata"]["annotations"][L.A_MEMORY_MIB] == "10240"
     assert pod["spec"]["automountServiceAccountToken"] is False
     assert pod["spec"]["restartPolicy"] == "Never"
@@ -194,7 +193,7 @@ def test_kernel_pod_secret_and_network_policy_are_valid_kubernetes_objects(no_al
     assert json.loads(__import__("base64").b64decode(secret["data"]["connection.json"]))["key"] == key
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     # the policy: only the user's server pod may reach this kernel, on its ports
-    assert policy["spec"]["podSelector"] == {"matchLabels": {KERNEL_ID: record.id}}
+    assert policy["spec"]["podSelector"] == {"matchLabels": {L.KERNEL_ID: record.id}}
     [rule] = policy["spec"]["ingress"]
     assert rule["from"] == [
         {"podSelector": {"matchLabels": {"component": "singleuser-server", "hub.jupyter.org/username": "alice"}}}
