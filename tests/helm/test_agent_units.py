@@ -416,3 +416,53 @@ def test_the_registry_serves_every_series_the_dashboard_queries_with_its_labels(
     assert samples[("elastic_gpu_xid_errors_total",
                     (("gpu_index", "0"), ("gpu_uuid", "GPU-aaa"), ("node", "n1"), ("xid", "79")))] == 1
 
+
+
+# ---- republishing ---------------------------------------------------------------------------------
+
+
+class _FakeNVML:
+    def __init__(self, gpus: list[GPUInfo]) -> None:
+        self.gpus = gpus
+
+    def discover(self) -> list[GPUInfo]:
+        return list(self.gpus)
+
+
+class _FakeKube:
+    def __init__(self) -> None:
+        self.label: str | None = None
+        self.annotation: str | None = None
+        self.patches = 0
+
+    async def node_inventory(self):
+        return self.label, self.annotation
+
+    async def publish_inventory(self, text: str, has_gpus: bool) -> None:
+        self.patches += 1
+        self.label, self.annotation = ("true" if has_gpus else None), text
+
+
+def test_the_inventory_is_republished_only_when_the_gpus_or_the_node_changed(tmp_path):
+    app = _init(tmp_path, None)
+    app.nvml, app.kube = _FakeNVML(GPUS[:1]), _FakeKube()
+    app.metrics = AgentMetrics("n1")
+    app.gpus, app._published = [], None
+
+    async def scenario() -> None:
+        await app._rediscover()
+        assert app.kube.patches == 1 and [g["uuid"] for g in json.loads(app.kube.annotation)] == ["GPU-aaa"]
+        await app._rediscover()
+        assert app.kube.patches == 1  # nothing changed: no patch
+        app.nvml.gpus = GPUS  # a card appeared (or MIG was switched on)
+        await app._rediscover()
+        assert app.kube.patches == 2 and [g["mode"] for g in json.loads(app.kube.annotation)] == [
+            "shared", "mig", "shared"]
+        app.kube.annotation = "[]"  # someone else edited the node
+        await app._rediscover()
+        assert app.kube.patches == 3 and len(json.loads(app.kube.annotation)) == 3
+        app.nvml.gpus = []  # the driver lost every card: no label, an empty list
+        await app._rediscover()
+        assert (app.kube.label, app.kube.annotation) == (None, "[]")
+
+    asyncio.run(scenario())
