@@ -243,14 +243,24 @@ def test_hub_rights_follow_the_user_namespace(rendered):
     assert tools.one(docs, "ServiceAccount", "jhub-elastic-gpu-user")["metadata"]["namespace"] == "jupyter-users"
 
 
-def test_node_agent_may_only_patch_nodes_and_create_events(default):
+def test_node_agent_may_only_patch_nodes_read_user_pods_and_create_events(default):
     grants = _grants(default, f"{tools.RELEASE}-elastic-gpu-node-agent", tools.NAMESPACE)
     assert grants == {
         ("cluster", "", "nodes", "get"),
         ("cluster", "", "nodes", "patch"),
+        (tools.NAMESPACE, "", "pods", "get"),
+        (tools.NAMESPACE, "", "pods", "list"),
+        (tools.NAMESPACE, "", "pods", "watch"),
         (tools.NAMESPACE, "", "events", "create"),
         (tools.NAMESPACE, "", "events", "patch"),
+        ("default", "", "events", "create"),  # Node events live in 'default'
+        ("default", "", "events", "patch"),
     }
+
+
+def test_node_agent_config_points_it_at_the_users_namespace(default):
+    cm = tools.one(default, "ConfigMap", f"{tools.RELEASE}-elastic-gpu-node-agent")
+    assert yaml.safe_load(cm["data"]["config.yaml"])["NodeAgent"]["pod_namespace"] == tools.NAMESPACE
 
 
 def test_culler_has_no_kubernetes_api_token(default):

@@ -9,6 +9,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
+from hubext import labels as L
 from tests.helm import tools
 
 try:
@@ -193,7 +194,7 @@ def test_per_kernel_policy_in_the_docs_matches_the_broker():
     (np,) = [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict) and d.get("kind")]
     peer = np["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"]
     assert set(peer) == set(cls.server_selector_labels.default())
-    assert set(np["spec"]["podSelector"]["matchLabels"]) == {launcher.KERNEL_ID}
+    assert set(np["spec"]["podSelector"]["matchLabels"]) == {L.KERNEL_ID}
     assert cls.network_policy.default() is True
 
 
