@@ -244,6 +244,7 @@ def test_hub_rights_follow_the_user_namespace(rendered):
 
 
 def test_node_agent_may_only_patch_nodes_read_user_pods_and_create_events(default):
+    # pods patch: the agent's gpu-activity annotation on the GPU pods (the culler's signal)
     grants = _grants(default, f"{tools.RELEASE}-elastic-gpu-node-agent", tools.NAMESPACE)
     assert grants == {
         ("cluster", "", "nodes", "get"),
@@ -251,6 +252,7 @@ def test_node_agent_may_only_patch_nodes_read_user_pods_and_create_events(defaul
         (tools.NAMESPACE, "", "pods", "get"),
         (tools.NAMESPACE, "", "pods", "list"),
         (tools.NAMESPACE, "", "pods", "watch"),
+        (tools.NAMESPACE, "", "pods", "patch"),
         (tools.NAMESPACE, "", "events", "create"),
         (tools.NAMESPACE, "", "events", "patch"),
         ("default", "", "events", "create"),  # Node events live in 'default'
