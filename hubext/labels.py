@@ -55,6 +55,9 @@ A_JUPYTER_KERNEL_ID = PREFIX + "jupyter-kernel-id"
 # node inventory published by the node agent
 NODE_GPU_LABEL = PREFIX + "gpu-node"
 NODE_GPUS_ANNOTATION = PREFIX + "gpus"
+# a GPU pod's GPU activity, published by the node agent, read by the broker (for the culler):
+# compact JSON {"last_launch": unix s | null, "memory_used_mib": int, "updated_at": unix s}
+A_GPU_ACTIVITY = PREFIX + "gpu-activity"
 
 _LABEL_OK = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 

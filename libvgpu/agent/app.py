@@ -25,12 +25,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from traitlets import Bool, Dict, Enum, Float, Integer, TraitError, Unicode, default
 from traitlets.config import Application, Config
 
+from hubext import labels as L
 from libvgpu import ShimNotBuilt
 from libvgpu.backstop import EVENT_REASONS, REASONS, Backstop, Finding, Proc, Slice, evaluate
 from libvgpu.regions import NodeGPU, read_node_regions
 from quotas import ConfigError
 
 from . import inventory
+from .activity import ActivityPublisher, pod_activity
 from .install import install_shim
 from .kube import Kube, KubeError, ObjectRef, dump_gpus
 from .metrics import AgentMetrics, Snapshot
@@ -166,6 +168,28 @@ class NodeAgent(Application):
         help="""Seconds between two lists of this node's pods; a process of a pod not seen yet
         triggers a list at once. Default: 30.""",
     )
+    publish_activity = Bool(
+        True,
+        config=True,
+        help="""Publish each GPU pod's GPU activity (last kernel launch, memory in use, from the
+        shim's node regions; native backend only) on the pod as the annotation
+        elastic-gpu.jupyter.org/gpu-activity, for the culler. Needs patch on pods. Default: True.""",
+    )
+    activity_interval_seconds = Float(
+        30.0,
+        min=0.0,
+        config=True,
+        help="""At most one patch of a pod's gpu-activity annotation per this many seconds for small
+        changes (a later launch, a little more memory); a first launch, a launch this much after the
+        published one, or memory moving by activity_memory_step_mib is patched at once, an unchanged
+        value never. Default: 30.""",
+    )
+    activity_memory_step_mib = Integer(
+        256,
+        min=1,
+        config=True,
+        help="Change in a pod's GPU memory (MiB) that is patched at once. Default: 256.",
+    )
     k8s_api_request_timeout = Float(10.0, min=0.1, config=True, help="Seconds to wait for one Kubernetes API call.")
 
     classes = [Backstop]
@@ -243,6 +267,10 @@ class NodeAgent(Application):
         self._pods_at = 0.0
         self._pods_lock = asyncio.Lock()
         self._regions: dict[str, NodeGPU] = {}
+        self.activity = ActivityPublisher(
+            self._annotate_activity, self.log,
+            interval_seconds=self.activity_interval_seconds, memory_step_mib=self.activity_memory_step_mib,
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -413,6 +441,11 @@ class NodeAgent(Application):
                 xid_supported={g.uuid: self.xid.supported for g in self.gpus},
             )
         )
+        if self.publish_activity and self.backend == "native":
+            await self.activity.publish(pod_activity(pods, usage, self._regions))
+
+    async def _annotate_activity(self, namespace: str, name: str, value: str) -> None:
+        await self.kube.annotate_pod(namespace, name, L.A_GPU_ACTIVITY, value)
 
     # ---- the backstop --------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """The agent's few Kubernetes calls (kubernetes_asyncio): its Node, the pods on it, Events.
 
-RBAC the agent needs: nodes get/patch (cluster), pods list (the pods' namespace, or cluster-wide
-when ``NodeAgent.pod_namespace`` is empty), events create (the pods' namespace, and the namespace
+RBAC the agent needs: nodes get/patch (cluster), pods list and patch (the pods' namespace, or
+cluster-wide when ``NodeAgent.pod_namespace`` is empty), events create (the pods' namespace, and the namespace
 of Node events, ``default`` unless configured).
 """
 
@@ -121,6 +121,13 @@ class Kube:
                 f"list pods on node {self.node_name}", self.core.list_pod_for_all_namespaces(**kw)
             )
         return list(result.items)
+
+    async def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
+        """Set one annotation of a pod (a merge patch of that key only)."""
+        body = {"metadata": {"annotations": {key: value}}}
+        await self._call(
+            f"patch pod {namespace}/{name}", self.core.patch_namespaced_pod(name, namespace, body)
+        )
 
     # -- events
 
