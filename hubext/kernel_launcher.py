@@ -104,6 +104,8 @@ class KernelRecord:
     jupyter_kernel_id: str = ""  # the kernel's id on the user's server (what the culler shuts down)
     allocation: dict[str, Any] = field(default_factory=dict)  # where the slice is (node, GPUs, limits)
     activity_file: str = ""  # local: the shim's activity record of the slice (for the culler)
+    #: Kubernetes: {last_launch, memory_used_mib} from the node agent's gpu-activity pod annotation
+    activity: dict[str, Any] = field(default_factory=dict)
     run_as: str = ""  # local: the unix account the kernel runs as ('' = the hub's)
     home: str = ""  # local: the user's home (HOME, default working directory)
 
@@ -136,6 +138,7 @@ class KernelRecord:
             "gpu_count": len(self.allocation.get("gpu_uuids", [])) or self.section.get("count", 1),
             "workspace": self.allocation.get("workspace", ""),
             **({"activity_file": self.activity_file} if self.activity_file else {}),
+            **({"activity": self.activity} if self.activity else {}),
         }
 
     def set_allocation(self, allocation: Allocation) -> None:
@@ -1224,6 +1227,7 @@ class KubernetesKernelLauncher(KernelLauncher):
         self.log.info("GPU kernel %s of %s restarted: pod %s (was %s)", record.id, record.user, record.holder, old)
 
     def _apply_pod_status(self, record: KernelRecord, pod: Any) -> None:
+        record.activity = gpu_activity((pod.metadata.annotations or {}).get(L.A_GPU_ACTIVITY))
         status = pod.status
         phase = status.phase if status else "Pending"
         record.ip = (status.pod_ip if status else "") or ""
@@ -1329,6 +1333,26 @@ class KubernetesKernelLauncher(KernelLauncher):
         except ApiException as e:
             self.log.warning("Could not sweep GPU kernel secrets/policies in %s: %s", ns, _api_message(e))
         return sorted(swept)
+
+
+def gpu_activity(value: str | None) -> dict[str, Any]:
+    """{last_launch, memory_used_mib} from the node agent's gpu-activity annotation; {} (unknown to
+    the culler) when the pod has none or it is not what the agent writes."""
+    if not value:
+        return {}
+    try:
+        data = json.loads(value)
+    except ValueError:
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    last, used = data.get("last_launch"), data.get("memory_used_mib")
+    number = (int, float)
+    if last is not None and (isinstance(last, bool) or not isinstance(last, number) or last < 0):
+        return {}
+    if isinstance(used, bool) or not isinstance(used, int) or used < 0:
+        return {}
+    return {"last_launch": last, "memory_used_mib": used}
 
 
 def _notebook_status(pod: Any) -> Any | None:
