@@ -42,7 +42,7 @@ from traitlets.config import SingletonConfigurable
 from quotas import AdmissionError, Allocation, GPURequest, Owner, PoolFull
 
 from .allocator import GPUAllocator
-from .gpu_spawner import validate_gpu_section
+from .gpu_spawner import request_from_section, validate_gpu_section
 from .kernel_launcher import KernelLauncher, KernelRecord, LaunchError, ServerRef
 
 KERNELS_SCOPE = "custom:elastic-gpu:kernels"
@@ -316,18 +316,8 @@ class GPUBroker(SingletonConfigurable):
         return Owner(user=user_name)
 
     def _request(self, record: KernelRecord, owner: Owner) -> GPURequest:
-        section = record.section
-        return GPURequest(
-            owner=owner,
-            memory_mib=section.get("memory_mib", 0),
-            cores_percent=section.get("cores_percent", 100 if section.get("whole") else 0),
-            count=section.get("count", 1),
-            model=section.get("model"),
-            priority_class=section.get("priority_class"),
-            whole=section.get("whole", False),
-            request_id=f"kernel-{record.user}-{record.id[:8]}-{record.generation}",
-            kind="kernel",
-        )
+        request_id = f"kernel-{record.user}-{record.id[:8]}-{record.generation}"
+        return request_from_section(record.section, owner, request_id, kind="kernel")
 
     # ---- the operations --------------------------------------------------------------------
 

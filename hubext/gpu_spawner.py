@@ -112,6 +112,21 @@ def check_forged_options(profile: Mapping[str, Any], user_options: Mapping[str, 
             )
 
 
+def request_from_section(section: Mapping[str, Any], owner: Owner, request_id: str, kind: str) -> GPURequest:
+    """The admission request for a validated ``gpu`` section (a profile's or a kernel size's)."""
+    return GPURequest(
+        owner=owner,
+        memory_mib=section.get("memory_mib", 0),
+        cores_percent=section.get("cores_percent", 100 if section.get("whole") else 0),
+        count=section.get("count", 1),
+        model=section.get("model"),
+        priority_class=section.get("priority_class"),
+        whole=section.get("whole", False),
+        request_id=request_id,
+        kind=kind,
+    )
+
+
 class GPUSpawnerMixin(LoggingConfigurable):
     """Admission, queueing and release of a notebook's GPU slice, for any Spawner.
 
@@ -178,17 +193,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
     def gpu_request(self, section: Mapping[str, Any]) -> GPURequest:
         server = self.name or ""
         request_id = f"nb-{self.user.name}-{server or 'default'}-{secrets.token_hex(3)}"
-        return GPURequest(
-            owner=self.gpu_owner(),
-            memory_mib=section.get("memory_mib", 0),
-            cores_percent=section.get("cores_percent", 100 if section.get("whole") else 0),
-            count=section.get("count", 1),
-            model=section.get("model"),
-            priority_class=section.get("priority_class"),
-            whole=section.get("whole", False),
-            request_id=request_id,
-            kind="notebook",
-        )
+        return request_from_section(section, self.gpu_owner(), request_id, kind="notebook")
 
     def _gpu_wait_seconds(self) -> float:
         if self.gpu_max_wait_seconds > 0:
@@ -243,6 +248,13 @@ class GPUSpawnerMixin(LoggingConfigurable):
             return allocation
         finally:
             self.__dict__["_gpu_admission_done"] = True
+
+    async def stop(self, now: bool = False) -> None:
+        """The spawner's own stop, then the slice goes back (whatever the stop raised)."""
+        try:
+            await super().stop(now=now)
+        finally:
+            await self.gpu_release("server stopped")
 
     async def gpu_release(self, why: str = "server stopped") -> None:
         """Give the slice back (idempotent)."""

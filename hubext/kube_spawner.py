@@ -93,12 +93,6 @@ class ElasticGPUSpawner(GPUSpawnerMixin, KubeSpawner):
             await self.gpu_release("spawn failed")
             raise
 
-    async def stop(self, now: bool = False) -> None:
-        try:
-            await super().stop(now=now)
-        finally:
-            await self.gpu_release("server stopped")
-
     async def progress(self):
         async for event in self.gpu_progress_events():
             yield event

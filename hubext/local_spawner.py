@@ -353,12 +353,6 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             await self.gpu_release("spawn failed")
             raise
 
-    async def stop(self, now: bool = False) -> None:
-        try:
-            await super().stop(now=now)
-        finally:
-            await self.gpu_release("server stopped")
-
     async def poll(self) -> int | None:
         status = await super().poll()
         if status is not None and self._gpu_allocation_id:
