@@ -144,16 +144,7 @@ c.Spawner.http_timeout = 60
         self, method: str, path: str, token: str | None = None, body: Any = None, timeout: float = 30
     ) -> tuple[int, Any]:
         """Call the hub's REST API (path under /hub/api); returns (status, decoded JSON or text)."""
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.hub_api + path, data=data, method=method)
-        req.add_header("Authorization", f"token {token or self.admin_token}")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                return resp.status, _decode(resp.read())
-        except urllib.error.HTTPError as e:
-            return e.code, _decode(e.read())
+        return http(method, self.hub_api + path, token or self.admin_token, body, timeout)
 
     def user_token(self, name: str, admin: bool = False) -> str:
         """Create user ``name`` (if needed) and return a new API token of theirs."""
@@ -176,8 +167,19 @@ c.Spawner.http_timeout = 60
         raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{self.log_tail()}")
 
 
-def _decode(raw: bytes) -> Any:
+def http(method: str, url: str, token: str, body: Any = None, timeout: float = 30) -> tuple[int, Any]:
+    """One authenticated JSON call to a hub, a server or a service: (status, decoded JSON or text)."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    req.add_header("Authorization", f"token {token}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
     try:
-        return json.loads(raw) if raw else None
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw, status = resp.read(), resp.status
+    except urllib.error.HTTPError as e:
+        raw, status = e.read(), e.code
+    try:
+        return status, json.loads(raw) if raw else None
     except ValueError:
-        return raw.decode(errors="replace")
+        return status, raw.decode(errors="replace")

@@ -19,27 +19,11 @@ from typing import Any
 import websocket
 
 from tests.hubrunner import REPO, HubRunner, free_port
+from tests.hubrunner import http as hub_http
 
 
 def http(method: str, url: str, token: str, body: Any = None, timeout: float = 30) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Authorization", f"token {token}")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
-            try:
-                return resp.status, json.loads(raw) if raw else None
-            except ValueError:
-                return resp.status, raw.decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        raw = e.read()
-        try:
-            return e.code, json.loads(raw) if raw else None
-        except ValueError:
-            return e.code, raw.decode(errors="replace")
+    return hub_http(method, url, token, body, timeout)
 
 
 def start_server(hub: HubRunner, user: str, timeout: float = 90) -> None:

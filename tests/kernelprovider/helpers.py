@@ -7,8 +7,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +18,7 @@ import yaml
 
 from hubext import labels as L
 from tests.hubrunner import HubRunner
+from tests.hubrunner import http as hub_http
 
 ADMISSION = {
     "priority_classes": {
@@ -45,21 +44,7 @@ SIZES = [
 
 
 def http(method: str, url: str, token: str, body: Any = None, timeout: float = 60) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method)
-    req.add_header("Authorization", f"token {token}")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            raw = resp.read()
-            status = resp.status
-    except urllib.error.HTTPError as e:
-        raw, status = e.read(), e.code
-    try:
-        return status, json.loads(raw) if raw else None
-    except ValueError:
-        return status, raw.decode(errors="replace")
+    return hub_http(method, url, token, body, timeout)
 
 
 def start_server(hub: HubRunner, user: str, token: str, timeout: float = 90) -> None:
