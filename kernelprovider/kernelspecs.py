@@ -93,8 +93,11 @@ def install(
         spec = kernelspec(size, language_display, python)
         names.add(name)
         with tempfile.TemporaryDirectory() as tmp:
+            # install_kernel_spec copies modes: a 0700 temp dir would hide the spec from other accounts
+            os.chmod(tmp, 0o755)
             with open(os.path.join(tmp, "kernel.json"), "w") as f:
                 json.dump(spec, f, indent=1)
+            os.chmod(os.path.join(tmp, "kernel.json"), 0o644)
             try:
                 path = ksm.install_kernel_spec(tmp, kernel_name=name, user=user, prefix=prefix)
             except OSError as e:

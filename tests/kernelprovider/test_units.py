@@ -88,6 +88,12 @@ def test_install_replaces_stale_gpu_kernelspecs(tmp_path):
     assert sorted(p.name for p in kernels.iterdir()) == ["elastic-gpu-gpu-10g", "python3"]
 
 
+def test_installed_kernelspecs_are_readable_by_every_account(tmp_path):
+    (path,) = install([{"name": "gpu-10g", "display_name": "GPU 10 GiB"}], prefix=str(tmp_path))
+    assert os.stat(path).st_mode & 0o777 == 0o755
+    assert os.stat(os.path.join(path, "kernel.json")).st_mode & 0o777 == 0o644
+
+
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")}
     return subprocess.run(
