@@ -74,8 +74,8 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
         return;
     }
     uint64_t ts = since;
-    uint32_t permille;
-    int src = vgpu_nvml_container_util(dev, &ts, &permille);
+    uint32_t permille, gpu_permille;
+    int src = vgpu_nvml_container_util(dev, &ts, &permille, &gpu_permille);
     if (src < 0) {
         static _Atomic int warned;
         if (!atomic_exchange(&warned, 1))
@@ -91,23 +91,36 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
     atomic_store(&c->util_permille, permille);
     uint64_t busy = (uint64_t)((double)permille / 1000.0 * (double)window_ns);
     uint64_t old = atomic_load(&c->cost_ns);
+    /* The GPU was busy all window (other containers' work, or ours): launches admitted in it
+     * may still be queued behind that work, so a low use of ours says nothing about the cost
+     * of a launch, and the time they have not run yet is no credit. */
+    int gpu_busy = gpu_permille >= SATURATED_PERMILLE;
     /* the bucket was charged old per launch; charge what the GPU really ran instead, so work
-     * queued earlier is paid for when it runs (the debt is bounded: stop feeding, no payback) */
+     * queued earlier is paid for when it runs (the debt is bounded: stop feeding, no payback;
+     * the credit too: one burst, and none while our launches may be waiting on the GPU) */
     if (old) {
         int64_t delta = (int64_t)(n * old) - (int64_t)busy;
+        if (delta > 0 && gpu_busy) delta = 0;
         int64_t t = atomic_fetch_add(&c->tokens_ns, delta) + delta;
-        int64_t floor = -(int64_t)(BURST_NS * pct / 100);
+        int64_t floor = -(int64_t)(BURST_NS * pct / 100), cap = (int64_t)(BURST_NS * pct / 100);
         while (t < floor && !atomic_compare_exchange_weak(&c->tokens_ns, &t, floor)) {
+        }
+        while (t > cap && !atomic_compare_exchange_weak(&c->tokens_ns, &t, cap)) {
         }
     }
     int saturated = permille >= SATURATED_PERMILLE && pct <= 90;
     if (!n && !saturated) return;
     uint64_t cost;
+    uint64_t bound = window_ns / (n ? n : 1);
     if (saturated) {
         /* busy all window although limited: queued work hides the real cost. The debt above
          * already stops the feeding; raise the estimate at most twofold per window. */
-        uint64_t bound = window_ns / (n ? n : 1);
         cost = old ? (bound > 2 * old ? 2 * old : bound > old ? bound : old) : bound;
+    } else if (gpu_busy) {
+        /* others kept the GPU busy: our launches may be queued behind their work, so the
+         * estimate may rise (as above) but not fall; the first one is the upper bound */
+        uint64_t est = busy / n;
+        cost = old ? (est > 2 * old ? 2 * old : est > old ? est : old) : bound;
     } else {
         /* the GPU idled in this window: little was left queued. Below NVML's resolution
          * (1 %) the work is not known to be zero: count it as half a percent. */
@@ -115,8 +128,9 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
         cost = !old || est < old / 4 ? est : (old + est) / 2;
     }
     atomic_store(&c->cost_ns, cost ? cost : 1);
-    vgpu_debug("gpu %d: %.1f%% busy over %.1f ms, %llu launches: %.1f us per launch", dev,
-               permille / 10.0, window_ns / 1e6, (unsigned long long)n, (cost ? cost : 1) / 1e3);
+    vgpu_debug("gpu %d: %.1f%% busy (GPU %.1f%%) over %.1f ms, %llu launches: %.1f us per launch",
+               dev, permille / 10.0, gpu_permille / 10.0, window_ns / 1e6, (unsigned long long)n,
+               (cost ? cost : 1) / 1e3);
 }
 
 void vgpu_compute_gate(int dev) {

@@ -47,10 +47,12 @@ static int container_has_pid(unsigned int pid) {
     return 0;
 }
 
-/* The container's SM utilisation on dev since *since_us (NVML timestamps), in permille.
- * 0: from per-process samples; 1: device-wide fallback; 2: no samples since (idle, or NVML
- * has not sampled yet); -1: NVML cannot tell. */
-int vgpu_nvml_container_util(int dev, uint64_t *since_us, uint32_t *permille) {
+/* The container's SM utilisation on dev since *since_us (NVML timestamps), in permille, and
+ * the whole GPU's (every process's, this container's included) in *gpu_permille.
+ * 0: from per-process samples; 1: device-wide fallback (both are the device's); 2: no samples
+ * since (idle, or NVML has not sampled yet); -1: NVML cannot tell. */
+int vgpu_nvml_container_util(int dev, uint64_t *since_us, uint32_t *permille,
+                             uint32_t *gpu_permille) {
     nvmlDevice_t nd;
     if (vgpu_nvml_device(dev, &nd) != 0) return -1;
     nvmlDeviceGetProcessUtilization_fn per_process = REAL(nvmlDeviceGetProcessUtilization);
@@ -60,24 +62,27 @@ int vgpu_nvml_container_util(int dev, uint64_t *since_us, uint32_t *permille) {
         nvmlReturn_t rc = per_process(nd, s, &n, *since_us);
         if (rc == NVML_ERROR_NOT_FOUND) {
             *permille = 0;
+            *gpu_permille = 0;
             return 2;
         }
         if (rc == NVML_SUCCESS) {
-            uint64_t total = 0, newest = *since_us;
+            uint64_t total = 0, gpu = 0, newest = *since_us;
             for (unsigned int i = 0; i < n && i < 128; i++) {
                 if (s[i].timeStamp > newest) newest = s[i].timeStamp;
                 int first = 1; /* average a pid's samples, then sum over pids */
                 for (unsigned int j = 0; j < i; j++) first &= s[j].pid != s[i].pid;
-                if (!first || !container_has_pid(s[i].pid)) continue;
+                if (!first) continue;
                 uint64_t sum = 0, cnt = 0;
                 for (unsigned int j = i; j < n && j < 128; j++)
                     if (s[j].pid == s[i].pid) {
                         sum += s[j].smUtil;
                         cnt++;
                     }
-                total += sum * 10 / cnt;
+                gpu += sum * 10 / cnt;
+                if (container_has_pid(s[i].pid)) total += sum * 10 / cnt;
             }
             *permille = (uint32_t)(total > 1000 ? 1000 : total);
+            *gpu_permille = (uint32_t)(gpu > 1000 ? 1000 : gpu);
             *since_us = newest;
             return 0;
         }
@@ -86,6 +91,7 @@ int vgpu_nvml_container_util(int dev, uint64_t *since_us, uint32_t *permille) {
     nvmlUtilization_t u;
     if (!device_wide || device_wide(nd, &u) != NVML_SUCCESS) return -1;
     *permille = u.gpu > 100 ? 1000 : u.gpu * 10;
+    *gpu_permille = *permille;
     *since_us = vgpu_real_ns() / 1000;
     return 1;
 }

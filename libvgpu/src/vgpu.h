@@ -312,7 +312,8 @@ void vgpu_priority_gate(int dev);
 
 /* nvml.c */
 int vgpu_nvml_device(int dev, nvmlDevice_t *out);
-int vgpu_nvml_container_util(int dev, uint64_t *since_us, uint32_t *permille);
+int vgpu_nvml_container_util(int dev, uint64_t *since_us, uint32_t *permille,
+                             uint32_t *gpu_permille);
 int vgpu_nvml_process_used(int dev, uint64_t *bytes);
 
 /* ---- the hooks (exported under the driver's own names; defined in memory.c, compute.c,

@@ -47,12 +47,6 @@ def test_processes_of_a_container_share_its_cores_limit(node):
         assert 30 <= measured <= 50
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known limiter weakness: with two containers on one card the low-share limiter "
-    "overshoots in about 1 run in 5 on the double (seen 34-51 % for a 20 % limit); "
-    "see the issue 6 note",
-)
 def test_two_containers_get_their_own_shares(node):
     small = node.container("small", "cores_percent=20")
     big = node.container("big", "cores_percent=60")
