@@ -154,6 +154,8 @@ typedef CUresult (*cuDeviceGetCount_fn)(int *);
 typedef CUresult (*cuDeviceGetUuid_fn)(CUuuid *, CUdevice);
 typedef CUresult (*cuCtxGetDevice_fn)(CUdevice *);
 typedef CUresult (*cuCtxGetCurrent_fn)(CUcontext *);
+typedef CUresult (*cuCtxPushCurrent_v2_fn)(CUcontext);
+typedef CUresult (*cuCtxPopCurrent_v2_fn)(CUcontext *);
 typedef CUresult (*cuMemAlloc_v2_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*cuMemAllocPitch_v2_fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
 typedef CUresult (*cuMemAllocManaged_fn)(CUdeviceptr *, size_t, unsigned int);

@@ -92,6 +92,8 @@ struct vgpu_hook vgpu_hooks[H_COUNT] = {
     ROW(cuDeviceGetUuid, NULL, 0, CUDA, 0, NULL),
     ROW(cuCtxGetDevice, NULL, 0, CUDA, 0, NULL),
     ROW(cuCtxGetCurrent, NULL, 0, CUDA, 0, NULL),
+    ROW(cuCtxPushCurrent_v2, NULL, 0, CUDA, 0, NULL),
+    ROW(cuCtxPopCurrent_v2, NULL, 0, CUDA, 0, NULL),
     ROW(cuArrayGetMemoryRequirements, NULL, 0, CUDA, 0, NULL),
     ROW(cuMipmappedArrayGetMemoryRequirements, NULL, 0, CUDA, 0, NULL),
     ROW(nvmlDeviceGetMemoryInfo, NULL, 0, NVML, 0, nvmlDeviceGetMemoryInfo),

@@ -166,12 +166,13 @@ uint64_t vgpu_container_used(int dev) {
     return atomic_load(&r->used[dev]);
 }
 
-CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead) {
+/* force: memory the driver already holds (a true-up): counted even past the limit. */
+static CUresult reserve(int dev, uint64_t bytes, int overhead, int force) {
     struct vgpu_container_region *r = vgpu.reg;
     if (!r || dev < 0 || dev >= VGPU_MAX_DEV || !bytes) return CUDA_SUCCESS;
     if (!vgpu.me) vgpu_region_claim_slot();
     struct vgpu_slot *me = vgpu.me;
-    uint64_t limit = vgpu.cfg.memory_bytes[dev];
+    uint64_t limit = force ? VGPU_UNLIMITED : vgpu.cfg.memory_bytes[dev];
     int locked = vgpu_region_lock(r) == 0;
     uint64_t used = atomic_load(&r->used[dev]);
     if (limit != VGPU_UNLIMITED && (bytes > limit || used > limit - bytes)) {
@@ -195,6 +196,39 @@ CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead) {
     if (!overhead) atomic_fetch_add(&local_alloc[dev], bytes);
     vgpu_publish_usage(dev);
     return CUDA_SUCCESS;
+}
+
+CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead) {
+    return reserve(dev, bytes, overhead, 0);
+}
+
+/* Memory true-up: what NVML says this process holds beyond its counted allocations is the
+ * driver's own (context, lazily loaded modules, cuCtxSetLimit, local memory growth, graph
+ * exec memory); when it grew past the overhead counted so far, the growth is counted too.
+ * At most every TRUE_UP_NS per process (an NVML call), on allocations and memory queries.
+ * A configured context_mib means "charge this, do not measure": no true-up then. */
+#define TRUE_UP_NS (100ull * 1000000ull)
+static _Atomic uint64_t true_up_at[VGPU_MAX_DEV];
+
+void vgpu_mem_true_up(int dev, int now_please) {
+    if (dev < 0 || dev >= VGPU_MAX_DEV || !vgpu.reg || !vgpu_self_nvml_pid() ||
+        vgpu.cfg.context_bytes >= 0)
+        return;
+    uint64_t now = vgpu_coarse_real_ns(), last = atomic_load_explicit(&true_up_at[dev],
+                                                                     memory_order_relaxed);
+    if (!now_please && now - last < TRUE_UP_NS) return;
+    if (!atomic_compare_exchange_strong(&true_up_at[dev], &last, now)) return;
+    struct vgpu_slot *me = vgpu.me;
+    uint64_t nvml_used;
+    if (!me || vgpu_nvml_process_used(dev, &nvml_used) != 0) return;
+    uint64_t local = atomic_load(&local_alloc[dev]);
+    uint64_t driver = nvml_used > local ? nvml_used - local : 0;
+    uint64_t counted = atomic_load(&me->overhead[dev]);
+    if (driver > counted) {
+        vgpu_debug("gpu %d: driver holds %llu MiB of its own, %llu MiB counted: trued up", dev,
+                   (unsigned long long)(driver >> 20), (unsigned long long)(counted >> 20));
+        reserve(dev, driver - counted, 1, 1);
+    }
 }
 
 static uint64_t sub_clamped(_Atomic uint64_t *v, uint64_t n) {
@@ -270,6 +304,7 @@ static CUresult begin(int id, uint64_t bytes, int *dev, CUcontext *ctx) {
     if (d >= VGPU_MAX_DEV) return CUDA_SUCCESS;
     *dev = d;
     *ctx = current_ctx();
+    vgpu_mem_true_up(d, 0);
     return vgpu_mem_reserve(d, bytes, 0);
 }
 
@@ -527,6 +562,7 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     vgpu_current_device(&dev);
     uint64_t limit = vgpu_limit(dev);
     if (limit == VGPU_UNLIMITED) return rc;
+    vgpu_mem_true_up(dev, 1);
     uint64_t used = vgpu_container_used(dev);
     uint64_t total = limit < *total_bytes ? limit : *total_bytes;
     uint64_t avail = used >= total ? 0 : total - used;
@@ -617,7 +653,9 @@ typedef CUresult (*ctx_call)(void *args);
 /* Charges a context's own memory around call(): reserve the estimate, create, correct to the
  * measured size. On OOM after creation, undo() destroys it. Returns the bytes charged. */
 static CUresult charged_create(int dev, ctx_call call, void *args, void (*undo)(void *),
-                               uint64_t *charged) {
+                               uint64_t *charged, CUcontext *pctx) {
+    struct vgpu_pidsnap snap;
+    vgpu_host_pid_before(dev, &snap);
     struct measure m;
     measure_begin(dev, &m);
     uint64_t est = context_estimate(m.ok);
@@ -628,6 +666,7 @@ static CUresult charged_create(int dev, ctx_call call, void *args, void (*undo)(
         vgpu_mem_release(dev, est, 1);
         return rc;
     }
+    vgpu_host_pid_after(dev, &snap, *pctx);
     uint64_t actual = est;
     if (vgpu.cfg.context_bytes < 0) {
         int64_t grew = measure_end(dev, &m);
@@ -669,7 +708,7 @@ static CUresult ctx_create(int id, struct ctx_args *a) {
     if (!accounting() || a->dev < 0 || a->dev >= VGPU_MAX_DEV || !a->pctx) return do_ctx_create(a);
     uint64_t charged = 0;
     pthread_mutex_lock(&ctx_lock);
-    rc = charged_create(a->dev, do_ctx_create, a, undo_ctx_create, &charged);
+    rc = charged_create(a->dev, do_ctx_create, a, undo_ctx_create, &charged, a->pctx);
     if (rc == CUDA_SUCCESS) own(*a->pctx, a->dev, charged);
     pthread_mutex_unlock(&ctx_lock);
     return rc;
@@ -728,7 +767,7 @@ VGPU_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         if (rc == CUDA_SUCCESS) primary_refs[dev]++;
     } else {
         uint64_t charged = 0;
-        rc = charged_create(dev, do_retain, &a, undo_retain, &charged);
+        rc = charged_create(dev, do_retain, &a, undo_retain, &charged, pctx);
         if (rc == CUDA_SUCCESS) {
             primary_refs[dev] = 1;
             primary_ctx[dev] = *pctx;

@@ -36,6 +36,8 @@ int vgpu_nvml_device(int dev, nvmlDevice_t *out) {
 
 static int container_has_pid(unsigned int pid) {
     struct vgpu_container_region *r = vgpu.reg;
+    unsigned int self = vgpu_self_nvml_pid();
+    if (self && pid == self) return 1;
     if (!r || vgpu.reg_private) return pid == (unsigned int)getpid();
     uint32_t hwm = atomic_load(&r->hwm);
     for (uint32_t i = 0; i < hwm && i < VGPU_MAX_PROCS; i++) {
@@ -96,26 +98,131 @@ int vgpu_nvml_container_util(int dev, uint64_t *since_us, uint32_t *permille,
     return 1;
 }
 
-/* This process's memory on dev as the driver reports it. 0: found; 1: not listed (no context
- * yet, or invisible from this pid namespace; *bytes = 0); -1: NVML cannot tell. */
-int vgpu_nvml_process_used(int dev, uint64_t *bytes) {
+/* NVML's compute processes on dev (host pids); their count, or -1. */
+static int nvml_processes(int dev, nvmlProcessInfo_v2_t *p, unsigned int cap) {
     nvmlDevice_t nd;
     if (vgpu_nvml_device(dev, &nd) != 0) return -1;
     nvmlDeviceGetComputeRunningProcesses_v2_fn list = REAL(nvmlDeviceGetComputeRunningProcesses_v2);
     if (!list) return -1;
-    nvmlProcessInfo_v2_t p[256];
-    unsigned int n = 256;
+    unsigned int n = cap;
     if (list(nd, &n, p) != NVML_SUCCESS) return -1;
-    unsigned int me = (unsigned int)getpid();
-    unsigned int host = vgpu.me ? (unsigned int)atomic_load(&vgpu.me->host_pid) : 0;
+    return (int)(n < cap ? n : cap);
+}
+
+/* This process's memory on dev as the driver reports it. 0: found; 1: not listed (no context
+ * yet, or its host pid is not known yet; *bytes = 0); -1: NVML cannot tell. */
+int vgpu_nvml_process_used(int dev, uint64_t *bytes) {
+    nvmlProcessInfo_v2_t p[VGPU_SNAP_PIDS];
+    int n = nvml_processes(dev, p, VGPU_SNAP_PIDS);
+    if (n < 0) return -1;
+    unsigned int me = vgpu_self_nvml_pid();
     *bytes = 0;
-    for (unsigned int i = 0; i < n && i < 256; i++) {
-        if (p[i].pid != me && (!host || p[i].pid != host)) continue;
+    if (!me) return 1; /* getpid() is no NVML pid inside a pid namespace: never guess by it */
+    for (int i = 0; i < n; i++) {
+        if (p[i].pid != me) continue;
         if (p[i].usedGpuMemory == NVML_VALUE_NOT_AVAILABLE_ULL) return -1;
         *bytes = p[i].usedGpuMemory;
         return 0;
     }
     return 1;
+}
+
+/* ---- host-pid discovery ---------------------------------------------------------------------
+ * NVML lists processes by their host pid. Before this process's first context exists it is
+ * not listed; right after, it is. Whoever appeared in between, less the pids other processes
+ * of this container already claimed, is this process: outside a pid namespace that is getpid()
+ * itself. When several processes appeared at once (others started a context at the same
+ * moment), a signature decides: this process allocates a random number of 2 MiB pages behind
+ * the accounting's back for an instant, and the candidate whose usage grew by exactly that is
+ * this process. Found once per process; written to its slot for the other processes and the
+ * node agent. */
+
+void vgpu_host_pid_before(int dev, struct vgpu_pidsnap *s) {
+    s->ok = 0;
+    s->n = 0;
+    if (vgpu_self_nvml_pid()) return; /* known already */
+    nvmlProcessInfo_v2_t p[VGPU_SNAP_PIDS];
+    int n = nvml_processes(dev, p, VGPU_SNAP_PIDS);
+    if (n < 0) return;
+    for (int i = 0; i < n; i++) s->pids[s->n++] = p[i].pid;
+    s->ok = 1;
+}
+
+static int claimed_by_another_slot(unsigned int pid) {
+    struct vgpu_container_region *r = vgpu.reg;
+    if (!r || vgpu.reg_private) return 0;
+    int mine = atomic_load(&vgpu.slot);
+    uint32_t hwm = atomic_load(&r->hwm);
+    for (uint32_t i = 0; i < hwm && i < VGPU_MAX_PROCS; i++) {
+        if ((int)i == mine || !atomic_load(&r->slots[i].pid)) continue;
+        if ((unsigned int)atomic_load(&r->slots[i].host_pid) == pid) return 1;
+    }
+    return 0;
+}
+
+static void set_host_pid(unsigned int pid) {
+    atomic_store(&vgpu.host_pid, (int)pid);
+    if (vgpu.me) atomic_store(&vgpu.me->host_pid, (int32_t)pid);
+    vgpu_debug("host pid %u (pid %d here)", pid, (int)getpid());
+}
+
+/* Which of cand[] grew by a freshly made allocation of a random size; 0 if not exactly one. */
+static unsigned int by_signature(int dev, const unsigned int *cand, int nc, CUcontext ctx) {
+    cuMemAlloc_v2_fn alloc = REAL(cuMemAlloc_v2);
+    cuMemFree_v2_fn release = REAL(cuMemFree_v2);
+    cuCtxPushCurrent_v2_fn push = REAL(cuCtxPushCurrent_v2);
+    cuCtxPopCurrent_v2_fn pop = REAL(cuCtxPopCurrent_v2);
+    if (!alloc || !release || !push || !pop || !ctx || nc > 64) return 0;
+    nvmlProcessInfo_v2_t a[VGPU_SNAP_PIDS], b[VGPU_SNAP_PIDS];
+    uint64_t size = (uint64_t)(3 + (vgpu_mono_ns() / 1000) % 29) << 21;
+    if (push(ctx) != CUDA_SUCCESS) return 0;
+    unsigned int found = 0;
+    int na = nvml_processes(dev, a, VGPU_SNAP_PIDS);
+    CUdeviceptr ptr = 0;
+    if (na >= 0 && alloc(&ptr, size) == CUDA_SUCCESS) {
+        int nb = nvml_processes(dev, b, VGPU_SNAP_PIDS);
+        int matches = 0;
+        for (int c = 0; c < nc; c++) {
+            uint64_t before = 0, after = 0;
+            for (int i = 0; i < na; i++)
+                if (a[i].pid == cand[c]) before = a[i].usedGpuMemory;
+            for (int i = 0; i < nb; i++)
+                if (b[i].pid == cand[c]) after = b[i].usedGpuMemory;
+            if (after >= before + size && after <= before + size + (2ull << 20)) {
+                found = cand[c];
+                matches++;
+            }
+        }
+        if (matches != 1) found = 0;
+        release(ptr);
+    }
+    CUcontext popped;
+    pop(&popped);
+    return found;
+}
+
+void vgpu_host_pid_after(int dev, const struct vgpu_pidsnap *before, CUcontext ctx) {
+    if (!before->ok || vgpu_self_nvml_pid()) return;
+    nvmlProcessInfo_v2_t p[VGPU_SNAP_PIDS];
+    int n = nvml_processes(dev, p, VGPU_SNAP_PIDS);
+    if (n < 0) return;
+    unsigned int cand[VGPU_SNAP_PIDS], self = (unsigned int)getpid();
+    int nc = 0;
+    for (int i = 0; i < n; i++) {
+        int old = 0;
+        for (unsigned int j = 0; j < before->n && !old; j++) old = before->pids[j] == p[i].pid;
+        if (old || claimed_by_another_slot(p[i].pid)) continue;
+        if (p[i].pid == self) { /* not in a pid namespace of its own */
+            set_host_pid(self);
+            return;
+        }
+        cand[nc++] = p[i].pid;
+    }
+    unsigned int found = nc == 1 ? cand[0] : nc > 1 ? by_signature(dev, cand, nc, ctx) : 0;
+    if (found) set_host_pid(found);
+    else if (nc > 1)
+        vgpu_log("could not tell this process's host pid from %d that appeared at once; "
+                 "its utilisation and driver memory are not measured", nc);
 }
 
 /* CUDA index of an NVML device: by uuid when CUDA is up in this process, else NVML's index
@@ -142,6 +249,7 @@ static int slice(nvmlDevice_t d, unsigned long long real_total, unsigned long lo
     uint64_t limit = vgpu_limit(idx);
     if (limit == VGPU_UNLIMITED) return 0;
     uint64_t t = limit < real_total ? limit : real_total;
+    vgpu_mem_true_up(idx, 1);
     uint64_t u = vgpu_container_used(idx);
     if (u > t) u = t;
     *total = t;

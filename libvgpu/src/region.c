@@ -353,7 +353,7 @@ int vgpu_region_claim_slot(void) {
             atomic_store(&s->used[d], 0);
             atomic_store(&s->overhead[d], 0);
         }
-        atomic_store(&s->host_pid, 0);
+        atomic_store(&s->host_pid, atomic_load(&vgpu.host_pid));
         s->flags = 0;
         s->attached_ns = vgpu_real_ns();
         atomic_store(&s->last_launch_ns, 0);
@@ -514,6 +514,7 @@ static int reopen(const char *path, int oldfd) {
 }
 
 void vgpu_region_after_fork_child(void) {
+    atomic_store(&vgpu.host_pid, 0); /* a new process: found again at its first context */
     atomic_store(&vgpu.slot, -1);
     vgpu.me = NULL;
     if (!vgpu.reg) return;

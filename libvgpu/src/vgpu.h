@@ -204,6 +204,7 @@ enum vgpu_hook_id {
     H_cuGraphLaunch, H_cuGraphLaunch_ptsz,
     /* resolved for the shim's own use */
     H_cuDeviceGetCount, H_cuDeviceGetUuid, H_cuCtxGetDevice, H_cuCtxGetCurrent,
+    H_cuCtxPushCurrent_v2, H_cuCtxPopCurrent_v2,
     H_cuArrayGetMemoryRequirements, H_cuMipmappedArrayGetMemoryRequirements,
     /* NVML */
     H_nvmlDeviceGetMemoryInfo, H_nvmlDeviceGetMemoryInfo_v2,
@@ -251,6 +252,7 @@ struct vgpu_proc {
     _Atomic int ndev;                /* CUDA devices, known after cuInit (0 = not yet) */
     _Atomic int single_dev;          /* 1 when exactly one device is visible */
     struct vgpu_node_attach node[VGPU_MAX_DEV];
+    _Atomic int host_pid;            /* this process's pid as NVML reports it; 0 = not known */
     unsigned test_sleep_in_lock_ms;  /* LIBVGPU_TEST_SLEEP_IN_LOCK_MS: test hook */
     pthread_mutex_t slow_lock;       /* process-local: slot claim, node attach */
 };
@@ -301,6 +303,7 @@ void vgpu_publish_usage(int dev);        /* mirrors the container's usage to nod
 /* memory.c */
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead);
 void vgpu_mem_release(int dev, uint64_t bytes, int overhead);
+void vgpu_mem_true_up(int dev, int now_please); /* NVML's per-process usage: driver memory */
 void vgpu_mem_forget_context(CUcontext ctx);
 void vgpu_mem_after_fork_child(void);
 uint64_t vgpu_limit(int dev);
@@ -315,6 +318,22 @@ int vgpu_nvml_device(int dev, nvmlDevice_t *out);
 int vgpu_nvml_container_util(int dev, uint64_t *since_us, uint32_t *permille,
                              uint32_t *gpu_permille);
 int vgpu_nvml_process_used(int dev, uint64_t *bytes);
+
+/* Host-pid discovery: NVML reports host pids, getpid() inside a pid namespace (a pod) is not
+ * one. Snapshot NVML's process list before this process's first context on dev, then look at
+ * who appeared (nvml.c). */
+#define VGPU_SNAP_PIDS 256
+struct vgpu_pidsnap {
+    int ok;
+    unsigned int n;
+    unsigned int pids[VGPU_SNAP_PIDS];
+};
+void vgpu_host_pid_before(int dev, struct vgpu_pidsnap *s);
+void vgpu_host_pid_after(int dev, const struct vgpu_pidsnap *before, CUcontext ctx);
+static inline unsigned int vgpu_self_nvml_pid(void) {
+    int h = atomic_load_explicit(&vgpu.host_pid, memory_order_relaxed);
+    return h > 0 ? (unsigned int)h : 0;
+}
 
 /* ---- the hooks (exported under the driver's own names; defined in memory.c, compute.c,
  * hooks.c, nvml.c) ------------------------------------------------------------------------ */

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import Build, Node, _build, build_all
+from .harness import Build, Node, _build, build_all, pid_namespaces_unavailable
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +45,12 @@ def default_path_build(build: Build, tmp_path_factory: pytest.TempPathFactory) -
     default = root / "etc" / "limits.conf"
     _build.build(root / "shim", defines={"VGPU_DEFAULT_CONFIG": f'"{default}"'})
     return Build(root, root / "shim", build.lib_dir, build.bin_dir)
+
+
+@pytest.fixture(scope="session")
+def pidns() -> bool:
+    """Skips the test where no pid namespace can be made; else True (pass it as pidns=)."""
+    why = pid_namespaces_unavailable()
+    if why:
+        pytest.skip(why)
+    return True

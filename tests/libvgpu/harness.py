@@ -206,20 +206,39 @@ class Container:
         env.update(extra or {})
         return env
 
+    def _command(self, program: Path, steps: tuple[str, ...], pidns: bool,
+                 env: dict[str, str]) -> list[str]:
+        """The program's command line; with ``pidns`` it runs in a new pid namespace with its
+        own /proc (``unshare -p -f --mount-proc``), as in a pod: getpid() is not the host pid.
+        The host's /proc is bind-mounted first (private mount namespace) at a path only the
+        double is told about (CUDA_DOUBLE_HOST_PROC), so the driver double, like the kernel
+        driver, knows processes by their host pid."""
+        if not pidns:
+            return [str(program), *steps]
+        host_proc = self.node.root / "hostproc"
+        host_proc.mkdir(exist_ok=True)
+        env["CUDA_DOUBLE_HOST_PROC"] = str(host_proc)
+        inner = 'mount --bind /proc "$0" && exec unshare -p -f --kill-child --mount-proc "$@"'
+        user = [] if os.geteuid() == 0 else ["-U", "-r"]  # unprivileged: in a user namespace
+        return ["unshare", *user, "-m", "--propagation", "private", "sh", "-c", inner,
+                str(host_proc), str(program), *steps]
+
     def run(self, *steps: str, mode: str = "link", shim: bool = True, timeout: float = 60,
-            env: dict[str, str] | None = None, program: Path | None = None) -> Result:
-        cmd = [str(program or self.node.build.probe), *steps]
-        proc = subprocess.run(cmd, env=self.env(mode=mode, shim=shim, extra=env),
-                              capture_output=True, text=True, timeout=timeout)
+            env: dict[str, str] | None = None, program: Path | None = None,
+            pidns: bool = False) -> Result:
+        full = self.env(mode=mode, shim=shim, extra=env)
+        cmd = self._command(program or self.node.build.probe, steps, pidns, full)
+        proc = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=timeout)
         return Result.parse(proc.returncode, proc.stdout, proc.stderr)
 
     def start(self, *steps: str, mode: str = "link", env: dict[str, str] | None = None,
               wait_for: str | None = "waiting", stderr_line: str | None = None,
-              timeout: float = 30) -> subprocess.Popen[str]:
+              timeout: float = 30, pidns: bool = False) -> subprocess.Popen[str]:
         """Starts the probe in the background; waits until it prints ``wait_for`` on stdout (or
         ``stderr_line`` on stderr). The node kills it at cleanup."""
-        proc = subprocess.Popen([str(self.node.build.probe), *steps],
-                                env=self.env(mode=mode, extra=env), stdout=subprocess.PIPE,
+        full = self.env(mode=mode, extra=env)
+        proc = subprocess.Popen(self._command(self.node.build.probe, steps, pidns, full),
+                                env=full, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         self.node.processes.append(proc)
         stream = proc.stderr if stderr_line else proc.stdout
@@ -237,6 +256,19 @@ class Container:
             proc.kill()
             raise AssertionError(f"{needle!r} not seen from {steps}: {''.join(seen)}")
         return proc
+
+
+def pid_namespaces_unavailable() -> str | None:
+    """Why this machine cannot run a program in a new pid namespace, or None if it can."""
+    user = [] if os.geteuid() == 0 else ["-U", "-r"]
+    try:
+        proc = subprocess.run(["unshare", *user, "-m", "-p", "-f", "--mount-proc", "true"],
+                              capture_output=True, text=True, timeout=20)
+    except FileNotFoundError:
+        return "unshare (util-linux) is not installed"
+    if proc.returncode:
+        return f"unshare cannot create a pid namespace here: {proc.stderr.strip()}"
+    return None
 
 
 def kill(proc: subprocess.Popen[str]) -> None:

@@ -38,6 +38,7 @@ struct dfunc {
 };
 struct dmod {
     int dev;
+    int lazy_loaded; /* CUDA_DOUBLE_LAZY_MODULE_MIB charged (first function fetched) */
 };
 struct dgraph {
     uint64_t total_ns;
@@ -48,7 +49,7 @@ struct dgraph {
 
 static CUresult charge(int dev, uint64_t bytes) {
     dbl_lock();
-    struct dbl_pid *p = dbl_pid_locked(getpid());
+    struct dbl_pid *p = dbl_pid_locked(dbl_self());
     struct dbl_dev *d = &dbl->dev[dev];
     if (!p || bytes > d->total || d->used > d->total - bytes) {
         dbl_unlock();
@@ -62,14 +63,14 @@ static CUresult charge(int dev, uint64_t bytes) {
 
 static void count_context(int dev, int delta) {
     dbl_lock();
-    struct dbl_pid *p = dbl_pid_locked(getpid());
+    struct dbl_pid *p = dbl_pid_locked(dbl_self());
     if (p) p->contexts[dev] += (uint32_t)delta;
     dbl_unlock();
 }
 
 static void uncharge(int dev, uint64_t bytes) {
     dbl_lock();
-    struct dbl_pid *p = dbl_pid_locked(getpid());
+    struct dbl_pid *p = dbl_pid_locked(dbl_self());
     struct dbl_dev *d = &dbl->dev[dev];
     d->used -= bytes < d->used ? bytes : d->used;
     if (p) p->used[dev] -= bytes < p->used[dev] ? bytes : p->used[dev];
@@ -266,7 +267,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     CUresult rc = need_ctx();
     if (rc) return rc;
     dbl_lock();
-    dbl_pid_locked(getpid());
+    dbl_pid_locked(dbl_self());
     struct dbl_dev *d = &dbl->dev[current->dev];
     *free_bytes = d->total - d->used;
     *total = d->total;
@@ -359,6 +360,21 @@ EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
     current = (struct dctx *)ctx;
     return CUDA_SUCCESS;
 }
+static __thread struct dctx *ctx_stack[16];
+static __thread int ctx_depth;
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    if (ctx_depth == 16) return CUDA_ERROR_INVALID_VALUE;
+    ctx_stack[ctx_depth++] = current;
+    current = (struct dctx *)ctx;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *ctx) {
+    if (!ctx_depth) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx) *ctx = (CUcontext)current;
+    current = ctx_stack[--ctx_depth];
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuCtxGetCurrent(CUcontext *ctx) {
     *ctx = (CUcontext)current;
     return CUDA_SUCCESS;
@@ -419,6 +435,7 @@ static CUresult module_unload(void *m) {
     struct alloc a;
     if (!m) return CUDA_ERROR_INVALID_HANDLE;
     if (forget((uint64_t)(uintptr_t)m, A_MODULE, &a)) uncharge(a.dev, a.size);
+    if (forget((uint64_t)(uintptr_t)m + 1, A_MODULE, &a)) uncharge(a.dev, a.size);
     free(m);
     return CUDA_SUCCESS;
 }
@@ -454,6 +471,13 @@ EXPORT CUresult cuLibraryUnload(CUlibrary l) { return module_unload(l); }
 /* Kernel "k<us>" runs <us> microseconds; any other name runs CUDA_DOUBLE_KERNEL_US. */
 EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
     if (!f || !m || !name) return CUDA_ERROR_INVALID_VALUE;
+    struct dmod *mod = (struct dmod *)m;
+    if (dbl_env.lazy_module && !mod->lazy_loaded) { /* lazy loading: the code arrives now */
+        CUresult rc = charge(mod->dev, dbl_env.lazy_module);
+        if (rc) return rc;
+        mod->lazy_loaded = 1;
+        remember((uint64_t)(uintptr_t)mod + 1, dbl_env.lazy_module, current, mod->dev, A_MODULE);
+    }
     struct dfunc *fn = calloc(1, sizeof(*fn));
     fn->ns = name[0] == 'k' && name[1] >= '0' && name[1] <= '9'
                  ? strtoull(name + 1, NULL, 10) * 1000
@@ -483,7 +507,7 @@ static CUresult run(uint64_t ns, int count) {
         uint64_t now = dbl_now();
         uint64_t start = d->busy_until > now ? d->busy_until : now;
         struct dbl_kernel *r = &d->ring[d->head % DBL_RING];
-        r->pid = getpid();
+        r->pid = dbl_self();
         r->start = start;
         r->end = start + ns;
         d->busy_until = r->end;
@@ -586,6 +610,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) {
 EXPORT unsigned long long cuDoubleBusyNs(int dev, int pid, unsigned long long t0,
                                          unsigned long long t1) {
     dbl_ready();
+    if (pid < 0) pid = dbl_self(); /* -1: the caller, as the driver knows it */
     dbl_lock();
     uint64_t b = dbl_busy_locked(dev, pid, t0, t1);
     dbl_unlock();
@@ -594,7 +619,7 @@ EXPORT unsigned long long cuDoubleBusyNs(int dev, int pid, unsigned long long t0
 EXPORT unsigned long long cuDoubleDeviceUsed(int dev) {
     dbl_ready();
     dbl_lock();
-    dbl_pid_locked(getpid());
+    dbl_pid_locked(dbl_self());
     uint64_t u = dbl->dev[dev].used;
     dbl_unlock();
     return u;
@@ -634,6 +659,8 @@ static const struct {
     P("cuCtxDestroy", 4000, 0, cuCtxDestroy_v2),
     P("cuCtxSetCurrent", 4000, 0, cuCtxSetCurrent),
     P("cuCtxGetCurrent", 4000, 0, cuCtxGetCurrent),
+    P("cuCtxPushCurrent", 4000, 0, cuCtxPushCurrent_v2),
+    P("cuCtxPopCurrent", 4000, 0, cuCtxPopCurrent_v2),
     P("cuCtxGetDevice", 2000, 0, cuCtxGetDevice),
     P("cuCtxSynchronize", 2000, 0, cuCtxSynchronize),
     P("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain),

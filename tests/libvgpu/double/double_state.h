@@ -21,6 +21,13 @@
  *   CUDA_DOUBLE_NO_PROCESS_UTIL=1  nvmlDeviceGetProcessUtilization answers NOT_SUPPORTED
  *   CUDA_DOUBLE_PROC_ALIASES=1 cuGetProcAddress returns internal entry points, not the
  *                              exported symbols (as a real driver may)
+ *   CUDA_DOUBLE_LAZY_MODULE_MIB memory a module takes when its first function is fetched
+ *                              (CUDA_MODULE_LOADING=LAZY: the driver loads code on first use)
+ *   CUDA_DOUBLE_HOST_PROC      a procfs of the host's pid namespace (the tests bind-mount the
+ *                              host's /proc there before entering a new pid namespace): the
+ *                              double then knows each process by its host pid, as the kernel
+ *                              driver does, and NVML reports host pids. A process in a pid
+ *                              namespace sees other pids from getpid(): exactly a pod's view.
  */
 #ifndef DOUBLE_STATE_H
 #define DOUBLE_STATE_H
@@ -76,7 +83,9 @@ struct dbl_state {
 
 struct dbl_env {
     int ndev;
-    uint64_t memory, context, module, kernel_ns, launch_cpu_ns, alloc_cpu_ns, util_window_ns;
+    uint64_t memory, context, module, lazy_module, kernel_ns, launch_cpu_ns, alloc_cpu_ns,
+        util_window_ns;
+    char host_proc[256];
     int queue, no_process_util, proc_aliases;
 };
 
@@ -128,6 +137,9 @@ static void dbl_init(void) {
     e->memory = dbl_env_u64("CUDA_DOUBLE_MEMORY_MIB", 16384) << 20;
     e->context = dbl_env_u64("CUDA_DOUBLE_CONTEXT_MIB", 300) << 20;
     e->module = dbl_env_u64("CUDA_DOUBLE_MODULE_MIB", 0) << 20;
+    e->lazy_module = dbl_env_u64("CUDA_DOUBLE_LAZY_MODULE_MIB", 0) << 20;
+    const char *hp = getenv("CUDA_DOUBLE_HOST_PROC");
+    snprintf(e->host_proc, sizeof(e->host_proc), "%s", hp ? hp : "");
     e->kernel_ns = dbl_env_u64("CUDA_DOUBLE_KERNEL_US", 100) * 1000;
     e->queue = (int)dbl_env_u64("CUDA_DOUBLE_QUEUE", 1024);
     if (e->queue < 1) e->queue = 1;
@@ -172,13 +184,40 @@ static void dbl_init(void) {
 
 static inline void dbl_ready(void) { pthread_once(&dbl_once, dbl_init); }
 
+/* The calling process as the driver knows it: its pid in the host's pid namespace. */
+static int dbl_self(void) {
+    static _Atomic int cached_for, cached;
+    int me = getpid();
+    if (!dbl_env.host_proc[0]) return me;
+    if (__atomic_load_n(&cached_for, __ATOMIC_ACQUIRE) == me) return cached;
+    char path[300], link[32];
+    snprintf(path, sizeof(path), "%s/self", dbl_env.host_proc);
+    ssize_t n = readlink(path, link, sizeof(link) - 1);
+    if (n <= 0) {
+        fprintf(stderr, "cuda double: cannot read %s: %s\n", path, strerror(errno));
+        abort();
+    }
+    link[n] = 0;
+    cached = atoi(link);
+    __atomic_store_n(&cached_for, me, __ATOMIC_RELEASE);
+    return cached;
+}
+
+/* Whether a host pid lives (the driver frees what dead processes held). */
+static int dbl_alive(int pid) {
+    if (!dbl_env.host_proc[0]) return !(kill(pid, 0) != 0 && errno == ESRCH);
+    char path[300];
+    snprintf(path, sizeof(path), "%s/%d", dbl_env.host_proc, pid);
+    return access(path, F_OK) == 0;
+}
+
 /* This process's record (lock held); reaps records of dead processes on the way. */
 static struct dbl_pid *dbl_pid_locked(int pid) {
     struct dbl_pid *free_slot = NULL;
     for (int i = 0; i < DBL_PIDS; i++) {
         struct dbl_pid *r = &dbl->pids[i];
         if (r->pid == pid) return r;
-        if (r->pid && kill(r->pid, 0) != 0 && errno == ESRCH) { /* the driver frees the dead */
+        if (r->pid && r->pid != pid && !dbl_alive(r->pid)) { /* the driver frees the dead */
             for (int d = 0; d < DBL_MAX_DEV; d++) {
                 dbl->dev[d].used -= r->used[d] < dbl->dev[d].used ? r->used[d] : dbl->dev[d].used;
                 r->used[d] = 0;

@@ -161,7 +161,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
     }
     if (!valid(d) || !m) return NVML_ERROR_INVALID_ARGUMENT;
     dbl_lock();
-    dbl_pid_locked(getpid());
+    dbl_pid_locked(dbl_self());
     struct dbl_dev *x = &dbl->dev[idx(d)];
     m->total = x->total;
     m->used = x->used;
@@ -245,7 +245,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsi
     if (!valid(d) || !count) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned n = 0, cap = *count;
     dbl_lock();
-    dbl_pid_locked(getpid());
+    dbl_pid_locked(dbl_self());
     for (int i = 0; i < DBL_PIDS; i++) {
         struct dbl_pid *p = &dbl->pids[i];
         if (!p->pid || (!p->used[idx(d)] && !p->contexts[idx(d)])) continue;

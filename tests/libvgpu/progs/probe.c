@@ -454,7 +454,7 @@ static int step(char *arg) {
         }
         uint64_t end = now_ns();
         if (g) D.cuGraphExecDestroy(g);
-        unsigned long long b = D.busy(0, all ? 0 : getpid(), tw, end);
+        unsigned long long b = D.busy(0, all ? 0 : -1, tw, end);
         printf("util rc=%d util=%.1f launches=%ld\n", rc, 100.0 * (double)b / (double)(end - tw),
                launches);
     } else if (!strcmp(cmd, "timeline")) {
