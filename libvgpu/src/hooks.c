@@ -11,7 +11,9 @@
  *    with a handle to a small proxy library (libvgpu-cuda.so / libvgpu-nvml.so beside this
  *    one) whose dependencies are [libvgpu.so, the real library]: dlsym on it finds our hook for
  *    hooked names and the real function for every other name. No global dlsym override.
- *    Every other dlopen() is a tail call into libc's, so the caller's RUNPATH still applies.
+ *    The driver is recognised by identity, not by file name: every other dlopen() is loaded
+ *    the way glibc would for its caller (the caller's RUNPATH still applies) and a library
+ *    that itself defines the driver's entry points (a renamed copy) gets the proxy too.
  *  - CUDA 12+ runtimes fetch entry points with cuGetProcAddress(_v2): we answer it with our
  *    hook for hooked names (matched by the real pointer the driver returns, then by name and
  *    version).
@@ -22,6 +24,8 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
+#include <sys/mman.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -191,10 +195,8 @@ static void find_proxies(void) {
     }
 }
 
-static __attribute__((noinline)) void *dlopen_driver(const char *file, int flags, int lib) {
-    dlopen_fn real = real_dlopen();
-    void *h = real(file, flags);
-    if (!h) return NULL;
+/* Swaps h, a handle to the real driver library lib, for its proxy (see the top). */
+static void *to_proxy(void *h, const char *file, int flags, int lib) {
     pthread_once(&proxy_once, find_proxies);
     if (!proxy_path[lib][0]) {
         static _Atomic int warned;
@@ -203,7 +205,7 @@ static __attribute__((noinline)) void *dlopen_driver(const char *file, int flags
                      proxy_names[lib], file);
         return h;
     }
-    void *p = real(proxy_path[lib], (flags & ~RTLD_NOLOAD) | RTLD_LAZY);
+    void *p = real_dlopen()(proxy_path[lib], (flags & ~RTLD_NOLOAD) | RTLD_LAZY);
     if (!p) {
         vgpu_log("cannot load %s (%s): programs that dlopen %s are not limited",
                  proxy_path[lib], dlerror(), file);
@@ -213,13 +215,97 @@ static __attribute__((noinline)) void *dlopen_driver(const char *file, int flags
     return p;
 }
 
-/* Must stay a plain tail call for non-driver names: glibc's dlopen looks at its caller's
- * RUNPATH, and a tail call leaves the original caller as the return address. */
-__attribute__((optimize("optimize-sibling-calls"))) VGPU_EXPORT void *dlopen(const char *file,
-                                                                              int flags) {
-    int lib = file ? driver_lib_of(file) : -1;
+static __attribute__((noinline)) void *dlopen_driver(const char *file, int flags, int lib) {
+    void *h = real_dlopen()(file, flags);
+    return h ? to_proxy(h, file, flags, lib) : NULL;
+}
+
+/* A driver library by identity, whatever its file is called: the object itself (not one of
+ * its dependencies) defines the driver's entry points, and it is not one of ours. A copy of
+ * libcuda.so.1 under another name, loaded by path or found on the library path, is the
+ * driver; so is a renamed NVML. */
+static int driver_identity(void *h) {
+    static const char *const marks[VGPU_LIB_COUNT][2] = {
+        {"cuInit", "cuLaunchKernel"},
+        {"nvmlInit_v2", "nvmlDeviceGetHandleByIndex_v2"},
+    };
+    struct link_map *lm = NULL;
+    if (dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0 || !lm) return -1;
+    Dl_info self;
+    struct link_map *own = NULL;
+    if (dladdr1((void *)&vgpu_hooks, &self, (void **)&own, RTLD_DL_LINKMAP) && own == lm)
+        return -1;
+    int found = -1;
+    for (int lib = 0; lib < VGPU_LIB_COUNT && found < 0; lib++) {
+        int both = 1;
+        for (int k = 0; k < 2 && both; k++) {
+            void *sym = dlsym(h, marks[lib][k]);
+            Dl_info di;
+            struct link_map *def = NULL;
+            both = sym && dladdr1(sym, &di, (void **)&def, RTLD_DL_LINKMAP) && def == lm;
+        }
+        if (both) found = lib;
+    }
+    dlerror(); /* a failed dlsym above is no error of the caller's */
+    return found;
+}
+
+/* Where dlopen(file) would find a bare name for the object that called it: that object's
+ * RPATH/RUNPATH (with $ORIGIN), LD_LIBRARY_PATH and the system directories, in the order
+ * glibc searches them (dlinfo RTLD_DI_SERINFO). Empty if none has it (ld.so.cache may). */
+static int search_for_caller(const char *file, const void *caller, char *out, size_t outlen) {
+    Dl_info di;
+    struct link_map *lm = NULL;
+    if (!dladdr1(caller, &di, (void **)&lm, RTLD_DL_LINKMAP) || !lm) return -1;
+    Dl_serinfo size;
+    if (dlinfo(lm, RTLD_DI_SERINFOSIZE, &size) != 0 || size.dls_size > 65536) return -1;
+    union {
+        Dl_serinfo si;
+        char bytes[65536];
+    } *buf = mmap(NULL, sizeof(*buf), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (buf == MAP_FAILED) return -1;
+    int rc = -1;
+    buf->si.dls_size = size.dls_size;
+    buf->si.dls_cnt = size.dls_cnt;
+    if (dlinfo(lm, RTLD_DI_SERINFO, &buf->si) == 0) {
+        for (unsigned int i = 0; i < buf->si.dls_cnt && rc < 0; i++) {
+            const char *dir = buf->si.dls_serpath[i].dls_name;
+            /* the system directories come after ld.so.cache: glibc's own call does those */
+            if (!dir || !*dir || (buf->si.dls_serpath[i].dls_flags & LA_SER_DEFAULT)) continue;
+            if (snprintf(out, outlen, "%s/%s", dir, file) >= (int)outlen) continue;
+            if (access(out, F_OK) == 0) rc = 0;
+        }
+    }
+    munmap(buf, sizeof(*buf));
+    return rc;
+}
+
+/* Every other dlopen: load it as glibc would for the caller, then look at what was loaded.
+ * A bare name is first looked up among the loaded objects, then on the caller's own search
+ * path (so its RUNPATH still applies), else by glibc from here (ld.so.cache). */
+static __attribute__((noinline)) void *dlopen_checked(const char *file, int flags,
+                                                      const void *caller) {
+    dlopen_fn real = real_dlopen();
+    void *h = NULL;
+    if (strchr(file, '/')) {
+        h = real(file, flags);
+    } else {
+        h = real(file, flags | RTLD_NOLOAD);
+        char path[PATH_MAX];
+        if (!h && !(flags & RTLD_NOLOAD) && search_for_caller(file, caller, path, sizeof(path)) == 0)
+            h = real(path, flags);
+        if (!h && !(flags & RTLD_NOLOAD)) h = real(file, flags);
+    }
+    if (!h) return NULL;
+    int lib = driver_identity(h);
+    return lib >= 0 ? to_proxy(h, file, flags, lib) : h;
+}
+
+VGPU_EXPORT void *dlopen(const char *file, int flags) {
+    if (!file) return real_dlopen()(file, flags);
+    int lib = driver_lib_of(file);
     if (VGPU_UNLIKELY(lib >= 0)) return dlopen_driver(file, flags, lib);
-    return real_dlopen()(file, flags);
+    return dlopen_checked(file, flags, __builtin_return_address(0));
 }
 
 /* ---- resolving the real libraries --------------------------------------------------------- */

@@ -8,6 +8,7 @@
  *   dlopen   dlopen("libcuda.so.1") + dlsym on the handle, as PyTorch and ctypes do;
  *   getproc  dlopen + dlsym("cuGetProcAddress_v2") only, everything else through
  *            cuGetProcAddress (version 12040), as the CUDA 12 runtime does.
+ * PROBE_CUDA_LIB names the library dlopen'ed as the driver (default libcuda.so.1).
  *
  * Steps (sizes take K/M/G suffixes):
  *   init | ctx[:dev] | release[:dev] | ctxcreate[:dev] | ctxdestroy | reset[:dev]
@@ -123,7 +124,8 @@ static void resolve(void) {
     mode = getenv("PROBE_MODE");
     if (!mode) mode = "link";
     if (strcmp(mode, "link") != 0) {
-        cuda_handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        const char *lib = getenv("PROBE_CUDA_LIB"); /* the driver under another name */
+        cuda_handle = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
         nvml_handle = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
         if (!cuda_handle || !nvml_handle) {
             printf("dlopen failed: %s\n", dlerror());
