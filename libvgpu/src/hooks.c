@@ -361,8 +361,7 @@ static void init_state(void) {
     if (c->node_region_dir[0]) f |= VGPU_F_PRIORITY;
     int want_region = f || c->container_region[0] || c->activity_file[0];
     if (want_region && vgpu_region_open() == 0) f |= VGPU_F_REGION;
-    if (want_region && !(f & VGPU_F_REGION)) {
-        vgpu_log("no accounting region could be set up; CUDA is disabled");
+    if (want_region && !(f & VGPU_F_REGION)) { /* vgpu_region_open said why */
         atomic_store(&vgpu.state, VGPU_BROKEN);
         return;
     }

@@ -37,6 +37,7 @@ static struct entry *table = table0;
 static size_t table_cap = TABLE0, table_count;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic uint64_t local_alloc[VGPU_MAX_DEV]; /* this process's counted allocations */
+static _Atomic uint64_t own_bytes[VGPU_MAX_DEV];   /* ... plus its counted overhead: private */
 
 static inline size_t home(uint64_t key, uint8_t kind, size_t mask) {
     uint64_t h = (key ^ ((uint64_t)kind << 59)) * 0x9E3779B97F4A7C15ull;
@@ -156,14 +157,72 @@ uint64_t vgpu_limit(int dev) {
     return dev >= 0 && dev < VGPU_MAX_DEV ? vgpu.cfg.memory_bytes[dev] : VGPU_UNLIMITED;
 }
 
+/* ---- what other processes of the container use, checked against NVML ---------------------
+ * The region is writable by every process of the container, so a hostile one can zero the
+ * counters. What this process itself holds is known privately (own_bytes); what the others
+ * hold is taken as the larger of their slot's count and NVML's usage of their host pid (the
+ * driver's word, which no container can write). That floor is refreshed at most every
+ * FLOOR_NS, on the first allocation of a process, and before an allocation is refused on its
+ * account (so a stale floor never refuses what fits). A process also restores its own slot
+ * when it finds it lowered. */
+#define FLOOR_NS (100ull * 1000000ull)
+static const char *region_name(void) { return vgpu.cfg.container_region; }
+static _Atomic uint64_t floor_others[VGPU_MAX_DEV], floor_at[VGPU_MAX_DEV];
+
+static void refresh_floor(int dev) {
+    struct vgpu_container_region *r = vgpu.reg;
+    nvmlProcessInfo_v2_t p[VGPU_SNAP_PIDS];
+    int n = vgpu_nvml_processes(dev, p, VGPU_SNAP_PIDS); /* before the lock: NVML is slow */
+    int locked = vgpu_region_lock(r) == 0;
+    struct vgpu_slot *me = vgpu.me;
+    uint64_t own = atomic_load(&own_bytes[dev]);
+    if (me && atomic_load(&me->used[dev]) < own) {
+        static _Atomic int warned;
+        if (!atomic_exchange(&warned, 1))
+            vgpu_log("this process's memory count in %s was lowered by someone; restored",
+                     region_name());
+        atomic_store(&me->used[dev], own);
+    }
+    vgpu_region_reap_locked(r);
+    int mine = atomic_load(&vgpu.slot);
+    uint32_t hwm = atomic_load(&r->hwm);
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < hwm && i < VGPU_MAX_PROCS; i++) {
+        struct vgpu_slot *s = &r->slots[i];
+        if ((int)i == mine || !atomic_load(&s->pid)) continue;
+        uint64_t u = atomic_load(&s->used[dev]);
+        unsigned int hp = (unsigned int)atomic_load(&s->host_pid);
+        for (int k = 0; hp && k < n; k++)
+            if (p[k].pid == hp && p[k].usedGpuMemory != ~0ull && p[k].usedGpuMemory > u)
+                u = p[k].usedGpuMemory;
+        sum += u;
+    }
+    if (locked) vgpu_region_unlock(r);
+    atomic_store(&floor_others[dev], sum);
+    atomic_store(&floor_at[dev], vgpu_coarse_real_ns() | 1);
+}
+
+static inline int floor_stale(int dev) {
+    uint64_t at = atomic_load_explicit(&floor_at[dev], memory_order_relaxed);
+    return !at || vgpu_coarse_real_ns() - at >= FLOOR_NS;
+}
+
+/* The container's usage on dev: the shared total, or more if the floor says so. */
+static inline uint64_t effective(uint64_t shared, int dev) {
+    uint64_t f = atomic_load(&floor_others[dev]) + atomic_load(&own_bytes[dev]);
+    return f > shared ? f : shared;
+}
+
 uint64_t vgpu_container_used(int dev) {
     struct vgpu_container_region *r = vgpu.reg;
     if (!r || dev < 0 || dev >= VGPU_MAX_DEV) return 0;
+    if (vgpu.cfg.memory_bytes[dev] != VGPU_UNLIMITED && floor_stale(dev)) refresh_floor(dev);
     if (vgpu_region_lock(r) == 0) {
         vgpu_region_reap_locked(r);
         vgpu_region_unlock(r);
     }
-    return atomic_load(&r->used[dev]);
+    uint64_t used = atomic_load(&r->used[dev]);
+    return vgpu.cfg.memory_bytes[dev] != VGPU_UNLIMITED ? effective(used, dev) : used;
 }
 
 /* force: memory the driver already holds (a true-up): counted even past the limit. */
@@ -173,12 +232,19 @@ static CUresult reserve(int dev, uint64_t bytes, int overhead, int force) {
     if (!vgpu.me) vgpu_region_claim_slot();
     struct vgpu_slot *me = vgpu.me;
     uint64_t limit = force ? VGPU_UNLIMITED : vgpu.cfg.memory_bytes[dev];
+    if (limit != VGPU_UNLIMITED && floor_stale(dev)) refresh_floor(dev);
     int locked = vgpu_region_lock(r) == 0;
     uint64_t used = atomic_load(&r->used[dev]);
-    if (limit != VGPU_UNLIMITED && (bytes > limit || used > limit - bytes)) {
+    if (limit != VGPU_UNLIMITED && (bytes > limit || effective(used, dev) > limit - bytes)) {
         vgpu_region_reap_locked(r); /* the dead hold nothing */
         used = atomic_load(&r->used[dev]);
-        if (bytes > limit || used > limit - bytes) {
+        if (bytes <= limit && used <= limit - bytes) { /* only the floor says no: recheck */
+            if (locked) vgpu_region_unlock(r);
+            refresh_floor(dev);
+            locked = vgpu_region_lock(r) == 0;
+            used = atomic_load(&r->used[dev]);
+        }
+        if (bytes > limit || effective(used, dev) > limit - bytes) {
             if (locked) vgpu_region_unlock(r);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -192,12 +258,12 @@ static CUresult reserve(int dev, uint64_t bytes, int overhead, int force) {
         vgpu_sleep_ns((uint64_t)vgpu.test_sleep_in_lock_ms * 1000000ull);
     }
     atomic_store(&r->used[dev], used + bytes);
+    atomic_fetch_add(&own_bytes[dev], bytes);
     if (locked) vgpu_region_unlock(r);
     if (!overhead) atomic_fetch_add(&local_alloc[dev], bytes);
     vgpu_publish_usage(dev);
     return CUDA_SUCCESS;
 }
-
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead) {
     return reserve(dev, bytes, overhead, 0);
 }
@@ -249,6 +315,7 @@ void vgpu_mem_release(int dev, uint64_t bytes, int overhead) {
         if (overhead) sub_clamped(&me->overhead[dev], bytes);
     }
     sub_clamped(&r->used[dev], bytes);
+    sub_clamped(&own_bytes[dev], bytes);
     if (locked) vgpu_region_unlock(r);
     if (!overhead) sub_clamped(&local_alloc[dev], bytes);
     vgpu_publish_usage(dev);
@@ -269,7 +336,11 @@ void vgpu_mem_after_fork_child(void) {
     table_cap = TABLE0;
     table_count = 0;
     memset(table0, 0, sizeof(table0));
-    for (int d = 0; d < VGPU_MAX_DEV; d++) atomic_store(&local_alloc[d], 0);
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        atomic_store(&local_alloc[d], 0);
+        atomic_store(&own_bytes[d], 0);
+        atomic_store(&floor_at[d], 0);
+    }
     vgpu_ctx_after_fork_child();
 }
 

@@ -99,7 +99,7 @@ int vgpu_nvml_container_util(int dev, uint64_t *since_us, uint32_t *permille,
 }
 
 /* NVML's compute processes on dev (host pids); their count, or -1. */
-static int nvml_processes(int dev, nvmlProcessInfo_v2_t *p, unsigned int cap) {
+int vgpu_nvml_processes(int dev, nvmlProcessInfo_v2_t *p, unsigned int cap) {
     nvmlDevice_t nd;
     if (vgpu_nvml_device(dev, &nd) != 0) return -1;
     nvmlDeviceGetComputeRunningProcesses_v2_fn list = REAL(nvmlDeviceGetComputeRunningProcesses_v2);
@@ -113,7 +113,7 @@ static int nvml_processes(int dev, nvmlProcessInfo_v2_t *p, unsigned int cap) {
  * yet, or its host pid is not known yet; *bytes = 0); -1: NVML cannot tell. */
 int vgpu_nvml_process_used(int dev, uint64_t *bytes) {
     nvmlProcessInfo_v2_t p[VGPU_SNAP_PIDS];
-    int n = nvml_processes(dev, p, VGPU_SNAP_PIDS);
+    int n = vgpu_nvml_processes(dev, p, VGPU_SNAP_PIDS);
     if (n < 0) return -1;
     unsigned int me = vgpu_self_nvml_pid();
     *bytes = 0;
@@ -142,7 +142,7 @@ void vgpu_host_pid_before(int dev, struct vgpu_pidsnap *s) {
     s->n = 0;
     if (vgpu_self_nvml_pid()) return; /* known already */
     nvmlProcessInfo_v2_t p[VGPU_SNAP_PIDS];
-    int n = nvml_processes(dev, p, VGPU_SNAP_PIDS);
+    int n = vgpu_nvml_processes(dev, p, VGPU_SNAP_PIDS);
     if (n < 0) return;
     for (int i = 0; i < n; i++) s->pids[s->n++] = p[i].pid;
     s->ok = 1;
@@ -177,10 +177,10 @@ static unsigned int by_signature(int dev, const unsigned int *cand, int nc, CUco
     uint64_t size = (uint64_t)(3 + (vgpu_mono_ns() / 1000) % 29) << 21;
     if (push(ctx) != CUDA_SUCCESS) return 0;
     unsigned int found = 0;
-    int na = nvml_processes(dev, a, VGPU_SNAP_PIDS);
+    int na = vgpu_nvml_processes(dev, a, VGPU_SNAP_PIDS);
     CUdeviceptr ptr = 0;
     if (na >= 0 && alloc(&ptr, size) == CUDA_SUCCESS) {
-        int nb = nvml_processes(dev, b, VGPU_SNAP_PIDS);
+        int nb = vgpu_nvml_processes(dev, b, VGPU_SNAP_PIDS);
         int matches = 0;
         for (int c = 0; c < nc; c++) {
             uint64_t before = 0, after = 0;
@@ -204,7 +204,7 @@ static unsigned int by_signature(int dev, const unsigned int *cand, int nc, CUco
 void vgpu_host_pid_after(int dev, const struct vgpu_pidsnap *before, CUcontext ctx) {
     if (!before->ok || vgpu_self_nvml_pid()) return;
     nvmlProcessInfo_v2_t p[VGPU_SNAP_PIDS];
-    int n = nvml_processes(dev, p, VGPU_SNAP_PIDS);
+    int n = vgpu_nvml_processes(dev, p, VGPU_SNAP_PIDS);
     if (n < 0) return;
     unsigned int cand[VGPU_SNAP_PIDS], self = (unsigned int)getpid();
     int nc = 0;

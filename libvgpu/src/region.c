@@ -128,22 +128,32 @@ static void write_head(void *mem, size_t size, uint32_t kind) {
     memcpy(h->magic, VGPU_MAGIC, 8); /* last: a reader that sees the magic sees the rest */
 }
 
-/* Maps path (creating and initialising it if missing). 0 ok; -1 with errno; -2 wrong layout. */
+/* Maps path (creating and initialising it if missing). 0 ok; -1 with errno; -2 not a
+ * region of ours (wrong layout, version, size or file type: *why says which).
+ * An existing file is opened without following symlinks and without blocking (a FIFO must
+ * not hang us), and must be a regular file of exactly the region's size with a valid head:
+ * new files are initialised before they are linked into place, so a visible file is always
+ * complete, and anything else was planted or damaged. */
 static int map_region(const char *path, size_t size, uint32_t kind, init_fn init, void *arg,
-                      void **out, int *out_fd) {
+                      void **out, int *out_fd, const char **why) {
     make_parent_dir(path);
+    *why = NULL;
     for (int attempt = 0; attempt < 200; attempt++) {
-        int fd = open(path, O_RDWR | O_CLOEXEC);
+        int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0 && errno == ELOOP) {
+            *why = "a symbolic link, not a region file";
+            return -2;
+        }
         if (fd >= 0) {
             struct stat st;
             if (fstat(fd, &st) != 0) {
                 close(fd);
                 return -1;
             }
-            if ((size_t)st.st_size < size) { /* not one of ours, or damaged: wait, then give up */
+            if (!S_ISREG(st.st_mode) || (size_t)st.st_size != size) {
                 close(fd);
-                vgpu_sleep_ns(1000000);
-                continue;
+                *why = !S_ISREG(st.st_mode) ? "not a regular file" : "not of a region's size";
+                return -2;
             }
             void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
             if (m == MAP_FAILED) {
@@ -151,13 +161,9 @@ static int map_region(const char *path, size_t size, uint32_t kind, init_fn init
                 return -1;
             }
             if (!valid_head(m, size, kind)) {
-                int empty = ((struct head *)m)->magic[0] == 0;
                 munmap(m, size);
                 close(fd);
-                if (empty) {
-                    vgpu_sleep_ns(1000000);
-                    continue;
-                }
+                *why = "not a region of this libvgpu version (damaged, or written by another)";
                 return -2;
             }
             *out = m;
@@ -240,18 +246,6 @@ static void write_config_copy(struct vgpu_container_region *r) {
     r->priority = vgpu.cfg.priority;
 }
 
-static int open_private(void) {
-    size_t size = sizeof(struct vgpu_container_region);
-    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return -1;
-    init_container(m, NULL);
-    write_head(m, size, VGPU_KIND_CONTAINER);
-    vgpu.reg = m;
-    vgpu.reg_fd = -1;
-    vgpu.reg_private = 1;
-    return 0;
-}
-
 int vgpu_region_open(void) {
     struct vgpu_config *c = &vgpu.cfg;
     if (!c->container_region[0])
@@ -260,28 +254,29 @@ int vgpu_region_open(void) {
     snprintf(region_path, sizeof(region_path), "%s", c->container_region);
     void *m;
     int fd;
+    const char *why;
     int rc = map_region(region_path, sizeof(struct vgpu_container_region), VGPU_KIND_CONTAINER,
-                        init_container, NULL, &m, &fd);
-    if (rc == 0) {
-        vgpu.reg = m;
-        vgpu.reg_fd = fd;
-    } else {
-        vgpu_log("cannot share the accounting region %s (%s); limits apply per process",
-                 region_path, rc == -2 ? "written by another libvgpu version" : strerror(errno));
-        if (open_private() != 0) return -1;
+                        init_container, NULL, &m, &fd, &why);
+    if (rc != 0) { /* never a region of one's own: N processes would get N limits */
+        vgpu_log("cannot use the accounting region %s (%s); CUDA is disabled. Remove the file "
+                 "while no CUDA program of this container runs, or fix its permissions",
+                 region_path, rc == -2 ? why : strerror(errno));
+        return -1;
     }
+    vgpu.reg = m;
+    vgpu.reg_fd = fd;
     write_config_copy(vgpu.reg);
     if (c->activity_file[0]) {
         uint64_t cid = vgpu.reg->container_id;
         rc = map_region(c->activity_file, sizeof(struct vgpu_activity), VGPU_KIND_ACTIVITY,
-                        init_activity, &cid, &m, &fd);
+                        init_activity, &cid, &m, &fd, &why);
         if (rc == 0) {
             vgpu.act = m;
             close(fd); /* no locks live in it; the mapping is enough */
             if (vgpu.act->container_id != cid) vgpu.act->container_id = cid;
         } else {
             vgpu_log("cannot use the activity file %s (%s)", c->activity_file,
-                     rc == -2 ? "written by another libvgpu version" : strerror(errno));
+                     rc == -2 ? why : strerror(errno));
         }
     }
     return 0;
@@ -462,8 +457,9 @@ struct vgpu_node_attach *vgpu_node_get(int dev) {
                  vgpu.cfg.node_region_dir, uuid) < (int)sizeof(node_path[dev])) {
         void *m;
         int fd;
+        const char *why;
         rc = map_region(node_path[dev], sizeof(struct vgpu_node_region), VGPU_KIND_NODE,
-                        init_node, uuid, &m, &fd);
+                        init_node, uuid, &m, &fd, &why);
         if (rc == 0) {
             struct vgpu_node_region *n = m;
             int locked = robust_lock(&n->lock.m) >= 0;
@@ -482,8 +478,7 @@ struct vgpu_node_attach *vgpu_node_get(int dev) {
             }
         } else {
             vgpu_log("cannot use the node region %s (%s); priority is not applied on GPU %d",
-                     node_path[dev], rc == -2 ? "written by another libvgpu version"
-                                              : strerror(errno), dev);
+                     node_path[dev], rc == -2 ? why : strerror(errno), dev);
         }
     }
     atomic_store_explicit(&na->state, rc == 0 ? 1 : -1, memory_order_release);
@@ -508,7 +503,7 @@ void vgpu_publish_usage(int dev) {
 /* ---- fork ------------------------------------------------------------------------------- */
 
 static int reopen(const char *path, int oldfd) {
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     close(oldfd); /* drops our reference only; the parent's locks stay with the parent */
     return fd;
 }

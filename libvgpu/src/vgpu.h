@@ -318,6 +318,7 @@ int vgpu_nvml_device(int dev, nvmlDevice_t *out);
 int vgpu_nvml_container_util(int dev, uint64_t *since_us, uint32_t *permille,
                              uint32_t *gpu_permille);
 int vgpu_nvml_process_used(int dev, uint64_t *bytes);
+int vgpu_nvml_processes(int dev, nvmlProcessInfo_v2_t *p, unsigned int cap); /* count or -1 */
 
 /* Host-pid discovery: NVML reports host pids, getpid() inside a pid namespace (a pod) is not
  * one. Snapshot NVML's process list before this process's first context on dev, then look at

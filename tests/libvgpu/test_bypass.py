@@ -1,0 +1,94 @@
+"""Bypasses a hostile user could try from inside the container, with the double: the driver
+loaded under another file name, a pre-created or corrupted container region (so that each
+process would fall back to a limit of its own), and zeroed usage counters in the writable
+region. None of them raises what the container may use."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import shutil
+import struct
+
+import pytest
+
+from libvgpu.regions import LAYOUT
+
+MiB = 1 << 20
+OOM = 2
+
+
+@pytest.mark.parametrize("how", ["path", "bare-name"])
+def test_the_driver_dlopened_under_another_name_is_still_limited(node, tmp_path, how):
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    shutil.copy(node.build.lib_dir / "libcuda.so.1", hidden / "libtotallynotcuda.so")
+    box = node.container("c", "memory_mib=1024")
+    env = {"PROBE_CUDA_LIB": str(hidden / "libtotallynotcuda.so")}
+    if how == "bare-name":  # found through the library path, like any other library
+        env = {"PROBE_CUDA_LIB": "libtotallynotcuda.so",
+               "LD_LIBRARY_PATH": f"{hidden}:{node.build.lib_dir}"}
+    r = box.run("init", "ctx", "alloc:600M", "alloc:600M", "info", mode="dlopen", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.rcs("alloc") == [0, OOM]
+    assert int(r.one("info")["total"]) == 1024 * MiB
+
+
+def _junk(path):
+    path.write_bytes(os.urandom(LAYOUT["container.size"]))
+
+
+def _short(path):
+    path.write_bytes(b"LIBVGPU\0" + b"\0" * 100)
+
+
+def _fifo(path):
+    os.mkfifo(path)
+
+
+def _symlink(path):
+    target = path.parent / "elsewhere"
+    target.write_bytes(b"\0" * LAYOUT["container.size"])
+    path.symlink_to(target)
+
+
+@pytest.mark.parametrize("plant", [_junk, _short, _fifo, _symlink],
+                         ids=["junk", "short", "fifo", "symlink"])
+def test_a_planted_container_region_disables_cuda_instead_of_splitting_the_limit(node, plant):
+    box = node.container("c", "memory_mib=1024")
+    plant(box.region)
+    runs = [box.run("init", "ctx", "alloc:600M", timeout=20) for _ in range(2)]
+    for r in runs:  # not one limit per process: no CUDA at all, and one line that says why
+        assert r.rcs("init") != [0]
+        assert r.rcs("alloc") in ([], [3])  # never allocated
+        assert str(box.region) in r.stderr and "CUDA is disabled" in r.stderr
+
+
+def test_a_region_corrupted_while_a_process_runs_stops_new_processes(node):
+    box = node.container("c", "memory_mib=1024")
+    box.start("init", "ctx", "alloc:600M", "wait")
+    with open(box.region, "r+b") as f:
+        f.write(b"XXXXXXXX")
+    r = box.run("init", "ctx", "alloc:600M", timeout=20)
+    assert r.rcs("init") != [0] and "CUDA is disabled" in r.stderr
+
+
+def _zero_usage(region):
+    """What a hostile process in the container can do: zero every usage counter."""
+    with open(region, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        zeros = struct.pack("<16Q", *[0] * 16)
+        m[LAYOUT["container.used"]:LAYOUT["container.used"] + 128] = zeros
+        for i in range(4):
+            base = LAYOUT["container.size"] - (1024 - i) * LAYOUT["slot.size"]
+            for field in ("slot.used", "slot.overhead"):
+                m[base + LAYOUT[field]:base + LAYOUT[field] + 128] = zeros
+
+
+def test_zeroed_usage_counters_do_not_raise_the_limit(node):
+    box = node.container("c", "memory_mib=1024")
+    box.start("init", "ctx", "alloc:700M", "wait")
+    _zero_usage(box.region)
+    r = box.run("init", "ctx", "alloc:700M", "alloc:300M", "info")
+    assert r.returncode == 0, r.stderr
+    assert r.rcs("alloc") == [OOM, 0]
+    assert int(r.one("info")["free"]) == 24 * MiB
