@@ -1,8 +1,13 @@
-"""The hub side: spawners, the GPU broker API, pool backends and the admin page.
+"""The hub side of Elastic GPU, one folder per mode.
 
-``c.JupyterHub.spawner_class = "hubext.ElasticGPUSpawner"`` (Kubernetes) or
-``"hubext.LocalGPUSpawner"`` (single machine). Imports are lazy so that importing a light
-piece (labels, the CLI) does not pull in KubeSpawner.
+- ``contract``: every format that crosses a process boundary (labels, limits file, codecs);
+- ``backends``: the pool and kernel-launcher ABCs a mode implements;
+- ``allocator``, ``gpu_spawner``, ``kernels``, ``broker/``, ``admin``, ``hubconfig``: shared by both modes;
+- ``kubernetes/``: ``c.JupyterHub.spawner_class = "hubext.ElasticGPUSpawner"``;
+- ``local/``: ``c.JupyterHub.spawner_class = "hubext.LocalGPUSpawner"`` (single machine);
+- ``cli``: the single-machine command ``elastic-gpu``.
+
+Imports are lazy so that importing a light piece (the contract, the CLI) does not pull in KubeSpawner.
 """
 
 from __future__ import annotations
@@ -10,8 +15,9 @@ from __future__ import annotations
 from typing import Any
 
 _LAZY = {
-    "ElasticGPUSpawner": "hubext.kube_spawner",
-    "LocalGPUSpawner": "hubext.local_spawner",
+    "ElasticGPUSpawner": "hubext.kubernetes.spawner",
+    "LocalGPUSpawner": "hubext.local.spawner",
+    "HubUserGPUSpawner": "hubext.local.spawner",
     "GPUAllocator": "hubext.allocator",
 }
 

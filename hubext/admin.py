@@ -24,7 +24,7 @@ from tornado import web
 from quotas import AdmissionState
 
 from .allocator import GPUAllocator
-from .local_pool import allocation_to_dict, pool_to_dict
+from .contract import allocation_to_dict, pool_to_dict
 
 TEMPLATES = Path(__file__).parent / "templates"
 RESOURCES = ("memory_mib", "cores_percent", "gpus")
@@ -130,8 +130,8 @@ async def hub_pool_view(allocator: GPUAllocator) -> dict[str, Any]:
     await allocator.ensure_started()
     backend = allocator.backend
     pool = await backend.inventory()
-    activity = backend.activity() if hasattr(backend, "activity") else {}
-    events = backend.events() if hasattr(backend, "events") else []
+    activity = backend.activity()
+    events = backend.events()
     return pool_view(
         pool_to_dict(pool),
         [allocation_to_dict(a) for a in allocator.state.allocations.values()],

@@ -2,7 +2,9 @@
 
 Spawners and the broker are its only callers, so notebooks and kernels share one ledger and
 one set of quotas. Decisions come from ``quotas.AdmissionState`` (pure); this module adds the
-waiting, the order, the clock and the I/O through a :class:`~hubext.pool.PoolBackend`.
+waiting, the order, the clock and the I/O through a :class:`~hubext.backends.PoolBackend`.
+Every decision is taken here, under one lock, in queue order: a caller that may not wait
+(``allocate(queue=False)``) is decided in the same pass as everyone else.
 
 Queue order is priority (higher first), then arrival. It is best-effort FIFO, as Kueue's
 default: a later request that fits is granted even while an earlier, bigger one waits, so
@@ -20,8 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from jupyterhub.traitlets import EntryPointType
+from jupyterhub.utils import exponential_backoff
 from traitlets import Dict, Float, Instance, Unicode, Union, default
-from traitlets import Type as TypeTrait
 from traitlets.config import SingletonConfigurable
 
 from quotas import (
@@ -35,10 +38,12 @@ from quotas import (
     load_config,
 )
 
-from .pool import PoolBackend
+from .backends import POOL_ENTRY_POINTS, PoolBackend, ReleaseCause
 
 #: progress callback: (message, position in queue or None)
 ProgressCallback = Callable[[str, "int | None"], None]
+#: allocation listener: (event 'granted' | 'released', allocation, why, cause or None for grants)
+Listener = Callable[[str, Allocation, str, "ReleaseCause | None"], None]
 
 
 @dataclass(eq=False)
@@ -51,6 +56,8 @@ class Waiter:
     future: asyncio.Future
     progress: ProgressCallback | None = None
     reason: str = ""
+    #: the admission error of the last decision that did not grant (what a caller that may not wait gets)
+    error: AdmissionError | None = None
     position: int | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
 
@@ -69,11 +76,20 @@ class GPUAllocator(SingletonConfigurable):
         config=True,
         help="Admission config as a dict (same format as the YAML file). Used when no file is set.",
     )
-    pool_backend_class = TypeTrait(
-        "hubext.kube_pool.KubernetesPool",
+    pool_backend_class = EntryPointType(
+        default_value="hubext.kubernetes.pool.KubernetesPool",
         klass=PoolBackend,
+        entry_point_group=POOL_ENTRY_POINTS,
         config=True,
-        help="Pool backend: 'hubext.kube_pool.KubernetesPool' or 'hubext.local_pool.LocalPool'.",
+        help="""The mode's pool backend, by entry point name: 'kubernetes' (GPU nodes and
+        labelled pods) or 'local' (this machine, SQLite ledger), or an import string of a
+        PoolBackend subclass. Default: 'kubernetes'.""",
+    )
+    start_timeout_seconds = Float(
+        60.0,
+        config=True,
+        help="""Seconds to keep retrying the pool backend's start (with exponential backoff)
+        before a request fails with the reason; the next request tries again. Default: 60.""",
     )
     max_wait_seconds = Float(
         240.0,
@@ -103,7 +119,7 @@ class GPUAllocator(SingletonConfigurable):
         self._seq = itertools.count()
         self._lock = asyncio.Lock()
         self._started: asyncio.Future | None = None
-        self.listeners: list[Callable[[str, Allocation, str], None]] = []
+        self.listeners: list[Listener] = []
 
     # ---- start-up -------------------------------------------------------------------------
 
@@ -121,14 +137,44 @@ class GPUAllocator(SingletonConfigurable):
         return load_config(self.admission_config or {})
 
     async def ensure_started(self) -> None:
-        """Load config, inventory and ledger once per process (concurrent callers wait)."""
+        """Load config, inventory and ledger once per process (concurrent callers wait).
+
+        A failed start is not remembered: the next caller tries again (a transient failure at
+        hub start must not break every later spawn and kernel)."""
         if self._started is None:
             self._started = asyncio.ensure_future(self._start())
-        await asyncio.shield(self._started)
+        try:
+            await asyncio.shield(self._started)
+        except Exception:
+            self._started = None
+            raise
 
     async def _start(self) -> None:
         self.config_data = self.load_admission_config()
-        await self.backend.start(self._holder_gone)
+        last_error: list[Exception] = []
+
+        async def backend_started() -> bool:
+            try:
+                await self.backend.start(self._holder_gone)
+            except ConfigError:
+                raise  # an admin's mistake: retrying does not help
+            except Exception as e:
+                if not last_error:
+                    self.log.warning("GPU pool did not start (%s); retrying", e)
+                last_error[:] = [e]
+                return False
+            return True
+
+        try:
+            await exponential_backoff(
+                backend_started,
+                "GPU pool did not start",
+                start_wait=0.2,
+                max_wait=5,
+                timeout=self.start_timeout_seconds,
+            )
+        except asyncio.TimeoutError:
+            raise last_error[0] if last_error else RuntimeError("the GPU pool did not start") from None
         pool = await self.backend.inventory()
         ledger = await self.backend.allocations()
         self.state = AdmissionState(self.config_data, pool)
@@ -161,9 +207,12 @@ class GPUAllocator(SingletonConfigurable):
         request: GPURequest,
         progress: ProgressCallback | None = None,
         timeout: float | None = None,
+        queue: bool = True,
     ) -> Allocation:
         """Grant ``request`` now, or after waiting in the queue; raise AdmissionError otherwise.
 
+        With ``queue=False`` the request is decided once, in the same pass as the queue, and a
+        request that does not fit now is refused with the admission sentence alone.
         Nothing is left allocated when this raises (a timed-out or cancelled waiter leaves the queue).
         """
         await self.ensure_started()
@@ -178,11 +227,14 @@ class GPUAllocator(SingletonConfigurable):
             progress=progress,
         )
         async with self._lock:
-            decision = self.state.decide(request, now=time.time())
-            if decision.kind == "reject":
-                raise decision.error or AdmissionError(decision.reason)
             self._waiters.append(waiter)
-        await self._pump()
+        await self._pump()  # decides this request in queue order, with everyone else's
+        if not queue:
+            async with self._lock:
+                if not waiter.future.done():
+                    self._waiters.remove(waiter)
+                    raise waiter.error or PoolFull(waiter.reason)
+            return waiter.future.result()
         try:
             return await asyncio.wait_for(asyncio.shield(waiter.future), timeout)
         except asyncio.TimeoutError:
@@ -192,26 +244,27 @@ class GPUAllocator(SingletonConfigurable):
                 self._waiters.remove(waiter)
             waited = int(time.monotonic() - waiter.enqueued_at)
             raise PoolFull(
-                f"{waiter.reason} Waited {waited} s in the GPU queue; try again later "
-                "or pick a smaller profile."
+                f"{waiter.reason} Waited {waited} s in the GPU queue; try again later or pick a smaller profile."
             ) from None
         except asyncio.CancelledError:
             async with self._lock:
                 if waiter in self._waiters:
                     self._waiters.remove(waiter)
                 elif waiter.future.done() and not waiter.future.cancelled():
-                    await self._forget(waiter.future.result().id, "request cancelled")
+                    await self._forget(waiter.future.result().id, "request cancelled", ReleaseCause.CANCELLED)
             raise
 
     async def bind(self, allocation_id: str, holder: str) -> None:
         """Tie a granted allocation to the pod or process that holds it."""
         await self.backend.bind(allocation_id, holder)
 
-    async def release(self, allocation_id: str, why: str = "stopped") -> Allocation | None:
+    async def release(
+        self, allocation_id: str, why: str = "stopped", cause: ReleaseCause = ReleaseCause.STOPPED
+    ) -> Allocation | None:
         """Return an allocation's slice to the pool and wake the queue. Idempotent."""
         await self.ensure_started()
         async with self._lock:
-            allocation = await self._forget(allocation_id, why)
+            allocation = await self._forget(allocation_id, why, cause)
         if allocation is not None:
             await self._pump()
         return allocation
@@ -242,26 +295,24 @@ class GPUAllocator(SingletonConfigurable):
     def _ordered(self) -> list[Waiter]:
         return sorted(self._waiters, key=lambda w: (-w.priority_value, w.seq))
 
-    async def _forget(self, allocation_id: str, why: str) -> Allocation | None:
+    async def _forget(self, allocation_id: str, why: str, cause: ReleaseCause) -> Allocation | None:
         allocation = self.state.remove(allocation_id)
         if allocation is None:
             return None
         await self.backend.forget(allocation_id)
-        self.log.info(
-            "GPU released: %s (%s, %s) %s", allocation_id, allocation.owner.user, allocation.kind, why
-        )
-        self._notify("released", allocation, why)
+        self.log.info("GPU released: %s (%s, %s) %s", allocation_id, allocation.owner.user, allocation.kind, why)
+        self._notify("released", allocation, why, cause)
         return allocation
 
-    def _notify(self, event: str, allocation: Allocation, why: str) -> None:
+    def _notify(self, event: str, allocation: Allocation, why: str, cause: ReleaseCause | None) -> None:
         for listener in list(self.listeners):
             try:
-                listener(event, allocation, why)
+                listener(event, allocation, why, cause)
             except Exception:  # a broken listener must not break allocation
                 self.log.exception("GPU allocator listener failed on %s", event)
 
     async def _holder_gone(self, allocation_id: str, why: str) -> None:
-        await self.release(allocation_id, why)
+        await self.release(allocation_id, why, ReleaseCause.HOLDER_GONE)
 
     async def _pump(self) -> None:
         """Grant what fits, in queue order; tell the others where they stand."""
@@ -281,7 +332,7 @@ class GPUAllocator(SingletonConfigurable):
                         )
                         self.log.warning("GPU preemption: %s (%s) %s", victim.id, victim.owner.user, reason)
                         await self.backend.evict(victim, reason)
-                        await self._forget(victim.id, reason)
+                        await self._forget(victim.id, reason, ReleaseCause.PREEMPTED)
                     allocation = decision.allocation
                     self.state.add(allocation)
                     await self.backend.record(allocation)
@@ -296,13 +347,14 @@ class GPUAllocator(SingletonConfigurable):
                         allocation.cores_percent,
                         " borrowed" if allocation.borrowed else "",
                     )
-                    self._notify("granted", allocation, "")
+                    self._notify("granted", allocation, "", None)
                     waiter.future.set_result(allocation)
                     continue
                 if decision.kind == "reject":
                     self._waiters.remove(waiter)
                     waiter.future.set_exception(decision.error or AdmissionError(decision.reason))
                     continue
+                waiter.error = decision.error
                 if waiter.position != ahead or waiter.reason != decision.reason:
                     waiter.position, waiter.reason = ahead, decision.reason
                     if waiter.progress:

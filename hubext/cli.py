@@ -57,7 +57,8 @@ def detect_inventory(simulate: str) -> tuple[str, list[dict[str, Any]]]:
     """(simulate spec or '' for real GPUs, GPUs as dicts) — NVML first, else the simulated default."""
     from quotas import ConfigError, parse_simulated
 
-    from .local_pool import detect_nvml_gpus, gpu_to_dict
+    from .contract import gpu_to_dict
+    from .local.inventory import detect_nvml_gpus
 
     if not simulate:
         gpus = detect_nvml_gpus()
@@ -204,19 +205,19 @@ def hub_config_text(
     if authenticator == "pam":
         auth = """# Log in with this machine's accounts (PAM); each server runs as its user.
 c.JupyterHub.authenticator_class = "pam"
-c.JupyterHub.spawner_class = "hubext.local_spawner.LocalGPUSpawner"
+c.JupyterHub.spawner_class = "hubext.local.spawner.LocalGPUSpawner"
 """
     else:
         auth = """# First-use passwords: the first password typed for an allowed name becomes its password
 # (log in as the admin right away). Accounts live in the hub only; every server runs as the
 # hub's own system user, with its home under data/home. To switch to this machine's accounts,
-# set authenticator_class = "pam" and spawner_class = "hubext.local_spawner.LocalGPUSpawner"
+# set authenticator_class = "pam" and spawner_class = "hubext.local.spawner.LocalGPUSpawner"
 # (docs/single-machine.md shows other authenticators).
 c.JupyterHub.authenticator_class = "firstuseauthenticator.FirstUseAuthenticator"
 c.FirstUseAuthenticator.dbm_path = str(DATA / "passwords.dbm")
 c.FirstUseAuthenticator.create_users = False  # only allowed users (and users an admin adds) may log in
 c.FirstUseAuthenticator.min_password_length = 8
-c.JupyterHub.spawner_class = "hubext.local_spawner.HubUserGPUSpawner"
+c.JupyterHub.spawner_class = "hubext.local.spawner.HubUserGPUSpawner"
 c.HubUserGPUSpawner.home_dir_template = str(DATA / "home" / "{username}")
 """
     return f"""# JupyterHub config of a single-machine Elastic GPU hub, written by `elastic-gpu init` on
@@ -402,7 +403,7 @@ def _port_free(ip: str, port: int) -> bool:
 
 def _stale_proxy(data: Path) -> int | None:
     """The pid of a configurable-http-proxy left running by this config's previous hub, if any."""
-    from .local_pool import process_alive
+    from .local.processes import process_alive
 
     try:
         pid = int((data / "jupyterhub-proxy.pid").read_text().strip())
@@ -560,7 +561,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _live_holders(data: Path) -> list[int]:
-    from .local_pool import LEDGER_FILE, Ledger, process_alive
+    from .local.ledger import LEDGER_FILE, Ledger
+    from .local.processes import process_alive
 
     path = data / LEDGER_FILE
     if not path.exists():
@@ -587,7 +589,7 @@ def stop_leftover_holders(data: Path, grace_seconds: float = 5.0) -> int:
     ``up`` promises that Ctrl-C stops everything the hub started; JupyterHub stops its servers,
     and this catches what outlives them (a GPU kernel whose server could not reach the broker).
     """
-    from .local_pool import process_alive
+    from .local.processes import process_alive
 
     alive = _live_holders(data)
     found = len(alive)
@@ -671,7 +673,9 @@ def offline_view(config_dir: Path, what: str) -> dict[str, Any]:
     from quotas import AdmissionState, ConfigError, Pool, load_config, load_pool
 
     from .admin import pool_view, quota_view
-    from .local_pool import LEDGER_FILE, Ledger, allocation_from_dict, allocation_to_dict, process_alive
+    from .contract import allocation_from_dict, allocation_to_dict
+    from .local.ledger import LEDGER_FILE, Ledger
+    from .local.processes import process_alive
 
     path = config_dir / "data" / LEDGER_FILE
     if not path.exists():

@@ -160,6 +160,11 @@ class GPUSpawnerMixin(LoggingConfigurable):
         """The profile the user chose (already validated), or None when there are no profiles."""
         raise NotImplementedError
 
+    def gpu_user_ids(self) -> tuple[int | None, int | None]:
+        """The uid/gid the server runs as (local mode: who owns the slice's region), or
+        (None, None) for the hub's own account."""
+        return None, None
+
     # ---- shared logic ---------------------------------------------------------------------
 
     @property

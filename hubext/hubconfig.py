@@ -46,15 +46,15 @@ def configure_hub(
     if admission_config_file:
         c.GPUAllocator.admission_config_file = admission_config_file
     if mode == "local":
-        c.JupyterHub.spawner_class = "hubext.local_spawner.LocalGPUSpawner"
-        c.GPUAllocator.pool_backend_class = "hubext.local_pool.LocalPool"
+        c.JupyterHub.spawner_class = "hubext.local.spawner.LocalGPUSpawner"
+        c.GPUAllocator.pool_backend_class = "local"
         if simulate_gpus:
             c.LocalPool.simulate_gpus = simulate_gpus
         if data_dir:
             c.LocalPool.data_dir = data_dir
     else:
-        c.JupyterHub.spawner_class = "hubext.kube_spawner.ElasticGPUSpawner"
-        c.GPUAllocator.pool_backend_class = "hubext.kube_pool.KubernetesPool"
+        c.JupyterHub.spawner_class = "hubext.kubernetes.spawner.ElasticGPUSpawner"
+        c.GPUAllocator.pool_backend_class = "kubernetes"
     if culler:
         import culler as culler_service
 

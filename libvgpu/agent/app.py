@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from traitlets import Bool, Dict, Enum, Float, Integer, TraitError, Unicode, default
 from traitlets.config import Application, Config
 
-from hubext import labels as L
+from hubext import contract as L
 from libvgpu import ShimNotBuilt
 from libvgpu.backstop import EVENT_REASONS, REASONS, Backstop, Finding, Proc, Slice, evaluate
 from libvgpu.regions import NodeGPU, read_node_regions

@@ -19,7 +19,7 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client import models as k8s
 from kubernetes_asyncio.client.rest import ApiException
 
-from hubext import labels as L
+from hubext import contract as L
 
 COMPONENT = "elastic-gpu-node-agent"
 

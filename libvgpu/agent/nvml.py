@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hubext.contract import model_name
 from quotas.config import KNOWN_MODELS
 
 MIB = 1 << 20
@@ -73,41 +74,6 @@ class GPUProcess:
 
 
 # ---- model names and SM counts ------------------------------------------------------------
-
-_VENDOR = {"NVIDIA", "TESLA", "GEFORCE", "QUADRO"}
-_FORM = re.compile(r"^(SXM\d*|PCIE|HBM\d*E?|NVL|NVLINK|GPU|MIG)$", re.IGNORECASE)
-_SIZE = re.compile(r"^(\d+)GB$", re.IGNORECASE)
-
-
-def model_name(nvml_name: str, memory_mib: int) -> str:
-    """NVML's product name as the pool's model string: ``"NVIDIA H100 80GB HBM3"`` -> ``"H100-80GB"``,
-    ``"NVIDIA A100-SXM4-40GB"`` -> ``"A100-40GB"``, ``"Tesla T4"`` -> ``"T4-16GB"``.
-
-    The size comes from the name when it has one, else from the model table of ``quotas``
-    (nominal size, when NVML's figure is within 10 % below it), else from the memory NVML
-    reports, rounded to GiB (``"NVIDIA H100 NVL"`` with 95830 MiB -> ``"H100-94GB"``).
-    """
-    tokens = [t for t in re.split(r"[\s\-_]+", nvml_name.strip()) if t]
-    words: list[str] = []
-    size: str | None = None
-    for token in tokens:
-        if token.upper() in _VENDOR or _FORM.match(token):
-            continue
-        match = _SIZE.match(token)
-        if match:
-            size = size or match.group(1)
-            continue
-        words.append(token)
-    base = "-".join(words) or "GPU"
-    if size is None:
-        known = KNOWN_MODELS.get(base.upper())
-        # the nominal size when NVML's figure is that card's (a little less: reserved memory)
-        if known and 0.9 * known[0] * 1024 <= memory_mib <= known[0] * 1024:
-            size = str(int(known[0]))
-        else:
-            size = str(max(1, round(memory_mib / 1024)))
-    return f"{base}-{size}GB"
-
 
 def sm_count_for(model: str) -> int:
     """Streaming multiprocessors of a model from the table in ``quotas`` (0 if unknown)."""

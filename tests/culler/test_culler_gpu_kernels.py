@@ -70,7 +70,7 @@ def stack(tmp_path_factory):
                       simulate_gpus="1xH100-80GB", data_dir={str(work / "data")!r}, culler=False)
         c.JupyterHub.extra_user_scopes = set(USER_SCOPES)
         start_with_hub()
-        c.JupyterHub.spawner_class = "hubext.local_spawner.HubUserGPUSpawner"
+        c.JupyterHub.spawner_class = "hubext.local.spawner.HubUserGPUSpawner"
         c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}
         c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}}
         c.GPUBroker.kernel_sizes = {SIZES!r}

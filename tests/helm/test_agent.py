@@ -34,7 +34,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import libvgpu
-from hubext import labels as L
+from hubext import contract as L
 from quotas import Allocation, Owner, load_pool
 from tests.kubeemu import KubeEmulator, NodeSpec
 from tests.libvgpu.harness import CFLAGS, Build, cc
@@ -176,7 +176,7 @@ def gpu_pod(node: Node, name: str, allocation: Allocation, command: list[str], e
     from kubernetes_asyncio.client import ApiClient
     from kubernetes_asyncio.client import models as k8s
 
-    from hubext.kube_spawner import apply_gpu_to_pod
+    from hubext.kubernetes.spawner import apply_gpu_to_pod
 
     pod = k8s.V1Pod(
         api_version="v1",
@@ -319,7 +319,7 @@ def test_inventory_is_published_on_the_node_and_accepted_by_the_pool(node):
     assert meta["labels"][L.NODE_GPU_LABEL] == "true"
     raw = meta["annotations"][L.NODE_GPUS_ANNOTATION]
     gpus = json.loads(raw)
-    # what hubext.kube_pool.KubernetesPool.inventory() does with it
+    # what hubext.kubernetes.pool.KubernetesPool.inventory() does with it
     pool = load_pool([{"name": NODE, "gpus": gpus}])
     shared, mig = pool.node(NODE).gpus
     assert (shared.uuid, shared.model, shared.memory_mib, shared.sm_count, shared.mode.value, shared.index) == (

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 
 import libvgpu
-from hubext import labels as L
+from hubext import contract as L
 from libvgpu.agent.activity import ActivityPublisher, PodActivity, needs_patch
 from libvgpu.agent.pods import PodInfo
 from libvgpu.regions import read_node_regions

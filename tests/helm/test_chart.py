@@ -140,7 +140,7 @@ def test_one_prefixed_priority_class_per_admission_class(default):
 
 def test_priority_class_prefix_matches_the_spawner_default(default):
     """The chart's prefix must be what ElasticGPUSpawner writes into pods by default."""
-    spawner = pytest.importorskip("hubext.kube_spawner", exc_type=ImportError)
+    spawner = pytest.importorskip("hubext.kubernetes.spawner", exc_type=ImportError)
     prefix = spawner.ElasticGPUSpawner.gpu_priority_class_prefix.default_value
     assert all(d["metadata"]["name"].startswith(prefix) for d in tools.find(default, "PriorityClass"))
 

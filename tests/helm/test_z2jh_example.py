@@ -9,7 +9,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-from hubext import labels as L
+from hubext import contract as L
 from tests.helm import tools
 
 try:
@@ -188,7 +188,7 @@ def test_per_kernel_network_policy_in_the_docs_is_valid_kubernetes():
 
 
 def test_per_kernel_policy_in_the_docs_matches_the_broker():
-    launcher = pytest.importorskip("hubext.kernel_launcher", exc_type=ImportError)
+    launcher = pytest.importorskip("hubext.kubernetes.launcher", exc_type=ImportError)
     cls = launcher.KubernetesKernelLauncher
     blocks = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), flags=re.S)
     (np,) = [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict) and d.get("kind")]

@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client as kclient
 from kubernetes import config as kconfig
 
-from hubext import labels as L
+from hubext import contract as L
 from tests.hubrunner import HubRunner
 from tests.kubeemu import KubeEmulator
 

@@ -16,7 +16,7 @@ from typing import Any
 import websocket
 import yaml
 
-from hubext import labels as L
+from hubext import contract as L
 from tests.hubrunner import HubRunner
 from tests.hubrunner import http as hub_http
 
@@ -225,7 +225,7 @@ def local_stack(work: Path, users: tuple[str, ...] = ("alice", "bob")) -> Iterat
         from hubext.hubconfig import configure_hub
         configure_hub(c, mode="local", admission_config_file={str(work / "admission.yaml")!r},
                       simulate_gpus="1xH100-80GB", data_dir={str(work / "data")!r}, culler=False)
-        c.JupyterHub.spawner_class = "hubext.local_spawner.HubUserGPUSpawner"
+        c.JupyterHub.spawner_class = "hubext.local.spawner.HubUserGPUSpawner"
         c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}
         c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}}
         """

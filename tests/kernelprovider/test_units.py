@@ -16,16 +16,16 @@ import kubernetes_validate
 import kubernetes_validate.utils
 import pytest
 
-from hubext import labels as L
+from hubext import contract as L
 from hubext.allocator import GPUAllocator
+from hubext.backends import ServerRef
 from hubext.broker import BrokerError, validate_sizes
-from hubext.kernel_launcher import (
-    BOOTSTRAP,
-    KernelRecord,
-    KubernetesKernelLauncher,
-    LocalKernelLauncher,
-    ServerRef,
-)
+from hubext.kernels import KernelRecord
+from hubext.kubernetes.launcher import KubernetesKernelLauncher
+from hubext.kubernetes.objects import bootstrap_source, make_kernel_secret
+from hubext.local.launcher import LocalKernelLauncher
+from hubext.local.ledger import Ledger
+from hubext.local.pool import LocalPool
 from kernelprovider.kernelspecs import install, kernelspec, kernelspec_name
 from quotas import Allocation, Owner
 
@@ -154,7 +154,7 @@ def _kube_objects():
     )
     key = "s3cr3t-key-" + "x" * 32
     pod = _manifest(launcher._pod(record, allocation, server))
-    secret = _manifest(launcher._secret(record, key, server))
+    secret = _manifest(make_kernel_secret(record, key, launcher._owners(server)))
     policy = _manifest(launcher._network_policy(record, server))
     return record, key, pod, secret, policy
 
@@ -219,7 +219,7 @@ def test_pod_bootstrap_builds_a_private_connection_file_from_the_secret(tmp_path
         [
             sys.executable,
             "-c",
-            BOOTSTRAP,
+            bootstrap_source(),
             str(secret),
             json.dumps(ports),
             sys.executable,
@@ -262,8 +262,15 @@ def test_local_sweep_stops_kernel_processes_nobody_knows(tmp_path, no_allocator)
             proc.kill()
 
 
+def _local_launcher(tmp_path) -> LocalKernelLauncher:
+    """A local launcher over the pool's one ledger (what the broker builds), without the pool's watch."""
+    pool = LocalPool(data_dir=str(tmp_path))
+    pool.ledger = Ledger(pool.ledger_path)
+    return LocalKernelLauncher(pool=pool, state_dir=str(tmp_path))
+
+
 def test_local_ledger_survives_a_restart_and_notices_dead_kernels(tmp_path, no_allocator):
-    launcher = LocalKernelLauncher(state_dir=str(tmp_path))
+    launcher = _local_launcher(tmp_path)
     conn = tmp_path / ("c" * 32) / "connection.json"  # a kernel is recognised by its connection file
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(conn)], start_new_session=True)
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
@@ -293,8 +300,10 @@ def test_local_ledger_survives_a_restart_and_notices_dead_kernels(tmp_path, no_a
             ),
         ]
         launcher.persist(records)
-        assert stat.S_IMODE(os.stat(tmp_path / "kernels.json").st_mode) == 0o600
-        loaded = {r.id: r for r in asyncio.run(LocalKernelLauncher(state_dir=str(tmp_path)).start())}
+        # one ledger for allocations and kernels, readable by the hub's account only
+        assert not (tmp_path / "kernels.json").exists()
+        assert stat.S_IMODE(os.stat(launcher.pool.ledger_path).st_mode) == 0o600
+        loaded = {r.id: r for r in asyncio.run(_local_launcher(tmp_path).start())}
         assert loaded["c" * 32].state == "running" and loaded["c" * 32].holder == str(alive.pid)
         assert loaded["d" * 32].state == "stopped" and "while the hub was down" in loaded["d" * 32].reason
         assert loaded["e" * 32].state == "stopped"

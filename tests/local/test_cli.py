@@ -15,7 +15,7 @@ import yaml
 from traitlets.config import PyFileConfigLoader
 
 from hubext import cli
-from hubext.local_spawner import normalize_profile_list
+from hubext.local.spawner import normalize_profile_list
 from quotas import load_config
 
 ELASTIC_GPU = Path(sys.executable).parent / "elastic-gpu"
@@ -84,7 +84,7 @@ def test_init_writes_a_config_that_loads_sized_from_the_simulated_gpus(tmp_path)
     assert c.JupyterHub.authenticator_class == "firstuseauthenticator.FirstUseAuthenticator"
     assert c.FirstUseAuthenticator.create_users is False
     assert c.Authenticator.admin_users == {"ada"} and c.Authenticator.allowed_users == {"ada", "bo"}
-    assert c.JupyterHub.spawner_class == "hubext.local_spawner.HubUserGPUSpawner"
+    assert c.JupyterHub.spawner_class == "hubext.local.spawner.HubUserGPUSpawner"
     assert c.GPUAllocator.admission_config_file == str(tmp_path / "elastic-gpu.yaml")
     token = tmp_path / "data" / "cli-token"
     assert stat.S_IMODE(token.stat().st_mode) == 0o600

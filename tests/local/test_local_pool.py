@@ -13,14 +13,10 @@ import time
 
 import pytest
 
-from hubext.local_pool import (
-    Ledger,
-    LocalPool,
-    allocation_from_dict,
-    allocation_to_dict,
-    model_name,
-    process_alive,
-)
+from hubext.contract import allocation_from_dict, allocation_to_dict, model_name
+from hubext.local.ledger import Ledger
+from hubext.local.pool import LocalPool
+from hubext.local.processes import process_alive
 from quotas import Allocation, ConfigError, Owner
 
 
@@ -203,8 +199,12 @@ def test_allocation_round_trips_through_the_ledger_format():
 
 
 @pytest.mark.parametrize(
-    "nvml,model",
-    [("NVIDIA H100 80GB HBM3", "H100-80GB-HBM3"), ("Tesla T4", "T4"), ("NVIDIA A100-SXM4-40GB", "A100-SXM4-40GB")],
+    "nvml,memory_mib,model",
+    [
+        ("NVIDIA H100 80GB HBM3", 81559, "H100-80GB"),
+        ("Tesla T4", 15360, "T4-16GB"),
+        ("NVIDIA A100-SXM4-40GB", 40960, "A100-40GB"),
+    ],
 )
-def test_nvml_names_become_compact_model_names(nvml, model):
-    assert model_name(nvml) == model
+def test_nvml_names_become_the_pools_model_names(nvml, memory_mib, model):
+    assert model_name(nvml, memory_mib) == model

@@ -10,7 +10,7 @@ from traitlets import TraitError
 
 from hubext.allocator import GPUAllocator
 from hubext.gpu_spawner import GPUSpawnError
-from hubext.local_spawner import HubUserGPUSpawner, LocalGPUSpawner, gpu_summary, normalize_profile_list
+from hubext.local.spawner import HubUserGPUSpawner, LocalGPUSpawner, gpu_summary, normalize_profile_list
 
 PROFILES = [
     {"display_name": "CPU only", "default": True},
@@ -56,7 +56,7 @@ def simulated_allocator(tmp_path):
     from traitlets.config import Config
 
     c = Config()
-    c.GPUAllocator.pool_backend_class = "hubext.local_pool.LocalPool"
+    c.GPUAllocator.pool_backend_class = "hubext.local.pool.LocalPool"
     c.LocalPool.simulate_gpus = "2xH100-80GB"
     c.LocalPool.data_dir = str(tmp_path)
     allocator = GPUAllocator.instance(config=c)

@@ -22,19 +22,23 @@ from traitlets import Float, List, Unicode
 
 from quotas import Allocation, ConfigError, Node, Pool, load_pool
 
-from . import labels as L
-from .pool import GoneCallback, PoolBackend
+from .. import contract as C
+from ..backends import GoneCallback, PoolBackend
+from .launcher import KubernetesKernelLauncher
 
 
 class ManagedPodReflector(ResourceReflector):
     """Pods labelled as holders of an allocation (notebooks and kernels)."""
 
     kind = "pods"
-    labels = {L.MANAGED: "true"}
+    labels = {C.MANAGED: "true"}
 
 
 class KubernetesPool(PoolBackend):
     """GPU inventory from Nodes, ledger from Pods."""
+
+    mode = "kubernetes"
+    launcher_class = KubernetesKernelLauncher
 
     namespace = Unicode(
         config=True,
@@ -47,7 +51,7 @@ class KubernetesPool(PoolBackend):
         {name, gpus: [{uuid, model, memory_mib, sm_count, mode, ...}]} (quotas.load_pool format).""",
     )
     node_label_selector = Unicode(
-        f"{L.NODE_GPU_LABEL}=true",
+        f"{C.NODE_GPU_LABEL}=true",
         config=True,
         help="Label selector of the nodes whose GPU annotation the pool reads.",
     )
@@ -93,14 +97,14 @@ class KubernetesPool(PoolBackend):
         )
         for node in result.items:
             name = node.metadata.name
-            raw = (node.metadata.annotations or {}).get(L.NODE_GPUS_ANNOTATION)
+            raw = (node.metadata.annotations or {}).get(C.NODE_GPUS_ANNOTATION)
             if not raw or name in known:
                 continue
             try:
                 gpus = json.loads(raw)
                 nodes.extend(load_pool([{"name": name, "gpus": gpus}]).nodes)
             except (ValueError, ConfigError) as e:
-                self.log.error("Node %s: ignoring its GPU annotation %s: %s", name, L.NODE_GPUS_ANNOTATION, e)
+                self.log.error("Node %s: ignoring its GPU annotation %s: %s", name, C.NODE_GPUS_ANNOTATION, e)
         return Pool(nodes=tuple(nodes))
 
     def _live(self) -> dict[str, Allocation]:
@@ -109,7 +113,7 @@ class KubernetesPool(PoolBackend):
             meta = pod.get("metadata", {})
             if meta.get("deletionTimestamp") or pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
                 continue
-            allocation = L.allocation_from_metadata(meta.get("labels"), meta.get("annotations"))
+            allocation = C.allocation_from_metadata(meta.get("labels"), meta.get("annotations"))
             if allocation is not None:
                 live[allocation.id] = allocation
         return live
@@ -131,7 +135,7 @@ class KubernetesPool(PoolBackend):
     async def evict(self, allocation: Allocation, reason: str) -> None:
         for key, pod in list((self.reflector.resources if self.reflector else {}).items()):
             meta = pod.get("metadata", {})
-            if (meta.get("annotations") or {}).get(L.ALLOCATION_ID) != allocation.id:
+            if (meta.get("annotations") or {}).get(C.ALLOCATION_ID) != allocation.id:
                 continue
             name, namespace = meta["name"], meta["namespace"]
             await self._event(namespace, name, meta.get("uid"), "Preempted", reason)
@@ -159,9 +163,7 @@ class KubernetesPool(PoolBackend):
             source=k8s.V1EventSource(component="elastic-gpu"),
         )
         try:
-            await asyncio.wait_for(
-                self.api.create_namespaced_event(namespace, event), self.k8s_api_request_timeout
-            )
+            await asyncio.wait_for(self.api.create_namespaced_event(namespace, event), self.k8s_api_request_timeout)
         except (ApiException, asyncio.TimeoutError) as e:
             self.log.warning("Could not record %s event for pod %s/%s: %s", reason, namespace, name, e)
 

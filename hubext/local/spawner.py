@@ -32,10 +32,9 @@ from tornado.gen import maybe_future
 from traitlets import Callable as CallableTrait
 from traitlets import HasTraits, List, TraitError, Union, default, validate
 
-from .gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options, validate_gpu_section
-from .local_pool import LocalPool
+from ..gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options, validate_gpu_section
 
-TEMPLATES = Path(__file__).parent / "templates"
+TEMPLATES = Path(__file__).parent.parent / "templates"
 FORM_PREFIX = "profile-option-"
 PROFILE_KEYS = {
     "display_name",
@@ -335,9 +334,11 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
             allocation = await self.gpu_admit()
             if allocation is not None:
                 backend = self.gpu_allocator.backend
-                if not isinstance(backend, LocalPool):
+                if backend.mode != "local":
                     raise GPUSpawnError(
-                        "LocalGPUSpawner needs GPUAllocator.pool_backend_class = 'hubext.local_pool.LocalPool'.", 500
+                        f"LocalGPUSpawner needs the local GPU pool (GPUAllocator.pool_backend_class = 'local'), "
+                        f"not the {backend.mode or type(backend).__name__!r} one.",
+                        500,
                     )
                 uid, gid = self.gpu_user_ids()
                 self.__dict__["_gpu_env"] = backend.holder_env(

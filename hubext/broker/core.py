@@ -1,10 +1,10 @@
-"""The GPU broker: REST handlers inside the hub that create, watch and delete GPU kernels.
+"""The GPU broker: creates, watches and deletes GPU kernels for users' servers.
 
-A user's server (its ``$JUPYTERHUB_API_TOKEN``) asks here for a kernel with a GPU slice; the
-broker runs admission through the hub's one :class:`~hubext.allocator.GPUAllocator` (same
-ledger and quotas as the spawners) and has a :class:`~hubext.kernel_launcher.KernelLauncher`
-make the kernel: a local process or a pod. Servers get no Kubernetes rights, so no one
-bypasses quotas.
+A user's server (its ``$JUPYTERHUB_API_TOKEN``) asks the broker's REST API
+(``hubext.broker.handlers``) for a kernel with a GPU slice; the broker runs admission through
+the hub's one :class:`~hubext.allocator.GPUAllocator` (same ledger and quotas as the spawners)
+and has the mode's :class:`~hubext.backends.KernelLauncher` make the kernel: a local process
+or a pod. Servers get no Kubernetes rights, so no one bypasses quotas.
 
 Endpoints (under ``/hub/api``)::
 
@@ -16,126 +16,28 @@ Endpoints (under ``/hub/api``)::
     POST   /gpu/kernels/<id>/restart          a new kernel process in the same slice (new ports)
     POST   /gpu/kernels/<id>/interrupt        SIGINT (local kernels only; else use the control channel)
 
-Authorization uses JupyterHub scopes. ``custom:elastic-gpu:kernels`` with a user filter
-(``!user``) lets a token act on that user's kernels only; the user role holds it for its own
-user (``c.JupyterHub.extra_user_scopes``) and servers' tokens request it
-(``c.Spawner.server_token_scopes``). ``custom:elastic-gpu:admin`` (or ``admin:users``) acts on
-everyone's. Every refusal is JSON ``{"status": ..., "message": ...}`` with a 4xx status.
+Authorization: see ``hubext.broker.handlers``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
-import re
 import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from jupyterhub.apihandlers.base import APIHandler
-from tornado import web
 from traitlets import Bool, Dict, Float, List, Type, default
 from traitlets.config import SingletonConfigurable
 
-from quotas import AdmissionError, Allocation, GPURequest, Owner, PoolFull
+from quotas import AdmissionError, Allocation, GPURequest, Owner
 
-from .allocator import GPUAllocator
-from .gpu_spawner import request_from_section, validate_gpu_section
-from .kernel_launcher import KernelLauncher, KernelRecord, LaunchError, ServerRef
-
-KERNELS_SCOPE = "custom:elastic-gpu:kernels"
-ADMIN_SCOPE = "custom:elastic-gpu:admin"
-
-#: for ``c.JupyterHub.custom_scopes``
-CUSTOM_SCOPES: dict[str, dict[str, Any]] = {
-    KERNELS_SCOPE: {
-        "description": "Create, read, interrupt, restart and delete GPU kernels.",
-    },
-    ADMIN_SCOPE: {
-        "description": "List, read and delete every user's GPU kernels.",
-        "subscopes": [KERNELS_SCOPE],
-    },
-}
-#: for ``c.JupyterHub.extra_user_scopes``: every user holds the kernel scope for themself
-USER_SCOPES: list[str] = [f"{KERNELS_SCOPE}!user"]
-#: added to ``c.Spawner.server_token_scopes``: a server's token acts for its own user only
-SERVER_TOKEN_SCOPES: list[str] = [f"{KERNELS_SCOPE}!user"]
-
-SIZE_KEYS = {
-    "name",
-    "display_name",
-    "memory_mib",
-    "cores_percent",
-    "count",
-    "priority_class",
-    "model",
-    "whole",
-    "allowed_groups",
-    "mig_profile",
-}
-SIGNATURE_SCHEMES = tuple(f"hmac-{name}" for name in ("sha256", "sha512", "sha384", "sha224", "sha1", "md5"))
-_NAME_OK = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
-
-
-class BrokerError(web.HTTPError):
-    """A refusal the caller can act on: JupyterHub renders it as ``{"status", "message"}``."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(status, message)
-        self.message = message
-        self.status = status
-
-
-def validate_sizes(sizes: Any) -> list[dict[str, Any]]:
-    """Check ``GPUBroker.kernel_sizes``; raise BrokerError(500) naming the bad entry and key."""
-    if not isinstance(sizes, list):
-        raise BrokerError(f"GPUBroker.kernel_sizes must be a list of sizes, got {sizes!r}", 500)
-    out, seen = [], set()
-    for i, size in enumerate(sizes):
-        where = f"GPUBroker.kernel_sizes[{i}]"
-        if not isinstance(size, Mapping):
-            raise BrokerError(f"{where} must be a mapping with keys {sorted(SIZE_KEYS)}, got {size!r}", 500)
-        unknown = sorted(set(size) - SIZE_KEYS)
-        if unknown:
-            raise BrokerError(
-                f"{where} has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(SIZE_KEYS))}", 500
-            )
-        name = size.get("name")
-        if not isinstance(name, str) or not _NAME_OK.match(name):
-            raise BrokerError(f"{where}.name must be lowercase letters, digits and '-' (at most 40), got {name!r}", 500)
-        if name in seen:
-            raise BrokerError(f"{where}.name {name!r} is used twice", 500)
-        seen.add(name)
-        section = {k: v for k, v in size.items() if k not in ("name", "display_name", "allowed_groups")}
-        try:
-            validate_gpu_section(section, f"{where} ({name})")
-        except ValueError as e:
-            raise BrokerError(str(e), 500) from None
-        if not section.get("whole") and not section.get("mig_profile"):
-            mem, cores = section.get("memory_mib", 0), section.get("cores_percent", 0)
-            if mem <= 0 or not 1 <= cores <= 100:
-                raise BrokerError(
-                    f"{where} ({name}) needs memory_mib > 0 and cores_percent in 1..100, got {mem} and {cores}", 500
-                )
-        groups = size.get("allowed_groups", [])
-        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
-            raise BrokerError(f"{where}.allowed_groups must be a list of group names, got {groups!r}", 500)
-        display = size.get("display_name") or _default_display(section)
-        out.append({**size, "display_name": display, "gpu": section})
-    return out
-
-
-def _default_display(section: Mapping[str, Any]) -> str:
-    if section.get("whole"):
-        n = section.get("count", 1)
-        return f"{n} whole GPU{'s' if n != 1 else ''}"
-    gib = section.get("memory_mib", 0) / 1024
-    text = f"GPU {gib:g} GiB"
-    if section.get("count", 1) > 1:
-        text = f"{section['count']}x {text}"
-    return text
+from ..allocator import GPUAllocator
+from ..backends import KernelLauncher, LaunchError, ReleaseCause, ServerRef
+from ..gpu_spawner import request_from_section, validate_gpu_section
+from ..kernels import KernelRecord
+from .sizes import SIGNATURE_SCHEMES, BrokerError, validate_sizes
 
 
 class GPUBroker(SingletonConfigurable):
@@ -166,9 +68,9 @@ class GPUBroker(SingletonConfigurable):
         allow_none=True,
         default_value=None,
         config=True,
-        help="""Where kernels run: 'hubext.kernel_launcher.LocalKernelLauncher' or
-        'hubext.kernel_launcher.KubernetesKernelLauncher'. Default: the one that matches
-        GPUAllocator.pool_backend_class (Kubernetes pool -> Kubernetes kernels).""",
+        help="""Where kernels run: a KernelLauncher subclass. Default: the launcher of the
+        mode's pool (GPUAllocator.pool_backend_class: 'kubernetes' -> kernel pods,
+        'local' -> local processes).""",
     )
     max_queue_seconds = Float(
         0.0,
@@ -190,11 +92,7 @@ class GPUBroker(SingletonConfigurable):
 
     @default("launcher_class")
     def _default_launcher_class(self) -> type:
-        from .kernel_launcher import KubernetesKernelLauncher, LocalKernelLauncher
-
-        backend = GPUAllocator.instance(config=self.config).pool_backend_class
-        name = getattr(backend, "__name__", str(backend))
-        return KubernetesKernelLauncher if "Kubernetes" in name else LocalKernelLauncher
+        return GPUAllocator.instance(config=self.config).pool_backend_class.launcher_class
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -233,7 +131,9 @@ class GPUBroker(SingletonConfigurable):
     async def _start(self) -> None:
         self.sizes()
         await self.allocator.ensure_started()
-        self.launcher = self.launcher_class(parent=self, log=self.log)
+        self.launcher = self.launcher_class(
+            parent=self, log=self.log, pool=self.allocator.backend, priority_value=self.allocator.priority_value
+        )
         for record in await self.launcher.start():
             self.kernels[record.id] = record
         self.allocator.listeners.append(self._on_allocation_event)
@@ -375,7 +275,7 @@ class GPUBroker(SingletonConfigurable):
                 await self.allocator.bind(allocation.id, record.holder)
         except BaseException as e:
             self.kernels.pop(record.id, None)
-            await self._release(allocation.id, "kernel launch failed")
+            await self._release(allocation.id, "kernel launch failed", ReleaseCause.FAILED)
             try:
                 await self.launcher.delete(record)
             except Exception:
@@ -399,17 +299,10 @@ class GPUBroker(SingletonConfigurable):
         return record
 
     async def _admit(self, request: GPURequest) -> Allocation:
-        """Admission for a kernel: with no queueing allowed, a request that does not fit now is
-        refused with the admission sentence alone (no "waited 0 s in the queue")."""
+        """Admission for a kernel, asked of the allocator once: with no queueing allowed, a request
+        that does not fit now is refused with the admission sentence alone."""
         if self.max_queue_seconds <= 0:
-            await self.allocator.ensure_started()
-            self.allocator.state.validate(request)
-            decision = self.allocator.state.decide(request, now=time.time())
-            if not decision.granted:
-                error = decision.error
-                if error is None:
-                    raise PoolFull(decision.reason)
-                raise error
+            return await self.allocator.allocate(request, queue=False)
         return await self.allocator.allocate(request, timeout=self.max_queue_seconds)
 
     async def status(self, record: KernelRecord, wait_seconds: float = 0.0) -> KernelRecord:
@@ -507,22 +400,22 @@ class GPUBroker(SingletonConfigurable):
                 self._locks.pop(record.id, None)
         self.log.info("GPU kernel %s of %s deleted: %s", record.id, record.user, why)
 
-    async def _release(self, allocation_id: str, why: str) -> None:
+    async def _release(self, allocation_id: str, why: str, cause: ReleaseCause = ReleaseCause.STOPPED) -> None:
         if not allocation_id:
             return
         self._own_releases.add(allocation_id)
         try:
-            await self.allocator.release(allocation_id, why)
+            await self.allocator.release(allocation_id, why, cause)
         finally:
             self._own_releases.discard(allocation_id)
 
-    def _on_allocation_event(self, event: str, allocation: Allocation, why: str) -> None:
+    def _on_allocation_event(self, event: str, allocation: Allocation, why: str, cause: ReleaseCause | None) -> None:
         """A kernel's slice released by someone else (preemption, holder gone): say so on the kernel."""
         if event != "released" or allocation.kind != "kernel" or allocation.id in self._own_releases:
             return
         for record in self.kernels.values():
             if record.allocation_id == allocation.id and record.state in ("pending", "running"):
-                if "preempt" in why:
+                if cause is ReleaseCause.PREEMPTED:
                     record.state, record.reason = "failed", f"its GPU slice was taken back: {why}"
                     self.log.warning("GPU kernel %s of %s: %s", record.id, record.user, record.reason)
                     asyncio.ensure_future(self._stop_holder(record))
@@ -571,11 +464,12 @@ class GPUBroker(SingletonConfigurable):
                 self.log.exception("GPU kernel reconciliation failed; retrying")
 
 
-def start_with_hub(poll_seconds: float = 0.5) -> None:
+def start_with_hub(hub_start_timeout: float = 600.0) -> None:
     """Start the broker as soon as the hub is up (call from jupyterhub_config.py).
 
     JupyterHub has no start-up hook for extra handlers; without this the broker starts on its
     first request, so kernels orphaned while the hub was down would wait for that request.
+    A failed start is retried with backoff here, and again by every request until it succeeds.
     """
     try:
         loop = asyncio.get_running_loop()
@@ -584,15 +478,31 @@ def start_with_hub(poll_seconds: float = 0.5) -> None:
 
     async def wait_and_start() -> None:
         from jupyterhub.app import JupyterHub
+        from jupyterhub.utils import exponential_backoff
 
-        while not JupyterHub.initialized() or getattr(JupyterHub.instance(), "http_server", None) is None:
-            await asyncio.sleep(poll_seconds)
+        def hub_up() -> bool:
+            return JupyterHub.initialized() and getattr(JupyterHub.instance(), "http_server", None) is not None
+
+        await exponential_backoff(
+            hub_up, "the hub did not start", start_wait=0.1, max_wait=1, timeout=hub_start_timeout
+        )
         app = JupyterHub.instance()
         broker = GPUBroker.instance(config=app.config, log=app.log)
+
+        async def broker_started() -> bool:
+            try:
+                await broker.ensure_started(app.users)
+            except Exception as e:
+                app.log.warning("GPU broker did not start (%s); retrying", e)
+                return False
+            return True
+
         try:
-            await broker.ensure_started(app.users)
-        except Exception:
-            app.log.exception("GPU broker failed to start; it will retry on its first request")
+            await exponential_backoff(
+                broker_started, "GPU broker did not start", start_wait=1, max_wait=30, timeout=hub_start_timeout
+            )
+        except asyncio.TimeoutError:
+            app.log.error("GPU broker failed to start; it will retry on its next request")
 
     task = loop.create_task(wait_and_start())
     _background.add(task)
@@ -600,191 +510,3 @@ def start_with_hub(poll_seconds: float = 0.5) -> None:
 
 
 _background: set[asyncio.Task] = set()
-
-
-# ---------------------------------------------------------------------------------------------
-# handlers
-# ---------------------------------------------------------------------------------------------
-
-
-class BrokerAPIHandler(APIHandler):
-    """Shared auth and error rendering of the broker's endpoints."""
-
-    @property
-    def broker(self) -> GPUBroker:
-        return GPUBroker.instance(config=self.settings.get("config"), log=self.log)
-
-    async def prepare(self) -> None:
-        await super().prepare()
-        if self.current_user is None:
-            raise web.HTTPError(403, "Missing or invalid credentials.")
-        try:
-            await self.broker.ensure_started(self.users)
-        except BrokerError:
-            raise
-        except Exception as e:
-            self.log.exception("GPU broker failed to start")
-            raise BrokerError(f"The GPU broker could not start: {e}", 503) from None
-
-    # ---- who may do what ---------------------------------------------------------------------
-
-    @property
-    def is_gpu_admin(self) -> bool:
-        return self.has_scope(ADMIN_SCOPE) or self.has_scope("admin:users")
-
-    def may_act_for(self, user_name: str) -> bool:
-        return self.is_gpu_admin or self.has_scope(f"{KERNELS_SCOPE}!user={user_name}")
-
-    def caller_name(self) -> str:
-        user = self.current_user
-        return user.name if getattr(user, "kind", "user") == "user" else ""
-
-    def caller_groups(self) -> set[str] | None:
-        """Groups of the calling user for size visibility (None: every size, for admins and services
-        holding the kernel scope for everyone, e.g. the kernelspec installer of `elastic-gpu up`)."""
-        if self.is_gpu_admin or self.has_scope(KERNELS_SCOPE):
-            return None
-        user = self.current_user
-        return {g.name for g in getattr(user, "groups", [])}
-
-    def require_any_kernel_scope(self) -> None:
-        if not (self.is_gpu_admin or KERNELS_SCOPE in self.parsed_scopes):
-            raise BrokerError(
-                f"This token may not use GPU kernels: it lacks the scope {KERNELS_SCOPE}. "
-                "Use the server's own token (JUPYTERHUB_API_TOKEN) or ask an admin to grant the scope.",
-                403,
-            )
-
-    def find_kernel(self, kernel_id: str) -> KernelRecord:
-        record = self.broker.kernels.get(kernel_id)
-        if record is None or not self.may_act_for(record.user):
-            # the same answer for "not yours" and "does not exist": ids are not disclosed
-            raise BrokerError(f"No GPU kernel {kernel_id!r}.", 404)
-        return record
-
-    def json_body(self) -> dict[str, Any]:
-        body = self.get_json_body()
-        if body is None:
-            return {}
-        if not isinstance(body, dict):
-            raise BrokerError("The request body must be a JSON object.")
-        return body
-
-    def wait_arg(self) -> float:
-        raw = self.get_argument("wait", "0")
-        try:
-            return float(raw)
-        except ValueError:
-            raise BrokerError(f"'wait' must be a number of seconds, got {raw!r}.") from None
-
-
-class KernelSizesHandler(BrokerAPIHandler):
-    """GET /hub/api/gpu/kernel-sizes"""
-
-    async def get(self) -> None:
-        self.require_any_kernel_scope()
-        sizes = self.broker.sizes_for(self.caller_groups())
-        self.finish(
-            json.dumps(
-                {
-                    "sizes": [{"name": s["name"], "display_name": s["display_name"], **s["gpu"]} for s in sizes],
-                    "custom_allowed": self.broker.allow_custom_gpu,
-                    "simulated": bool(getattr(self.broker.allocator.backend, "simulated", False)),
-                }
-            )
-        )
-
-
-class KernelsHandler(BrokerAPIHandler):
-    """GET (list) and POST (create) /hub/api/gpu/kernels"""
-
-    async def get(self) -> None:
-        self.require_any_kernel_scope()
-        wanted = self.get_argument("user", "")
-        if wanted:
-            if not self.may_act_for(wanted):
-                raise BrokerError(f"You may not list the GPU kernels of {wanted!r}.", 403)
-            users = {wanted}
-        elif self.is_gpu_admin:
-            users = None
-        else:
-            name = self.caller_name()
-            if not name or not self.may_act_for(name):
-                raise BrokerError("Name the user whose kernels to list: ?user=<name>.", 400)
-            users = {name}
-        kernels = [r.model() for r in self.broker.kernels.values() if users is None or r.user in users]
-        kernels.sort(key=lambda m: m["created_at"])
-        self.finish(json.dumps({"kernels": kernels}))
-
-    async def post(self) -> None:
-        self.require_any_kernel_scope()
-        body = self.json_body()
-        user_name = body.get("user") or self.caller_name()
-        if not isinstance(user_name, str) or not user_name:
-            raise BrokerError("Name the user the kernel is for: 'user'.")
-        if not self.may_act_for(user_name):
-            raise BrokerError(f"You may not start GPU kernels for {user_name!r}.", 403)
-        server_name = body.get("server_name", "")
-        if not isinstance(server_name, str):
-            raise BrokerError("'server_name' must be a string ('' is the default server).")
-        if not self.is_gpu_admin and not self.has_scope(f"access:servers!server={user_name}/{server_name}"):
-            raise BrokerError(f"This token does not belong to the server {user_name}/{server_name}.", 403)
-        groups = self.caller_groups()
-        if groups is not None and user_name != self.caller_name():
-            groups = set()
-        record = await self.broker.create(user_name, server_name, body, groups)
-        self.set_status(201)
-        self.finish(json.dumps(record.model()))
-
-
-class KernelHandler(BrokerAPIHandler):
-    """GET and DELETE /hub/api/gpu/kernels/<id>"""
-
-    async def get(self, kernel_id: str) -> None:
-        record = self.find_kernel(kernel_id)
-        record = await self.broker.status(record, self.wait_arg())
-        self.finish(json.dumps(record.model()))
-
-    async def delete(self, kernel_id: str) -> None:
-        record = self.find_kernel(kernel_id)
-        who = self.caller_name() or getattr(self.current_user, "name", "a service")
-        reason = self.get_argument("reason", "")[:200]
-        await self.broker.delete(record, f"kernel shut down by {who}" + (f": {reason}" if reason else ""))
-        self.set_status(204)
-        self.finish()
-
-
-class KernelActionHandler(BrokerAPIHandler):
-    """POST /hub/api/gpu/kernels/<id>/(restart|interrupt)"""
-
-    async def post(self, kernel_id: str, action: str) -> None:
-        record = self.find_kernel(kernel_id)
-        if action == "restart":
-            record = await self.broker.restart(record)
-            self.finish(json.dumps(record.model()))
-        else:
-            await self.broker.interrupt(record)
-            self.set_status(204)
-            self.finish()
-
-
-#: for ``c.JupyterHub.extra_handlers`` (patterns are under the hub prefix, /hub)
-BROKER_HANDLERS: list[tuple[str, type]] = [
-    (r"/api/gpu/kernel-sizes", KernelSizesHandler),
-    (r"/api/gpu/kernels", KernelsHandler),
-    (r"/api/gpu/kernels/([0-9a-f]{32})", KernelHandler),
-    (r"/api/gpu/kernels/([0-9a-f]{32})/(restart|interrupt)", KernelActionHandler),
-]
-
-
-def configure(c: Any) -> None:
-    """Register the broker's handlers, scopes and start-up in a JupyterHub config ``c``."""
-    c.JupyterHub.extra_handlers = list(c.JupyterHub.get("extra_handlers", [])) + BROKER_HANDLERS
-    c.JupyterHub.custom_scopes = {**dict(c.JupyterHub.get("custom_scopes", {})), **CUSTOM_SCOPES}
-    c.JupyterHub.extra_user_scopes = set(c.JupyterHub.get("extra_user_scopes", set())) | set(USER_SCOPES)
-    existing = c.Spawner.get("server_token_scopes", None)
-    base = (
-        list(existing) if isinstance(existing, list | tuple | set) else ["access:servers!server", "users:activity!user"]
-    )
-    c.Spawner.server_token_scopes = sorted({*base, *SERVER_TOKEN_SCOPES})
-    start_with_hub()

@@ -1,0 +1,230 @@
+"""The two contracts a mode implements: a pool backend and a kernel launcher.
+
+A *mode* (Kubernetes, one machine) is a :class:`PoolBackend` (where the GPUs are, where the
+ledger of allocations lives) plus the :class:`KernelLauncher` that makes GPU kernels exist
+in that mode. The pool names its launcher (``PoolBackend.launcher_class``), and the pool is
+chosen by entry point (group ``elastic_gpu.pools``: ``kubernetes``, ``local``), as JupyterHub
+chooses its proxy, so no caller ever tests a class or its name.
+
+Callers see these ABCs only. Each method's docstring names who calls it.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABCMeta, abstractmethod
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from traitlets import List, Unicode
+from traitlets.config import LoggingConfigurable
+
+from quotas import Allocation, Pool
+
+if TYPE_CHECKING:
+    from .kernels import KernelRecord
+
+#: entry point group of pool backends (pyproject.toml registers 'kubernetes' and 'local')
+POOL_ENTRY_POINTS = "elastic_gpu.pools"
+
+
+class ReleaseCause(str, enum.Enum):
+    """Why a slice went back to the pool (the allocator's listeners and the logs read it)."""
+
+    STOPPED = "stopped"  # its server or kernel stopped normally
+    PREEMPTED = "preempted"  # taken for a higher-priority request
+    HOLDER_GONE = "holder-gone"  # its process or pod disappeared
+    FAILED = "failed"  # a spawn or launch failed before the holder ran
+    CANCELLED = "cancelled"  # the request was cancelled while it was being granted
+    CULLED = "culled"  # reclaimed by the culler
+
+
+#: called by a backend when the holder of an allocation is gone (pod deleted, process died)
+GoneCallback = Callable[[str, str], Awaitable[None]]
+
+
+class _ConfigurableABCMeta(ABCMeta, type(LoggingConfigurable)):  # type: ignore[misc]
+    """Abstract methods + traitlets (as jupyter_client's KernelProvisionerBase does)."""
+
+
+class LaunchError(Exception):
+    """A kernel could not be created; ``message`` is a sentence for the user, ``status`` the HTTP status."""
+
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+
+
+@dataclass
+class ServerRef:
+    """The user's server a kernel belongs to (its lifetime bounds the kernel's)."""
+
+    user: str
+    name: str = ""
+    #: what identifies this run of the server: a pid (local), or pod uid + restart count (Kubernetes)
+    identity: str = ""
+    pod_name: str = ""
+    pod_uid: str = ""
+    namespace: str = ""
+    pod_labels: dict[str, str] = field(default_factory=dict)
+    #: local: the unix account to run the kernel as ('' = the hub's own account)
+    unix_user: str = ""
+    home: str = ""
+    #: the spawner's GPU settings (backend, runtime class, ...) when it has them
+    gpu_settings: dict[str, Any] = field(default_factory=dict)
+
+
+class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
+    """Makes GPU kernels exist and reports on them. Implementations do the I/O.
+
+    The broker (``hubext.broker.GPUBroker``) is the only caller: it decides *whether* a kernel
+    may have a slice (through the allocator); a launcher only makes the kernel exist with the
+    slice it was given, and answers what became of it.
+    """
+
+    kernel_cmd = List(
+        Unicode(),
+        config=True,
+        help="""The kernel's command line; '{connection_file}' is replaced by the path of the
+        connection file. Default: the Python of the launcher ('python' in pods) running
+        ipykernel_launcher.""",
+    )
+
+    def __init__(
+        self,
+        pool: PoolBackend | None = None,
+        priority_value: Callable[[str | None], int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        #: the pool backend of this mode (the launcher writes what holders need through it)
+        self.pool = pool
+        self._priority_value = priority_value
+
+    def priority_value(self, priority_class: str | None) -> int:
+        """The numeric priority the shim enforces for an admission priority class (0 when unknown)."""
+        return self._priority_value(priority_class) if self._priority_value is not None else 0
+
+    @abstractmethod
+    async def start(self) -> list[KernelRecord]:
+        """Connect, and return the kernels that exist (the ledger), so a restarted hub keeps them.
+
+        Called once by ``GPUBroker._start``."""
+
+    @abstractmethod
+    async def server_ref(self, spawner: Any) -> ServerRef:
+        """Describe the user's running server (``spawner``) that will own a kernel.
+
+        Called by ``GPUBroker.create`` and ``GPUBroker.restart``."""
+
+    @abstractmethod
+    async def server_alive(self, record: KernelRecord, spawner: Any | None) -> bool:
+        """Whether the server instance that owns ``record`` still exists (None: no spawner).
+
+        Called by ``GPUBroker.reconcile``."""
+
+    @abstractmethod
+    async def launch(self, record: KernelRecord, allocation: Allocation, key: str, server: ServerRef) -> None:
+        """Create the kernel; fill ``record`` (ip, ports, holder, state). Leaves nothing behind on error.
+
+        Called by ``GPUBroker.create`` after admission granted ``allocation``."""
+
+    @abstractmethod
+    async def restart(self, record: KernelRecord, allocation: Allocation, server: ServerRef | None) -> None:
+        """Start a new kernel process in the same allocation (new ports), then stop the old one.
+
+        Called by ``GPUBroker.restart``."""
+
+    @abstractmethod
+    async def refresh(self, record: KernelRecord) -> None:
+        """Update ``record.state``/``reason``/``ip`` from what really runs.
+
+        Called by ``GPUBroker.status`` and ``GPUBroker.reconcile``."""
+
+    @abstractmethod
+    async def delete(self, record: KernelRecord) -> None:
+        """Stop the kernel and remove everything made for it. Idempotent.
+
+        Called by ``GPUBroker.delete``, on a failed launch, and when the kernel's slice is preempted."""
+
+    async def interrupt(self, record: KernelRecord) -> bool:
+        """Interrupt by signal where possible; False when this launcher cannot (use the control channel).
+
+        Called by ``GPUBroker.interrupt``."""
+        return False
+
+    @abstractmethod
+    async def sweep(self, known: set[str]) -> list[str]:
+        """Delete kernels (processes, pods and their objects) whose id is not in ``known``; return their ids.
+
+        Called by ``GPUBroker.reconcile``."""
+
+    async def stop(self) -> None:
+        """Release connections. Called by ``GPUBroker.stop``."""
+
+    def persist(self, records: Iterable[KernelRecord]) -> None:
+        """Save the kernel ledger where the mode keeps one (local); no-op where the pods are the ledger.
+
+        Called by the broker after every change of a kernel record."""
+
+
+class PoolBackend(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
+    """Inventory + ledger of one mode. Implementations do the I/O; admission stays in ``quotas``.
+
+    The allocator (``hubext.allocator.GPUAllocator``) is the only caller of the ledger methods.
+    """
+
+    #: the mode's name ('kubernetes', 'local'): spawners check that they run with their mode's pool
+    mode: ClassVar[str] = ""
+    #: the kernel launcher of this mode (the broker's default ``launcher_class``)
+    launcher_class: ClassVar[type[KernelLauncher]]
+
+    #: True when the inventory is simulated (no real GPU); pages and the spawn form say so.
+    simulated: bool = False
+
+    @abstractmethod
+    async def start(self, on_gone: GoneCallback) -> None:
+        """Connect, and begin noticing holders that disappear (``on_gone(allocation_id, why)``).
+
+        Called once by ``GPUAllocator._start`` (retried with backoff when it fails)."""
+
+    @abstractmethod
+    async def inventory(self) -> Pool:
+        """The GPUs that can be allocated now. Called by ``GPUAllocator`` at start and on refresh."""
+
+    @abstractmethod
+    async def allocations(self) -> list[Allocation]:
+        """The ledger: allocations whose holder still exists. Called once by ``GPUAllocator._start``."""
+
+    @abstractmethod
+    async def record(self, allocation: Allocation) -> None:
+        """Persist a newly granted allocation (before its holder exists). Called by ``GPUAllocator``."""
+
+    @abstractmethod
+    async def bind(self, allocation_id: str, holder: str) -> None:
+        """Tie an allocation to its holder (a pod name, a process id).
+
+        Called by ``GPUAllocator.bind`` (spawners after start, the broker after a launch)."""
+
+    @abstractmethod
+    async def forget(self, allocation_id: str) -> None:
+        """Drop an allocation from the ledger (its holder has stopped). Called by ``GPUAllocator``."""
+
+    @abstractmethod
+    async def evict(self, allocation: Allocation, reason: str) -> None:
+        """Stop the holder of ``allocation`` because it is preempted; record ``reason`` where admins look.
+
+        Called by ``GPUAllocator`` when a decision names victims."""
+
+    async def stop(self) -> None:
+        """Release connections and watches. Called when the hub shuts down."""
+
+    def events(self, limit: int = 20) -> list[dict[str, Any]]:
+        """Recent preemptions, newest first (the admin page); [] where the mode keeps them elsewhere."""
+        return []
+
+    def activity(self) -> dict[str, dict[str, int]]:
+        """Per GPU uuid: utilization_percent and memory_used_mib where the hub can read them ({} else)."""
+        return {}

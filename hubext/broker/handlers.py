@@ -1,0 +1,221 @@
+"""The broker's REST handlers (under ``/hub/api``), its scopes, and how a hub config registers them.
+
+Authorization uses JupyterHub scopes. ``custom:elastic-gpu:kernels`` with a user filter
+(``!user``) lets a token act on that user's kernels only; the user role holds it for its own
+user and servers' tokens request it (``c.Spawner.server_token_scopes``).
+``custom:elastic-gpu:admin`` (or ``admin:users``) acts on everyone's. Every refusal is JSON
+``{"status": ..., "message": ...}`` with a 4xx status.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyterhub.apihandlers.base import APIHandler
+from tornado import web
+
+from ..kernels import KernelRecord
+from .core import GPUBroker, start_with_hub
+from .sizes import BrokerError
+
+KERNELS_SCOPE = "custom:elastic-gpu:kernels"
+ADMIN_SCOPE = "custom:elastic-gpu:admin"
+
+#: for ``c.JupyterHub.custom_scopes``
+CUSTOM_SCOPES: dict[str, dict[str, Any]] = {
+    KERNELS_SCOPE: {
+        "description": "Create, read, interrupt, restart and delete GPU kernels.",
+    },
+    ADMIN_SCOPE: {
+        "description": "List, read and delete every user's GPU kernels.",
+        "subscopes": [KERNELS_SCOPE],
+    },
+}
+#: for ``c.JupyterHub.extra_user_scopes``: every user holds the kernel scope for themself
+USER_SCOPES: list[str] = [f"{KERNELS_SCOPE}!user"]
+#: added to ``c.Spawner.server_token_scopes``: a server's token acts for its own user only
+SERVER_TOKEN_SCOPES: list[str] = [f"{KERNELS_SCOPE}!user"]
+
+
+class BrokerAPIHandler(APIHandler):
+    """Shared auth and error rendering of the broker's endpoints."""
+
+    @property
+    def broker(self) -> GPUBroker:
+        return GPUBroker.instance(config=self.settings.get("config"), log=self.log)
+
+    async def prepare(self) -> None:
+        await super().prepare()
+        if self.current_user is None:
+            raise web.HTTPError(403, "Missing or invalid credentials.")
+        try:
+            await self.broker.ensure_started(self.users)
+        except BrokerError:
+            raise
+        except Exception as e:
+            self.log.exception("GPU broker failed to start")
+            raise BrokerError(f"The GPU broker could not start: {e}", 503) from None
+
+    # ---- who may do what ---------------------------------------------------------------------
+
+    @property
+    def is_gpu_admin(self) -> bool:
+        return self.has_scope(ADMIN_SCOPE) or self.has_scope("admin:users")
+
+    def may_act_for(self, user_name: str) -> bool:
+        return self.is_gpu_admin or self.has_scope(f"{KERNELS_SCOPE}!user={user_name}")
+
+    def caller_name(self) -> str:
+        user = self.current_user
+        return user.name if getattr(user, "kind", "user") == "user" else ""
+
+    def caller_groups(self) -> set[str] | None:
+        """Groups of the calling user for size visibility (None: every size, for admins and services
+        holding the kernel scope for everyone, e.g. the kernelspec installer of `elastic-gpu up`)."""
+        if self.is_gpu_admin or self.has_scope(KERNELS_SCOPE):
+            return None
+        user = self.current_user
+        return {g.name for g in getattr(user, "groups", [])}
+
+    def require_any_kernel_scope(self) -> None:
+        if not (self.is_gpu_admin or KERNELS_SCOPE in self.parsed_scopes):
+            raise BrokerError(
+                f"This token may not use GPU kernels: it lacks the scope {KERNELS_SCOPE}. "
+                "Use the server's own token (JUPYTERHUB_API_TOKEN) or ask an admin to grant the scope.",
+                403,
+            )
+
+    def find_kernel(self, kernel_id: str) -> KernelRecord:
+        record = self.broker.kernels.get(kernel_id)
+        if record is None or not self.may_act_for(record.user):
+            # the same answer for "not yours" and "does not exist": ids are not disclosed
+            raise BrokerError(f"No GPU kernel {kernel_id!r}.", 404)
+        return record
+
+    def json_body(self) -> dict[str, Any]:
+        body = self.get_json_body()
+        if body is None:
+            return {}
+        if not isinstance(body, dict):
+            raise BrokerError("The request body must be a JSON object.")
+        return body
+
+    def wait_arg(self) -> float:
+        raw = self.get_argument("wait", "0")
+        try:
+            return float(raw)
+        except ValueError:
+            raise BrokerError(f"'wait' must be a number of seconds, got {raw!r}.") from None
+
+
+class KernelSizesHandler(BrokerAPIHandler):
+    """GET /hub/api/gpu/kernel-sizes"""
+
+    async def get(self) -> None:
+        self.require_any_kernel_scope()
+        sizes = self.broker.sizes_for(self.caller_groups())
+        self.finish(
+            json.dumps(
+                {
+                    "sizes": [{"name": s["name"], "display_name": s["display_name"], **s["gpu"]} for s in sizes],
+                    "custom_allowed": self.broker.allow_custom_gpu,
+                    "simulated": bool(getattr(self.broker.allocator.backend, "simulated", False)),
+                }
+            )
+        )
+
+
+class KernelsHandler(BrokerAPIHandler):
+    """GET (list) and POST (create) /hub/api/gpu/kernels"""
+
+    async def get(self) -> None:
+        self.require_any_kernel_scope()
+        wanted = self.get_argument("user", "")
+        if wanted:
+            if not self.may_act_for(wanted):
+                raise BrokerError(f"You may not list the GPU kernels of {wanted!r}.", 403)
+            users = {wanted}
+        elif self.is_gpu_admin:
+            users = None
+        else:
+            name = self.caller_name()
+            if not name or not self.may_act_for(name):
+                raise BrokerError("Name the user whose kernels to list: ?user=<name>.", 400)
+            users = {name}
+        kernels = [r.model() for r in self.broker.kernels.values() if users is None or r.user in users]
+        kernels.sort(key=lambda m: m["created_at"])
+        self.finish(json.dumps({"kernels": kernels}))
+
+    async def post(self) -> None:
+        self.require_any_kernel_scope()
+        body = self.json_body()
+        user_name = body.get("user") or self.caller_name()
+        if not isinstance(user_name, str) or not user_name:
+            raise BrokerError("Name the user the kernel is for: 'user'.")
+        if not self.may_act_for(user_name):
+            raise BrokerError(f"You may not start GPU kernels for {user_name!r}.", 403)
+        server_name = body.get("server_name", "")
+        if not isinstance(server_name, str):
+            raise BrokerError("'server_name' must be a string ('' is the default server).")
+        if not self.is_gpu_admin and not self.has_scope(f"access:servers!server={user_name}/{server_name}"):
+            raise BrokerError(f"This token does not belong to the server {user_name}/{server_name}.", 403)
+        groups = self.caller_groups()
+        if groups is not None and user_name != self.caller_name():
+            groups = set()
+        record = await self.broker.create(user_name, server_name, body, groups)
+        self.set_status(201)
+        self.finish(json.dumps(record.model()))
+
+
+class KernelHandler(BrokerAPIHandler):
+    """GET and DELETE /hub/api/gpu/kernels/<id>"""
+
+    async def get(self, kernel_id: str) -> None:
+        record = self.find_kernel(kernel_id)
+        record = await self.broker.status(record, self.wait_arg())
+        self.finish(json.dumps(record.model()))
+
+    async def delete(self, kernel_id: str) -> None:
+        record = self.find_kernel(kernel_id)
+        who = self.caller_name() or getattr(self.current_user, "name", "a service")
+        reason = self.get_argument("reason", "")[:200]
+        await self.broker.delete(record, f"kernel shut down by {who}" + (f": {reason}" if reason else ""))
+        self.set_status(204)
+        self.finish()
+
+
+class KernelActionHandler(BrokerAPIHandler):
+    """POST /hub/api/gpu/kernels/<id>/(restart|interrupt)"""
+
+    async def post(self, kernel_id: str, action: str) -> None:
+        record = self.find_kernel(kernel_id)
+        if action == "restart":
+            record = await self.broker.restart(record)
+            self.finish(json.dumps(record.model()))
+        else:
+            await self.broker.interrupt(record)
+            self.set_status(204)
+            self.finish()
+
+
+#: for ``c.JupyterHub.extra_handlers`` (patterns are under the hub prefix, /hub)
+BROKER_HANDLERS: list[tuple[str, type]] = [
+    (r"/api/gpu/kernel-sizes", KernelSizesHandler),
+    (r"/api/gpu/kernels", KernelsHandler),
+    (r"/api/gpu/kernels/([0-9a-f]{32})", KernelHandler),
+    (r"/api/gpu/kernels/([0-9a-f]{32})/(restart|interrupt)", KernelActionHandler),
+]
+
+
+def configure(c: Any) -> None:
+    """Register the broker's handlers, scopes and start-up in a JupyterHub config ``c``."""
+    c.JupyterHub.extra_handlers = list(c.JupyterHub.get("extra_handlers", [])) + BROKER_HANDLERS
+    c.JupyterHub.custom_scopes = {**dict(c.JupyterHub.get("custom_scopes", {})), **CUSTOM_SCOPES}
+    c.JupyterHub.extra_user_scopes = set(c.JupyterHub.get("extra_user_scopes", set())) | set(USER_SCOPES)
+    existing = c.Spawner.get("server_token_scopes", None)
+    base = (
+        list(existing) if isinstance(existing, list | tuple | set) else ["access:servers!server", "users:activity!user"]
+    )
+    c.Spawner.server_token_scopes = sorted({*base, *SERVER_TOKEN_SCOPES})
+    start_with_hub()

@@ -1,0 +1,92 @@
+"""GPU kernel sizes: the admin's ``GPUBroker.kernel_sizes``, checked, and the broker's refusals."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from tornado import web
+
+from ..contract import mib_text
+from ..gpu_spawner import validate_gpu_section
+
+SIZE_KEYS = {
+    "name",
+    "display_name",
+    "memory_mib",
+    "cores_percent",
+    "count",
+    "priority_class",
+    "model",
+    "whole",
+    "allowed_groups",
+    "mig_profile",
+}
+SIGNATURE_SCHEMES = tuple(f"hmac-{name}" for name in ("sha256", "sha512", "sha384", "sha224", "sha1", "md5"))
+_NAME_OK = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+
+
+class BrokerError(web.HTTPError):
+    """A refusal the caller can act on: JupyterHub renders it as ``{"status", "message"}``.
+
+    The message is passed as an argument of ``%s``, never as the format itself, so a ``%`` in
+    it reaches the caller as written (tornado would double it)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(status, "%s", message)
+        self.message = message
+        self.status = status
+        self.jupyterhub_message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def validate_sizes(sizes: Any) -> list[dict[str, Any]]:
+    """Check ``GPUBroker.kernel_sizes``; raise BrokerError(500) naming the bad entry and key."""
+    if not isinstance(sizes, list):
+        raise BrokerError(f"GPUBroker.kernel_sizes must be a list of sizes, got {sizes!r}", 500)
+    out, seen = [], set()
+    for i, size in enumerate(sizes):
+        where = f"GPUBroker.kernel_sizes[{i}]"
+        if not isinstance(size, Mapping):
+            raise BrokerError(f"{where} must be a mapping with keys {sorted(SIZE_KEYS)}, got {size!r}", 500)
+        unknown = sorted(set(size) - SIZE_KEYS)
+        if unknown:
+            raise BrokerError(
+                f"{where} has unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(SIZE_KEYS))}", 500
+            )
+        name = size.get("name")
+        if not isinstance(name, str) or not _NAME_OK.match(name):
+            raise BrokerError(f"{where}.name must be lowercase letters, digits and '-' (at most 40), got {name!r}", 500)
+        if name in seen:
+            raise BrokerError(f"{where}.name {name!r} is used twice", 500)
+        seen.add(name)
+        section = {k: v for k, v in size.items() if k not in ("name", "display_name", "allowed_groups")}
+        try:
+            validate_gpu_section(section, f"{where} ({name})")
+        except ValueError as e:
+            raise BrokerError(str(e), 500) from None
+        if not section.get("whole") and not section.get("mig_profile"):
+            mem, cores = section.get("memory_mib", 0), section.get("cores_percent", 0)
+            if mem <= 0 or not 1 <= cores <= 100:
+                raise BrokerError(
+                    f"{where} ({name}) needs memory_mib > 0 and cores_percent in 1..100, got {mem} and {cores}", 500
+                )
+        groups = size.get("allowed_groups", [])
+        if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+            raise BrokerError(f"{where}.allowed_groups must be a list of group names, got {groups!r}", 500)
+        display = size.get("display_name") or _default_display(section)
+        out.append({**size, "display_name": display, "gpu": section})
+    return out
+
+
+def _default_display(section: Mapping[str, Any]) -> str:
+    if section.get("whole"):
+        n = section.get("count", 1)
+        return f"{n} whole GPU{'s' if n != 1 else ''}"
+    text = f"GPU {mib_text(section.get('memory_mib', 0))}"
+    if section.get("count", 1) > 1:
+        text = f"{section['count']}x {text}"
+    return text

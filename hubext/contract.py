@@ -1,0 +1,332 @@
+"""The contract between the hub, the pods and processes that hold slices, and the node agent.
+
+One place for every format that crosses a process boundary:
+
+- pod labels and annotations (the Kubernetes ledger: pods carry their allocation in labels,
+  selectable, and annotations, exact) and the node inventory annotation;
+- the allocation codec (one JSON-ready dict form, used by the local ledger, the APIs and the CLI);
+- the shim's limits file and environment names (what libvgpu reads);
+- the GPU activity record (what the node agent publishes and the culler reads);
+- the GPU model name derived from NVML's product name (the local pool and the node agent);
+- the text of memory sizes shown to people.
+
+The node agent (``libvgpu.agent``) imports this module; it must stay free of JupyterHub imports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from jupyter_client.connect import port_names as _jupyter_port_names
+
+from quotas import GPU, Allocation, Owner, Pool
+from quotas.config import KNOWN_MODELS
+
+PREFIX = "elastic-gpu.jupyter.org/"
+
+MANAGED = PREFIX + "managed"
+ALLOCATION_ID = PREFIX + "allocation-id"
+USER = PREFIX + "user"
+WORKSPACE = PREFIX + "workspace"
+NAMESPACE = PREFIX + "namespace"
+PRIORITY_CLASS = PREFIX + "priority-class"
+KIND = PREFIX + "kind"
+SERVER = PREFIX + "server"
+
+# annotations (exact values; labels are escaped to be valid label values)
+A_USER = PREFIX + "user-name"
+A_WORKSPACE = PREFIX + "workspace-name"
+A_NAMESPACE = PREFIX + "namespace-name"
+A_GPU_UUIDS = PREFIX + "gpu-uuids"
+A_NODE = PREFIX + "node"
+A_MEMORY_MIB = PREFIX + "memory-mib"
+A_CORES_PERCENT = PREFIX + "cores-percent"
+A_BORROWED = PREFIX + "borrowed"
+A_WHOLE = PREFIX + "whole"
+A_CREATED_AT = PREFIX + "created-at"
+A_LIMITS = PREFIX + "limits"
+
+A_BACKEND = PREFIX + "backend"
+A_SECTION = PREFIX + "section"
+
+# kernel pods (the broker's): label = the broker's kernel id, shared by all generations of one kernel
+KERNEL_ID = PREFIX + "kernel-id"
+A_KERNEL_ID = PREFIX + "kernel-id"
+A_SERVER_NAME = PREFIX + "server-name"
+A_SERVER_IDENTITY = PREFIX + "server-identity"
+A_GENERATION = PREFIX + "generation"
+A_PORTS = PREFIX + "ports"
+A_SIZE = PREFIX + "size"
+A_SIGNATURE_SCHEME = PREFIX + "signature-scheme"
+A_KERNEL_CREATED_AT = PREFIX + "kernel-created-at"
+A_JUPYTER_KERNEL_ID = PREFIX + "jupyter-kernel-id"
+
+# node inventory published by the node agent
+NODE_GPU_LABEL = PREFIX + "gpu-node"
+NODE_GPUS_ANNOTATION = PREFIX + "gpus"
+# a GPU pod's GPU activity, published by the node agent, read by the broker (for the culler):
+# compact JSON {"last_launch": unix s | null, "memory_used_mib": int, "updated_at": unix s}
+A_GPU_ACTIVITY = PREFIX + "gpu-activity"
+
+_LABEL_OK = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
+
+
+def label_value(value: str) -> str:
+    """A valid Kubernetes label value for any string (exact when already valid, else a stable slug)."""
+    if _LABEL_OK.match(value):
+        return value
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", value).strip("-_.")[:40] or "x"
+    digest = hashlib.sha256(value.encode()).hexdigest()[:8]
+    return f"{slug}-{digest}"
+
+
+def allocation_labels(allocation: Allocation, server: str = "") -> dict[str, str]:
+    """Labels that make a pod selectable as holder of ``allocation``."""
+    labels = {
+        MANAGED: "true",
+        ALLOCATION_ID: label_value(allocation.id),
+        USER: label_value(allocation.owner.user),
+        WORKSPACE: label_value(allocation.owner.workspace),
+        NAMESPACE: label_value(allocation.owner.namespace),
+        PRIORITY_CLASS: label_value(allocation.priority_class),
+        KIND: allocation.kind,
+    }
+    if server:
+        labels[SERVER] = label_value(server)
+    return labels
+
+
+def allocation_annotations(allocation: Allocation) -> dict[str, str]:
+    """Annotations that record ``allocation`` exactly, so a restarted hub can rebuild its ledger."""
+    return {
+        ALLOCATION_ID: allocation.id,
+        A_USER: allocation.owner.user,
+        A_WORKSPACE: allocation.owner.workspace,
+        A_NAMESPACE: allocation.owner.namespace,
+        A_GPU_UUIDS: ",".join(allocation.gpu_uuids),
+        A_NODE: allocation.node,
+        A_MEMORY_MIB: str(allocation.memory_mib),
+        A_CORES_PERCENT: str(allocation.cores_percent),
+        A_BORROWED: "true" if allocation.borrowed else "false",
+        A_WHOLE: "true" if allocation.whole else "false",
+        A_CREATED_AT: repr(allocation.created_at),
+        PRIORITY_CLASS: allocation.priority_class,
+        KIND: allocation.kind,
+    }
+
+
+def allocation_from_metadata(
+    labels: Mapping[str, str] | None, annotations: Mapping[str, str] | None
+) -> Allocation | None:
+    """The allocation a pod holds, or None when the pod is not ours or its record is damaged."""
+    labels = labels or {}
+    annotations = annotations or {}
+    if labels.get(MANAGED) != "true" or ALLOCATION_ID not in annotations:
+        return None
+    try:
+        return Allocation(
+            id=annotations[ALLOCATION_ID],
+            owner=Owner(
+                user=annotations[A_USER],
+                namespace=annotations[A_NAMESPACE],
+                workspace=annotations[A_WORKSPACE],
+            ),
+            node=annotations[A_NODE],
+            gpu_uuids=tuple(u for u in annotations[A_GPU_UUIDS].split(",") if u),
+            memory_mib=int(annotations[A_MEMORY_MIB]),
+            cores_percent=int(annotations[A_CORES_PERCENT]),
+            priority_class=annotations[PRIORITY_CLASS],
+            whole=annotations.get(A_WHOLE) == "true",
+            borrowed=annotations.get(A_BORROWED) == "true",
+            kind=annotations.get(KIND, "notebook"),
+            created_at=float(annotations.get(A_CREATED_AT, "0")),
+        )
+    except (KeyError, ValueError):
+        return None
+
+
+def limits_file_text(
+    allocation: Allocation,
+    priority_value: int,
+    *,
+    container_region: str = "",
+    node_region_dir: str = "",
+    activity_file: str = "",
+) -> str:
+    """The shim's read-only limits file (libvgpu's key=value format) for ``allocation``.
+
+    GPU indices are container-relative: the container sees only its granted GPUs, in order.
+    Region paths live here too, not only in env vars a user could change; ``name`` ties the
+    shim's regions to the allocation for the node agent and the culler.
+    """
+    lines = [f"# elastic-gpu allocation {allocation.id}", f"name={allocation.id}"]
+    for index, _uuid in enumerate(allocation.gpu_uuids):
+        if not allocation.whole:
+            lines.append(f"memory_mib.{index}={allocation.memory_mib}")
+            lines.append(f"cores_percent.{index}={allocation.cores_percent}")
+    lines.append(f"priority={priority_value}")
+    for key, value in (
+        ("container_region", container_region),
+        ("node_region_dir", node_region_dir),
+        ("activity_file", activity_file),
+    ):
+        if value:
+            lines.append(f"{key}={value}")
+    return "\n".join(lines) + "\n"
+
+
+# ---- the shim's environment (libvgpu reads these; the limits file wins where both say) -------
+
+ENV_CONFIG = "LIBVGPU_CONFIG"
+ENV_CONTAINER_REGION = "LIBVGPU_CONTAINER_REGION"
+ENV_NODE_REGION_DIR = "LIBVGPU_NODE_REGION_DIR"
+ENV_ALLOCATION_ID = "ELASTIC_GPU_ALLOCATION_ID"
+ENV_KERNEL_ID = "ELASTIC_GPU_KERNEL_ID"
+
+#: the ZMQ channels of a kernel, in jupyter_client's order (connection files, broker models)
+PORT_NAMES: tuple[str, ...] = tuple(_jupyter_port_names)
+
+
+# ---- the allocation codec (JSON-ready dicts) ----------------------------------------------------
+
+
+def allocation_to_dict(allocation: Allocation) -> dict[str, Any]:
+    """A JSON-ready dict of an allocation (the local ledger's, the APIs' and the CLI's format)."""
+    return {
+        "id": allocation.id,
+        "user": allocation.owner.user,
+        "namespace": allocation.owner.namespace,
+        "workspace": allocation.owner.workspace,
+        "node": allocation.node,
+        "gpu_uuids": list(allocation.gpu_uuids),
+        "memory_mib": allocation.memory_mib,
+        "cores_percent": allocation.cores_percent,
+        "priority_class": allocation.priority_class,
+        "whole": allocation.whole,
+        "borrowed": allocation.borrowed,
+        "kind": allocation.kind,
+        "created_at": allocation.created_at,
+    }
+
+
+def allocation_from_dict(data: Mapping[str, Any]) -> Allocation:
+    """The inverse of :func:`allocation_to_dict`."""
+    return Allocation(
+        id=data["id"],
+        owner=Owner(user=data["user"], namespace=data["namespace"], workspace=data["workspace"]),
+        node=data["node"],
+        gpu_uuids=tuple(data["gpu_uuids"]),
+        memory_mib=int(data["memory_mib"]),
+        cores_percent=int(data["cores_percent"]),
+        priority_class=data["priority_class"],
+        whole=bool(data.get("whole", False)),
+        borrowed=bool(data.get("borrowed", False)),
+        kind=data.get("kind", "notebook"),
+        created_at=float(data.get("created_at", 0.0)),
+    )
+
+
+def gpu_to_dict(gpu: GPU) -> dict[str, Any]:
+    """A GPU in ``quotas.load_pool``'s format."""
+    return {
+        "uuid": gpu.uuid,
+        "model": gpu.model,
+        "memory_mib": gpu.memory_mib,
+        "sm_count": gpu.sm_count,
+        "mode": getattr(gpu.mode, "value", str(gpu.mode)),
+        "mig_profiles": list(gpu.mig_profiles),
+        "index": gpu.index,
+        "memory_oversub": gpu.memory_oversub,
+        "cores_oversub": gpu.cores_oversub,
+    }
+
+
+def pool_to_dict(pool: Pool) -> list[dict[str, Any]]:
+    """Nodes and their GPUs in ``quotas.load_pool``'s format."""
+    return [{"name": node.name, "gpus": [gpu_to_dict(g) for g in node.gpus]} for node in pool.nodes]
+
+
+# ---- GPU model names -----------------------------------------------------------------------------
+
+_VENDOR = {"NVIDIA", "TESLA", "GEFORCE", "QUADRO"}
+_FORM = re.compile(r"^(SXM\d*|PCIE|HBM\d*E?|NVL|NVLINK|GPU|MIG)$", re.IGNORECASE)
+_GB = re.compile(r"^(\d+)GB$", re.IGNORECASE)
+
+
+def model_name(nvml_name: str, memory_mib: int) -> str:
+    """NVML's product name as the pool's model string: ``"NVIDIA H100 80GB HBM3"`` -> ``"H100-80GB"``,
+    ``"NVIDIA A100-SXM4-40GB"`` -> ``"A100-40GB"``, ``"Tesla T4"`` -> ``"T4-16GB"``.
+
+    The one definition, used by the local pool and the node agent, so a profile's ``model``
+    means the same card in both modes (and matches the simulated pool's names).
+    The size comes from the name when it has one, else from the model table of ``quotas``
+    (nominal size, when NVML's figure is within 10 % below it), else from the memory NVML
+    reports, rounded to GiB (``"NVIDIA H100 NVL"`` with 95830 MiB -> ``"H100-94GB"``).
+    """
+    tokens = [t for t in re.split(r"[\s\-_]+", nvml_name.strip()) if t]
+    words: list[str] = []
+    size: str | None = None
+    for token in tokens:
+        if token.upper() in _VENDOR or _FORM.match(token):
+            continue
+        match = _GB.match(token)
+        if match:
+            size = size or match.group(1)
+            continue
+        words.append(token)
+    base = "-".join(words) or "GPU"
+    if size is None:
+        known = KNOWN_MODELS.get(base.upper())
+        # the nominal size when NVML's figure is that card's (a little less: reserved memory)
+        if known and 0.9 * known[0] * 1024 <= memory_mib <= known[0] * 1024:
+            size = str(int(known[0]))
+        else:
+            size = str(max(1, round(memory_mib / 1024)))
+    return f"{base}-{size}GB"
+
+
+# ---- sizes as people read them -------------------------------------------------------------------
+
+
+def mib_text(mib: int | float | None) -> str:
+    """``20480`` -> ``"20 GiB"``, ``1536`` -> ``"1.5 GiB"``, ``500`` -> ``"500 MiB"``, None -> ``"-"``."""
+    if mib is None:
+        return "-"
+    if mib < 1024:
+        return f"{int(mib)} MiB"
+    return f"{mib / 1024:.4g} GiB"
+
+
+# ---- the GPU activity record ------------------------------------------------------------------
+
+
+def gpu_activity(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
+    """``{last_launch, memory_used_mib}`` from a GPU activity record (the node agent's
+    ``gpu-activity`` annotation, JSON text, or an already parsed mapping).
+
+    ``{}`` (unknown to the culler) when there is none or it is not what the agent writes.
+    """
+    if not value:
+        return {}
+    data: Any = value
+    if isinstance(value, str):
+        try:
+            data = json.loads(value)
+        except ValueError:
+            return {}
+    if not isinstance(data, Mapping):
+        return {}
+    last, used = data.get("last_launch"), data.get("memory_used_mib")
+    number = (int, float)
+    if last is not None and (
+        isinstance(last, bool) or not isinstance(last, number) or not math.isfinite(last) or last < 0
+    ):
+        return {}
+    if isinstance(used, bool) or not isinstance(used, int) or used < 0:
+        return {}
+    return {"last_launch": last, "memory_used_mib": used}

@@ -1,0 +1,549 @@
+"""GPU kernels as pods (Kubernetes mode).
+
+A kernel pod holds the slice (written by :func:`~hubext.kubernetes.objects.apply_gpu_to_pod`),
+its connection key in a Secret mounted as a file, owned by the user's server pod (so Kubernetes
+garbage-collects it with the server), no service account token, and a per-kernel
+NetworkPolicy admitting only the user's server. The labelled pods are the ledger.
+
+A kernel keeps its slice across restarts: a restart creates the next generation's pod first
+(new ports, same allocation), then deletes the old one, so the allocation always has a live holder.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from typing import Any
+
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
+
+from quotas import Allocation
+
+from .. import contract as C
+from ..backends import KernelLauncher, LaunchError, ServerRef
+from ..kernels import KernelRecord
+from .objects import (
+    apply_gpu_to_pod,
+    kernel_base_name,
+    kernel_pod_name,
+    kernel_ports,
+    make_kernel_network_policy,
+    make_kernel_pod,
+    make_kernel_secret,
+    owner_references,
+)
+
+#: container waiting reasons that will not resolve by waiting
+_FATAL_WAITING = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "CrashLoopBackOff",
+}
+
+
+class KubernetesKernelLauncher(KernelLauncher):
+    """GPU kernels as pods. The hub's service account needs pods, secrets and networkpolicies rights
+    in the users' namespace (the Helm chart grants them); kernel pods need none."""
+
+    namespace = Unicode(
+        "",
+        config=True,
+        help="Namespace of kernel pods. Default: the user's server pod's namespace, else $POD_NAMESPACE or 'default'.",
+    )
+    image = Unicode(
+        "quay.io/jupyter/pytorch-notebook:cuda12-latest",
+        config=True,
+        help="Container image of kernel pods (must have python and ipykernel).",
+    )
+    image_pull_policy = Unicode("IfNotPresent", config=True, help="imagePullPolicy of kernel pods.")
+    service_account = Unicode(
+        "",
+        config=True,
+        help="serviceAccountName of kernel pods (its token is never mounted). Empty: the namespace default.",
+    )
+    cpu_request = Unicode("", config=True, help="CPU request of the kernel container, e.g. '500m' (empty: none).")
+    memory_request = Unicode("", config=True, help="Memory request of the kernel container, e.g. '1Gi' (empty: none).")
+    memory_limit = Unicode("", config=True, help="Memory limit of the kernel container, e.g. '8Gi' (empty: none).")
+    extra_pod_labels = Dict(Unicode(), config=True, help="Extra labels for kernel pods.")
+    environment = Dict(Unicode(), config=True, help="Extra environment variables of kernel containers.")
+    network_policy = Bool(
+        True,
+        config=True,
+        help="""Create a NetworkPolicy per kernel that admits ingress only from the user's server
+        pod (the chart's default-deny policy for kernel pods admits the hub). Default: True.""",
+    )
+    server_selector_labels = List(
+        Unicode(),
+        ["hub.jupyter.org/username", "hub.jupyter.org/servername", "component"],
+        config=True,
+        help="""Labels of the user's server pod that the per-kernel NetworkPolicy matches
+        (those present on the pod; when none is present, all its labels).""",
+    )
+    gpu_backend = Unicode(
+        "native",
+        config=True,
+        help="GPU backend of kernel pods when the user's spawner does not say ('native', 'hami', 'mig', 'whole').",
+    )
+    gpu_runtime_class = Unicode(
+        "nvidia", config=True, help="runtimeClassName for the 'native' backend when the spawner does not say."
+    )
+    gpu_priority_class_prefix = Unicode(
+        "elastic-gpu-", config=True, help="Prefix of the Kubernetes PriorityClass names when the spawner does not say."
+    )
+    gpu_host_dir = Unicode(
+        "/var/lib/elastic-gpu",
+        config=True,
+        help="Host directory of libvgpu on GPU nodes when the spawner does not say.",
+    )
+    unschedulable_grace_seconds = Float(
+        0.0,
+        config=True,
+        help="""Seconds a kernel pod may stay Unschedulable before the kernel fails with the
+        scheduler's message. 0 (default): fail at once — admission already placed it, so an
+        unschedulable kernel pod means a node problem, not a wait.""",
+    )
+    kernel_port_base = Integer(
+        50001,
+        config=True,
+        help="""First of the kernel pods' ZMQ ports. Each pod has its own address, so the ports are
+        fixed: base..base+4, and base+10..base+14 after a restart (alternating, so that
+        jupyter-server and JupyterLab see the ports change and reconnect). Default: 50001.""",
+    )
+    delete_grace_seconds = Integer(2, config=True, help="gracePeriodSeconds when deleting kernel pods. Default: 2.")
+    k8s_api_request_timeout = Float(10.0, config=True, help="Seconds to wait for one Kubernetes API call.")
+
+    @default("kernel_cmd")
+    def _default_kernel_cmd(self) -> list[str]:
+        return ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._unschedulable_since: dict[str, float] = {}
+
+    def pod_ports(self, generation: int) -> dict[str, int]:
+        """The ZMQ ports of a kernel pod of this generation (two alternating sets)."""
+        return kernel_ports(self.kernel_port_base, generation)
+
+    # ---- clients -----------------------------------------------------------------------
+
+    @property
+    def core(self):
+        from kubespawner.clients import shared_client
+
+        return shared_client("CoreV1Api")
+
+    @property
+    def networking(self):
+        from kubespawner.clients import shared_client
+
+        return shared_client("NetworkingV1Api")
+
+    def _ns(self, server_namespace: str = "") -> str:
+        if self.namespace or server_namespace:
+            return self.namespace or server_namespace
+        pool_ns = self.pool.namespace if self.pool is not None else ""
+        return pool_ns or os.environ.get("POD_NAMESPACE", "default")
+
+    async def _call(self, coro: Any) -> Any:
+        return await asyncio.wait_for(coro, self.k8s_api_request_timeout)
+
+    # ---- ledger ------------------------------------------------------------------------
+
+    async def start(self) -> list[KernelRecord]:
+        from kubespawner.clients import load_config
+
+        load_config()
+        selector = f"{C.KIND}=kernel,{C.MANAGED}=true"
+        ns = self._ns()
+        result = await self._call(self.core.list_namespaced_pod(ns, label_selector=selector))
+        newest: dict[str, Any] = {}
+        stale = []
+        for pod in result.items:
+            ann = pod.metadata.annotations or {}
+            kid = ann.get(C.A_KERNEL_ID)
+            if not kid:
+                continue
+            gen = int(ann.get(C.A_GENERATION, "0"))
+            other = newest.get(kid)
+            if other is None or gen > int(other.metadata.annotations.get(C.A_GENERATION, "0")):
+                if other is not None:
+                    stale.append(other)
+                newest[kid] = pod
+            else:
+                stale.append(pod)
+        for pod in stale:  # an interrupted restart left an older generation behind
+            await self._delete_pod(pod.metadata.name, pod.metadata.namespace)
+        records = []
+        for kid, pod in newest.items():
+            record = self._record_from_pod(kid, pod)
+            if record is not None:
+                records.append(record)
+        self.log.info("Kubernetes GPU kernels: %d kernel pods found in %s", len(records), ns)
+        return records
+
+    def _record_from_pod(self, kid: str, pod: Any) -> KernelRecord | None:
+        meta = pod.metadata
+        ann = meta.annotations or {}
+        allocation = C.allocation_from_metadata(meta.labels, ann)
+        if allocation is None:
+            return None
+        try:
+            ports = json.loads(ann.get(C.A_PORTS, "{}"))
+            section = json.loads(ann.get(C.A_SECTION, "{}"))
+        except ValueError:
+            ports, section = {}, {}
+        record = KernelRecord(
+            id=kid,
+            user=allocation.owner.user,
+            server_name=ann.get(C.A_SERVER_NAME, ""),
+            size=ann.get(C.A_SIZE, ""),
+            allocation_id=allocation.id,
+            section=section,
+            ports={k: int(v) for k, v in ports.items() if k in C.PORT_NAMES},
+            signature_scheme=ann.get(C.A_SIGNATURE_SCHEME, "hmac-sha256"),
+            server_identity=ann.get(C.A_SERVER_IDENTITY, ""),
+            holder=meta.name,
+            namespace=meta.namespace,
+            generation=int(ann.get(C.A_GENERATION, "0")),
+            created_at=float(ann.get(C.A_KERNEL_CREATED_AT, "0") or 0),
+            jupyter_kernel_id=ann.get(C.A_JUPYTER_KERNEL_ID, ""),
+        )
+        record.set_allocation(allocation)
+        self._apply_pod_status(record, pod)
+        return record
+
+    # ---- the user's server ---------------------------------------------------------------
+
+    async def server_ref(self, spawner: Any) -> ServerRef:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        pod_name = getattr(spawner, "pod_name", "")
+        namespace = getattr(spawner, "namespace", "") or self._ns()
+        ref = ServerRef(user=spawner.user.name, name=spawner.name or "", pod_name=pod_name, namespace=namespace)
+        for trait in ("gpu_backend", "gpu_runtime_class", "gpu_priority_class_prefix", "gpu_host_dir"):
+            if hasattr(spawner, trait):
+                ref.gpu_settings[trait] = getattr(spawner, trait)
+        if pod_name:
+            try:
+                pod = await self._call(self.core.read_namespaced_pod(pod_name, namespace))
+            except ApiException as e:
+                if e.status == 404:
+                    raise LaunchError(
+                        f"The server pod {pod_name} of {spawner.user.name} does not exist; start the server again.", 409
+                    ) from None
+                raise
+            ref.identity = _server_identity(pod)
+            ref.pod_uid = pod.metadata.uid or ""
+            ref.pod_labels = dict(pod.metadata.labels or {})
+        return ref
+
+    async def server_alive(self, record: KernelRecord, spawner: Any | None) -> bool:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        if spawner is None or not spawner.active:
+            return False
+        if spawner.pending:
+            return True
+        pod_name = getattr(spawner, "pod_name", "")
+        if not pod_name:
+            return await spawner.poll() is None
+        try:
+            pod = await self._call(
+                self.core.read_namespaced_pod(pod_name, getattr(spawner, "namespace", "") or record.namespace)
+            )
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        if record.server_identity and _server_identity(pod) != record.server_identity:
+            return False
+        if pod.metadata.deletion_timestamp is not None:
+            return False
+        if (pod.status.phase if pod.status else "") in ("Succeeded", "Failed"):
+            return False
+        notebook = _notebook_status(pod)
+        # a server container that is not running (exited, restarting) has lost its kernels
+        return notebook is None or notebook.state is None or notebook.state.running is not None
+
+    # ---- objects -------------------------------------------------------------------------
+
+    def _owners(self, server: ServerRef | None) -> list | None:
+        return owner_references(server.pod_name, server.pod_uid) if server is not None else None
+
+    def _network_policy(self, record: KernelRecord, server: ServerRef) -> Any:
+        chosen = {k: v for k, v in server.pod_labels.items() if k in self.server_selector_labels}
+        # both port sets: the policy outlives restarts, which alternate between them
+        ports = [p for g in (0, 1) for p in self.pod_ports(g).values()]
+        return make_kernel_network_policy(record, chosen or dict(server.pod_labels), ports, self._owners(server))
+
+    def _pod(self, record: KernelRecord, allocation: Allocation, server: ServerRef | None) -> Any:
+        settings = dict(server.gpu_settings) if server else {}
+        pod = make_kernel_pod(
+            record,
+            image=self.image,
+            image_pull_policy=self.image_pull_policy,
+            kernel_cmd=list(self.kernel_cmd),
+            service_account=self.service_account,
+            environment=dict(self.environment),
+            cpu_request=self.cpu_request,
+            memory_request=self.memory_request,
+            memory_limit=self.memory_limit,
+            extra_labels=dict(self.extra_pod_labels),
+            owners=self._owners(server),
+        )
+        apply_gpu_to_pod(
+            pod,
+            allocation,
+            backend=settings.get("gpu_backend", self.gpu_backend),
+            section=record.section,
+            priority_value=self.priority_value(allocation.priority_class),
+            priority_class_name=settings.get("gpu_priority_class_prefix", self.gpu_priority_class_prefix)
+            + allocation.priority_class,
+            runtime_class=settings.get("gpu_runtime_class", self.gpu_runtime_class),
+            host_dir=settings.get("gpu_host_dir", self.gpu_host_dir),
+            server=record.server_name,
+        )
+        return pod
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def launch(self, record: KernelRecord, allocation: Allocation, key: str, server: ServerRef) -> None:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        record.namespace = self._ns(server.namespace)
+        record.ports = self.pod_ports(record.generation)
+        record.server_identity = server.identity
+        created: list[tuple[str, str]] = []
+        try:
+            await self._call(
+                self.core.create_namespaced_secret(
+                    record.namespace, make_kernel_secret(record, key, self._owners(server))
+                )
+            )
+            created.append(("secret", kernel_base_name(record) + "-key"))
+            if self.network_policy and server.pod_labels:
+                try:
+                    await self._call(
+                        self.networking.create_namespaced_network_policy(
+                            record.namespace, self._network_policy(record, server)
+                        )
+                    )
+                except ApiException as e:
+                    if e.status == 404:
+                        raise LaunchError(
+                            "This cluster does not serve NetworkPolicies (networking.k8s.io/v1), so the "
+                            "GPU kernel could not be isolated. An admin can set "
+                            "KubernetesKernelLauncher.network_policy = False to run kernels without one.",
+                            500,
+                        ) from None
+                    raise
+                created.append(("networkpolicy", kernel_base_name(record) + "-ingress"))
+            pod = self._pod(record, allocation, server)
+            await self._call(self.core.create_namespaced_pod(record.namespace, pod))
+        except ApiException as e:
+            await self._cleanup(record.namespace, created)
+            raise LaunchError(f"The GPU kernel pod could not be created: {_api_message(e)}", 500) from None
+        except LaunchError:
+            await self._cleanup(record.namespace, created)
+            raise
+        except asyncio.TimeoutError:
+            await self._cleanup(record.namespace, created)
+            raise LaunchError(
+                "The Kubernetes API did not answer in time; the GPU kernel was not created.", 503
+            ) from None
+        except BaseException:
+            await self._cleanup(record.namespace, created)
+            raise
+        record.holder = kernel_pod_name(record)
+        record.state, record.reason = "pending", "waiting for the kernel pod to start"
+        self.log.info("GPU kernel %s of %s: pod %s/%s created", record.id, record.user, record.namespace, record.holder)
+
+    async def _cleanup(self, namespace: str, created: list[tuple[str, str]]) -> None:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        for kind, name in reversed(created):
+            try:
+                if kind == "secret":
+                    await self._call(self.core.delete_namespaced_secret(name, namespace))
+                elif kind == "networkpolicy":
+                    await self._call(self.networking.delete_namespaced_network_policy(name, namespace))
+                else:
+                    await self._delete_pod(name, namespace)
+            except (ApiException, asyncio.TimeoutError) as e:
+                if getattr(e, "status", None) != 404:
+                    self.log.warning("Could not delete %s %s/%s: %s", kind, namespace, name, e)
+
+    async def _delete_pod(self, name: str, namespace: str) -> None:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        try:
+            await self._call(
+                self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=self.delete_grace_seconds)
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    async def restart(self, record: KernelRecord, allocation: Allocation, server: ServerRef | None) -> None:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        old = record.holder
+        record.generation += 1
+        record.ports = self.pod_ports(record.generation)
+        record.ip, record.exit_code = "", None
+        pod = self._pod(record, allocation, server)
+        if server is None and old:  # keep the owner (the server pod) of the previous generation
+            try:
+                prev = await self._call(self.core.read_namespaced_pod(old, record.namespace))
+                pod.metadata.owner_references = prev.metadata.owner_references
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+        try:
+            await self._call(self.core.create_namespaced_pod(record.namespace, pod))
+        except ApiException as e:
+            record.generation -= 1
+            raise LaunchError(f"The GPU kernel pod could not be re-created: {_api_message(e)}", 500) from None
+        record.holder = kernel_pod_name(record)
+        record.state, record.reason = "pending", "waiting for the restarted kernel pod to start"
+        if old and old != record.holder:  # only now: the allocation always has a live holder
+            await self._delete_pod(old, record.namespace)
+        self.log.info("GPU kernel %s of %s restarted: pod %s (was %s)", record.id, record.user, record.holder, old)
+
+    def _apply_pod_status(self, record: KernelRecord, pod: Any) -> None:
+        record.activity = C.gpu_activity((pod.metadata.annotations or {}).get(C.A_GPU_ACTIVITY))
+        status = pod.status
+        phase = status.phase if status else "Pending"
+        record.ip = (status.pod_ip if status else "") or ""
+        if pod.metadata.deletion_timestamp is not None:
+            record.state, record.reason = "stopped", "the kernel pod is being deleted"
+            return
+        if phase == "Running":
+            record.state, record.reason = "running", ""
+            self._unschedulable_since.pop(record.id, None)
+            return
+        term = None
+        for cs in (status.container_statuses or []) if status else []:
+            state = cs.state
+            if state and state.waiting and state.waiting.reason in _FATAL_WAITING:
+                record.state = "failed"
+                record.reason = (
+                    f"the kernel container cannot start: {state.waiting.reason}: {state.waiting.message or ''}".strip(
+                        ": "
+                    )
+                )
+                return
+            if state and state.terminated:
+                term = state.terminated
+        if phase in ("Succeeded", "Failed"):
+            code = term.exit_code if term else (0 if phase == "Succeeded" else 1)
+            record.exit_code = code
+            if phase == "Succeeded":
+                record.state, record.reason = "stopped", "the kernel process exited"
+            else:
+                detail = (term.message or term.reason) if term else (status.message or status.reason or "")
+                record.state = "failed"
+                record.reason = f"the kernel pod failed (exit code {code}){': ' + detail if detail else ''}"
+            return
+        for cond in (status.conditions or []) if status else []:
+            if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+                since = self._unschedulable_since.setdefault(record.id, time.monotonic())
+                if time.monotonic() - since >= self.unschedulable_grace_seconds:
+                    record.state = "failed"
+                    record.reason = f"the kernel pod cannot be scheduled: {cond.message or 'Unschedulable'}"
+                    return
+        record.state = "pending"
+        record.reason = (status.reason or status.message or "waiting for the kernel pod to start") if status else ""
+
+    async def refresh(self, record: KernelRecord) -> None:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        if record.state not in ("pending", "running") or not record.holder:
+            return
+        try:
+            pod = await self._call(self.core.read_namespaced_pod(record.holder, record.namespace))
+        except ApiException as e:
+            if e.status == 404:
+                record.state, record.reason = "stopped", "the kernel pod is gone"
+                return
+            raise
+        self._apply_pod_status(record, pod)
+
+    async def delete(self, record: KernelRecord) -> None:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        ns = record.namespace or self._ns()
+        if record.holder:
+            await self._delete_pod(record.holder, ns)
+        # older generations left by an interrupted restart, and the per-kernel objects
+        try:
+            pods = await self._call(self.core.list_namespaced_pod(ns, label_selector=f"{C.KERNEL_ID}={record.id}"))
+            for pod in pods.items:
+                if pod.metadata.name != record.holder:
+                    await self._delete_pod(pod.metadata.name, ns)
+        except ApiException as e:
+            self.log.warning("Could not list pods of GPU kernel %s: %s", record.id, _api_message(e))
+        await self._cleanup(
+            ns,
+            [("secret", kernel_base_name(record) + "-key")]
+            + ([("networkpolicy", kernel_base_name(record) + "-ingress")] if self.network_policy else []),
+        )
+
+    async def sweep(self, known: set[str]) -> list[str]:
+        from kubernetes_asyncio.client.rest import ApiException
+
+        ns = self._ns()
+        swept: set[str] = set()
+        pods = await self._call(self.core.list_namespaced_pod(ns, label_selector=f"{C.KIND}=kernel,{C.MANAGED}=true"))
+        for pod in pods.items:
+            kid = (pod.metadata.annotations or {}).get(C.A_KERNEL_ID, "")
+            if kid and kid not in known and pod.metadata.deletion_timestamp is None:
+                self.log.warning("Deleting stray GPU kernel pod %s/%s (kernel %s)", ns, pod.metadata.name, kid)
+                await self._delete_pod(pod.metadata.name, ns)
+                swept.add(kid)
+        selector = f"{C.KERNEL_ID},{C.MANAGED}=true"
+        try:
+            secrets = await self._call(self.core.list_namespaced_secret(ns, label_selector=selector))
+            for obj in secrets.items:
+                if obj.metadata.labels.get(C.KERNEL_ID) not in known:
+                    await self._cleanup(ns, [("secret", obj.metadata.name)])
+                    swept.add(obj.metadata.labels.get(C.KERNEL_ID))
+            if self.network_policy:
+                policies = await self._call(self.networking.list_namespaced_network_policy(ns, label_selector=selector))
+                for obj in policies.items:
+                    if obj.metadata.labels.get(C.KERNEL_ID) not in known:
+                        await self._cleanup(ns, [("networkpolicy", obj.metadata.name)])
+                        swept.add(obj.metadata.labels.get(C.KERNEL_ID))
+        except ApiException as e:
+            self.log.warning("Could not sweep GPU kernel secrets/policies in %s: %s", ns, _api_message(e))
+        return sorted(swept)
+
+
+def _notebook_status(pod: Any) -> Any | None:
+    """The container status of a server pod's notebook container (KubeSpawner names it 'notebook')."""
+    statuses = (pod.status.container_statuses if pod.status else None) or []
+    return next((c for c in statuses if c.name == "notebook"), statuses[0] if statuses else None)
+
+
+def _server_identity(pod: Any) -> str:
+    """A server pod's uid and its notebook container's restart count: a kernel belongs to one run
+    of the server process (a restarted container has lost its kernels)."""
+    notebook = _notebook_status(pod)
+    restarts = notebook.restart_count if notebook is not None else 0
+    return f"{pod.metadata.uid}/{restarts or 0}"
+
+
+def _api_message(e: Exception) -> str:
+    body = getattr(e, "body", None)
+    if body:
+        try:
+            return json.loads(body).get("message") or str(body)
+        except (ValueError, AttributeError, TypeError):
+            return str(body)[:300]
+    return str(getattr(e, "reason", "") or e)

@@ -1,0 +1,98 @@
+"""This machine's GPUs (NVML, through ``pynvml`` from nvidia-ml-py) and the shim's library.
+
+Model names come from :func:`hubext.contract.model_name`, the same function the node agent
+uses, so a profile's ``model`` means the same card on one machine and on Kubernetes.
+"""
+
+from __future__ import annotations
+
+import os
+
+from quotas import GPU
+
+from ..contract import model_name
+
+MIB = 1024 * 1024
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def detect_nvml_gpus() -> list[GPU]:
+    """The GPUs NVML reports, in index order; [] when there is no driver or no GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        return []
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return []
+    gpus = []
+    try:
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            name = _text(pynvml.nvmlDeviceGetName(handle))
+            memory_mib = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total // MIB)
+            try:
+                sm_count = int(pynvml.nvmlDeviceGetAttributes_v2(handle).multiprocessorCount)
+            except Exception:
+                sm_count = 0
+            gpus.append(
+                GPU(
+                    uuid=uuid, model=model_name(name, memory_mib), memory_mib=memory_mib, sm_count=sm_count, index=index
+                )
+            )
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return gpus
+
+
+def nvml_activity() -> dict[str, dict[str, int]]:
+    """Per GPU uuid: utilization_percent and memory_used_mib from NVML ({} without NVML)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return {}
+    out: dict[str, dict[str, int]] = {}
+    try:
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            entry: dict[str, int] = {}
+            try:
+                entry["utilization_percent"] = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except Exception:
+                pass
+            try:
+                entry["memory_used_mib"] = int(pynvml.nvmlDeviceGetMemoryInfo(handle).used // MIB)
+            except Exception:
+                pass
+            out[_text(pynvml.nvmlDeviceGetUUID(handle))] = entry
+    except Exception:
+        return out
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return out
+
+
+def shim_library() -> str:
+    """Path of the built libvgpu.so, or '' when the shim is not built/installed."""
+    try:
+        from libvgpu import library_path
+    except ImportError:
+        return ""
+    try:
+        path = library_path()
+    except Exception:  # not built
+        return ""
+    return path if path and os.path.exists(path) else ""

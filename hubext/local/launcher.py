@@ -1,0 +1,412 @@
+"""GPU kernels as local processes (single-machine mode).
+
+The hub writes the connection file (0600, the kernel's key) into a per-kernel directory the
+user cannot write; the shim's limits file and region come from the pool, as for notebooks.
+The kernel records are kept in the pool's ledger, so a restarted hub finds its kernels again.
+A restart starts the replacement process first (new ports, same allocation), then stops the
+old one, so the allocation is held by a live holder at every instant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import signal
+import socket
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from traitlets import Dict, Float, List, Unicode, default
+
+from quotas import Allocation
+
+from .. import contract as C
+from ..backends import KernelLauncher, LaunchError, ServerRef
+from ..gpu_spawner import GPUSpawnerMixin
+from ..kernels import KernelRecord
+from .processes import process_alive, process_cmdline, stop_group
+
+if TYPE_CHECKING:
+    from .ledger import Ledger
+    from .pool import LocalPool
+
+
+def free_local_ports(ip: str, count: int = 5) -> list[int]:
+    """Ports free on ``ip`` right now (jupyter_client's approach: bind to 0, read, close)."""
+    sockets, ports = [], []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((ip, 0))
+            sockets.append(s)
+            ports.append(s.getsockname()[1])
+    finally:
+        for s in sockets:
+            s.close()
+    return ports
+
+
+class LocalKernelLauncher(KernelLauncher):
+    """GPU kernels as local processes, with the shim preloaded and a hub-written limits file.
+
+    The kernel records live in the pool's ledger (``hubext.local.ledger``, one database with
+    the allocations); the limits file and region directory are the pool's
+    (:meth:`hubext.local.pool.LocalPool.holder_env`, the same as notebooks'). Per kernel, in
+    ``state_dir`` (owned by the hub, mode 0711)::
+
+        <kernel id>/              0711, hub-owned
+            connection.json       0600, owned by the kernel's account: the key
+            kernel.log            the kernel's stdout/stderr
+    """
+
+    state_dir = Unicode(
+        "",
+        config=True,
+        help="""Directory for the kernels' connection files and logs. It must not be writable by
+        users. Default: 'kernels' in the pool's data directory (LocalPool.data_dir).""",
+    )
+    ip = Unicode("127.0.0.1", config=True, help="Address local kernels listen on. Default: 127.0.0.1.")
+    env_keep = List(
+        Unicode(),
+        ["PATH", "PYTHONPATH", "CONDA_ROOT", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV", "LANG", "LC_ALL", "LD_LIBRARY_PATH"],
+        config=True,
+        help="Environment variables of the hub passed on to local kernels.",
+    )
+    environment = Dict(
+        Unicode(),
+        config=True,
+        help="Extra environment variables for local kernels.",
+    )
+    stop_grace_seconds = Float(
+        3.0, config=True, help="Seconds between SIGTERM and SIGKILL when a kernel is stopped. Default: 3."
+    )
+
+    @default("kernel_cmd")
+    def _default_kernel_cmd(self) -> list[str]:
+        return [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+
+    pool: LocalPool | None
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._watchers: set[asyncio.Task] = set()
+        self._warned_no_shim = False
+
+    # ---- paths -------------------------------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        if self.state_dir:
+            return Path(self.state_dir)
+        base = self.pool.root if self.pool is not None else Path.cwd() / "elastic-gpu-data"
+        return base / "kernels"
+
+    def kernel_dir(self, kernel_id: str) -> Path:
+        return self.root / kernel_id
+
+    # ---- ledger ------------------------------------------------------------------------
+
+    @property
+    def ledger(self) -> Ledger:
+        if self.pool is None or self.pool.ledger is None:
+            raise LaunchError("The local GPU pool is not started; local GPU kernels need it.", 503)
+        return self.pool.ledger
+
+    def persist(self, records: Iterable[KernelRecord]) -> None:
+        self.ledger.save_kernels([r.to_json() for r in records])
+
+    def _load_ledger(self) -> list[KernelRecord]:
+        records = []
+        for item in self.ledger.kernels():
+            try:
+                records.append(KernelRecord.from_json(item))
+            except TypeError as e:
+                self.log.error("Skipping a damaged GPU kernel record in the ledger: %s", e)
+        return records
+
+    def _is_our_process(self, record: KernelRecord) -> bool:
+        try:
+            pid = int(record.holder)
+        except ValueError:
+            return False
+        if not process_alive(pid):
+            return False
+        cmdline = process_cmdline(pid)
+        conn = str(self.kernel_dir(record.id) / "connection.json")
+        return not cmdline or any(conn in part for part in cmdline)
+
+    async def start(self) -> list[KernelRecord]:
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o711)
+        records = []
+        for record in self._load_ledger():
+            if record.state in ("pending", "running") and not self._is_our_process(record):
+                record.state, record.reason = "stopped", "the kernel process ended while the hub was down"
+            records.append(record)
+        alive = sum(1 for r in records if r.state in ("pending", "running"))
+        self.log.info("Local GPU kernels: %d in the ledger, %d running", len(records), alive)
+        return records
+
+    # ---- the user's server ---------------------------------------------------------------
+
+    async def server_ref(self, spawner: Any) -> ServerRef:
+        from jupyterhub.spawner import LocalProcessSpawner
+
+        unix_user = ""
+        if os.geteuid() == 0:
+            if isinstance(spawner, GPUSpawnerMixin):  # ours: (None, None) = the hub's account
+                uid, _gid = spawner.gpu_user_ids()
+                unix_user = spawner.user.name if uid not in (None, 0) else ""
+            elif (
+                isinstance(spawner, LocalProcessSpawner)
+                and type(spawner).make_preexec_fn is LocalProcessSpawner.make_preexec_fn
+            ):
+                unix_user = spawner.user.name
+        home = getattr(spawner, "home_dir", "") or ""
+        if not home and unix_user:
+            import pwd
+
+            home = pwd.getpwnam(unix_user).pw_dir
+        pid = getattr(spawner, "pid", 0) or 0
+        return ServerRef(
+            user=spawner.user.name,
+            name=spawner.name or "",
+            identity=str(pid) if pid else "",
+            unix_user=unix_user,
+            home=home,
+        )
+
+    async def server_alive(self, record: KernelRecord, spawner: Any | None) -> bool:
+        if spawner is None or not spawner.active:
+            return False
+        if spawner.pending:  # starting or stopping: judge on the next round
+            return True
+        pid = getattr(spawner, "pid", 0) or 0
+        if record.server_identity and pid and str(pid) != record.server_identity:
+            return False  # the server was restarted: this kernel belonged to the old one
+        if pid:
+            return process_alive(pid)
+        return await spawner.poll() is None
+
+    # ---- launch --------------------------------------------------------------------------
+
+    def _ids(self, record: KernelRecord) -> tuple[int, int]:
+        if not record.run_as:
+            return -1, -1
+        import pwd
+
+        pw = pwd.getpwnam(record.run_as)
+        return pw.pw_uid, pw.pw_gid
+
+    def _gpu_env(self, record: KernelRecord, allocation: Allocation) -> dict[str, str]:
+        """The shim's files and environment, written by the pool exactly as for notebooks."""
+        if self.pool is None:
+            raise LaunchError("The local GPU pool is not started; local GPU kernels need it.", 503)
+        uid, gid = self._ids(record)
+        return self.pool.holder_env(
+            allocation,
+            self.priority_value(allocation.priority_class),
+            None if uid < 0 else uid,
+            None if gid < 0 else gid,
+        )
+
+    def _env(self, record: KernelRecord, allocation: Allocation) -> dict[str, str]:
+        env = {k: os.environ[k] for k in self.env_keep if k in os.environ}
+        env.update(self._gpu_env(record, allocation))
+        record.activity_file = self.pool.activity_path(allocation.id) if self.pool is not None else ""
+        env["JUPYTERHUB_USER"] = record.user
+        env[C.ENV_KERNEL_ID] = record.id
+        if record.home:
+            env["HOME"] = record.home
+        env.update(self.environment)
+        return env
+
+    def _write_connection_file(self, record: KernelRecord, key: str | None) -> None:
+        """The kernel's connection file: 0600, owned by the kernel's account, in a hub-owned directory."""
+        kdir = self.kernel_dir(record.id)
+        kdir.mkdir(parents=True, exist_ok=True)
+        os.chmod(kdir, 0o711)
+        conn = kdir / "connection.json"
+        if key is None:  # restart: keep the key, new ports
+            key = json.loads(conn.read_text())["key"]
+        info = {
+            "ip": record.ip,
+            "transport": record.transport,
+            "signature_scheme": record.signature_scheme,
+            "key": key,
+            "kernel_name": record.kernel_name,
+            **record.ports,
+        }
+        tmp = str(conn) + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(info, f)
+        uid, gid = self._ids(record)
+        if uid >= 0:
+            os.chown(tmp, uid, gid)
+        os.replace(tmp, conn)
+
+    def _cmd(self, record: KernelRecord) -> list[str]:
+        conn = str(self.kernel_dir(record.id) / "connection.json")
+        return [part.replace("{connection_file}", conn) for part in self.kernel_cmd]
+
+    async def _spawn(self, record: KernelRecord, allocation: Allocation) -> int:
+        kdir = self.kernel_dir(record.id)
+        cmd = self._cmd(record)
+        cwd = next((d for d in (record.cwd, record.home) if d and os.path.isdir(d)), str(kdir))
+        preexec = None
+        if record.run_as:
+            from jupyterhub.spawner import set_user_setuid
+
+            preexec = set_user_setuid(record.run_as, chdir=False)
+        log = open(kdir / "kernel.log", "ab")
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *cmd,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=asyncio.subprocess.STDOUT,
+                env=self._env(record, allocation),
+                cwd=cwd,
+                start_new_session=True,  # survives a hub restart; its own process group for signals
+                preexec_fn=preexec,
+            )
+        except OSError as e:
+            raise LaunchError(
+                f"The GPU kernel could not be started: {shlex.join(cmd[:3])}... failed ({e.strerror or e})."
+            ) from None
+        finally:
+            log.close()
+        self._procs[record.id] = proc
+        task = asyncio.ensure_future(self._watch(record, proc))
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+        return proc.pid
+
+    async def _watch(self, record: KernelRecord, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        if self._procs.get(record.id) is proc and record.holder == str(proc.pid):
+            self._procs.pop(record.id, None)
+            record.exit_code = code
+            if record.state in ("pending", "running"):
+                if code == 0:
+                    record.state, record.reason = "stopped", "the kernel process exited"
+                else:
+                    record.state = "failed"
+                    record.reason = f"the kernel process exited with code {code}" + self._log_hint(record)
+                self.log.info("GPU kernel %s of %s: %s", record.id, record.user, record.reason)
+
+    def _log_hint(self, record: KernelRecord) -> str:
+        try:
+            tail = (self.kernel_dir(record.id) / "kernel.log").read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return f": {tail[-1][:300]}" if tail else ""
+
+    async def launch(self, record: KernelRecord, allocation: Allocation, key: str, server: ServerRef) -> None:
+        record.ip = self.ip
+        record.ports = dict(zip(C.PORT_NAMES, free_local_ports(self.ip), strict=True))
+        record.namespace = ""
+        record.run_as, record.home = server.unix_user, server.home
+        try:
+            self._write_connection_file(record, key)
+            pid = await self._spawn(record, allocation)
+        except LaunchError:
+            await self._remove_files(record)
+            raise
+        except OSError as e:
+            await self._remove_files(record)
+            raise LaunchError(f"The GPU kernel's files could not be written: {e}") from None
+        record.holder = str(pid)
+        record.state, record.reason = "running", ""
+        self.log.info(
+            "GPU kernel %s of %s started: pid %d on %s:%d",
+            record.id,
+            record.user,
+            pid,
+            record.ip,
+            record.ports["shell_port"],
+        )
+
+    async def restart(self, record: KernelRecord, allocation: Allocation, server: ServerRef | None) -> None:
+        old_pid = int(record.holder) if record.holder.isdigit() else 0
+        record.ports = dict(zip(C.PORT_NAMES, free_local_ports(self.ip), strict=True))
+        record.generation += 1
+        record.exit_code = None
+        self._write_connection_file(record, None)
+        pid = await self._spawn(record, allocation)
+        record.holder = str(pid)
+        record.state, record.reason = "running", ""
+        if old_pid:
+            task = asyncio.ensure_future(self._terminate(old_pid))
+            self._watchers.add(task)
+            task.add_done_callback(self._watchers.discard)
+        self.log.info("GPU kernel %s of %s restarted: pid %d (was %d)", record.id, record.user, pid, old_pid)
+
+    async def _terminate(self, pid: int) -> None:
+        await stop_group(pid, self.stop_grace_seconds)
+
+    async def refresh(self, record: KernelRecord) -> None:
+        if record.state not in ("pending", "running") or record.id in self._procs:
+            return  # our own children report through _watch
+        if not self._is_our_process(record):
+            record.state, record.reason = "stopped", "the kernel process is gone"
+
+    async def interrupt(self, record: KernelRecord) -> bool:
+        if record.state != "running" or not record.holder.isdigit():
+            return False
+        try:
+            os.killpg(int(record.holder), signal.SIGINT)
+        except ProcessLookupError:
+            return False
+        return True
+
+    async def delete(self, record: KernelRecord) -> None:
+        proc = self._procs.pop(record.id, None)
+        pid = int(record.holder) if record.holder.isdigit() else 0
+        if pid and (proc is not None or self._is_our_process(record)):
+            await self._terminate(pid)
+            if proc is not None:
+                try:
+                    await asyncio.wait_for(proc.wait(), 5)
+                except asyncio.TimeoutError:
+                    self.log.warning("GPU kernel %s: pid %d did not exit", record.id, pid)
+        await self._remove_files(record)
+
+    async def _remove_files(self, record: KernelRecord) -> None:
+        kdir = self.kernel_dir(record.id)
+        for name in ("connection.json", "connection.json.tmp", "kernel.log"):
+            try:
+                (kdir / name).unlink()
+            except FileNotFoundError:
+                pass
+        try:
+            kdir.rmdir()
+        except OSError:
+            pass
+
+    async def sweep(self, known: set[str]) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        strays = [d for d in self.root.iterdir() if d.is_dir() and d.name not in known]
+        if not strays:
+            return []
+        swept = []
+        for kdir in strays:
+            conn = str(kdir / "connection.json")
+            for entry in Path("/proc").iterdir():
+                if entry.name.isdigit() and any(conn in part for part in process_cmdline(int(entry.name))):
+                    self.log.warning("Stopping stray GPU kernel process %s (kernel %s)", entry.name, kdir.name)
+                    await self._terminate(int(entry.name))
+            await self._remove_files(KernelRecord(id=kdir.name, user="", server_name="", size="", allocation_id=""))
+            swept.append(kdir.name)
+        return swept
+
+    async def stop(self) -> None:
+        for task in list(self._watchers):
+            task.cancel()

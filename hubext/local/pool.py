@@ -1,0 +1,320 @@
+"""LocalPool: the GPUs of this one machine, and a small SQLite ledger of who holds which slice.
+
+Inventory comes from NVML (``pynvml``, from the ``nvidia-ml-py`` package) when a driver is
+present, or from a simulated inventory (``LocalPool.simulate_gpus = "2xH100-80GB"``) so the
+whole flow runs on a machine without a GPU; pages and the spawn form then say so.
+
+Holders are local processes: a single-user server or a GPU kernel, identified by the process
+id of its process-group leader (``bind(allocation_id, str(pid))``). The ledger survives a hub
+restart: allocations whose process is still running are kept, those whose process died (or
+that were never bound to one, because the hub stopped mid-spawn) are dropped.
+
+The pool also writes what a holder needs for the shim: a read-only limits file per
+allocation (``LIBVGPU_CONFIG``) in a directory only the hub can write, and a region
+directory (see :meth:`LocalPool.holder_env`), so the local spawner and the broker's local
+kernels prepare holders the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+from traitlets import Bool, Float, Unicode
+
+from quotas import Allocation, ConfigError, Node, Pool, parse_simulated
+
+from .. import contract as C
+from ..backends import GoneCallback, PoolBackend
+from .inventory import detect_nvml_gpus, nvml_activity, shim_library
+from .launcher import LocalKernelLauncher
+from .ledger import LEDGER_FILE, Ledger
+from .processes import process_alive, process_start_time, signal_group, stop_group
+
+
+class LocalPool(PoolBackend):
+    """The GPUs of this machine (NVML or simulated) with a SQLite ledger of local processes."""
+
+    mode = "local"
+    launcher_class = LocalKernelLauncher
+
+    simulate_gpus = Unicode(
+        "",
+        config=True,
+        help="""Simulated GPU inventory, e.g. '2xH100-80GB' or '2xH100-80GB,1xA100-40GB'.
+        Set it to run the whole flow without a GPU (nothing runs on a real card then, and the
+        spawn form and admin page say the GPUs are simulated). When set, it is used even if
+        NVML finds real GPUs. Default: '' (use the GPUs NVML finds).""",
+    )
+    data_dir = Unicode(
+        "",
+        config=True,
+        help="""Directory of the ledger (elastic-gpu-ledger.sqlite), the limits files
+        (limits/, written by the hub, read-only for users) and the shim's regions (regions/).
+        Default: '' (the hub's working directory).""",
+    )
+    node_name = Unicode(
+        "localhost",
+        config=True,
+        help="Name of this machine's node in the pool and in allocations. Default: 'localhost'.",
+    )
+    check_interval_seconds = Float(
+        5.0,
+        config=True,
+        help="Seconds between checks for holders (servers, kernels) whose process has exited. Default: 5.",
+    )
+    evict_grace_seconds = Float(
+        10.0,
+        config=True,
+        help="""Seconds a preempted holder's process group gets between SIGTERM and SIGKILL.
+        Default: 10.""",
+    )
+    preload_shim = Bool(
+        True,
+        config=True,
+        help="""Preload libvgpu.so (LD_PRELOAD) into GPU notebooks and kernels when the shim is
+        built. Without it the limits file is still written but nothing enforces it. Default: True.""",
+    )
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.simulated = False
+        self.ledger: Ledger | None = None
+        self._pool: Pool | None = None
+        self._on_gone: GoneCallback | None = None
+        self._task: asyncio.Task | None = None
+        self._evicted: set[str] = set()
+        self._kill_tasks: set[asyncio.Task] = set()
+
+    # ---- paths ------------------------------------------------------------------------------
+
+    @property
+    def root(self) -> Path:
+        return Path(self.data_dir or os.getcwd()).resolve()
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.root / LEDGER_FILE
+
+    @property
+    def limits_dir(self) -> Path:
+        return self.root / "limits"
+
+    @property
+    def regions_dir(self) -> Path:
+        return self.root / "regions"
+
+    def limits_path(self, allocation_id: str) -> Path:
+        return self.limits_dir / f"{_safe_name(allocation_id)}.conf"
+
+    def region_dir(self, allocation_id: str) -> Path:
+        return self.regions_dir / _safe_name(allocation_id)
+
+    def activity_path(self, allocation_id: str) -> str:
+        """The shim's activity record of an allocation (the culler reads it)."""
+        return str(self.region_dir(allocation_id) / "activity")
+
+    # ---- PoolBackend ------------------------------------------------------------------------
+
+    async def start(self, on_gone: GoneCallback) -> None:
+        self._on_gone = on_gone
+        self.root.mkdir(parents=True, exist_ok=True)
+        for directory, mode in ((self.limits_dir, 0o755), (self.regions_dir, 0o755)):
+            directory.mkdir(exist_ok=True)
+            os.chmod(directory, mode)
+        node_regions = self.regions_dir / "node"
+        node_regions.mkdir(exist_ok=True)
+        os.chmod(node_regions, 0o1777)  # shared by every holder on the node, like /tmp
+        self.ledger = Ledger(self.ledger_path)
+        self._pool = self._detect()
+        self.ledger.save_inventory(self._pool, self.simulated)
+        self._drop_stale()
+        self._task = asyncio.ensure_future(self._watch())
+
+    def _detect(self) -> Pool:
+        if self.simulate_gpus:
+            try:
+                pool = parse_simulated(self.simulate_gpus, node=self.node_name)
+            except ConfigError as e:
+                raise ConfigError(f"LocalPool.simulate_gpus: {e}") from None
+            self.simulated = True
+            return pool
+        gpus = detect_nvml_gpus()
+        if not gpus:
+            self.log.warning(
+                "No NVIDIA GPU found through NVML and LocalPool.simulate_gpus is not set: "
+                "the pool is empty (set simulate_gpus, e.g. '2xH100-80GB', to try the flow without a GPU)."
+            )
+        self.simulated = False
+        return Pool(nodes=(Node(self.node_name, tuple(gpus)),))
+
+    def _drop_stale(self) -> None:
+        """Drop allocations whose process is gone or that never got one (hub stopped mid-spawn)."""
+        for row in self.ledger.rows():
+            holder, started = row["holder"], row["holder_started"]
+            why = ""
+            if holder is None:
+                why = "never bound to a process (the hub stopped while it started)"
+            elif holder.isdigit() and not process_alive(int(holder), started):
+                why = f"its process {holder} is no longer running"
+            if why:
+                self.log.info("GPU ledger: dropping %s: %s", row["id"], why)
+                self.ledger.delete(row["id"])
+                self._remove_files(row["id"])
+
+    async def inventory(self) -> Pool:
+        if self._pool is None:
+            self._pool = self._detect()
+        return self._pool
+
+    async def allocations(self) -> list[Allocation]:
+        return self.ledger.allocations() if self.ledger else []
+
+    async def record(self, allocation: Allocation) -> None:
+        self.ledger.insert(allocation)
+
+    async def bind(self, allocation_id: str, holder: str) -> None:
+        """Tie an allocation to a process id (the holder's process-group leader), as a decimal string."""
+        holder = str(holder)
+        started = process_start_time(int(holder)) if holder.isdigit() else None
+        if not holder.isdigit():
+            self.log.warning(
+                "GPU ledger: holder %r of %s is not a process id; it is never checked", holder, allocation_id
+            )
+        if not self.ledger.set_holder(allocation_id, holder, started):
+            if allocation_id in self._evicted and holder.isdigit():
+                self.log.warning(
+                    "GPU ledger: %s was preempted before process %s started; stopping it", allocation_id, holder
+                )
+                self._kill_group(int(holder))
+            else:
+                self.log.warning("GPU ledger: bind of unknown allocation %s to %s ignored", allocation_id, holder)
+
+    async def forget(self, allocation_id: str) -> None:
+        if self.ledger is not None:
+            self.ledger.delete(allocation_id)
+        self._remove_files(allocation_id)
+
+    async def evict(self, allocation: Allocation, reason: str) -> None:
+        self._evicted.add(allocation.id)
+        holder = self.ledger.holders().get(allocation.id) if self.ledger else None
+        self.log.warning(
+            "GPU preemption: stopping %s of %s (holder %s): %s", allocation.id, allocation.owner.user, holder, reason
+        )
+        if self.ledger is not None:
+            self.ledger.add_event(allocation, "preempted", reason)
+        if holder and holder.isdigit():
+            self._kill_group(int(holder))
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._task = None
+        if self.ledger is not None:
+            self.ledger.close()
+
+    # ---- what holders need -------------------------------------------------------------------
+
+    def holder_env(
+        self,
+        allocation: Allocation,
+        priority_value: int,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> dict[str, str]:
+        """Write the allocation's limits file and region directory; return the holder's environment.
+
+        The limits file is mode 0444 in a 0755 directory owned by the hub's user, so a user whose
+        processes run under their own uid cannot change their limits. The region directory is
+        given to ``uid``/``gid`` (the holder's user) when the hub runs as root.
+        """
+        limits = self.limits_path(allocation.id)
+        region_dir = self.region_dir(allocation.id)
+        region_dir.mkdir(exist_ok=True)
+        if uid is not None and os.geteuid() == 0:
+            os.chown(region_dir, uid, gid if gid is not None else -1)
+        os.chmod(region_dir, 0o700)
+        text = C.limits_file_text(
+            allocation,
+            priority_value,
+            container_region=str(region_dir / "container.region"),
+            node_region_dir=str(self.regions_dir / "node"),
+            activity_file=self.activity_path(allocation.id),
+        )
+        tmp = limits.with_suffix(".tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o444)
+        os.replace(tmp, limits)
+        env = {
+            C.ENV_CONFIG: str(limits),
+            C.ENV_CONTAINER_REGION: str(region_dir / "container.region"),
+            C.ENV_NODE_REGION_DIR: str(self.regions_dir / "node"),
+            "CUDA_VISIBLE_DEVICES": ",".join(allocation.gpu_uuids),
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+            C.ENV_ALLOCATION_ID: allocation.id,
+        }
+        library = shim_library() if self.preload_shim else ""
+        if library:
+            env["LD_PRELOAD"] = library
+        elif self.preload_shim and not self.simulated:
+            self.log.warning("libvgpu.so is not built: GPU limits of %s are not enforced", allocation.id)
+        return env
+
+    def activity(self) -> dict[str, dict[str, int]]:
+        """Per GPU uuid: utilization_percent and memory_used_mib (real GPUs only; {} if simulated)."""
+        return {} if self.simulated else nvml_activity()
+
+    def events(self, limit: int = 20) -> list[dict[str, Any]]:
+        """Recent preemptions, newest first."""
+        return self.ledger.events(limit) if self.ledger else []
+
+    # ---- internals ---------------------------------------------------------------------------
+
+    def _remove_files(self, allocation_id: str) -> None:
+        self.limits_path(allocation_id).unlink(missing_ok=True)
+        shutil.rmtree(self.region_dir(allocation_id), ignore_errors=True)
+
+    def _kill_group(self, pid: int) -> None:
+        """Stop a preempted holder's process group: SIGTERM now, SIGKILL after the grace (in the background)."""
+        signal_group(pid, signal.SIGTERM)
+        task = asyncio.ensure_future(stop_group(pid, self.evict_grace_seconds))
+        self._kill_tasks.add(task)
+        task.add_done_callback(self._kill_tasks.discard)
+
+    async def _watch(self) -> None:
+        """Notice holders that died and tell the allocator (which releases their slices)."""
+        while True:
+            await asyncio.sleep(self.check_interval_seconds)
+            try:
+                await self.check_holders()
+            except Exception:
+                self.log.exception("GPU ledger: checking holders failed")
+
+    async def check_holders(self) -> list[str]:
+        """Report allocations whose bound process has exited (``on_gone``); return their ids."""
+        gone = []
+        for row in self.ledger.rows():
+            holder, started = row["holder"], row["holder_started"]
+            if holder and holder.isdigit() and not process_alive(int(holder), started):
+                gone.append(row["id"])
+                why = f"process {holder} exited"
+                if self._on_gone is not None:
+                    await self._on_gone(row["id"], why)
+                else:
+                    await self.forget(row["id"])
+        return gone
+
+
+def _safe_name(allocation_id: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in allocation_id)

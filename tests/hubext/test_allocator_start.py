@@ -1,0 +1,70 @@
+"""The allocator starts its pool once, retries a transient failure, and decides in one place."""
+
+from __future__ import annotations
+
+import pytest
+from traitlets.config import Config
+
+from hubext.allocator import GPUAllocator
+from hubext.backends import ReleaseCause
+from hubext.local.pool import LocalPool
+from quotas import GPURequest, Owner, PoolFull, QuotaExceeded
+
+
+class FlakyPool(LocalPool):
+    """A pool whose first start fails as a transient error would (an API server not up yet)."""
+
+    failures_left = 1
+
+    async def start(self, on_gone):  # type: ignore[override]
+        if FlakyPool.failures_left > 0:
+            FlakyPool.failures_left -= 1
+            raise ConnectionRefusedError("the API server is not up yet")
+        await super().start(on_gone)
+
+
+def _allocator(tmp_path, pool_class: str = "local", **admission) -> GPUAllocator:
+    c = Config()
+    c.GPUAllocator.pool_backend_class = pool_class
+    c.GPUAllocator.admission_config = admission
+    c.LocalPool.simulate_gpus = "1xH100-80GB"
+    c.LocalPool.data_dir = str(tmp_path)
+    c.LocalPool.check_interval_seconds = 60
+    return GPUAllocator(config=c)
+
+
+def _request(user: str, memory_mib: int, rid: str) -> GPURequest:
+    return GPURequest(owner=Owner(user=user), memory_mib=memory_mib, cores_percent=10, request_id=rid, kind="kernel")
+
+
+async def test_a_transient_failure_at_start_does_not_break_later_requests(tmp_path):
+    FlakyPool.failures_left = 1
+    allocator = _allocator(tmp_path, f"{__name__}.FlakyPool")
+    try:
+        allocation = await allocator.allocate(_request("alice", 1024, "a"))
+        assert allocation.owner.user == "alice"
+        assert FlakyPool.failures_left == 0
+    finally:
+        await allocator.backend.stop()
+
+
+async def test_the_pool_is_chosen_by_entry_point_name(tmp_path):
+    allocator = _allocator(tmp_path, "local")
+    assert allocator.pool_backend_class is LocalPool
+    assert allocator.pool_backend_class.launcher_class.__name__ == "LocalKernelLauncher"
+
+
+async def test_no_queue_request_is_decided_once_with_the_queue_and_refused_with_its_reason(tmp_path):
+    allocator = _allocator(tmp_path, "local")
+    released = []
+    allocator.listeners.append(lambda event, a, why, cause: released.append(cause) if event == "released" else None)
+    try:
+        first = await allocator.allocate(_request("alice", 70 * 1024, "a"), queue=False)
+        with pytest.raises((PoolFull, QuotaExceeded)) as refused:
+            await allocator.allocate(_request("bob", 20 * 1024, "b"), queue=False)
+        assert "waited" not in refused.value.message.lower()
+        assert allocator.queue() == []  # nothing left waiting
+        await allocator.release(first.id, "kernel shut down")
+        assert released == [ReleaseCause.STOPPED]
+    finally:
+        await allocator.backend.stop()
