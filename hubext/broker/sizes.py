@@ -6,10 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from tornado import web
-
 from ..contract import mib_text
-from ..gpu_spawner import validate_gpu_section
+from ..gpu_spawner import GPUSpawnError, validate_gpu_section
 
 SIZE_KEYS = {
     "name",
@@ -27,20 +25,9 @@ SIGNATURE_SCHEMES = tuple(f"hmac-{name}" for name in ("sha256", "sha512", "sha38
 _NAME_OK = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 
 
-class BrokerError(web.HTTPError):
-    """A refusal the caller can act on: JupyterHub renders it as ``{"status", "message"}``.
-
-    The message is passed as an argument of ``%s``, never as the format itself, so a ``%`` in
-    it reaches the caller as written (tornado would double it)."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(status, "%s", message)
-        self.message = message
-        self.status = status
-        self.jupyterhub_message = message
-
-    def __str__(self) -> str:
-        return self.message
+class BrokerError(GPUSpawnError):
+    """A broker refusal the caller can act on: JupyterHub renders it as ``{"status", "message"}``
+    (the same user-facing error as a spawn refusal: a sentence, a 4xx status, ``%`` kept as written)."""
 
 
 def validate_sizes(sizes: Any) -> list[dict[str, Any]]:
