@@ -15,6 +15,7 @@ from .errors import ConfigError
 from .model import GPU, Mode, Node, Pool
 from .policy import (
     DEFAULT_PRIORITY_CLASSES,
+    RESERVE_AFTER_SECONDS,
     STRATEGIES,
     AdmissionConfig,
     Placement,
@@ -23,7 +24,10 @@ from .policy import (
 )
 from .tree import Limits, NamespaceQuota, QuotaTree, WorkspaceQuota
 
-CONFIG_KEYS = ("priority_classes", "default_priority_class", "placement", "workspaces", "preemption")
+CONFIG_KEYS = (
+    "priority_classes", "default_priority_class", "placement", "workspaces", "preemption", "queue",
+)
+QUEUE_KEYS = ("reserve_after_seconds",)
 CLASS_KEYS = ("value", "preempt", "borrow")
 PLACEMENT_KEYS = ("node", "gpu")
 PREEMPTION_KEYS = ("max_candidate_nodes",)
@@ -31,7 +35,10 @@ WORKSPACE_KEYS = ("limits", "namespaces")
 NAMESPACE_KEYS = ("limits", "user_limits", "users")
 LIMIT_KEYS = ("memory_mib", "cores_percent", "gpus")
 POOL_KEYS = ("nodes", "simulated")
-NODE_KEYS = ("name", "gpus", "mode", "memory_oversub", "cores_oversub")
+NODE_KEYS = (
+    "name", "gpus", "mode", "memory_oversub", "cores_oversub", "cpu_millicores", "host_memory_mib",
+    "cpu_requested_millicores", "host_memory_requested_mib",
+)
 GPU_KEYS = (
     "uuid", "model", "memory_mib", "sm_count", "memory_oversub", "cores_oversub", "mode",
     "mig_profiles", "index",
@@ -231,11 +238,23 @@ def load_config(data: Mapping | None) -> AdmissionConfig:
     preemption = _mapping(data.get("preemption"), "preemption", PREEMPTION_KEYS)
     max_nodes = _int(preemption.get("max_candidate_nodes", 100),
                      "preemption.max_candidate_nodes")
+    queue = _mapping(data.get("queue"), "queue", QUEUE_KEYS)
+    reserve_after = queue.get("reserve_after_seconds", RESERVE_AFTER_SECONDS)
+    if reserve_after is not None and (
+        isinstance(reserve_after, bool) or not isinstance(reserve_after, (int, float))
+        or reserve_after < 0
+    ):
+        raise ConfigError(
+            f"must be a number of seconds >= 0, or null to never reserve, got "
+            f"{_shown(reserve_after)}",
+            "queue.reserve_after_seconds",
+        )
     policy = Policy(
         priority_classes=classes,
         default_priority_class=default,
         placement=placement,
         max_preemption_nodes=max_nodes,
+        reserve_after_seconds=None if reserve_after is None else float(reserve_after),
     )
     return AdmissionConfig(policy=policy, quotas=_load_workspaces(data.get("workspaces")))
 
@@ -313,7 +332,15 @@ def _load_node(body: Any, path: str, name: str | None = None) -> Node:
     for key in ("memory_oversub", "cores_oversub"):
         if key in body:
             defaults[key] = _positive(body[key], _join(path, key))
-    return Node(name=name, gpus=load_gpus(body.get("gpus", []), _join(path, "gpus"), defaults))
+    node: dict[str, Any] = {}
+    for key in ("cpu_millicores", "host_memory_mib"):
+        if body.get(key) is not None:
+            node[key] = _int(body[key], _join(path, key))
+    for key in ("cpu_requested_millicores", "host_memory_requested_mib"):
+        if key in body:
+            node[key] = _int(body[key], _join(path, key), minimum=0)
+    return Node(name=name, gpus=load_gpus(body.get("gpus", []), _join(path, "gpus"), defaults),
+                **node)
 
 
 def load_pool(data: Mapping | list | str | Pool) -> Pool:

@@ -15,6 +15,24 @@ def mib(n: int) -> str:
     return f"{n} MiB"
 
 
+def cpus(millicores: int) -> str:
+    """2000 -> '2 CPUs', 500 -> '0.5 CPU', 1 -> '0.001 CPU'."""
+    if millicores % 1000 == 0:
+        n = millicores // 1000
+        return f"{n} CPU" if n == 1 else f"{n} CPUs"
+    return f"{millicores / 1000:g} CPU"
+
+
+def node_needs(cpu_millicores: int, host_memory_mib: int) -> str:
+    """'2 CPUs', '16 GiB of host memory', '2 CPUs and 16 GiB of host memory'."""
+    parts = []
+    if cpu_millicores:
+        parts.append(cpus(cpu_millicores))
+    if host_memory_mib:
+        parts.append(f"{mib(host_memory_mib)} of host memory")
+    return " and ".join(parts) or "no CPU or host memory"
+
+
 def a(text: str) -> str:
     """'a 10 GiB', 'an 8 GiB', 'an 80 GiB', 'an 11 GiB'."""
     eleven = text.startswith(("11", "18")) and not text[2:3].isdigit()

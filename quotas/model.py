@@ -32,7 +32,11 @@ class Owner:
 
 @dataclass(frozen=True)
 class GPURequest:
-    """A request for ``count`` GPU slices on one node; memory and cores are PER GPU."""
+    """A request for ``count`` GPU slices on one node; memory and cores are PER GPU.
+
+    ``cpu_millicores`` and ``host_memory_mib`` are what the pod or process needs of the node
+    itself, for the whole request (Kubernetes' CPU and memory requests); 0 means it asks for
+    none and fits any node's CPU and memory."""
 
     owner: Owner
     memory_mib: int
@@ -43,6 +47,8 @@ class GPURequest:
     whole: bool = False
     request_id: str = ""
     kind: str = "notebook"
+    cpu_millicores: int = 0
+    host_memory_mib: int = 0
 
     @classmethod
     def split(
@@ -98,8 +104,28 @@ class GPU:
 
 @dataclass(frozen=True)
 class Node:
+    """One machine. ``cpu_millicores`` and ``host_memory_mib`` are what it can give to pods
+    (Kubernetes' allocatable; None: unknown, so never the reason a request does not fit);
+    ``*_requested_*`` is what pods and processes outside the GPU ledger already ask of it.
+    What the ledger's own allocations ask is counted from the allocations."""
+
     name: str
     gpus: tuple[GPU, ...]
+    cpu_millicores: int | None = None
+    host_memory_mib: int | None = None
+    cpu_requested_millicores: int = 0
+    host_memory_requested_mib: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The inventory format that :func:`quotas.load_pool` reads back."""
+        data: dict[str, Any] = {"name": self.name, "gpus": [g.to_dict() for g in self.gpus]}
+        for key in ("cpu_millicores", "host_memory_mib"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        for key in ("cpu_requested_millicores", "host_memory_requested_mib"):
+            if getattr(self, key):
+                data[key] = getattr(self, key)
+        return data
 
 
 @dataclass(frozen=True)
@@ -136,12 +162,13 @@ class Pool:
         return [gpu for node in self.nodes for gpu in node.gpus]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"nodes": [{"name": n.name, "gpus": [g.to_dict() for g in n.gpus]} for n in self.nodes]}
+        return {"nodes": [n.to_dict() for n in self.nodes]}
 
 
 @dataclass(frozen=True)
 class Allocation:
-    """A granted request: where it runs and its per-GPU limits."""
+    """A granted request: where it runs, its per-GPU limits, and the node CPU and host memory
+    it holds (for the whole allocation)."""
 
     id: str
     owner: Owner
@@ -154,6 +181,8 @@ class Allocation:
     borrowed: bool = False
     kind: str = "notebook"
     created_at: float = 0.0
+    cpu_millicores: int = 0
+    host_memory_mib: int = 0
 
 
 DecisionKind = Literal["grant", "preempt", "wait", "reject"]

@@ -20,13 +20,16 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+from .mix import Mix
 from .model import GPU, Allocation, Mode, Pool
 from .policy import Placement
 
 #: group key matching any model
 ANY = ""
+#: CPU or host memory of a node the edge gave no number for: never the reason a request waits
+UNKNOWN = 1 << 62
 
 # freed capacity on cards by a set of would-be victims: card -> [memory, cores, allocations]
 Freed = dict[int, list[int]]
@@ -42,8 +45,13 @@ class CardIndex:
 
     def __init__(self, pool: Pool, placement: Placement, n_predicates: int) -> None:
         self.pool = pool
-        self.binpack_nodes = placement.node == "binpack"
-        self.binpack_gpus = placement.gpu == "binpack"
+        # fgd weighs candidate nodes found in binpack order
+        self.binpack_nodes = placement.node != "spread"
+        self.binpack_gpus = placement.gpu != "spread"
+        self.fgd_nodes = placement.node == "fgd"
+        self.fgd_gpus = placement.gpu == "fgd"
+        #: the expected mix of requests FGD keeps room for (fed by AdmissionState.add)
+        self.mix = Mix()
         self.gpus: list[GPU] = []
         self.gi_of: dict[str, int] = {}
         self.node_of_gpu: list[int] = []
@@ -61,9 +69,18 @@ class CardIndex:
         #: per node: group -> cards taking slices / whole requests
         self.sgpus: list[dict[str, list[int]]] = []
         self.wgpus: list[dict[str, list[int]]] = []
+        #: per node: CPU (millicores) and host memory (MiB) left for the ledger's allocations
+        #: with none of them placed (allocatable minus what others request; UNKNOWN if the
+        #: edge gave no number), and what is left now
+        self.cpu_static: list[int] = []
+        self.hmem_static: list[int] = []
         for node in pool.nodes:
             ni = len(self.node_names)
             self.ni_of[node.name] = ni
+            self.cpu_static.append(UNKNOWN if node.cpu_millicores is None
+                                   else node.cpu_millicores - node.cpu_requested_millicores)
+            self.hmem_static.append(UNKNOWN if node.host_memory_mib is None
+                                    else node.host_memory_mib - node.host_memory_requested_mib)
             self.node_names.append(node.name)
             self.node_gpus.append([])
             sg: dict[str, list[int]] = {}
@@ -91,6 +108,8 @@ class CardIndex:
             self.wgpus.append(wg)
         n_gpus, n_nodes = len(self.gpus), len(self.node_names)
         # dynamic card state
+        self.cpu_free = list(self.cpu_static)
+        self.hmem_free = list(self.hmem_static)
         self.used_m = [0] * n_gpus
         self.used_c = [0] * n_gpus
         self.nalloc = [0] * n_gpus
@@ -149,6 +168,7 @@ class CardIndex:
                 self.max_whole_cards[g] = max(self.max_whole_cards.get(g, 0), len(gl))
         self._shape_memo: dict[tuple[str, int, int], int] = {}
         self._whole_memo: dict[tuple[str, int], int] = {}
+        self._node_memo: dict[tuple, list[int]] = {}
 
     def min_whole_memory(self, group: str, k: int) -> int:
         """The least memory k whole cards of ``group`` on one node can have (what the quota
@@ -162,6 +182,25 @@ class CardIndex:
                 if len(wg.get(group, ())) >= k
             ]
             hit = self._whole_memo[key] = min(sums, default=0)
+        return hit
+
+    def capable_nodes(self, m: int, c: int, k: int, whole: bool, group: str) -> list[int]:
+        """Nodes with k cards of ``group`` that could ever hold the request (memoized)."""
+        key = (group, m, c, k, whole)
+        hit = self._node_memo.get(key)
+        if hit is None:
+            hit = []
+            for ni in range(len(self.node_names)):
+                if whole:
+                    n = len(self.wgpus[ni].get(group, ()))
+                else:
+                    n = sum(1 for gi in self.sgpus[ni].get(group, ())
+                            if self.cap_m[gi] >= m and self.cap_c[gi] >= c)
+                if n >= k:
+                    hit.append(ni)
+            if len(self._node_memo) > 4096:
+                self._node_memo.clear()
+            self._node_memo[key] = hit
         return hit
 
     def most_slice_cards(self, group: str, m: int, c: int) -> int:
@@ -190,8 +229,13 @@ class CardIndex:
     def apply(
         self, allocation: Allocation, eligible: Sequence[bool], sign: int, refresh: bool = True
     ) -> None:
-        """Add (sign=1) or remove (sign=-1) an allocation's charges on the cards it holds."""
+        """Add (sign=1) or remove (sign=-1) an allocation's charges on the cards it holds and
+        the CPU and host memory it holds on its node."""
         nodes = set()
+        ni = self.node_index(allocation)
+        if ni is not None and (allocation.cpu_millicores or allocation.host_memory_mib):
+            self.cpu_free[ni] -= sign * allocation.cpu_millicores
+            self.hmem_free[ni] -= sign * allocation.host_memory_mib
         if sign > 0:
             self.elig[allocation.id] = eligible
         for uuid in allocation.gpu_uuids:
@@ -229,6 +273,25 @@ class CardIndex:
         if refresh:
             for ni in nodes:
                 self._refresh(ni)
+
+    def node_index(self, allocation: Allocation) -> int | None:
+        """The node an allocation holds (by its cards, else by its node name), or None."""
+        for uuid in allocation.gpu_uuids:
+            gi = self.gi_of.get(uuid)
+            if gi is not None:
+                return self.node_of_gpu[gi]
+        return self.ni_of.get(allocation.node)
+
+    def node_fits(self, ni: int, cpu: int, hmem: int, freed: Freed | None = None) -> bool:
+        """Does node ``ni`` have ``cpu`` millicores and ``hmem`` MiB of host memory left (after
+        ``freed``'s victims leave)? A hold may leave less than nothing: then nothing fits."""
+        fc, fh = self.cpu_free[ni], self.hmem_free[ni]
+        if freed:
+            back = freed.get(-1 - ni)
+            if back:
+                fc += back[0]
+                fh += back[1]
+        return fc >= cpu and fh >= hmem
 
     def refresh_all(self) -> None:
         for ni in range(len(self.node_names)):
@@ -300,8 +363,13 @@ class CardIndex:
         whole: bool,
         group: str,
         freed: Freed | None = None,
+        cpu: int = 0,
+        hmem: int = 0,
     ) -> list[int] | None:
-        """The k cards of node ``ni`` the request takes (policy order), or None."""
+        """The k cards of node ``ni`` the request takes (policy order), or None (also when
+        the node lacks the CPU or host memory)."""
+        if not self.node_fits(ni, cpu, hmem, freed):
+            return None
         if whole:
             cards = self.wgpus[ni].get(group)
             if not cards:
@@ -342,57 +410,208 @@ class CardIndex:
             fits.sort(key=lambda t: (-t[0], -t[1], t[2], t[3]))
         return [t[3] for t in fits[:k]]
 
-    def find(self, m: int, c: int, k: int, whole: bool, group: str) -> tuple[int, list[int]] | None:
+    def find(
+        self, m: int, c: int, k: int, whole: bool, group: str, cpu: int = 0, hmem: int = 0
+    ) -> tuple[int, list[int]] | None:
         """Best node and cards for the request with the pool as it is, by the placement policy."""
-        if whole:
-            worder = self.worder.get(group)
-            if not worder:
-                return None
-            if self.binpack_nodes:
-                i = bisect_left(worder, (k, -1))
-                if i == len(worder):
-                    return None
-                ni = worder[i][1]
-            else:
-                if worder[-1][0] < k:
-                    return None
-                ni = worder[-1][1]
-            cards = self.fit_node(ni, m, c, k, True, group)
-            return (ni, cards) if cards else None
-        order = self.order.get(group)
-        if not order:
-            return None
-        need = m * k
-        max_m, max_c = self.max_m[group], self.max_c[group]
-        if self.binpack_nodes:
-            for i in range(bisect_left(order, (need, -1)), len(order)):
-                ni = order[i][1]
-                if max_m[ni] >= m and max_c[ni] >= c:
-                    cards = self.fit_node(ni, m, c, k, False, group)
-                    if cards:
-                        return ni, cards
-        else:
-            for i in range(len(order) - 1, -1, -1):
-                total, ni = order[i]
-                if total < need:
-                    break
-                if max_m[ni] >= m and max_c[ni] >= c:
-                    cards = self.fit_node(ni, m, c, k, False, group)
-                    if cards:
-                        return ni, cards
+        if self.fgd_nodes:
+            return self._find_fgd(m, c, k, whole, group, cpu, hmem)
+        for ni in self._candidates(m, c, k, whole, group, cpu, hmem, self.binpack_nodes):
+            cards = self._cards(ni, m, c, k, whole, group, cpu, hmem)
+            if cards:
+                return ni, cards
         return None
 
-    def find_whole_within(self, k: int, group: str, max_memory: int) -> tuple[int, list[int]] | None:
+    def _cards(
+        self, ni: int, m: int, c: int, k: int, whole: bool, group: str, cpu: int, hmem: int
+    ) -> list[int] | None:
+        if self.fgd_gpus and not whole and k == 1:
+            best = self.fgd_best_card(ni, m, c, group, cpu, hmem)
+            return [best[1]] if best else None
+        return self.fit_node(ni, m, c, k, whole, group, None, cpu, hmem)
+
+    def _candidates(
+        self, m: int, c: int, k: int, whole: bool, group: str, cpu: int, hmem: int,
+        tight_first: bool,
+    ) -> Iterator[int]:
+        """Nodes that pass the cheap filters (enough free memory in sum, a large enough card,
+        CPU and host memory), tightest first (binpack) or emptiest first (spread)."""
+        cpu_free, hmem_free = self.cpu_free, self.hmem_free
+        if whole:
+            order = self.worder.get(group)
+            if not order:
+                return
+            start = bisect_left(order, (k, -1))
+            walk = order[start:] if tight_first else reversed(order[start:])
+            for _, ni in walk:
+                if cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
+                    yield ni
+            return
+        order = self.order.get(group)
+        if not order:
+            return
+        max_m, max_c = self.max_m[group], self.max_c[group]
+        start = bisect_left(order, (m * k, -1))
+        walk = order[start:] if tight_first else reversed(order[start:])
+        for _, ni in walk:
+            if max_m[ni] >= m and max_c[ni] >= c and cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
+                yield ni
+
+    def find_whole_within(
+        self, k: int, group: str, max_memory: int, cpu: int = 0, hmem: int = 0
+    ) -> tuple[int, list[int]] | None:
         """Like :meth:`find` for whole cards, but only cards whose memory adds up to at most
         ``max_memory`` (the quota headroom), in placement order."""
-        worder = self.worder.get(group) or []
-        start = bisect_left(worder, (k, -1))
-        candidates = worder[start:] if self.binpack_nodes else reversed(worder[start:])
-        for _, ni in candidates:
-            cards = self.fit_node(ni, 0, 0, k, True, group)
+        for ni in self._candidates(0, 0, k, True, group, cpu, hmem, self.binpack_nodes):
+            cards = self.fit_node(ni, 0, 0, k, True, group, None, cpu, hmem)
             if cards and sum(self.gpus[gi].memory_mib for gi in cards) <= max_memory:
                 return ni, cards
         return None
+
+    # ---- fragmentation-aware placement (FGD) ----------------------------------------------
+    #
+    # Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with
+    # Fragmentation Gradient Descent" (USENIX ATC '23). The fragmentation of a node for one
+    # kind of request is the free GPU capacity that kind cannot use there: on cards too small
+    # for it, or all of the node's free capacity when the node lacks the cards, the CPU or the
+    # host memory for it. Weighted by the expected mix of requests, that is what a placement
+    # should grow least. Capacity is counted in fractions of a card's memory.
+
+    #: FGD weighs at most this many nodes in binpack order, plus this many of the emptiest
+    fgd_tight_nodes = 24
+    fgd_empty_nodes = 4
+
+    def _find_fgd(
+        self, m: int, c: int, k: int, whole: bool, group: str, cpu: int, hmem: int
+    ) -> tuple[int, list[int]] | None:
+        types = self.mix.types() or [((m, c, k, whole, cpu, hmem), 1.0)]
+        seen: set[int] = set()
+        nodes: list[int] = []
+        for tight_first, budget in ((True, self.fgd_tight_nodes), (False, self.fgd_empty_nodes)):
+            for ni in self._candidates(m, c, k, whole, group, cpu, hmem, tight_first):
+                if budget == 0:
+                    break
+                if ni in seen:
+                    continue
+                seen.add(ni)
+                nodes.append(ni)
+                budget -= 1
+        best: tuple[float, int, int, list[int]] | None = None
+        for rank, ni in enumerate(nodes):
+            if self.fgd_gpus and not whole and k == 1:
+                hit = self.fgd_best_card(ni, m, c, group, cpu, hmem, types)
+                if hit is None:
+                    continue
+                delta, gi = hit
+                cards = [gi]
+            else:
+                cards = self.fit_node(ni, m, c, k, whole, group, None, cpu, hmem)
+                if not cards:
+                    continue
+                delta = self._fgd_delta(ni, cards, m, c, whole, cpu, hmem, types)
+            key = (round(delta, 9), rank)
+            if best is None or key < best[:2]:
+                best = (key[0], rank, ni, cards)
+        if best is not None:
+            return best[2], best[3]
+        # none of the weighed nodes has room after all: the first of the others that has
+        for ni in self._candidates(m, c, k, whole, group, cpu, hmem, True):
+            if ni not in seen:
+                cards = self._cards(ni, m, c, k, whole, group, cpu, hmem)
+                if cards:
+                    return ni, cards
+        return None
+
+    def fgd_best_card(
+        self, ni: int, m: int, c: int, group: str, cpu: int, hmem: int,
+        types: list[tuple[tuple, float]] | None = None,
+    ) -> tuple[float, int] | None:
+        """(growth of fragmentation, card) of the best card of node ``ni`` for one slice."""
+        if not self.node_fits(ni, cpu, hmem):
+            return None
+        if types is None:
+            types = self.mix.types() or [((m, c, 1, False, cpu, hmem), 1.0)]
+        best: tuple[float, int, int] | None = None
+        cap_m, used_m, cap_c, used_c = self.cap_m, self.used_m, self.cap_c, self.used_c
+        base = None
+        for gi in self.sgpus[ni].get(group, ()):
+            fm = cap_m[gi] - used_m[gi]
+            if fm < m or cap_c[gi] - used_c[gi] < c:
+                continue
+            if base is None:
+                base = self._fgd_base(ni, types)
+            delta = self._fgd_change(ni, base, [gi], m, c, False, cpu, hmem, types)
+            key = (round(delta, 9), fm, gi)
+            if best is None or key < best:
+                best = key
+        return (best[0], best[2]) if best else None
+
+    def _fgd_delta(
+        self, ni: int, cards: list[int], m: int, c: int, whole: bool, cpu: int, hmem: int,
+        types: list[tuple[tuple, float]],
+    ) -> float:
+        return self._fgd_change(ni, self._fgd_base(ni, types), cards, m, c, whole, cpu, hmem,
+                                types)
+
+    def _card_state(self, gi: int) -> tuple[int, int, int]:
+        return self.cap_m[gi] - self.used_m[gi], self.cap_c[gi] - self.used_c[gi], self.nalloc[gi]
+
+    def _fits(self, gi: int, fm: int, fc: int, n: int, t: tuple) -> bool:
+        if t[3]:  # whole
+            return n == 0 and self.whole_ok[gi]
+        return self.slice_ok[gi] and fm >= t[0] and fc >= t[1]
+
+    def _frac(self, gi: int, fm: int, n: int) -> float:
+        if self.slice_ok[gi]:
+            return max(fm, 0) / self.cap_m[gi] if self.cap_m[gi] else 0.0
+        return 1.0 if n == 0 and self.whole_ok[gi] else 0.0
+
+    def _fgd_base(self, ni: int, types: list[tuple[tuple, float]]) -> list[list[float]]:
+        """Per type: [cards it fits, free fraction on those cards]."""
+        base = [[0.0, 0.0] for _ in types]
+        for gi in self.node_gpus[ni]:
+            fm, fc, n = self._card_state(gi)
+            frac = self._frac(gi, fm, n)
+            for i, (t, _) in enumerate(types):
+                if self._fits(gi, fm, fc, n, t):
+                    base[i][0] += 1
+                    base[i][1] += frac
+        return base
+
+    def _fgd_change(
+        self, ni: int, base: list[list[float]], cards: list[int], m: int, c: int, whole: bool,
+        cpu: int, hmem: int, types: list[tuple[tuple, float]],
+    ) -> float:
+        """How much the node's expected fragmentation grows if the request takes ``cards``."""
+        after = [list(b) for b in base]
+        total = 0.0
+        for gi in cards:
+            fm, fc, n = self._card_state(gi)
+            if whole:
+                fm2, fc2 = fm - self.cap_m[gi], fc - self.cap_c[gi]
+            else:
+                fm2, fc2 = fm - m, fc - c
+            frac, frac2 = self._frac(gi, fm, n), self._frac(gi, fm2, n + 1)
+            total += frac2 - frac
+            for i, (t, _) in enumerate(types):
+                if self._fits(gi, fm, fc, n, t):
+                    after[i][0] -= 1
+                    after[i][1] -= frac
+                if self._fits(gi, fm2, fc2, n + 1, t):
+                    after[i][0] += 1
+                    after[i][1] += frac2
+        cpu0, hmem0 = self.cpu_free[ni], self.hmem_free[ni]
+        gain = 0.0
+        for i, (t, p) in enumerate(types):
+            usable = base[i][1] if (base[i][0] >= t[2] and cpu0 >= t[4] and hmem0 >= t[5]) else 0.0
+            usable2 = (
+                after[i][1]
+                if after[i][0] >= t[2] and cpu0 - cpu >= t[4] and hmem0 - hmem >= t[5]
+                else 0.0
+            )
+            gain += p * (usable2 - usable)
+        # fragmentation = free - usable: it grows by the change in free minus the change in usable
+        return total - gain
 
     def node_rank(self, ni: int, group: str, whole: bool) -> tuple[int, int]:
         """Sort key of a node in placement order (smaller = preferred)."""

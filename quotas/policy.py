@@ -9,8 +9,11 @@ from typing import Literal
 from .errors import InvalidRequest
 from .tree import QuotaTree
 
-Strategy = Literal["binpack", "spread"]
-STRATEGIES = ("binpack", "spread")
+#: default wait after which the head of a priority class gets capacity reserved (seconds)
+RESERVE_AFTER_SECONDS = 60.0
+
+Strategy = Literal["binpack", "spread", "fgd"]
+STRATEGIES = ("binpack", "spread", "fgd")
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,8 @@ class PriorityClass:
 @dataclass(frozen=True)
 class Placement:
     """Where slices go: ``binpack`` fills the fullest node/card that fits first, ``spread`` the
-    emptiest; chosen separately for nodes and for cards within the node."""
+    emptiest, ``fgd`` the one whose fragmentation grows least for the expected mix of
+    requests; chosen separately for nodes and for cards within the node."""
 
     node: Strategy = "binpack"
     gpu: Strategy = "binpack"
@@ -51,6 +55,9 @@ class Policy:
     #: preemption looks for victims on at most this many nodes (in placement order), as
     #: kube-scheduler bounds its candidate nodes; the best single victim is always found.
     max_preemption_nodes: int = 100
+    #: seconds the head of a priority class may wait for capacity before the queue reserves
+    #: capacity for it (None: never; see quotas.queue)
+    reserve_after_seconds: float | None = RESERVE_AFTER_SECONDS
 
     def priority_class(self, name: str | None) -> PriorityClass:
         """The class of a request (``None`` -> the default); InvalidRequest if unknown."""

@@ -55,6 +55,8 @@ class Ask:
     k: int
     whole: bool
     group: str
+    cpu: int = 0
+    hmem: int = 0
 
 
 @dataclass
@@ -158,6 +160,14 @@ class VictimSearch:
             f[0] += sign * cm
             f[1] += sign * cc
             f[2] += sign
+        if allocation.cpu_millicores or allocation.host_memory_mib:
+            ni = self.ix.node_index(allocation)
+            if ni is not None:  # node CPU and host memory it gives back, under key -1 - node
+                f = t.freed.get(-1 - ni)
+                if f is None:
+                    f = t.freed[-1 - ni] = [0, 0, 0]
+                f[0] += sign * allocation.cpu_millicores
+                f[1] += sign * allocation.host_memory_mib
         charge = self.st._charges[allocation.id]
         for i, lv in enumerate(self.levels):
             if not allocation.borrowed and self._belongs(allocation, lv.key):
@@ -207,7 +217,7 @@ class VictimSearch:
             cards = self.base[1]
         else:
             a = self.ask
-            cards = self.ix.fit_node(ni, a.m, a.c, a.k, a.whole, a.group, t.freed)
+            cards = self.ix.fit_node(ni, a.m, a.c, a.k, a.whole, a.group, t.freed, a.cpu, a.hmem)
             if cards is None:
                 return None
         if self.levels and (self.deficits or self.ask.whole):
@@ -254,6 +264,48 @@ class VictimSearch:
             if not strict and (cm > 0 and fm < a.m or cc > 0 and fc < a.c):
                 return True  # gets the card closer; may take more victims
         return False
+
+    # ---- node CPU and host memory ---------------------------------------------------------
+
+    def _may_evict(self, aid: str) -> bool:
+        key = self.st._key.get(aid)  # None: not in the ledger (a queue's hold)
+        return key is not None and (key[0] == 0 or (self.pc.preempt and key[1] < self.pc.value))
+
+    def _node_victims(self, ni: int, t: Trial) -> list[Allocation]:
+        """Eligible allocations on node ``ni`` holding CPU or host memory, not yet in ``t``,
+        in preference order."""
+        keys = self.st._key
+        found = [
+            a for aid, a in self.ix.node_allocs[ni].items()
+            if aid not in t.ids and (a.cpu_millicores or a.host_memory_mib) and self._may_evict(aid)
+        ]
+        found.sort(key=lambda a: keys[a.id])
+        return found
+
+    def _frees_node(self, allocation: Allocation) -> bool:
+        """Would removing ``allocation`` alone give its node the CPU and host memory the request
+        lacks there?"""
+        a = self.ask
+        if not (a.cpu or a.hmem) or not (allocation.cpu_millicores or allocation.host_memory_mib):
+            return False
+        ni = self.ix.node_index(allocation)
+        if ni is None or self.ix.node_fits(ni, a.cpu, a.hmem):
+            return False
+        return self.ix.node_fits(ni, a.cpu, a.hmem, self._trial([allocation]).freed)
+
+    def _node_single_victims(self) -> list[str]:
+        """Eligible allocations whose removal alone gives a short node the CPU and memory."""
+        a, ix = self.ask, self.ix
+        if not (a.cpu or a.hmem):
+            return []
+        found = []
+        for ni in range(len(ix.node_names)):
+            if ix.node_fits(ni, a.cpu, a.hmem):
+                continue
+            for aid, v in ix.node_allocs[ni].items():
+                if self._may_evict(aid) and self._frees_node(v):
+                    found.append(aid)
+        return found
 
     def _quota_candidates(self) -> list[Allocation]:
         """Eligible allocations of the widest level in deficit, in preference order."""
@@ -305,7 +357,7 @@ class VictimSearch:
                 if cards is not None:
                     return Solution([a], self.base[0], cards)
                 continue
-            if not self._frees_a_card(a, None, strict=True):
+            if not (self._frees_a_card(a, None, strict=True) or self._frees_node(a)):
                 continue
             ni = self._node_of(a)
             if ni is None:
@@ -322,11 +374,12 @@ class VictimSearch:
         no room anywhere)."""
         a, keys, allocs = self.ask, self.st._key, self.st._allocs
         ids = set(self.ix.single_victims(self.p, a.m, a.c, a.k, a.whole, a.group))
+        ids.update(self._node_single_victims())
         if after is not None:
             ids = {i for i in ids if keys[i] > after}
         if not ids:
             return None
-        if a.k == 1 and not a.whole:
+        if a.k == 1 and not a.whole and not (a.cpu or a.hmem):
             # each of these alone makes a card fit: the best is simply the smallest key
             first = allocs[min(ids, key=keys.__getitem__)]
             ni = self._node_of(first)
@@ -425,6 +478,15 @@ class VictimSearch:
             for _, victims in per_card[: a.k]:
                 for v in victims:
                     chosen[v.id] = v
+            if a.cpu or a.hmem:  # ... plus what frees the node's CPU and host memory
+                t = self._trial(list(chosen.values()))
+                for v in self._node_victims(ni, t):
+                    if self.ix.node_fits(ni, a.cpu, a.hmem, t.freed):
+                        break
+                    chosen[v.id] = v
+                    self._change(t, v, 1)
+                if not self.ix.node_fits(ni, a.cpu, a.hmem, t.freed):
+                    continue
             # ... plus the quota's own victims. If a capacity victim also counts against a
             # level in deficit, or cards differ in size (whole), work it out in full.
             simple = not a.whole and all(
@@ -459,7 +521,7 @@ class VictimSearch:
         short, then every superfluous one given back."""
         a = self.ask
         t = self._trial(capacity)
-        cards = self.ix.fit_node(ni, a.m, a.c, a.k, a.whole, a.group, t.freed)
+        cards = self.ix.fit_node(ni, a.m, a.c, a.k, a.whole, a.group, t.freed, a.cpu, a.hmem)
         if cards is None:
             return None
         if self.levels and (self.deficits or a.whole):

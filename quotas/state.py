@@ -45,7 +45,11 @@ class AdmissionState:
         self._index.refresh_all()
 
     def _reset_indexes(self) -> None:
+        mix = getattr(self, "_mix", None)
         self._index = CardIndex(self._pool, self.config.policy.placement, len(self._thresholds))
+        if mix is not None:  # the recent requests outlive an inventory change
+            self._index.mix = mix
+        self._mix = self._index.mix
         self._ledger = QuotaLedger()
         self._charges: dict[str, tuple[int, int, int]] = {}
         self._eligible: dict[str, tuple[bool, ...]] = {}
@@ -90,6 +94,13 @@ class AdmissionState:
             insort(self._group_order.setdefault(group, []), key)
         self._ledger.apply(allocation.id, allocation.owner, charge, allocation.borrowed, 1)
         self._index.apply(allocation, eligible, 1, refresh)
+        n = len(allocation.gpu_uuids)
+        if allocation.whole:
+            shape = (0, 0, n, True, allocation.cpu_millicores, allocation.host_memory_mib)
+        else:
+            shape = (allocation.memory_mib, allocation.cores_percent, n, False,
+                     allocation.cpu_millicores, allocation.host_memory_mib)
+        self._mix.add(shape)
 
     def remove(self, allocation_id: str) -> Allocation | None:
         """Forget an allocation; returns it, or None if it was not recorded."""
@@ -166,6 +177,13 @@ class AdmissionState:
         count = request.count
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise InvalidRequest(f"Ask for at least 1 GPU; got {count!r}.")
+        for value, what in ((request.cpu_millicores, "CPU (millicores)"),
+                            (request.host_memory_mib, "host memory (MiB)")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidRequest(
+                    f"The {what} a GPU request asks of its node must be a whole number of 0 or "
+                    f"more; got {value!r}."
+                )
         if not request.whole:
             m, c = request.memory_mib, request.cores_percent
             if isinstance(m, bool) or not isinstance(m, int) or m <= 0:
@@ -204,6 +222,7 @@ class AdmissionState:
                     f"No node has {count} {model}GPUs that can be given out whole; the most on "
                     f"one node is {most}. Ask for fewer GPUs."
                 )
+            self._check_node(request, group, model)
             return pc, group, levels
         if not ix.max_slice_cards.get(group):
             raise InvalidRequest(
@@ -227,7 +246,30 @@ class AdmissionState:
                 f"No node has {count} {model}GPUs that can hold {msg.mib(m)} and {c}% each; "
                 f"the most on one node is {most}. Ask for fewer GPUs or a smaller slice."
             )
+        self._check_node(request, group, model)
         return pc, group, levels
+
+    def _check_node(self, request: GPURequest, group: str, model: str) -> None:
+        """Reject a request whose CPU or host memory no node with room for its GPUs has."""
+        cpu, hmem = request.cpu_millicores, request.host_memory_mib
+        if not cpu and not hmem:
+            return
+        m = 0 if request.whole else request.memory_mib
+        c = 0 if request.whole else request.cores_percent
+        ix = self._index
+        nodes = ix.capable_nodes(m, c, request.count, request.whole, group)
+        if not nodes or any(
+            ix.cpu_static[ni] >= cpu and ix.hmem_static[ni] >= hmem for ni in nodes
+        ):
+            return
+        most_cpu = max(ix.cpu_static[ni] for ni in nodes)
+        most_hmem = max(ix.hmem_static[ni] for ni in nodes)
+        offer = msg.node_needs(most_cpu if cpu else 0, most_hmem if hmem else 0)
+        raise InvalidRequest(
+            f"No node with room for {msg.shape(request)} has {msg.node_needs(cpu, hmem)} to "
+            f"give (such nodes offer at most {offer}). Pick a smaller profile or ask an admin "
+            "for larger nodes."
+        )
 
     # ---- the decision ---------------------------------------------------------------------
 
@@ -264,13 +306,14 @@ class AdmissionState:
                     )
                     return Decision("reject", reason=error.message, error=error)
 
-        base = ix.find(m, c, k, whole, group)
+        cpu, hmem = request.cpu_millicores, request.host_memory_mib
+        base = ix.find(m, c, k, whole, group, cpu, hmem)
         asked = asked_for(base[1] if base else None)
         over = self._first_deficit(levels, asked)
         if whole and base is not None and over is not None and over[1] == "memory_mib":
             # whole cards differ in size: smaller ones elsewhere may fit the memory quota
             headroom = self._headroom(levels, "memory_mib")
-            smaller = ix.find_whole_within(k, group, headroom)
+            smaller = ix.find_whole_within(k, group, headroom, cpu, hmem)
             if smaller is not None:
                 base = smaller
                 asked = asked_for(base[1])
@@ -288,7 +331,7 @@ class AdmissionState:
             )
         if self._has_candidates(pc):
             search = VictimSearch(
-                self, Ask(m, c, k, whole, group), pc, self._predicate[pc.name], levels,
+                self, Ask(m, c, k, whole, group, cpu, hmem), pc, self._predicate[pc.name], levels,
                 asked_for, base,
             )
             solution = search.run()
@@ -357,6 +400,8 @@ class AdmissionState:
             borrowed=borrowed,
             kind=request.kind,
             created_at=now,
+            cpu_millicores=request.cpu_millicores,
+            host_memory_mib=request.host_memory_mib,
         )
         return Decision("grant", allocation=allocation, reason=reason)
 
@@ -390,7 +435,16 @@ class AdmissionState:
             )
             return Decision("wait", reason=error.message, error=error)
         model = msg.model_phrase(ix.model_names.get(group))
-        if request.whole:
+        cpu, hmem = request.cpu_millicores, request.host_memory_mib
+        m = 0 if request.whole else request.memory_mib
+        c = 0 if request.whole else request.cores_percent
+        if (cpu or hmem) and ix.find(m, c, k, request.whole, group) is not None:
+            text = (
+                f"GPUs have room for {msg.shape(request)}, but no node with that room has "
+                f"{msg.node_needs(cpu, hmem)} free right now. Wait for a server to stop or "
+                "pick a smaller profile."
+            )
+        elif request.whole:
             most = ix.most_empty_cards(group)
             text = (
                 f"No node has {msg.plural(k, 'free ' + model + 'GPU')} to give out whole right "

@@ -113,9 +113,9 @@ def test_the_default_priority_class_must_be_defined():
     assert one.default_priority_class == "only"
 
 
-def test_placement_must_be_binpack_or_spread():
+def test_placement_must_be_binpack_spread_or_fgd():
     assert error_of({"placement": {"node": "random"}}) == (
-        "placement.node: must be one of binpack, spread, got 'random'"
+        "placement.node: must be one of binpack, spread, fgd, got 'random'"
     )
     assert load_config({"placement": {"gpu": "spread"}}).placement.gpu == "spread"
 

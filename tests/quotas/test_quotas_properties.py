@@ -25,6 +25,7 @@ from quotas import (
     load_config,
 )
 from quotas.preemption import VictimSearch
+from quotas.queue import AdmissionQueue
 
 GIB = 1024
 PROPERTY = settings(
@@ -58,7 +59,13 @@ def pools(draw) -> Pool:
                 cores_oversub=draw(st.sampled_from([1.0, 1.0, 2.0, 1.3])),
                 mode=draw(st.sampled_from([Mode.SHARED] * 8 + [Mode.WHOLE, Mode.MIG])),
             ))
-        nodes.append(Node(f"n{ni}", tuple(gpus)))
+        nodes.append(Node(
+            f"n{ni}", tuple(gpus),
+            cpu_millicores=draw(st.sampled_from([None, 2000, 8000, 16000, 64000])),
+            host_memory_mib=draw(st.sampled_from([None, 8 * GIB, 32 * GIB, 256 * GIB])),
+            cpu_requested_millicores=draw(st.sampled_from([0, 0, 1000])),
+            host_memory_requested_mib=draw(st.sampled_from([0, 0, 4 * GIB])),
+        ))
     return Pool(tuple(nodes))
 
 
@@ -82,8 +89,8 @@ def configs(draw) -> AdmissionConfig:
                 "users": {u: draw(limits()) for u in draw(st.sets(st.sampled_from(USERS)))},
             }
         workspaces[ws] = {"limits": draw(limits()), "namespaces": namespaces}
-    placement = {"node": draw(st.sampled_from(["binpack", "spread"])),
-                 "gpu": draw(st.sampled_from(["binpack", "spread"]))}
+    placement = {"node": draw(st.sampled_from(["binpack", "spread", "fgd"])),
+                 "gpu": draw(st.sampled_from(["binpack", "spread", "fgd"]))}
     return load_config({"priority_classes": CLASSES, "workspaces": workspaces,
                         "placement": placement})
 
@@ -105,6 +112,8 @@ def requests(draw, i: int, classes=(*CLASSES, None), sizes=(*SMALL, *LARGE)) -> 
         whole=draw(st.integers(0, 11)) == 0,
         request_id=f"r{i}",
         kind="kernel",
+        cpu_millicores=draw(st.sampled_from([0, 0, 500, 2000, 4000, 12000])),
+        host_memory_mib=draw(st.sampled_from([0, 0, 2 * GIB, 8 * GIB, 24 * GIB])),
     )
 
 
@@ -156,6 +165,14 @@ def assert_pool_holds(pool: Pool, allocations: list[Allocation]) -> None:
                 assert gpu.mode == Mode.SHARED, f"slice on a {gpu.mode} card"
                 memory[u] += a.memory_mib
                 cores[u] += a.cores_percent
+    for node in pool.nodes:  # node CPU and host memory (None: unknown, never refused)
+        mine = [a for a in allocations if a.node == node.name]
+        if node.cpu_millicores is not None:
+            assert sum(a.cpu_millicores for a in mine) <= (
+                node.cpu_millicores - node.cpu_requested_millicores), f"{node.name} CPU"
+        if node.host_memory_mib is not None:
+            assert sum(a.host_memory_mib for a in mine) <= (
+                node.host_memory_mib - node.host_memory_requested_mib), f"{node.name} memory"
     for u, held in holders.items():
         gpu = pool.gpu(u)
         if any(a.whole for a in held):
@@ -298,8 +315,8 @@ def test_preemption_takes_a_minimal_set_one_victim_when_one_suffices_and_waits_o
 def index_snapshot(state: AdmissionState) -> dict:
     """Every incrementally kept summary of the card index (white box, on purpose)."""
     ix = state._index
-    names = ("used_m", "used_c", "nalloc", "on", "free_sum", "order", "max_m", "max_c", "empty",
-             "worder", "em", "ec", "en", "pmax_m", "pmax_c", "pempty", "elig", "em1", "ec1",
+    names = ("cpu_free", "hmem_free", "used_m", "used_c", "nalloc", "on", "free_sum", "order",
+             "max_m", "max_c", "empty", "worder", "em", "ec", "en", "pmax_m", "pmax_c", "pempty", "elig", "em1", "ec1",
              "p1max_m", "p1max_c", "pempty1")
     snap = {name: getattr(ix, name) for name in names}
     snap["node_allocs"] = [sorted(d) for d in ix.node_allocs]
@@ -316,6 +333,8 @@ def test_the_incremental_indexes_decide_like_a_state_built_from_scratch(scenario
 
     def check(state, request, d):
         fresh = AdmissionState(cfg, pool, state.allocations.values())
+        # fgd weighs the recent requests, which include allocations gone since: same past
+        fresh._index.mix = fresh._mix = state._mix
         again = fresh.decide(request, now=float(len(state.allocations)))
         assert (again.kind, again.allocation, again.victims, again.reason) == (
             d.kind, d.allocation, d.victims, d.reason)
@@ -342,3 +361,80 @@ def test_the_indexed_single_victim_search_agrees_with_the_ordered_walk(scenario)
             d.kind, d.allocation, d.victims)
 
     play(cfg, pool, ops, check)
+
+
+# ---- the queue: an overdue head is granted within a bounded number of departures -------------
+
+
+@st.composite
+def queue_scenarios(draw):
+    """A pool filled with small slices, a big head request, then arrivals of small requests
+    (same class, behind the head), departures of any live allocation, and clock ticks."""
+    cfg = load_config({"priority_classes": CLASSES,
+                       "placement": {"node": draw(st.sampled_from(["binpack", "spread", "fgd"])),
+                                     "gpu": draw(st.sampled_from(["binpack", "spread", "fgd"]))}})
+    pool = draw(pools())
+    fill = [draw(requests(i, ("default",), SMALL)) for i in range(draw(st.integers(2, 12)))]
+    head = draw(requests(999, ("default",), LARGE))
+    ops = []
+    for i in range(draw(st.integers(1, 30))):
+        kind = draw(st.sampled_from(["arrive", "arrive", "depart", "depart", "tick"]))
+        if kind == "arrive":
+            ops.append(("arrive", draw(requests(100 + i, ("default",), SMALL))))
+        elif kind == "depart":
+            ops.append(("depart", draw(st.integers(0, 1000))))
+        else:
+            ops.append(("tick", draw(st.sampled_from([1.0, 30.0, 120.0]))))
+    return cfg, pool, fill, head, ops, draw(st.sampled_from([0.0, 60.0]))
+
+
+@PROPERTY
+@given(queue_scenarios())
+def test_an_overdue_head_is_granted_once_the_allocations_in_its_way_have_left(scenario):
+    cfg, pool, fill, head, ops, bound = scenario
+    state = AdmissionState(cfg, pool)
+    for r in fill:
+        d = state.decide(r)
+        if d.kind == "grant":
+            state.apply(d)
+    queue = AdmissionQueue(reserve_after_seconds=bound)
+    if state.decide(head).kind != "wait":
+        return  # the head must wait to begin with
+    waiting = queue.push(head, 100, 0.0)
+    now = 0.0
+    departed: set[str] = set()
+    granted = False
+
+    def pump() -> None:
+        nonlocal granted
+        was_waiting_for_capacity = waiting in queue
+        reservation = waiting.reservation
+        steps = queue.pump(state, now)
+        assert_pool_holds(pool, list(state.allocations.values()))
+        for step in steps:
+            if step.waiting is waiting and step.decision.granted:
+                granted = True
+        if was_waiting_for_capacity and reservation is not None and reservation.blockers <= departed:
+            assert granted, "every allocation in its way has left, yet the head still waits"
+
+    pump()
+    for kind, op in ops:
+        if granted:
+            break
+        if kind == "arrive":
+            queue.push(op, 100, now)
+        elif kind == "depart":
+            live = sorted(state.allocations)
+            if live:
+                departed.add(live[op % len(live)])
+                state.remove(live[op % len(live)])
+        else:
+            now += op
+        pump()
+    # and the bound is real: with everything that was there gone, it is granted
+    if not granted and waiting.reservation is not None:
+        for aid in sorted(waiting.reservation.blockers & set(state.allocations)):
+            departed.add(aid)
+            state.remove(aid)
+        pump()
+        assert granted

@@ -1,0 +1,223 @@
+"""The waiting line in front of the admission core: priority order, backfill, and no starvation.
+
+Queue order is priority (higher first), then arrival. A later request that fits is granted
+while an earlier, bigger one waits (backfill, as Kueue's best-effort FIFO), so one large request
+does not idle a card for everyone. But backfill alone starves large requests: small slices keep
+taking every piece of capacity as it frees. So once the head of a priority class (its first
+waiting request) has waited ``reserve_after_seconds`` for capacity, the queue *reserves* capacity
+for it, as kube-scheduler nominates a node for a preemptor and Kueue reserves quota for its head:
+
+- the reservation is one node and the cards the head would take there once the allocations on
+  them are gone (the node and cards with the fewest allocations in the way; sticky until the
+  head is granted or leaves);
+- requests behind it (its class and lower) are never placed on the reserved cards, nor where
+  they would take the node CPU or host memory the head needs;
+- the head still takes any other place that fits first.
+
+Nothing new lands in the head's way, so it is granted at the latest once the allocations that
+held its reserved cards (and the node's CPU or memory it lacked) when the reservation was made
+have departed — at most that many departures from that node, whatever else arrives. Higher
+classes still come first and may take reserved capacity.
+
+Pure like the rest of ``quotas``: the caller passes ``now`` and does the I/O for what
+:meth:`AdmissionQueue.pump` decided.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from .errors import PoolFull
+from .model import Allocation, Decision, GPURequest, Owner
+from .placement import ANY, CardIndex
+from .policy import RESERVE_AFTER_SECONDS
+from .state import AdmissionState
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Capacity held for the head of a priority class: ``cards`` (uuids) on ``node``, plus the
+    node CPU and host memory it asks for. ``blockers``: the allocations in its way when it was
+    made (the bound on how many departures it waits for)."""
+
+    node: str
+    cards: tuple[str, ...]
+    cpu_millicores: int
+    host_memory_mib: int
+    blockers: frozenset[str]
+    made_at: float
+
+
+@dataclass(eq=False)
+class Waiting:
+    """One request in the queue. ``position``: how many wait ahead of it; ``reason``: why it
+    waits (the latest decision's sentence)."""
+
+    request: GPURequest
+    priority_value: int
+    seq: int
+    enqueued_at: float
+    position: int | None = None
+    reason: str = ""
+    reservation: Reservation | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one pump did with one request: granted (``decision.granted``; the state already
+    holds the allocation and no longer the victims), rejected, or still waiting."""
+
+    waiting: Waiting
+    decision: Decision
+
+
+class AdmissionQueue:
+    """Waiting requests, in priority then arrival order, with reservations for overdue heads."""
+
+    def __init__(self, reserve_after_seconds: float | None = RESERVE_AFTER_SECONDS) -> None:
+        if reserve_after_seconds is not None and reserve_after_seconds < 0:
+            raise ValueError(
+                f"reserve_after_seconds must be 0 or more (or None: never reserve), got "
+                f"{reserve_after_seconds!r}"
+            )
+        self.reserve_after_seconds = reserve_after_seconds
+        self._waiting: list[Waiting] = []
+        self._seq = itertools.count()
+
+    def push(self, request: GPURequest, priority_value: int, now: float) -> Waiting:
+        """Put a request in line (the caller has checked it is not rejected)."""
+        w = Waiting(request, priority_value, next(self._seq), now)
+        self._waiting.append(w)
+        return w
+
+    def discard(self, waiting: Waiting) -> bool:
+        """Take a request out of line (it gave up); False if it was not in line."""
+        try:
+            self._waiting.remove(waiting)
+        except ValueError:
+            return False
+        return True
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def __contains__(self, waiting: object) -> bool:
+        return waiting in self._waiting
+
+    def ordered(self) -> list[Waiting]:
+        """Waiting requests in queue order (priority, then arrival)."""
+        return sorted(self._waiting, key=lambda w: (-w.priority_value, w.seq))
+
+    def pump(self, state: AdmissionState, now: float) -> list[Step]:
+        """Decide every waiting request in order, applying grants to ``state`` as they happen;
+        returns one step per request. Granted and rejected requests leave the queue."""
+        steps: list[Step] = []
+        ahead = 0
+        heads: set[int] = set()
+        with _holds(state) as hold:
+            for w in self.ordered():
+                d = state.decide(w.request, now=now)
+                steps.append(Step(w, d))
+                if d.granted or d.kind == "reject":
+                    self._waiting.remove(w)
+                    if d.granted:
+                        state.apply(d)
+                    continue
+                w.position, w.reason = ahead, d.reason
+                ahead += 1
+                head = w.priority_value not in heads
+                heads.add(w.priority_value)
+                if not head or not isinstance(d.error, PoolFull):
+                    continue  # only a head waiting for capacity (not quota) reserves
+                bound = self.reserve_after_seconds
+                if w.reservation is None and bound is not None and now - w.enqueued_at >= bound:
+                    w.reservation = reserve(state, w.request, now)
+                if w.reservation is not None:
+                    hold(w.reservation)
+        return steps
+
+
+def reserve(state: AdmissionState, request: GPURequest, now: float) -> Reservation | None:
+    """The node and cards where ``request`` waits for the fewest allocations to leave."""
+    ix = state._index
+    group = request.model.lower() if request.model else ANY
+    whole = request.whole
+    m = 0 if whole else request.memory_mib
+    c = 0 if whole else request.cores_percent
+    k, cpu, hmem = request.count, request.cpu_millicores, request.host_memory_mib
+    best: tuple | None = None
+    for ni in ix.capable_nodes(m, c, k, whole, group):
+        if ix.cpu_static[ni] < cpu or ix.hmem_static[ni] < hmem:
+            continue
+        cards = []
+        for gi in (ix.wgpus if whole else ix.sgpus)[ni].get(group, ()):
+            if not whole and (ix.cap_m[gi] < m or ix.cap_c[gi] < c):
+                continue
+            if ix.on[gi] and any(aid.startswith(HOLD) for aid in ix.on[gi]):
+                continue  # held for a request ahead
+            fm = ix.cap_m[gi] - ix.used_m[gi]
+            in_way = 0 if (not whole and fm >= m and ix.cap_c[gi] - ix.used_c[gi] >= c) \
+                else len(ix.on[gi])
+            cards.append((in_way, -fm, gi))
+        if len(cards) < k:
+            continue
+        cards.sort()
+        chosen = [gi for _, _, gi in cards[:k]]
+        blockers = {aid for gi in chosen if _in_way(ix, gi, m, c, whole) for aid in ix.on[gi]}
+        if ix.cpu_free[ni] < cpu or ix.hmem_free[ni] < hmem:
+            blockers |= {aid for aid in ix.node_allocs[ni] if not aid.startswith(HOLD)}
+        key = (len(blockers), sum(f for _, f, _ in cards[:k]), ni)
+        if best is None or key < best[0]:
+            best = (key, ni, chosen, blockers)
+    if best is None:
+        return None
+    _, ni, chosen, blockers = best
+    return Reservation(
+        node=ix.node_names[ni],
+        cards=tuple(ix.gpus[gi].uuid for gi in chosen),
+        cpu_millicores=cpu,
+        host_memory_mib=hmem,
+        blockers=frozenset(blockers),
+        made_at=now,
+    )
+
+
+def _in_way(ix: CardIndex, gi: int, m: int, c: int, whole: bool) -> bool:
+    if whole:
+        return bool(ix.on[gi])
+    return ix.cap_m[gi] - ix.used_m[gi] < m or ix.cap_c[gi] - ix.used_c[gi] < c
+
+
+#: id prefix of the stand-in allocations that hold reserved capacity during a pump
+HOLD = "\0hold:"
+
+
+@contextmanager
+def _holds(state: AdmissionState) -> Iterator:
+    """Within the block, ``hold(reservation)`` keeps its cards and node CPU/memory from every
+    later decision; all holds are gone afterwards (the state is the ledger again)."""
+    ix = state._index
+    placed: list[Allocation] = []
+    no = (False,) * ix.n_pred  # never a preemption victim
+
+    def hold(r: Reservation) -> None:
+        uuids = tuple(u for u in r.cards if u in ix.gi_of)
+        if not uuids and r.node not in ix.ni_of:
+            return  # the inventory changed under it
+        a = Allocation(
+            id=f"{HOLD}{len(placed)}", owner=Owner(HOLD), node=r.node, gpu_uuids=uuids,
+            memory_mib=0, cores_percent=0, priority_class="", whole=True,
+            cpu_millicores=r.cpu_millicores, host_memory_mib=r.host_memory_mib,
+        )
+        ix.apply(a, no, 1)
+        placed.append(a)
+
+    try:
+        yield hold
+    finally:
+        for a in reversed(placed):
+            ix.apply(a, no, -1)
