@@ -25,6 +25,7 @@ import yaml
 
 from .controllers import Controllers
 from .errors import ApiError
+from .images import DEFAULT_IMAGES, Image
 from .kubelet import Kubelet
 from .resources import BY_KEY, ResourceType, by_plural
 from .scheduler import Scheduler, set_condition
@@ -97,9 +98,8 @@ class KubeEmulator:
             temporary directory removed by stop()).
         pod_network: loopback network pod IPs are taken from (from a random start, so
             emulators in parallel test processes rarely share addresses).
-        rewrite_paths: container paths (besides mountPaths and workingDir) that are rewritten
-            to the pod root in command, args and env values, e.g. ``("/home/jovyan",)``.
-        bind_any_to_pod_ip: replace 0.0.0.0 in command, args and env with the pod's IP.
+        images: image table entries (fnmatch pattern -> ``images.Image``) on top of
+            ``images.DEFAULT_IMAGES``; an image no entry matches fails to pull.
         pod_env: extra environment for every pod process (below the pod's own env).
         history_size: watch events kept per resource type; older resourceVersions get 410.
         bookmark_interval: seconds between BOOKMARK events on watches that allow them.
@@ -110,7 +110,7 @@ class KubeEmulator:
     def __init__(self, nodes: Iterable[NodeSpec | Mapping[str, Any] | str] | None = None, *,
                  namespaces: Iterable[str] = (), port: int = 0,
                  data_dir: str | Path | None = None, pod_network: str = "127.64.0.0/10",
-                 rewrite_paths: Sequence[str] = (), bind_any_to_pod_ip: bool = True,
+                 images: Mapping[str, Image] | None = None,
                  pod_env: Mapping[str, str] | None = None, history_size: int = 5000,
                  bookmark_interval: float = 5.0, restart_backoff_seconds: float = 10.0,
                  scheduler_names: Sequence[str] = ("default-scheduler",),
@@ -120,8 +120,9 @@ class KubeEmulator:
         self._port_wanted = port
         self._data_dir_arg = Path(data_dir) if data_dir else None
         self.pod_network = pod_network
-        self.rewrite_paths = tuple(rewrite_paths)
-        self.bind_any_to_pod_ip = bind_any_to_pod_ip
+        self.images: dict[str, Image] = dict(images or {})  # the test's entries win
+        for pattern, image in DEFAULT_IMAGES.items():
+            self.images.setdefault(pattern, image)
         self.pod_env = dict(pod_env or {})
         self.bookmark_interval = bookmark_interval
         self.restart_backoff_seconds = restart_backoff_seconds
@@ -331,9 +332,9 @@ class KubeEmulator:
         self.store.compact(resource_version)
 
     def pod_root(self, name: str, namespace: str = "default") -> Path | None:
-        """The directory a pod's container sees as '/' (its KUBEEMU_ROOT)."""
-        rt = self.kubelet.runtime_for(namespace, name)
-        return rt.root if rt else None
+        """The running container's '/' as this (root) process can read it, or None."""
+        pid = self.pod_pid(name, namespace)
+        return Path(f"/proc/{pid}/root") if pid else None
 
     def pod_log(self, name: str, namespace: str = "default", container: str | None = None
                 ) -> str:
@@ -347,8 +348,9 @@ class KubeEmulator:
         return path.read_text(errors="replace")
 
     def pod_pid(self, name: str, namespace: str = "default") -> int | None:
+        """Host pid of the running container's pid 1 (its first process), or None."""
         rt = self.kubelet.runtime_for(namespace, name)
-        return rt.proc.pid if rt and rt.proc and rt.proc.returncode is None else None
+        return rt.pid1 if rt and rt.proc and rt.proc.returncode is None else None
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 10.0,
                  interval: float = 0.05, message: str = "condition") -> Any:

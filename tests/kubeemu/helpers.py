@@ -50,5 +50,11 @@ def pod(name: str, command: list[str] | None = None, **spec: Any) -> dict:
             "spec": {"containers": [container], **spec}}
 
 
-def py(code: str) -> list[str]:
-    return [sys.executable, "-c", code]
+# A container's first process is pid 1 of its pid namespace, where SIGTERM without a handler
+# is ignored (a real pod then waits its whole grace period): test programs exit on it.
+EXIT_ON_TERM = "import signal as _s, sys as _y; _s.signal(_s.SIGTERM, lambda *a: _y.exit(143))\n"
+
+
+def py(code: str, exit_on_term: bool = True) -> list[str]:
+    """python -c code in a pod (exiting on SIGTERM unless exit_on_term is False)."""
+    return [sys.executable, "-c", (EXIT_ON_TERM if exit_on_term else "") + code]

@@ -1,22 +1,20 @@
-"""The "kubelet": runs each pod's first container as a local process on its own 127.x address.
+"""The "kubelet": runs each pod as a container on this machine (see README.md in this folder).
 
-How a pod maps onto the machine (see README.md in this folder):
-
+* **Container.** ``runtime.py`` starts the first container in its own mount, uts, ipc and pid
+  namespaces (pid 1 is the container's first process, the hostname is the pod name), on a
+  copy-on-write overlay of this machine's root filesystem (the test environment is the
+  image; ``images.py`` says which user, home and environment each image name has, and
+  unknown images fail to pull). Volumes are materialised under the pod directory and
+  bind-mounted at their mountPath (``readOnly``, ``subPath``); the pod's ``/etc/hosts`` names
+  the pod and the Services; ``runAsUser``/``runAsGroup``/``fsGroup``/``runAsNonRoot`` and
+  ``resources.limits.memory`` (a memory cgroup, ``OOMKilled``) are honoured.
 * **Network.** Each pod gets its own loopback address from ``pod_network`` (127.0.0.0/8 all
-  routes to ``lo`` on Linux), reported as ``status.podIP``. A container that binds "all
-  interfaces" would collide with every other pod, so ``0.0.0.0`` in the container's command,
-  args and env values is replaced by the pod IP (what a network namespace gives a real pod).
-* **Files.** Each pod has a root directory ``<data_dir>/pods/<ns>/<name>-<uid8>/root``
-  (``KUBEEMU_ROOT`` in its env). Every volume is materialised under the pod directory and
-  linked at ``<root><mountPath>``; every occurrence of a mountPath (and of the configured
-  ``rewrite_paths`` and the ``workingDir``) in command, args and env values is rewritten to
-  ``<root><mountPath>``. So ``--config=/etc/app/c.py`` reads the mounted file.
-* **Image.** The "image" is the test environment itself: the process gets PATH (the running
-  interpreter's bin directory first), LANG, PYTHONPATH ... from the emulator's environment,
-  then the pod's env. An empty command and args is a container that just runs (a pause).
+  routes to ``lo`` on Linux), reported as ``status.podIP``; ``netshim.c``, preloaded into
+  every container, makes binds to 0.0.0.0/127.0.0.1 bind that address, so ports never
+  collide between pods and a pod's "localhost" is its own.
 * Only the first container runs a process; other containers are reported running and ready.
-  Init containers with a command run to completion first. Readiness probes (httpGet,
-  tcpSocket, exec) are honoured; liveness and startup probes are not.
+  Init containers with a command run to completion first. Readiness and liveness probes
+  (httpGet, tcpSocket, exec) reach only the pod's own processes.
 """
 
 from __future__ import annotations
@@ -34,7 +32,6 @@ import random
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -43,8 +40,11 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import quantity
+from . import cgroups, quantity
+from . import container as ctr
+from .cgroups import MemoryCgroup
 from .errors import ApiError
+from .images import Image, lookup, pull_error
 from .quota import is_terminal
 from .resources import BY_KEY, ResourceType
 from .scheduler import insufficient, matches_node_selector, set_condition
@@ -118,44 +118,6 @@ def _resource_ref(pod: dict, ref: dict, default_container: str, node: dict | Non
     return str(math.ceil(q / divisor))
 
 
-_PATH_END = frozenset(" \t\n\"',:;=)]}")
-
-
-class PathMap:
-    """Rewrites container paths (mountPaths ...) in strings to paths under the pod root."""
-
-    def __init__(self, root: Path, container_paths: list[str], pod_ip: str | None,
-                 rewrite_any: bool) -> None:
-        self.root = root
-        paths = sorted({p.rstrip("/") for p in container_paths if p and p != "/"},
-                       key=len, reverse=True)
-        self._rx = (re.compile(r"(?<![\w.\-/])(" + "|".join(re.escape(p) for p in paths)
-                               + r")(?=$|[/\s\"',:;=)\]}])") if paths else None)
-        self._ip = pod_ip if rewrite_any else None
-
-    def host(self, container_path: str) -> Path:
-        return self.root / container_path.lstrip("/")
-
-    def _replace(self, m: re.Match) -> str:
-        # A longer path that exists on this machine (the interpreter under a "/work" mount,
-        # say) is a host path, not a container path: leave it alone.
-        end = m.end()
-        text = m.string
-        while end < len(text) and text[end] not in _PATH_END:
-            end += 1
-        token = text[m.start():end]
-        if len(token.rstrip("/")) > len(m.group(1)) and os.path.exists(token):
-            return m.group(0)
-        return str(self.host(m.group(1)))
-
-    def __call__(self, s: str) -> str:
-        if self._rx is not None:
-            s = self._rx.sub(self._replace, s)
-        if self._ip:
-            s = re.sub(r"(?<![\d.])0\.0\.0\.0(?![\d.])", self._ip, s)
-        return s
-
-
 def expand(value: str, env: dict[str, str]) -> str:
     """Kubernetes $(VAR) expansion: known vars are substituted, $$ escapes, others stay."""
     out, i = [], 0
@@ -187,9 +149,14 @@ class PodRuntime:
         self.ns, self.name, self.uid = meta["namespace"], meta["name"], meta["uid"]
         self.node = pod["spec"]["nodeName"]
         self.dir = self.emu.data_dir / "pods" / self.ns / f"{self.name}-{self.uid[:8]}"
-        self.root = self.dir / "root"
         self.ip: str | None = None
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: asyncio.subprocess.Process | None = None  # the runtime of the container
+        self.pid1: int | None = None  # host pid of the running container's pid 1
+        self.cgroup: MemoryCgroup | None = None
+        self.run_ctx: dict[str, Any] | None = None  # env, identity ... for exec and probes
+        self.hosts_path = self.dir / "etc-hosts"
+        self.attempt = 0
+        self.pulled: set[str] = set()
         self.terminating = asyncio.Event()
         self.kill_at: float | None = None
         self.finished = False
@@ -200,9 +167,9 @@ class PodRuntime:
         self.cstatus: dict[str, dict] = {}
         self.init_status: dict[str, dict] = {}
         self.initialized = False
-        self.path_map: PathMap | None = None
         self.task: asyncio.Task | None = None
-        self._probe_task: asyncio.Task | None = None
+        self._probe_tasks: list[asyncio.Task] = []
+        self.proc_pids: tuple[int, int] | None = None
         self._last_event: dict[str, str] = {}
         spec = pod["spec"]
         self.containers = [c["name"] for c in spec.get("containers") or []]
@@ -313,7 +280,6 @@ class PodRuntime:
             return
         self.ip = self.kubelet.allocate_ip()
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.root.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
         self.push_status()
         spec = pod["spec"]
@@ -330,6 +296,7 @@ class PodRuntime:
             except PrepareError as e:
                 self.event(e.event_reason, e.message, "Warning", once=True)
                 await self._sleep(1.0)
+        self.write_hosts()
         # init containers
         for c in spec.get("initContainers") or []:
             ok = await self._run_init(c)
@@ -403,18 +370,99 @@ class PodRuntime:
         self.event(reason, message, "Warning")
         return False
 
+    async def _pull(self, c: dict, statuses: dict[str, dict]) -> Image | None:
+        """The container's image from the image table; ErrImagePull/ImagePullBackOff until then."""
+        name, ref = c["name"], c.get("image", "")
+        delay = self.emu.restart_backoff_seconds
+        while not self.terminating.is_set():
+            image = lookup(self.emu.images, ref)
+            if image is not None:
+                if ref not in self.pulled:
+                    self.pulled.add(ref)
+                    self.event("Pulled", f'Container image "{ref}" already present on machine',
+                               container=name)
+                return image
+            self.event("Pulling", f'Pulling image "{ref}"', container=name)
+            msg = pull_error(ref)
+            statuses[name]["state"] = {"waiting": {"reason": "ErrImagePull", "message": msg}}
+            self.push_status()
+            self.event("Failed", msg, "Warning", name)
+            self.event("Failed", "Error: ErrImagePull", "Warning", name)
+            await self._sleep(delay)
+            if self.terminating.is_set() or lookup(self.emu.images, ref) is not None:
+                continue
+            statuses[name]["state"] = {"waiting": {
+                "reason": "ImagePullBackOff", "message": f'Back-off pulling image "{ref}"'}}
+            self.push_status()
+            self.event("BackOff", f'Back-off pulling image "{ref}"', "Normal", name)
+            self.event("Failed", "Error: ImagePullBackOff", "Warning", name)
+            await self._sleep(delay)
+            delay = min(delay * 2, 300.0)
+        return None
+
+    def _end_container(self) -> None:
+        self.pid1 = None
+        if self.cgroup is not None:
+            self.cgroup.remove()
+            self.cgroup = None
+
+    async def _probe_loop(self, container: dict, probe: dict, kind: str) -> None:
+        name = container["name"]
+        await asyncio.sleep(probe.get("initialDelaySeconds", 0))
+        successes = failures = 0
+        period = max(probe.get("periodSeconds", 10), 0.1)
+        while True:
+            ok, why = await self._probe_once(container, probe)
+            st = self.cstatus[name]
+            if ok:
+                successes, failures = successes + 1, 0
+                if (kind == "Readiness" and not st["ready"]
+                        and successes >= probe.get("successThreshold", 1)):
+                    st["ready"] = True
+                    self.push_status()
+            else:
+                failures, successes = failures + 1, 0
+                self.event("Unhealthy", f"{kind} probe failed: {why}", "Warning", name)
+                threshold = probe.get("failureThreshold", 3)
+                if kind == "Readiness" and st["ready"] and failures >= threshold:
+                    st["ready"] = False
+                    self.push_status()
+                if kind == "Liveness" and failures >= threshold:
+                    self.event("Killing", f"Container {name} failed liveness probe, will be "
+                               "restarted", container=name)
+                    pod = self.pod() or {}
+                    grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+                    self.kill_at = asyncio.get_running_loop().time() + grace
+                    await self._kill_group(force=False)
+                    return
+            await asyncio.sleep(period)
+
+    async def exec(self, argv: list[str], stdin: bool = False, merge_stderr: bool = False
+                   ) -> asyncio.subprocess.Process | None:
+        """A command in the running container (None when no container runs)."""
+        ctx, pid1 = self.run_ctx, self.pid1
+        if ctx is None or not pid1 or self.proc is None or self.proc.returncode is not None:
+            return None
+        return await ctr.exec_process(
+            pid1, argv, ctx["env"], ctx["uid"], ctx["gid"], ctx["groups"], ctx["cwd"],
+            str(self.cgroup.path) if self.cgroup else None, self.dir / "exec", stdin=stdin,
+            merge_stderr=merge_stderr)
+
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.terminating.wait(), seconds)
 
     async def _run_init(self, c: dict) -> bool:
         name = c["name"]
+        image = await self._pull(c, self.init_status)
+        if image is None:
+            return False
         while not self.terminating.is_set():
             pod = self.pod()
             if pod is None:
                 return False
             try:
-                argv, env, cwd = self.prepare(pod, c)
+                run = self.prepare(pod, c, image)
             except PrepareError as e:
                 self.init_status[name] = self._waiting(c, e.reason, e.message)
                 self.push_status()
@@ -423,10 +471,10 @@ class PodRuntime:
                 continue
             started_at = rfc3339()
             code = 0
-            if argv:
+            if run["argv"]:
                 try:
-                    proc = await self._spawn(argv, env, cwd, name)
-                except OSError as e:
+                    proc, _ = await self._spawn(run, name)
+                except ctr.StartFailed as e:
                     code = 128
                     self.event("Failed", f"Error: {e}", "Warning", name)
                 else:
@@ -438,6 +486,7 @@ class PodRuntime:
                         await self._kill_group(force=False)
                         return False
                     code = waiter.result()
+                    self._end_container()
             st = self.init_status[name]
             st["state"] = {"terminated": {"exitCode": code,
                                           "reason": "Completed" if code == 0 else "Error",
@@ -458,6 +507,9 @@ class PodRuntime:
     async def _start_main(self, container: dict, restarts: int
                           ) -> tuple[int, str, str | None, str] | None:
         name = container["name"]
+        image = await self._pull(container, self.cstatus)
+        if image is None:
+            return None
         while True:
             if self.terminating.is_set():
                 return None
@@ -465,7 +517,7 @@ class PodRuntime:
             if pod is None:
                 return None
             try:
-                argv, env, cwd = self.prepare(pod, container)
+                run = self.prepare(pod, container, image)
                 break
             except PrepareError as e:
                 st = self.cstatus[name]
@@ -474,38 +526,42 @@ class PodRuntime:
                 self.event(e.event_reason, "Error: " + e.message, "Warning", name, once=True)
                 await self._sleep(1.0)
         self._last_event.pop("Failed", None)
-        if restarts == 0:
-            self.event("Pulled", f'Container image "{container.get("image", "")}" already '
-                       "present on machine", container=name)
         self.event("Created", f"Created container: {name}", container=name)
         started_at = rfc3339()
         cid = "containerd://" + uuid.uuid4().hex
+        if not run["argv"]:  # no command: a pause container (runs until stopped)
+            run["argv"] = [sys.executable, "-I", "-S", "-c",
+                           "import signal\nsignal.signal(signal.SIGTERM, lambda *a: exit(0))\n"
+                           "while True: signal.pause()\n"]
         try:
-            self.proc = await self._spawn(argv, env, cwd, name) if argv else None
-        except OSError as e:
+            self.proc, self.pid1 = await self._spawn(run, name)
+        except ctr.StartFailed as e:
             msg = ("failed to create containerd task: failed to create shim task: OCI runtime "
                    "create failed: runc create failed: unable to start container process: "
-                   f'exec: "{argv[0]}": {e.strerror or e}: unknown')
+                   f"{e}: unknown")
             self.event("Failed", f"Error: {msg}", "Warning", name)
+            self._end_container()
             return 128, "StartError", msg, started_at
         self.event("Started", f"Started container {name}", container=name)
-        probe = container.get("readinessProbe")
+        readiness = container.get("readinessProbe")
         for n in self.containers:
             st = self.cstatus[n]
             st["state"] = {"running": {"startedAt": started_at}}
             st["started"] = True
-            st["ready"] = not (n == name and probe)
+            st["ready"] = not (n == name and readiness)
             st["containerID"] = cid if n == name else "containerd://" + uuid.uuid4().hex
             st["imageID"] = f"docker.io/library/{st['image']}@sha256:" + "0" * 64
         self.phase = "Running"
         self.push_status()
-        if probe:
-            self._probe_task = asyncio.ensure_future(self._readiness(container, probe, env))
-        if self.proc is None:  # no command: runs until stopped, like a pause container
-            await self.terminating.wait()
-            await self._stop_probes()
-            return 0, "Completed", None, started_at
-        waiter = asyncio.ensure_future(self.proc.wait())
+        self._probe_tasks = []
+        if readiness:
+            self._probe_tasks.append(asyncio.ensure_future(
+                self._probe_loop(container, readiness, "Readiness")))
+        if container.get("livenessProbe"):
+            self._probe_tasks.append(asyncio.ensure_future(
+                self._probe_loop(container, container["livenessProbe"], "Liveness")))
+        proc = self.proc
+        waiter = asyncio.ensure_future(proc.wait())
         term = asyncio.ensure_future(self.terminating.wait())
         await asyncio.wait({waiter, term}, return_when=asyncio.FIRST_COMPLETED)
         term.cancel()
@@ -514,8 +570,12 @@ class PodRuntime:
         code = await waiter
         await self._stop_probes()
         await self._kill_group(force=True)  # the container's other processes go with it
+        oom = self.cgroup is not None and self.cgroup.oom_kills() > 0
+        self._end_container()
         if code < 0:
-            code = 128 - code  # killed by a signal: 137 for SIGKILL, 143 for SIGTERM
+            code = 128 - code  # the runtime itself was killed
+        if oom:
+            return 137, "OOMKilled", None, started_at
         reason = "Completed" if code == 0 else "Error"
         return code, reason, None, started_at
 
@@ -531,40 +591,63 @@ class PodRuntime:
         st["started"] = False
         self.push_status()
 
-    async def _spawn(self, argv: list[str], env: dict[str, str], cwd: Path,
-                     container: str) -> asyncio.subprocess.Process:
+    async def _spawn(self, run: dict, container: str) -> tuple[asyncio.subprocess.Process, int]:
+        """Start a container through the runtime; (runtime process, host pid of its pid 1)."""
+        self.attempt += 1
+        cdir = self.dir / "containers" / f"{container}-{self.attempt}"
+        cdir.mkdir(parents=True, exist_ok=True)
+        limit = run.pop("memory_limit", None)
+        self.cgroup = None
+        base = self.kubelet.cgroup_base
+        if base is not None:
+            self.cgroup = MemoryCgroup(base / f"{self.uid[:8]}-{self.attempt}", limit)
+        elif limit:
+            log.warning("pod %s/%s: no memory cgroup available; its limit is not enforced",
+                        self.ns, self.name)
+        spec = {**run, "rootfs": str(cdir / "rootfs"), "upper": str(cdir / "upper"),
+                "work": str(cdir / "work"), "state": str(cdir / "state.json"),
+                "hostname": run["hostname"],
+                "cgroup": str(self.cgroup.path) if self.cgroup else None}
         logfile = self.log_path(container)
         logfile.parent.mkdir(parents=True, exist_ok=True)
-        with logfile.open("ab") as out:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, env=env, cwd=str(cwd), stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True)
+        proc, pid1 = await ctr.start(spec, cdir / "spec.json", logfile)
         self.kubelet.pgids.add(proc.pid)
-        log.info("pod %s/%s: started %s (pid %s) on %s", self.ns, self.name, argv[0], proc.pid,
-                 self.ip)
-        return proc
+        self.proc_pids = (proc.pid, pid1)
+        self.run_ctx = run
+        log.info("pod %s/%s: started %s (pid %s) on %s", self.ns, self.name, run["argv"][0],
+                 pid1, self.ip)
+        return proc, pid1
 
     async def _kill_group(self, force: bool) -> None:
         proc = self.proc
         if proc is None:
             return
         pgid = proc.pid
-        if force:
+        pid1 = self.pid1
+
+        def kill_all() -> None:
+            if pid1:  # the pid namespace's init: everything in the container goes with it
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid1, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
+
+        if force:
+            if proc.returncode is None or pid1:
+                kill_all()
             if proc.returncode is None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(proc.wait(), 5)
             self.kubelet.pgids.discard(pgid)
             return
+        # SIGTERM to the container's pid 1 only (through the runtime), as a runtime does
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGTERM)
+            os.kill(pgid, signal.SIGTERM)
         loop = asyncio.get_running_loop()
         while proc.returncode is None:
             remaining = (self.kill_at or loop.time()) - loop.time()
             if remaining <= 0:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
+                kill_all()
                 await proc.wait()
                 break
             with contextlib.suppress(asyncio.TimeoutError):
@@ -581,31 +664,9 @@ class PodRuntime:
                 if "running" in self.cstatus[n]["state"]:
                     self.event("Killing", f"Stopping container {n}", container=n)
 
-    # ------------------------------------------------------------ readiness
+    # ------------------------------------------------------------ probes and exec
 
-    async def _readiness(self, container: dict, probe: dict, env: dict[str, str]) -> None:
-        name = container["name"]
-        await asyncio.sleep(probe.get("initialDelaySeconds", 0))
-        successes = failures = 0
-        period = max(probe.get("periodSeconds", 10), 0.1)
-        while True:
-            ok, why = await self._probe_once(container, probe, env)
-            st = self.cstatus[name]
-            if ok:
-                successes, failures = successes + 1, 0
-                if not st["ready"] and successes >= probe.get("successThreshold", 1):
-                    st["ready"] = True
-                    self.push_status()
-            else:
-                failures, successes = failures + 1, 0
-                self.event("Unhealthy", f"Readiness probe failed: {why}", "Warning", name)
-                if st["ready"] and failures >= probe.get("failureThreshold", 3):
-                    st["ready"] = False
-                    self.push_status()
-            await asyncio.sleep(period)
-
-    async def _probe_once(self, container: dict, probe: dict, env: dict[str, str]
-                          ) -> tuple[bool, str]:
+    async def _probe_once(self, container: dict, probe: dict) -> tuple[bool, str]:
         timeout = probe.get("timeoutSeconds", 1)
 
         def port_of(port: Any) -> int:
@@ -616,12 +677,23 @@ class PodRuntime:
                     return int(p["containerPort"])
             return int(port)
 
+        def refused(host: str, port: int) -> str | None:
+            # Only the pod's own sockets answer on its address: something of another pod or
+            # of the host listening on 0.0.0.0 must not make this pod look alive.
+            if host == self.ip and self.ip and not ctr.listens(self.ip, port):
+                return f"dial tcp {host}:{port}: connect: connection refused"
+            return None
+
         try:
             if "httpGet" in probe:
                 hg = probe["httpGet"]
-                host = hg.get("host") or self.ip
+                host = hg.get("host") or self.ip or ""
+                port = port_of(hg.get("port"))
+                why = refused(host, port)
+                if why:
+                    return False, f'Get "http://{host}:{port}{hg.get("path", "/")}": {why}'
                 scheme = (hg.get("scheme") or "HTTP").lower()
-                url = f"{scheme}://{host}:{port_of(hg.get('port'))}{hg.get('path', '/')}"
+                url = f"{scheme}://{host}:{port}{hg.get('path', '/')}"
                 headers = {h["name"]: h["value"] for h in hg.get("httpHeaders") or []}
 
                 def get() -> int:
@@ -640,39 +712,44 @@ class PodRuntime:
                 return False, f"HTTP probe failed with statuscode: {code}"
             if "tcpSocket" in probe:
                 ts = probe["tcpSocket"]
-                host = ts.get("host") or self.ip
-                _, writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port_of(ts.get("port"))), timeout)
+                host = ts.get("host") or self.ip or ""
+                port = port_of(ts.get("port"))
+                why = refused(host, port)
+                if why:
+                    return False, why
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
                 writer.close()
                 return True, ""
             if "exec" in probe:
-                argv = [self.path_map(a) if self.path_map else a
-                        for a in probe["exec"].get("command") or []]
-                proc = await asyncio.create_subprocess_exec(
-                    *argv, env=env, cwd=str(self.root), stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL)
-                code = await asyncio.wait_for(proc.wait(), timeout)
-                return code == 0, f"command exited with {code}"
+                argv = list(probe["exec"].get("command") or [])
+                proc = await self.exec(argv, merge_stderr=True)
+                if proc is None:
+                    return False, "container is not running"
+                try:
+                    out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+                except asyncio.TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.kill()
+                    await proc.wait()
+                    return False, f"command {argv!r} timed out"
+                err = ctr.exec_error(proc)
+                if err:
+                    return False, f"OCI runtime exec failed: exec failed: {err}: unknown"
+                return proc.returncode == 0, out.decode(errors="replace")
         except Exception as e:  # connection refused, timeout ...
             return False, f"{type(e).__name__}: {e}"
         return True, ""
 
     async def _stop_probes(self) -> None:
-        task, self._probe_task = self._probe_task, None
-        if task is not None:
+        tasks, self._probe_tasks = self._probe_tasks, []
+        for task in tasks:
+            if task is asyncio.current_task():
+                continue
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
     # ------------------------------------------------------------ files and env
-
-    def _paths(self, pod: dict, container: dict) -> PathMap:
-        paths = [m["mountPath"] for c in (pod["spec"].get("containers") or [])
-                 + (pod["spec"].get("initContainers") or []) for m in c.get("volumeMounts") or []]
-        paths += list(self.emu.rewrite_paths)
-        if container.get("workingDir"):
-            paths.append(container["workingDir"])
-        return PathMap(self.root, paths, self.ip, self.emu.bind_any_to_pod_ip)
 
     def _secret(self, name: str, optional: bool) -> dict[str, bytes] | None:
         try:
@@ -738,32 +815,50 @@ class PodRuntime:
                 env[name] = data[ref["key"]].decode(errors="replace")
         return env
 
-    def prepare(self, pod: dict, container: dict) -> tuple[list[str], dict[str, str], Path]:
-        """argv, environment and working directory for a container's process."""
-        self.path_map = pm = self._paths(pod, container)
+    def prepare(self, pod: dict, container: dict, image: Image) -> dict[str, Any]:
+        """What the runtime needs to start a container: argv, env, identity, mounts ..."""
         spec_env = self.build_env(pod, container)
-        spec_env = {k: pm(v) for k, v in spec_env.items()}
+        try:
+            uid, gid, groups = ctr.identity(pod, container, image)
+        except ValueError as e:
+            raise PrepareError("CreateContainerConfigError", str(e)) from None
         base = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
         bindir = os.path.dirname(sys.executable)
         base["PATH"] = bindir + os.pathsep + base.get("PATH", os.defpath)
-        home = self.root / "root"
-        home.mkdir(parents=True, exist_ok=True)
-        env = {**base, "HOME": str(home), "HOSTNAME": self.name, **self.emu.pod_env, **spec_env}
+        hostname = pod["spec"].get("hostname") or self.name
+        env = {**base, "HOME": image.home, "HOSTNAME": hostname, **image.env,
+               **self.emu.pod_env, **spec_env}
         env.update({
-            "KUBEEMU_ROOT": str(self.root), "KUBEEMU_POD_IP": self.ip or "",
-            "KUBEEMU_POD_NAME": self.name, "KUBEEMU_POD_NAMESPACE": self.ns,
-            "KUBEEMU_POD_UID": self.uid, "KUBEEMU_NODE_NAME": self.node,
+            "KUBEEMU_POD_IP": self.ip or "", "KUBEEMU_POD_NAME": self.name,
+            "KUBEEMU_POD_NAMESPACE": self.ns, "KUBEEMU_POD_UID": self.uid,
+            "KUBEEMU_NODE_NAME": self.node,
         })
-        argv = [pm(expand(a, env)) for a in (container.get("command") or [])
+        argv = [expand(a, env) for a in (container.get("command") or [])
                 + (container.get("args") or [])]
-        cwd = self.root
-        if container.get("workingDir"):
-            cwd = pm.host(container["workingDir"])
-            cwd.mkdir(parents=True, exist_ok=True)
-        for p in self.emu.rewrite_paths:
-            pm.host(p).mkdir(parents=True, exist_ok=True)
-        self._mount(pod, container)
-        return argv, env, cwd
+        mounts = self._mounts(pod, container)
+        mounts.append({"source": str(self.hosts_path), "target": "/etc/hosts"})
+        shim = self.kubelet.netshim
+        files = []
+        if any(m["target"] == "/etc/ld.so.preload" for m in mounts):
+            env["LD_PRELOAD"] = shim + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+        else:
+            host = ""
+            with contextlib.suppress(OSError):
+                host = Path("/etc/ld.so.preload").read_text()
+            files.append({"path": "/etc/ld.so.preload",
+                          "content": (host.rstrip("\n") + "\n" if host.strip() else "") + shim
+                          + "\n"})
+        files.append({"path": "/etc/hostname", "content": hostname + "\n"})
+        limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+        return {
+            "argv": argv, "env": env, "cwd": container.get("workingDir") or image.workdir,
+            "uid": uid, "gid": gid, "groups": groups, "hostname": hostname,
+            "mounts": mounts, "files": files, "hide": [str(self.emu.data_dir)],
+            "dirs": [{"path": image.home, "uid": image.uid, "gid": image.gid}],
+            "traverse": self.kubelet.interpreter_dirs,
+            "readOnlyRoot": ctr.read_only_root(container),
+            "memory_limit": int(quantity.parse(limit)) if limit else None,
+        }
 
     def volume_dir(self, name: str) -> Path:
         return self.dir / "volumes" / name
@@ -775,6 +870,30 @@ class PodRuntime:
             if only is not None and not (set(kinds) & only):
                 continue
             self._materialize(pod, v)
+            self._set_ownership(pod, v)
+
+    def _set_ownership(self, pod: dict, v: dict) -> None:
+        """emptyDir is world-writable; with fsGroup, volumes belong to that group (setgid)."""
+        path = self.volume_dir(v["name"])
+        if v.get("hostPath") is not None:
+            return
+        writable = not any(v.get(k) is not None for k in ("secret", "configMap", "downwardAPI",
+                                                            "projected"))
+        if v.get("emptyDir") is not None or not (set(v) - {"name"}):
+            os.chmod(path, 0o777)
+        group = (pod["spec"].get("securityContext") or {}).get("fsGroup")
+        if group is None:
+            return
+        real = path.resolve()
+        for dirpath, _dirs, filenames in os.walk(real):
+            os.chown(dirpath, -1, int(group))
+            os.chmod(dirpath, os.stat(dirpath).st_mode | (0o2070 if writable else 0o2050))
+            for f in filenames:
+                fp = os.path.join(dirpath, f)
+                if os.path.islink(fp):
+                    continue
+                os.chown(fp, -1, int(group))
+                os.chmod(fp, os.stat(fp).st_mode | (0o060 if writable else 0o040))
 
     def _write_files(self, target: Path, files: dict[str, tuple[bytes, int]]) -> None:
         target.mkdir(parents=True, exist_ok=True)
@@ -911,29 +1030,33 @@ class PodRuntime:
             shutil.rmtree(link)
         link.symlink_to(real)
 
-    def _mount(self, pod: dict, container: dict) -> None:
-        """Link each volumeMount at <root><mountPath> (parents before children)."""
+    def _mounts(self, pod: dict, container: dict) -> list[dict[str, Any]]:
+        """Each volumeMount as a bind mount (parents before children)."""
+        kinds = {v["name"]: next((k for k in v if k != "name"), "emptyDir")
+                 for v in pod["spec"].get("volumes") or []}
+        out = []
         for m in sorted(container.get("volumeMounts") or [], key=lambda m: len(m["mountPath"])):
             source = self.volume_dir(m["name"])
             if not source.exists():
                 source.mkdir(parents=True, exist_ok=True)
+            source = source.resolve()
             if m.get("subPath"):
                 source = source / m["subPath"]
                 if not source.exists():
                     source.mkdir(parents=True, exist_ok=True)
-            target = self.root / m["mountPath"].lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if target.is_symlink():
-                if Path(os.readlink(target)) == source.resolve():
-                    continue
-                target.unlink()
-            elif target.is_dir():
-                if any(target.iterdir()):
-                    continue  # already populated by a nested mount's parents: keep it
-                target.rmdir()
-            elif target.exists():
-                target.unlink()
-            target.symlink_to(source.resolve())
+            always_ro = kinds.get(m["name"]) in ("secret", "configMap", "downwardAPI",
+                                                 "projected")
+            out.append({"source": str(source), "target": m["mountPath"],
+                        "readOnly": bool(m.get("readOnly")) or always_ro})
+        return out
+
+    def write_hosts(self) -> None:
+        pod = self.pod()
+        if pod is None or not self.ip:
+            return
+        self.hosts_path.parent.mkdir(parents=True, exist_ok=True)
+        ctr.write_in_place(self.hosts_path,
+                           ctr.hosts_file(pod, self.ip, self.kubelet.service_addresses()))
 
 
 class Kubelet:
@@ -956,6 +1079,11 @@ class Kubelet:
         # may sit in TIME_WAIT) most likely use other addresses.
         self._next = random.randrange(self._size)
         self._used: set[str] = set()
+        ctr.check_host()
+        self.netshim = ctr.netshim_path()
+        self.interpreter_dirs = ctr.interpreter_dirs()
+        self.cgroup_base = cgroups.base_dir(uuid.uuid4().hex[:8])
+        self._hosts_refresh: asyncio.TimerHandle | None = None
         self.store.subscribe(self._on_event)
 
     # ------------------------------------------------------------ addresses
@@ -1000,6 +1128,57 @@ class Kubelet:
     def _on_event(self, srt: ResourceType, ev: Event) -> None:
         if srt.kind in ("Pod", "Secret", "ConfigMap", "Node"):
             self.emu.call_soon(self._handle, srt, ev)
+        if srt.kind in ("Pod", "Service", "Endpoints"):
+            self.emu.call_soon(self._schedule_hosts_refresh)
+
+    # ------------------------------------------------------------ names (/etc/hosts)
+
+    def _schedule_hosts_refresh(self) -> None:
+        if self._hosts_refresh is None and self.emu.loop is not None:
+            self._hosts_refresh = self.emu.loop.call_later(0.1, self._refresh_hosts)
+
+    def _refresh_hosts(self) -> None:
+        self._hosts_refresh = None
+        for rt in list(self.runtimes.values()):
+            if not rt.finished and rt.ip:
+                with contextlib.suppress(OSError):
+                    rt.write_hosts()
+
+    def service_addresses(self) -> list[tuple[str, str, str]]:
+        """(namespace, name, address) of each Service a pod can reach by name.
+
+        Cluster IPs are not routable here, so a name resolves to a ready endpoint's address
+        (a selected pod's IP, or the Endpoints of a Service without selector) when that
+        address is on this machine's loopback network; the port is the endpoint's.
+        """
+        out = []
+        with self.store.lock:
+            services = [copy.deepcopy(s) for s in self.store.raw_objects("services")]
+            pods = [p for p in self.store.raw_objects("pods")]
+            ready = [p for p in pods if (p.get("status") or {}).get("podIP") and any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (p.get("status") or {}).get("conditions") or [])]
+            endpoints = {(e["metadata"]["namespace"], e["metadata"]["name"]): copy.deepcopy(e)
+                         for e in self.store.raw_objects("endpoints")}
+        for svc in services:
+            ns, name = svc["metadata"]["namespace"], svc["metadata"]["name"]
+            selector = (svc.get("spec") or {}).get("selector")
+            addr = None
+            if selector:
+                for p in sorted(ready, key=lambda p: p["metadata"]["name"]):
+                    labels = p["metadata"].get("labels") or {}
+                    if p["metadata"]["namespace"] == ns and all(
+                            labels.get(k) == v for k, v in selector.items()):
+                        addr = p["status"]["podIP"]
+                        break
+            else:
+                ep = endpoints.get((ns, name)) or {}
+                for subset in ep.get("subsets") or []:
+                    for a in subset.get("addresses") or []:
+                        addr = addr or a.get("ip")
+            if addr and ipaddress.ip_address(addr).is_loopback:
+                out.append((ns, name, addr))
+        return out
 
     def _handle(self, srt: ResourceType, ev: Event) -> None:
         try:
@@ -1104,8 +1283,13 @@ class Kubelet:
             for t in pending:
                 t.cancel()
         self.kill_all()
+        cgroups.remove_base(self.cgroup_base)
 
     def kill_all(self) -> None:
+        for rt in list(self.runtimes.values()):
+            if rt.pid1:  # a container's init: its whole pid namespace goes with it
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(rt.pid1, signal.SIGKILL)
         for pgid in list(self.pgids):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)

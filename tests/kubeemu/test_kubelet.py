@@ -1,4 +1,4 @@
-"""The emulated kubelet: pods run as local processes on their own loopback address."""
+"""The emulated kubelet: pods run as containers, each on its own loopback address."""
 
 from __future__ import annotations
 
@@ -90,18 +90,17 @@ def test_pod_runs_with_env_secret_and_downward_files_then_succeeds(kube_emulator
             return None
 
     report = kube_emulator.wait_for(fetch, message="the pod's server to answer on its IP")
-    root = kube_emulator.pod_root("reporter", ns)
     assert report["env"] == {
         "POD_NAME": "reporter", "POD_NS": ns, "MY_IP": ip, "TOKEN": "t0k3n", "MODE": "fast",
-        "LIMITS_FILE": f"{root}/etc/libvgpu/limits.conf", "GREETING": "hello reporter"}
-    # mountPaths in command, args (here: the python -c program) and env were rewritten
+        "LIMITS_FILE": "/etc/libvgpu/limits.conf", "GREETING": "hello reporter"}
+    # the volumes are mounted where the container looks (nothing is rewritten)
     assert report["files"] == {
-        f"{root}/etc/secret-vol/token": "t0k3n",
-        f"{root}/etc/podinfo/annotations": 'elastic-gpu.jupyter.org/memory-mib="1024"',
-        f"{root}/etc/podinfo/mem": "1024",
-        f"{root}/etc/libvgpu/limits.conf": "memory_mib=1024\n",
+        "/etc/secret-vol/token": "t0k3n",
+        "/etc/podinfo/annotations": 'elastic-gpu.jupyter.org/memory-mib="1024"',
+        "/etc/podinfo/mem": "1024",
+        "/etc/libvgpu/limits.conf": "memory_mib=1024\n",
     }
-    assert report["cwd"] == str(root)
+    assert report["cwd"] == "/"  # the image's working directory
     done = kube_emulator.wait_for_pod_phase("reporter", "Succeeded", ns)
     term = done["status"]["containerStatuses"][0]["state"]["terminated"]
     assert term["exitCode"] == 0 and term["reason"] == "Completed"
@@ -130,11 +129,11 @@ def test_missing_command_is_a_start_error(kube_emulator, core, kube_namespace):
 
 
 def test_on_failure_restarts_the_container(kube_emulator, core, kube_namespace):
-    code = ("import os, sys; p = '/work/count'; n = int(open(p).read()) if os.path.exists(p) "
+    code = ("import os, sys; p = '/data/count'; n = int(open(p).read()) if os.path.exists(p) "
             "else 0; open(p, 'w').write(str(n + 1)); sys.exit(0 if n else 1)")
     core.create_namespaced_pod(kube_namespace, pod(
         "retry", py(code), restartPolicy="OnFailure",
-        volumeMounts=[{"name": "work", "mountPath": "/work"}],
+        volumeMounts=[{"name": "work", "mountPath": "/data"}],
         volumes=[{"name": "work", "emptyDir": {}}]))
     done = kube_emulator.wait_for_pod_phase("retry", "Succeeded", kube_namespace, timeout=15)
     st = done["status"]["containerStatuses"][0]

@@ -1,0 +1,231 @@
+"""What the kubelet needs to run containers: the runtime process, identity, hosts file, net.
+
+``runtime.py`` does the namespace and mount work in its own process; this module builds its
+spec, starts it, and answers the kubelet's questions about a running container (does the pod
+listen on this port; run this command inside it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from .images import Image
+
+RUNTIME = Path(__file__).with_name("runtime.py")
+NETSHIM_SRC = Path(__file__).with_name("netshim.c")
+_build_lock = threading.Lock()
+
+
+class StartFailed(Exception):
+    """The runtime could not start the container's process (message as containerd words it)."""
+
+
+def check_host() -> None:
+    """Raise a clear error where containers cannot run (not root, no namespaces)."""
+    if os.geteuid() != 0:
+        raise RuntimeError("the kube emulator's kubelet runs pods as Linux containers and needs "
+                           "root (namespaces, mounts, cgroups); this process runs as uid "
+                           f"{os.geteuid()}")
+
+
+def netshim_path() -> str:
+    """The pod network library (netshim.c), built once per source version."""
+    src = NETSHIM_SRC.read_bytes()
+    digest = hashlib.sha256(src).hexdigest()[:16]
+    out = Path(tempfile.gettempdir()) / f"kubeemu-netshim-{digest}" / "libkubeemu-net.so"
+    with _build_lock:
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(out.parent, 0o755)
+            tmp = out.with_name(f".build-{os.getpid()}.so")
+            cc = os.environ.get("CC", "cc")
+            res = subprocess.run([cc, "-O2", "-shared", "-fPIC", "-o", str(tmp), str(NETSHIM_SRC),
+                                  "-ldl"], capture_output=True, text=True)
+            if res.returncode != 0:
+                raise RuntimeError(f"building the emulator's pod network library with {cc} "
+                                   f"failed:\n{res.stderr}")
+            os.chmod(tmp, 0o755)
+            os.replace(tmp, out)
+    return str(out)
+
+
+def interpreter_dirs() -> list[str]:
+    """Directories above this interpreter and its prefixes (the image's user must reach them)."""
+    out: set[str] = set()
+    for p in (os.path.realpath(sys.executable), sys.prefix, sys.base_prefix, sys.exec_prefix,
+              os.path.dirname(sys.executable)):
+        path = Path(p)
+        for parent in [path, *path.parents]:
+            if parent.is_dir():
+                out.add(str(parent))
+    return sorted(out, key=len)
+
+
+def identity(pod: dict, container: dict, image: Image) -> tuple[int, int, list[int]]:
+    """(uid, gid, supplementary groups) from the security contexts over the image's USER.
+
+    Raises ValueError with the kubelet's message when runAsNonRoot forbids the result.
+    """
+    psc = pod["spec"].get("securityContext") or {}
+    csc = container.get("securityContext") or {}
+
+    def pick(key: str) -> Any:
+        return csc.get(key) if csc.get(key) is not None else psc.get(key)
+
+    uid = pick("runAsUser")
+    gid = pick("runAsGroup")
+    if uid is None:
+        uid = image.uid
+        if gid is None:
+            gid = image.gid
+    elif gid is None:
+        gid = image.gid if uid == image.uid else 0
+    if pick("runAsNonRoot") and uid == 0:
+        meta = pod["metadata"]
+        if pick("runAsUser") is not None:
+            raise ValueError(f"container's runAsUser breaks non-root policy (pod: "
+                             f'"{meta["name"]}_{meta["namespace"]}({meta["uid"]})", '
+                             f"container: {container['name']})")
+        raise ValueError(f'container has runAsNonRoot and image will run as root (pod: '
+                         f'"{meta["name"]}_{meta["namespace"]}({meta["uid"]})", '
+                         f"container: {container['name']})")
+    groups = [gid]
+    for g in psc.get("supplementalGroups") or []:
+        groups.append(int(g))
+    if psc.get("fsGroup") is not None:
+        groups.append(int(psc["fsGroup"]))
+    return int(uid), int(gid), sorted(set(groups))
+
+
+def read_only_root(container: dict) -> bool:
+    return bool((container.get("securityContext") or {}).get("readOnlyRootFilesystem"))
+
+
+def listens(ip: str, port: int) -> bool:
+    """Whether a TCP socket listens on exactly ip:port (a pod's own address)."""
+    want4 = f"{socket.htonl(int.from_bytes(socket.inet_aton(ip), 'big')):08X}:{port:04X}"
+    mapped = "0000000000000000FFFF0000" + want4.split(":")[0]
+    for name, want in (("/proc/net/tcp", want4), ("/proc/net/tcp6", f"{mapped}:{port:04X}")):
+        with contextlib.suppress(OSError), open(name) as f:
+            next(f, None)
+            for line in f:
+                parts = line.split()
+                if len(parts) > 3 and parts[3] == "0A" and parts[1] == want:
+                    return True
+    return False
+
+
+def hosts_file(pod: dict, pod_ip: str, services: list[tuple[str, str, str]]) -> str:
+    """The pod's /etc/hosts: localhost, the pod's own names, then Service names.
+
+    ``services``: (namespace, name, address) of Services with a ready endpoint.
+    """
+    meta, spec = pod["metadata"], pod["spec"]
+    ns = meta["namespace"]
+    lines = ["# Kubernetes-managed hosts file (kubeemu).", "127.0.0.1\tlocalhost"]
+    hostname = spec.get("hostname") or meta["name"]
+    if spec.get("subdomain"):
+        lines.append(f"{pod_ip}\t{hostname}.{spec['subdomain']}.{ns}.svc.cluster.local\t{hostname}")
+    else:
+        lines.append(f"{pod_ip}\t{hostname}")
+    lines.append(f"{pod_ip}\t{pod_ip.replace('.', '-')}.{ns}.pod.cluster.local")
+    for sns, name, address in services:
+        names = [f"{name}.{sns}.svc.cluster.local", f"{name}.{sns}.svc", f"{name}.{sns}"]
+        if sns == ns:
+            names.append(name)
+        lines.append(address + "\t" + " ".join(names))
+    return "\n".join(lines) + "\n"
+
+
+def write_in_place(path: Path, text: str) -> None:
+    """Rewrite a bind-mounted file keeping its inode (a rename would detach the mount)."""
+    data = text.encode()
+    with contextlib.suppress(FileNotFoundError):
+        if path.read_bytes() == data:
+            return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, data, 0)
+    finally:
+        os.close(fd)
+
+
+async def start(spec: dict, spec_path: Path, log_path: Path, timeout: float = 30.0
+                ) -> tuple[asyncio.subprocess.Process, int]:
+    """Start the runtime on a spec; (runtime process, host pid of the container's pid 1)."""
+    state = Path(spec["state"])
+    with contextlib.suppress(FileNotFoundError):
+        state.unlink()
+    spec_path.write_text(json.dumps(spec))
+    with log_path.open("ab") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", str(RUNTIME), "run", str(spec_path),
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    delay = 0.005
+    while True:
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            st = json.loads(state.read_text() or "null")
+            if st and "pid" in st:
+                return proc, int(st["pid"])
+            if st and "error" in st:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 5)
+                raise StartFailed(st["error"])
+        if proc.returncode is not None:
+            raise StartFailed(f"container runtime exited with {proc.returncode} before the "
+                              "container started (see the pod log)")
+        if loop.time() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            raise StartFailed("container runtime did not start the container in time")
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+
+async def exec_process(pid1: int, argv: list[str], env: dict[str, str], uid: int, gid: int,
+                       groups: list[int], cwd: str, cgroup: str | None, work: Path,
+                       stdin: bool = False, merge_stderr: bool = False
+                       ) -> asyncio.subprocess.Process:
+    """A command inside a running container (its namespaces, root, cgroup and user)."""
+    work.mkdir(parents=True, exist_ok=True)
+    fd, spec_path = tempfile.mkstemp(prefix="exec-", suffix=".json", dir=work)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"pid": pid1, "argv": argv, "env": env, "uid": uid, "gid": gid,
+                   "groups": groups, "cwd": cwd, "cgroup": cgroup,
+                   "state": spec_path + ".state"}, f)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-I", "-S", str(RUNTIME), "exec", spec_path,
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE)
+    proc.spec_path = spec_path  # type: ignore[attr-defined]
+    return proc
+
+
+def exec_error(proc: asyncio.subprocess.Process) -> str | None:
+    """After an exec exits: the runtime's message when the command could not be started."""
+    path = getattr(proc, "spec_path", None)
+    if not path:
+        return None
+    try:
+        st = json.loads(Path(path + ".state").read_text() or "null") or {}
+    except (OSError, ValueError):
+        st = {}
+    for p in (path, path + ".state"):
+        with contextlib.suppress(OSError):
+            os.unlink(p)
+    return st.get("error")

@@ -1,0 +1,290 @@
+"""The emulator's container runtime: runs one container, or one exec, in Linux namespaces.
+
+Started by the kubelet as ``python runtime.py run|exec SPEC.json`` (root only). It is a
+separate small program (not a fork of the emulator's threaded process), like runc:
+
+``run``: joins the container's memory cgroup, unshares mount, uts, ipc and pid namespaces,
+mounts a copy-on-write overlay of this machine's root filesystem (the "image": the test
+environment), bind-mounts every volume at its mountPath (``readOnly`` honoured), a private
+``/dev/shm`` and ``/tmp``, the pod's ``/etc/hosts`` and ``/etc/hostname``, hides the
+emulator's data directory, sets the hostname, then forks the container's first process:
+pid 1 of the new pid namespace, chrooted into the overlay, with its own ``/proc``, uid, gid
+and supplementary groups. This process stays outside as the container's "shim": it passes
+SIGTERM/SIGINT/SIGHUP on to pid 1 only (as a container runtime does), waits for it and exits
+with its status (128+n when a signal killed it).
+
+``exec``: enters a running container (its namespaces, root, cgroup and user) and runs a
+command there, as ``kubectl exec`` does.
+
+The spec's ``state`` file receives ``{"pid": host_pid}`` once pid 1 runs, or ``{"error": msg}``
+when its program cannot be executed (this process then exits 128).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import signal
+import sys
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWPID = 0x20000000
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(ret: int, what: str) -> None:
+    if ret != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int,
+          data: str | None = None) -> None:
+    _check(_libc.mount(source.encode() if source else None, target.encode(),
+                       fstype.encode() if fstype else None, ctypes.c_ulong(flags),
+                       data.encode() if data else None), f"mount {source} on {target}")
+
+
+def unshare(flags: int) -> None:
+    _check(_libc.unshare(ctypes.c_int(flags)), "unshare")
+
+
+def setns(fd: int, nstype: int) -> None:
+    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+
+
+def sethostname(name: str) -> None:
+    raw = name.encode()
+    _check(_libc.sethostname(raw, ctypes.c_size_t(len(raw))), "sethostname")
+
+
+def _join_cgroup(cgroup: str | None) -> None:
+    if cgroup:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+
+
+def _mkpoint(path: str, is_file: bool) -> None:
+    if os.path.lexists(path):
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if is_file:
+        with open(path, "a"):
+            pass
+    else:
+        os.makedirs(path, exist_ok=True)
+
+
+def _setup_rootfs(spec: dict) -> str:
+    """Mount the container's filesystem (in this process's new mount namespace)."""
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    root, upper, work = spec["rootfs"], spec["upper"], spec["work"]
+    for d in (root, upper, work):
+        os.makedirs(d, exist_ok=True)
+    mount("overlay", root, "overlay", 0, f"lowerdir=/,upperdir={upper},workdir={work}")
+
+    def inside(p: str) -> str:
+        return os.path.join(root, p.lstrip("/"))
+
+    mount("/dev", inside("/dev"), None, MS_BIND | MS_REC)
+    mount("shm", inside("/dev/shm"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    mount("/sys", inside("/sys"), None, MS_BIND | MS_REC)
+    for hidden in spec.get("hide") or []:
+        _mkpoint(inside(hidden), False)
+        mount("kubeemu-hidden", inside(hidden), "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
+    for d in spec.get("dirs") or []:  # the image's own directories (its user's home ...)
+        path = inside(d["path"])
+        if not os.path.exists(path):
+            os.makedirs(path, exist_ok=True)
+            os.chown(path, d.get("uid", 0), d.get("gid", 0))
+    for d in spec.get("traverse") or []:  # the image lets its user reach the interpreter
+        path = inside(d)
+        with contextlib.suppress(OSError):
+            mode = os.stat(path).st_mode
+            if mode & 0o001 == 0:
+                os.chmod(path, mode | 0o001)
+    for f in spec.get("files") or []:  # written into the container's layer, e.g. ld.so.preload
+        path = inside(f["path"])
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as out:
+            out.write(f["content"])
+    for m in spec.get("mounts") or []:
+        target = inside(m["target"])
+        _mkpoint(target, os.path.isfile(m["source"]) and not os.path.isdir(m["source"]))
+        mount(m["source"], target, None, MS_BIND | MS_REC)
+        if m.get("readOnly"):
+            mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+    if spec.get("readOnlyRoot"):
+        mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
+    return root
+
+
+def _become(spec: dict) -> None:
+    os.setgroups(spec.get("groups") or [])
+    os.setgid(spec.get("gid", 0))
+    os.setuid(spec.get("uid", 0))
+
+
+def _child(spec: dict, root: str | None, errw: int, mount_proc: bool) -> None:
+    """In the forked child: finish the container's view, become its user, exec."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    argv = spec["argv"]
+    try:
+        if root is not None:
+            os.chroot(root)
+            os.chdir("/")
+        if mount_proc:
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        _become(spec)
+        cwd = spec.get("cwd") or "/"
+        try:
+            os.chdir(cwd)
+        except OSError as e:
+            os.write(errw, f'chdir to cwd ("{cwd}") set in config.json failed: '
+                           f"{os.strerror(e.errno or 0).lower()}".encode())
+            os._exit(128)
+        try:
+            os.execvpe(argv[0], argv, spec["env"])
+        except OSError as e:
+            if e.errno == errno.ENOENT and "/" not in argv[0]:
+                why = "executable file not found in $PATH"
+            else:
+                why = os.strerror(e.errno or 0).lower()
+            os.write(errw, f'exec: "{argv[0]}": {why}'.encode())
+    except BaseException as e:  # noqa: BLE001 - whatever failed must reach the kubelet
+        os.write(errw, f"{type(e).__name__}: {e}".encode())
+    os._exit(128)
+
+
+def _state_reporter(path: str | None):  # noqa: ANN202
+    """Where the outcome of the exec goes; opened now (the path may vanish after chroot)."""
+    if not path:
+        return lambda state: None
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+
+    def report(state: dict) -> None:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(state).encode(), 0)
+
+    return report
+
+
+def _supervise(report, pid: int, errr: int) -> int:  # noqa: ANN001
+    """Wait for the container's pid 1; pass termination signals on to it."""
+    chunks = []
+    while True:
+        data = os.read(errr, 65536)
+        if not data:
+            break
+        chunks.append(data)
+    os.close(errr)
+    error = b"".join(chunks).decode(errors="replace")
+    report({"error": error} if error else {"pid": pid})
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except ChildProcessError:
+            return 128
+        except InterruptedError:
+            continue
+    if error:
+        return 128
+    if os.WIFSIGNALED(status):
+        return 128 + os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+def _forward_signals(get_pid) -> None:  # noqa: ANN001
+    def forward(signum: int, _frame: object) -> None:
+        pid = get_pid()
+        if pid:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(sig, forward)
+
+
+def run(spec: dict) -> int:
+    report = _state_reporter(spec.get("state"))
+    child_pid = 0
+    _forward_signals(lambda: child_pid)
+    _join_cgroup(spec.get("cgroup"))
+    unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID)
+    sethostname(spec["hostname"])
+    root = _setup_rootfs(spec)
+    errr, errw = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(errr)
+        _child(spec, root, errw, mount_proc=True)
+    os.close(errw)
+    child_pid = pid
+    return _supervise(report, pid, errr)
+
+
+def exec_in(spec: dict) -> int:
+    target = spec["pid"]
+    report = _state_reporter(spec.get("state"))
+    _join_cgroup(spec.get("cgroup"))
+    fds = {}
+    for ns in ("ipc", "uts", "pid", "mnt"):
+        fds[ns] = os.open(f"/proc/{target}/ns/{ns}", os.O_RDONLY)
+    root_fd = os.open(f"/proc/{target}/root", os.O_RDONLY | os.O_DIRECTORY)
+    setns(fds["ipc"], CLONE_NEWIPC)
+    setns(fds["uts"], CLONE_NEWUTS)
+    setns(fds["pid"], CLONE_NEWPID)
+    setns(fds["mnt"], CLONE_NEWNS)
+    os.fchdir(root_fd)
+    os.chroot(".")
+    for fd in (*fds.values(), root_fd):
+        os.close(fd)
+    child_pid = 0
+    _forward_signals(lambda: child_pid)
+    errr, errw = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(errr)
+        _child(spec, None, errw, mount_proc=False)
+    os.close(errw)
+    child_pid = pid
+    return _supervise(report, pid, errr)
+
+
+def main() -> int:
+    if len(sys.argv) != 3 or sys.argv[1] not in ("run", "exec"):
+        print("usage: runtime.py run|exec SPEC.json", file=sys.stderr)
+        return 2
+    with open(sys.argv[2]) as f:
+        spec = json.load(f)
+    try:
+        return run(spec) if sys.argv[1] == "run" else exec_in(spec)
+    except OSError as e:
+        msg = f"failed to create containerd task: OCI runtime create failed: {e}"
+        if spec.get("state"):
+            with open(spec["state"], "w") as f:
+                json.dump({"error": msg}, f)
+        print(msg, file=sys.stderr)
+        return 128
+
+
+if __name__ == "__main__":
+    sys.exit(main())
