@@ -22,8 +22,10 @@ before the shim clears its slot (which it does on the next allocation, query or 
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import stat
 import struct
 import time
 from dataclasses import dataclass
@@ -233,14 +235,25 @@ def _cstr(buf: bytes, off: int, n: int) -> str:
 def _load(path: str | os.PathLike[str], kind: int, size: int, what: str) -> tuple[bytes, int]:
     """The file's bytes and an fd kept open for lock probes (the caller closes it)."""
     name = os.fspath(path)
+    # never block (a FIFO planted where a region is expected would hang an event loop) and
+    # never follow a symlink (any container can write the directories regions live in)
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(name, flags)
     except FileNotFoundError as exc:  # not created yet: no process of it initialised CUDA
         raise FileNotFoundError(exc.errno, f"no {what} yet", name) from exc
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise RegionError(f"{name}: a symbolic link, not a {what}") from exc
         raise RegionError(f"{name}: cannot open the {what} ({exc.strerror})") from exc
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RegionError(f"{name}: not a regular file, so not a {what}")
         buf = os.pread(fd, size, 0)
+    except RegionError:
+        os.close(fd)
+        raise
     except OSError as exc:
         os.close(fd)
         raise RegionError(f"{name}: cannot read the {what} ({exc.strerror})") from exc
@@ -257,6 +270,8 @@ def _load(path: str | os.PathLike[str], kind: int, size: int, what: str) -> tupl
             names = {KIND_CONTAINER: "container region", KIND_NODE: "node region",
                      KIND_ACTIVITY: "activity file"}
             raise RegionError(f"{name}: is a {names.get(got_kind, 'unknown region')}, not a {what}")
+        if st.st_size > size:
+            raise RegionError(f"{name}: {st.st_size} bytes, larger than a {what} ({size})")
         if len(buf) < size or _u64(buf, 16) != size:
             raise RegionError(f"{name}: {what} is truncated ({len(buf)} of {size} bytes)")
     except RegionError:

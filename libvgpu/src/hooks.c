@@ -345,8 +345,10 @@ static void init_state(void) {
     char err[PATH_MAX + 512];
     const char *dbg = getenv("LIBVGPU_DEBUG");
     vgpu_debug_on = dbg && *dbg && *dbg != '0';
+#ifdef VGPU_TEST_HOOKS /* never in the shipped build: a user could hold the lock with it */
     const char *t = getenv("LIBVGPU_TEST_SLEEP_IN_LOCK_MS");
     if (t) vgpu.test_sleep_in_lock_ms = (unsigned)atoi(t);
+#endif
     if (vgpu_config_load(&vgpu.cfg, err, sizeof(err)) != 0) {
         vgpu_log("invalid configuration: %s; CUDA is disabled until it is fixed", err);
         atomic_store(&vgpu.state, VGPU_BROKEN);

@@ -253,10 +253,12 @@ static CUresult reserve(int dev, uint64_t bytes, int overhead, int force) {
         atomic_fetch_add(&me->used[dev], bytes);
         if (overhead) atomic_fetch_add(&me->overhead[dev], bytes);
     }
+#ifdef VGPU_TEST_HOOKS
     if (VGPU_UNLIKELY(vgpu.test_sleep_in_lock_ms)) { /* test hook: die here, mid-update */
         vgpu_log("test: holding the accounting lock for %u ms", vgpu.test_sleep_in_lock_ms);
         vgpu_sleep_ns((uint64_t)vgpu.test_sleep_in_lock_ms * 1000000ull);
     }
+#endif
     atomic_store(&r->used[dev], used + bytes);
     atomic_fetch_add(&own_bytes[dev], bytes);
     if (locked) vgpu_region_unlock(r);

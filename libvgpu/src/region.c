@@ -65,9 +65,55 @@ static void init_robust_mutex(pthread_mutex_t *m) {
     pthread_mutexattr_destroy(&a);
 }
 
+/* A lock holder that keeps the lock this long is treated as dead: stopped (SIGSTOP), hung, or
+ * hostile, it must not hang every other process of the container or node. We go on without
+ * the lock (every counter is atomic; only check-and-reserve loses its exactness) and, while
+ * that same holder keeps it, do not wait for it again. */
+#define LOCK_STALL_NS (1000ull * 1000000ull)
+#define FUTEX_TID_BITS 0x3fffffff
+static struct {
+    _Atomic(pthread_mutex_t *) mutex;
+    _Atomic int owner;
+} stalled[1 + VGPU_MAX_DEV];
+
+static int lock_owner(pthread_mutex_t *m) { /* glibc: the lock word holds the owner's tid */
+    return atomic_load((_Atomic int *)&m->__data.__lock) & FUTEX_TID_BITS;
+}
+
+static int stalled_index(pthread_mutex_t *m, int claim) {
+    for (int i = 0; i < 1 + VGPU_MAX_DEV; i++) {
+        pthread_mutex_t *have = atomic_load(&stalled[i].mutex);
+        if (have == m) return i;
+        if (!have && claim) {
+            pthread_mutex_t *none = NULL;
+            if (atomic_compare_exchange_strong(&stalled[i].mutex, &none, m) || none == m) return i;
+        }
+    }
+    return -1;
+}
+
 /* 0 locked; 1 locked after the previous owner died (now consistent); -1 not locked. */
 static int robust_lock(pthread_mutex_t *m) {
-    int rc = pthread_mutex_lock(m);
+    int rc = pthread_mutex_trylock(m);
+    if (rc == EBUSY) {
+        int owner = lock_owner(m), i = stalled_index(m, 0);
+        if (owner && i >= 0 && atomic_load(&stalled[i].owner) == owner) return -1;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        uint64_t t = (uint64_t)ts.tv_nsec + LOCK_STALL_NS;
+        ts.tv_sec += (time_t)(t / 1000000000ull);
+        ts.tv_nsec = (long)(t % 1000000000ull);
+        rc = pthread_mutex_timedlock(m, &ts);
+        if (rc == ETIMEDOUT) {
+            owner = lock_owner(m);
+            i = stalled_index(m, 1);
+            if (i >= 0) atomic_store(&stalled[i].owner, owner);
+            vgpu_log("a process (tid %d in its namespace) has held a region lock for over %llu ms: "
+                     "stalled, treated as dead; going on without the lock", owner,
+                     (unsigned long long)(LOCK_STALL_NS / 1000000ull));
+            return -1;
+        }
+    }
     if (rc == 0) return 0;
     if (rc == EOWNERDEAD) {
         pthread_mutex_consistent(m);
@@ -484,6 +530,10 @@ struct vgpu_node_attach *vgpu_node_get(int dev) {
     atomic_store_explicit(&na->state, rc == 0 ? 1 : -1, memory_order_release);
     pthread_mutex_unlock(&vgpu.slow_lock);
     return rc == 0 ? na : NULL;
+}
+
+int vgpu_node_entry_alive(struct vgpu_node_attach *na, int entry) {
+    return ofd_probe(na->fd, VGPU_LOCK_BASE + entry, F_WRLCK) != 0; /* unknown counts as alive */
 }
 
 void vgpu_publish_usage(int dev) {

@@ -253,7 +253,9 @@ struct vgpu_proc {
     _Atomic int single_dev;          /* 1 when exactly one device is visible */
     struct vgpu_node_attach node[VGPU_MAX_DEV];
     _Atomic int host_pid;            /* this process's pid as NVML reports it; 0 = not known */
-    unsigned test_sleep_in_lock_ms;  /* LIBVGPU_TEST_SLEEP_IN_LOCK_MS: test hook */
+#ifdef VGPU_TEST_HOOKS
+    unsigned test_sleep_in_lock_ms;  /* LIBVGPU_TEST_SLEEP_IN_LOCK_MS: test builds only */
+#endif
     pthread_mutex_t slow_lock;       /* process-local: slot claim, node attach */
 };
 
@@ -298,6 +300,7 @@ void vgpu_region_unlock(struct vgpu_container_region *r);
 void vgpu_region_reap_locked(struct vgpu_container_region *r);
 void vgpu_region_after_fork_child(void);
 struct vgpu_node_attach *vgpu_node_get(int dev); /* attaches on first use; NULL if unavailable */
+int vgpu_node_entry_alive(struct vgpu_node_attach *na, int entry); /* some process holds it */
 void vgpu_publish_usage(int dev);        /* mirrors the container's usage to node/activity */
 
 /* memory.c */

@@ -54,3 +54,20 @@ def pidns() -> bool:
     if why:
         pytest.skip(why)
     return True
+
+
+@pytest.fixture(scope="session")
+def hooks_build(build: Build, tmp_path_factory: pytest.TempPathFactory) -> Build:
+    """The shim built with its test hooks (-DVGPU_TEST_HOOKS, e.g. LIBVGPU_TEST_SLEEP_IN_LOCK_MS),
+    which the shipped build leaves out."""
+    root = tmp_path_factory.mktemp("libvgpu-hooks")
+    _build.build(root / "shim", defines={"VGPU_TEST_HOOKS": "1"})
+    return Build(root, root / "shim", build.lib_dir, build.bin_dir)
+
+
+@pytest.fixture
+def hooks_node(hooks_build: Build, tmp_path: Path) -> Iterator[Node]:
+    """A node whose processes run the shim built with its test hooks."""
+    node = Node(hooks_build, tmp_path / "hooks-node")
+    yield node
+    node.cleanup()

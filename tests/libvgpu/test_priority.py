@@ -28,13 +28,15 @@ def field(out: str, key: str) -> float:
 
 
 def run_pair(node, low_limits: str, high_priority: int, *, high_kind: str = "timeline:1:1000"):
+    # the high one stays alive past its window after its last launch (a dead container's
+    # entry holds nobody)
     common = f"node_region_dir={node.node_dir}\npriority_window_ms={WINDOW_MS}"
     low = node.container("low", f"priority=1\nname=low\n{low_limits}\n{common}")
     high = node.container("high", f"priority={high_priority}\nname=high\n{common}")
     low_proc = low.start("init", "ctx", "ready", "timeline:3:1000", wait_for="ready")
     time.sleep(1.0)
     started = time.time() * 1000
-    h = high.run("init", "ctx", high_kind)
+    h = high.run("init", "ctx", high_kind, "sleep:400")
     ended = time.time() * 1000
     out, err = low_proc.communicate(timeout=30)
     assert low_proc.returncode == 0, err
@@ -67,7 +69,7 @@ def test_graph_launches_of_a_low_priority_container_are_held(make_node):
     common = f"node_region_dir={node.node_dir}\npriority_window_ms={WINDOW_MS}"
     low = node.container("low", f"priority=1\n{common}")
     high = node.container("high", f"priority=100\n{common}")
-    busy = high.start("init", "ctx", "ready", "timeline:1.5:1000", wait_for="ready")
+    busy = high.start("init", "ctx", "ready", "timeline:1.5:1000", "sleep:400", wait_for="ready")
     time.sleep(0.3)
     started = time.monotonic()
     r = low.run("init", "ctx", "graph:1:4:100")  # waits until high has been quiet for a window

@@ -35,7 +35,8 @@ def asan_build(tmp_path_factory: pytest.TempPathFactory) -> Build:
     why = asan_available()
     if why:
         pytest.skip(f"gcc cannot build with -fsanitize=address here: {why}")
-    built = build_all(tmp_path_factory.mktemp("libvgpu-asan"), asan=True)
+    built = build_all(tmp_path_factory.mktemp("libvgpu-asan"), asan=True,
+                      defines={"VGPU_TEST_HOOKS": "1"})  # a test build: its hooks too
     needed = subprocess.run(["readelf", "-d", str(built.shim)], capture_output=True, text=True)
     assert "libasan" in needed.stdout  # really the instrumented shim
     return built

@@ -46,8 +46,8 @@ def test_a_killed_process_stops_counting(node):
     assert read_container_region(box.region, include_dead=True).processes == ()
 
 
-def test_sigkill_while_holding_the_region_lock_does_not_wedge_the_container(node):
-    box = node.container("c", "memory_mib=1024")
+def test_sigkill_while_holding_the_region_lock_does_not_wedge_the_container(hooks_node):
+    box = hooks_node.container("c", "memory_mib=1024")
     stuck = box.start("init", "ctx", "alloc:700M", env={"LIBVGPU_TEST_SLEEP_IN_LOCK_MS": "600000"},
                       wait_for=None, stderr_line="holding the accounting lock")
     kill(stuck)  # dies with the lock held and its usage half-written (slot yes, total no)

@@ -1,0 +1,495 @@
+"""The node agent (``python -m libvgpu.agent``) as the DaemonSet runs it, against the NVML/CUDA test
+doubles and the Kubernetes emulator.
+
+One simulated GPU node for the module: two GPUs (0 shared, 1 in MIG mode with two 3g.40gb
+instances), an agent subprocess with the four DaemonSet flags, and on GPU 0:
+
+* pod ``pod-a`` (allocation ``a-ok``, 1 GiB slice) built by the spawner's own ``apply_gpu_to_pod``,
+  running a CUDA program under the shim the agent installed, within its slice;
+* pod ``pod-b`` (allocation ``b-over``, 256 MiB slice) whose program bypasses the shim and takes
+  1 GiB: over its slice;
+* a process of no pod taking 512 MiB: never registered.
+
+Processes reach their pods through their cgroup, read from ``NodeAgent.proc_root`` — here a
+directory where the test writes each pod process's ``cgroup`` file in the kubelet's (systemd
+driver, containerd) format, since these machines cannot create cgroups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import libvgpu
+from hubext import contract as L
+from quotas import Allocation, Owner, load_pool
+from tests.kubeemu import KubeEmulator, NodeSpec
+from tests.libvgpu.harness import CFLAGS, Build, cc
+
+REPO = Path(__file__).resolve().parents[3]
+DOUBLE = REPO / "tests" / "libvgpu" / "double"
+NODE = "gpu-node-1"
+NS = "jhub"
+MIB = 1 << 20
+GPU0 = "GPU-d00b1e00-7369-6d2d-6770-750000000000"
+GPU1 = "GPU-d00b1e00-7369-6d2d-6770-750000000001"
+
+
+# ---- builds and processes -------------------------------------------------------------------
+
+
+def build_doubles(root: Path) -> Build:
+    """The CUDA/NVML doubles and the probe program (the shim itself comes from the package: the
+    agent installs ``libvgpu.library_files()``)."""
+    b = Build(root, root / "shim", root / "lib", root / "bin")
+    for d in (b.lib_dir, b.bin_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    for src, soname in (("cuda_double.c", "libcuda.so.1"), ("nvml_double.c", "libnvidia-ml.so.1")):
+        cc(*CFLAGS, "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions",
+           f"-Wl,-soname,{soname}", "-o", b.lib_dir / soname, DOUBLE / src)
+    cc(*CFLAGS, "-O2", "-o", b.probe, REPO / "tests" / "libvgpu" / "progs" / "probe.c", "-Wl,--no-as-needed",
+       b.lib_dir / "libcuda.so.1", b.lib_dir / "libnvidia-ml.so.1", "-ldl")
+    return b
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LIBVGPU_", "CUDA_", "KUBERNETES_"))}
+    env.pop("LD_PRELOAD", None)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """name -> [(labels, value)] of every sample served on /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((dict(s.labels), s.value))
+    return out
+
+
+def sample(metrics: dict, name: str, **labels: str) -> float | None:
+    for got, value in metrics.get(name, []):
+        if all(got.get(k) == v for k, v in labels.items()):
+            return value
+    return None
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = "condition", interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what} (last: {last!r})")
+
+
+# ---- the simulated node -----------------------------------------------------------------------
+
+
+@dataclass
+class Node:
+    root: Path
+    build: Build
+    emu: KubeEmulator
+    host_dir: Path
+    proc_root: Path
+    xid_file: Path
+    gpu_env: dict[str, str]
+    agent: subprocess.Popen | None = None
+    agent_log: Path | None = None
+    port: int = 0
+    started_at: float = 0.0
+    pids: dict[str, int] = field(default_factory=dict)
+    others: list[subprocess.Popen] = field(default_factory=list)
+
+    def metrics(self) -> dict:
+        return scrape(self.port)
+
+    def log(self) -> str:
+        return self.agent_log.read_text() if self.agent_log and self.agent_log.exists() else ""
+
+    def events(self, namespace: str) -> list[dict]:
+        return [e for e in self.emu.list("events", namespace)
+                if (e.get("source") or {}).get("component") == "elastic-gpu-node-agent"]
+
+    def write_cgroup(self, pid: int, pod_uid: str, comm: str) -> None:
+        """/proc/<pid>/cgroup as a containerd pod under the systemd cgroup driver shows it."""
+        d = self.proc_root / str(pid)
+        d.mkdir(parents=True, exist_ok=True)
+        slice_uid = pod_uid.replace("-", "_")
+        (d / "cgroup").write_text(
+            "0::/kubepods.slice/kubepods-burstable.slice/"
+            f"kubepods-burstable-pod{slice_uid}.slice/cri-containerd-{'ab' * 32}.scope\n"
+        )
+        (d / "comm").write_text(comm + "\n")
+
+
+def start_agent(node: Node, config: str, *extra: str) -> None:
+    cfg = node.root / "config.yaml"
+    cfg.write_text(config)
+    node.port = free_port()
+    node.agent_log = node.root / "agent.log"
+    env = {**clean_env(), **node.gpu_env, **node.emu.env(), "ELASTIC_GPU_BACKEND": "native", "NODE_NAME": NODE}
+    node.agent = subprocess.Popen(
+        [sys.executable, "-m", "libvgpu.agent", "--node-name", NODE, "--metrics-port", str(node.port),
+         "--config", str(cfg), "--host-lib-dir", str(node.host_dir), *extra],
+        env=env, cwd=REPO, stdout=node.agent_log.open("w"), stderr=subprocess.STDOUT,
+    )
+
+    def up():
+        if node.agent.poll() is not None:
+            raise AssertionError(f"the agent exited ({node.agent.returncode}):\n{node.log()}")
+        try:
+            return node.metrics()
+        except OSError:
+            return None
+
+    wait_for(up, 30, "the agent's metrics endpoint")
+
+
+def gpu_pod(node: Node, name: str, allocation: Allocation, command: list[str], env: dict[str, str]) -> dict:
+    """A pod written by the spawner's own apply_gpu_to_pod (native backend)."""
+    from kubernetes_asyncio.client import ApiClient
+    from kubernetes_asyncio.client import models as k8s
+
+    from hubext.kubernetes.spawner import apply_gpu_to_pod
+
+    pod = k8s.V1Pod(
+        api_version="v1",
+        kind="Pod",
+        metadata=k8s.V1ObjectMeta(name=name, namespace=NS),
+        spec=k8s.V1PodSpec(
+            restart_policy="Never",
+            containers=[k8s.V1Container(
+                name="kernel", image="jupyter/gpu", command=command,
+                env=[k8s.V1EnvVar(name=k, value=v) for k, v in env.items()],
+            )],
+        ),
+    )
+    apply_gpu_to_pod(pod, allocation, backend="native", section={}, priority_value=100,
+                     priority_class_name="elastic-gpu-default", runtime_class="", host_dir=str(node.host_dir))
+    # The emulator runs pods without mount namespaces: it maps mount paths in command, args and
+    # env, not inside files. Map the region paths of the limits file the way the pod's mounts
+    # would (hostPath <host dir>/regions, a private emptyDir), so the shim writes where a real
+    # pod's shim would.
+    private = node.root / "pods" / name
+    private.mkdir(parents=True, exist_ok=True)
+    limits = pod.metadata.annotations[L.A_LIMITS]
+    assert "node_region_dir=/var/run/libvgpu/node\n" in limits, limits
+    pod.metadata.annotations[L.A_LIMITS] = limits.replace(
+        "/var/run/libvgpu/node", str(node.host_dir / "regions")).replace("/var/run/libvgpu/", f"{private}/")
+
+    async def serialise() -> dict:
+        async with ApiClient() as api:
+            return api.sanitize_for_serialization(pod)
+
+    return asyncio.run(serialise())
+
+
+def allocation(alloc_id: str, user: str, memory_mib: int) -> Allocation:
+    return Allocation(id=alloc_id, owner=Owner(user=user, namespace="default", workspace="vision"), node=NODE,
+                      gpu_uuids=(GPU0,), memory_mib=memory_mib, cores_percent=50, priority_class="default",
+                      kind="kernel", created_at=time.time())
+
+
+def run_pod(node: Node, name: str, alloc: Allocation, steps: list[str], env: dict[str, str]) -> int:
+    """Start a pod whose program waits until the test wrote its cgroup file (no race with the
+    agent's checks), then runs the probe with ``steps``."""
+    go = node.root / f"{name}.go"
+    command = ["/bin/sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.02; done; exec "$0" "$@"',
+               str(node.build.probe), *steps]
+    node.emu.create(gpu_pod(node, name, alloc, command, env), "pods", NS)
+    node.emu.wait_for_pod_phase(name, "Running", NS, timeout=20)
+    pid = wait_for(lambda: node.emu.pod_pid(name, NS), 10, f"the process of {name}")
+    uid = node.emu.get("pods", name, NS)["metadata"]["uid"]
+    node.write_cgroup(pid, uid, "probe")
+    node.pids[name] = pid
+    go.touch()
+    return pid
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    try:
+        libvgpu.library_files()
+    except libvgpu.ShimNotBuilt as e:
+        pytest.fail(str(e))
+    root = tmp_path_factory.mktemp("agent-node")
+    build = build_doubles(root / "build")
+    gpu_env = {
+        "LD_LIBRARY_PATH": str(build.lib_dir),
+        "CUDA_DOUBLE_STATE": str(root / "gpu.state"),
+        "CUDA_DOUBLE_DEVICES": "2",
+        "CUDA_DOUBLE_MEMORY_MIB": "81559",
+        "CUDA_DOUBLE_CONTEXT_MIB": "0",
+        "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",
+        "CUDA_DOUBLE_MIG": "1:3g.40gb,3g.40gb",
+        "CUDA_DOUBLE_TEMPERATURE_C": "52",
+        "CUDA_DOUBLE_XID_FILE": str(root / "xid"),
+    }
+    (root / "xid").write_text("")
+    emu = KubeEmulator(
+        nodes=[NodeSpec(NODE, labels={"nvidia.com/gpu.present": "true"})],
+        namespaces=[NS],
+        pod_env=gpu_env,
+        restart_backoff_seconds=1.0,
+    )
+    emu.start()
+    emu.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": "elastic-gpu-default"}, "value": 100},
+               "priorityclasses", None, group="scheduling.k8s.io")
+    n = Node(root, build, emu, root / "host", root / "proc", root / "xid", gpu_env)
+    n.proc_root.mkdir()
+    try:
+        n.started_at = time.time()
+        start_agent(
+            n,
+            f"""
+NodeAgent:
+  proc_root: {n.proc_root}
+  pod_namespace: {NS}
+  metrics_ip: 127.0.0.1
+  refresh_interval_seconds: 0.3
+  inventory_interval_seconds: 1
+  pod_refresh_seconds: 0.3
+Backstop:
+  action: kill
+  tolerance_mib: 64
+  interval_seconds: 0.3
+  confirm_checks: 2
+""",
+        )
+        wait_for(lambda: emu.get("nodes", NODE)["metadata"].get("annotations", {}).get(L.NODE_GPUS_ANNOTATION),
+                 15, "the inventory annotation")
+        shim = "/usr/local/lib/elastic-gpu/libvgpu.so"  # the emulator maps mount paths into the pod root
+        run_pod(n, "pod-a", allocation("a-ok", "alice", 1024),
+                ["init", "ctx", "alloc:300M", "launch:3:100", "wait"], {"LD_PRELOAD": shim})
+        run_pod(n, "pod-b", allocation("b-over", "bob", 256), ["init", "ctx", "alloc:1G", "wait"], {})
+        stray = subprocess.Popen([str(build.probe), "init", "ctx", "alloc:512M", "wait"],
+                                 env={**clean_env(), **gpu_env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        n.others.append(stray)
+        assert stray.stdout.readline().strip() != ""
+        n.pids["stray"] = stray.pid
+        yield n
+    finally:
+        if n.agent and n.agent.poll() is None:
+            n.agent.send_signal(signal.SIGTERM)
+            try:
+                n.agent.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                n.agent.kill()
+                n.agent.wait()
+        for p in n.others:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        emu.stop()
+
+
+# ---- inventory --------------------------------------------------------------------------------
+
+
+def test_inventory_is_published_on_the_node_and_accepted_by_the_pool(node):
+    meta = node.emu.get("nodes", NODE)["metadata"]
+    assert meta["labels"][L.NODE_GPU_LABEL] == "true"
+    raw = meta["annotations"][L.NODE_GPUS_ANNOTATION]
+    gpus = json.loads(raw)
+    # what hubext.kubernetes.pool.KubernetesPool.inventory() does with it
+    pool = load_pool([{"name": NODE, "gpus": gpus}])
+    shared, mig = pool.node(NODE).gpus
+    assert (shared.uuid, shared.model, shared.memory_mib, shared.sm_count, shared.mode.value, shared.index) == (
+        GPU0, "H100-80GB", 81559, 132, "shared", 0)
+    assert (mig.uuid, mig.mode.value, mig.mig_profiles, mig.index) == (GPU1, "mig", ("3g.40gb", "3g.40gb"), 1)
+    documented = {"uuid", "model", "memory_mib", "sm_count", "mode", "mig_profiles", "index", "memory_oversub",
+                  "cores_oversub"}
+    assert all(set(g) <= documented for g in gpus)
+
+
+def test_inventory_is_republished_when_the_annotation_changes(node):
+    node.emu.patch("nodes", NODE, {"metadata": {"annotations": {L.NODE_GPUS_ANNOTATION: "[]"},
+                                                "labels": {L.NODE_GPU_LABEL: "false"}}}, None)
+
+    def repaired():
+        meta = node.emu.get("nodes", NODE)["metadata"]
+        return meta["labels"].get(L.NODE_GPU_LABEL) == "true" and len(json.loads(
+            meta["annotations"][L.NODE_GPUS_ANNOTATION])) == 2
+
+    wait_for(repaired, 10, "the agent to republish its inventory")
+    assert "GPU inventory republished" in node.log()
+
+
+# ---- the shim on the host ------------------------------------------------------------------------
+
+
+def test_shim_is_installed_in_the_host_dir_with_the_preload_file_and_regions(node):
+    lib = node.host_dir / "lib"
+    for src in map(Path, libvgpu.library_files()):
+        assert (lib / src.name).read_bytes() == src.read_bytes(), src.name
+    assert (node.host_dir / "ld.so.preload").read_text() == "/usr/local/lib/elastic-gpu/libvgpu.so\n"
+    regions = node.host_dir / "regions"
+    assert regions.is_dir() and regions.stat().st_mode & 0o1777 == 0o1777
+    # the pod under the installed shim registers in GPU 0's node region
+    wait_for(lambda: (regions / f"{GPU0}.region").is_file(), 10, "GPU 0's node region")
+
+
+# ---- metrics ---------------------------------------------------------------------------------------
+
+
+def test_gpu_metrics_are_served_with_the_dashboards_names(node):
+    m = node.metrics()
+    g0 = {"node": NODE, "gpu_uuid": GPU0, "gpu_index": "0", "model": "H100-80GB"}
+    assert sample(m, "elastic_gpu_memory_total_bytes", **g0) == 81559 * MIB
+    assert sample(m, "elastic_gpu_temperature_celsius", **g0) == 52
+    assert sample(m, "elastic_gpu_temperature_celsius", gpu_uuid=GPU1) == 53
+    # as the driver sees it: pod-a's 300 MiB at least (pod-b and the stray process may be killed by now)
+    used = sample(m, "elastic_gpu_memory_used_bytes", **g0)
+    assert used is not None and 300 * MIB <= used <= 81559 * MIB
+    util = sample(m, "elastic_gpu_utilization_ratio", **g0)
+    assert util is not None and 0.0 <= util <= 1.0
+    assert sample(m, "elastic_gpu_xid_events_supported", gpu_uuid=GPU0) == 1
+
+
+def test_utilisation_follows_the_kernels_that_run(node):
+    busy = subprocess.Popen([str(node.build.probe), "init", "ctx", "util:0:3:2000:kernel"],
+                            env={**clean_env(), **node.gpu_env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    node.others.append(busy)
+    wait_for(lambda: (sample(node.metrics(), "elastic_gpu_utilization_ratio", gpu_uuid=GPU0) or 0) > 0.5, 10,
+             "GPU 0's utilisation to rise while kernels run")
+    busy.kill()
+    busy.wait()
+
+
+def test_xid_errors_are_counted_from_nvml_events(node):
+    with node.xid_file.open("a") as f:
+        f.write("0 79\n0 79\n1 48\n")
+    wait_for(lambda: sample(node.metrics(), "elastic_gpu_xid_errors_total", gpu_uuid=GPU0, xid="79") == 2, 10,
+             "two Xid 79 on GPU 0")
+    assert sample(node.metrics(), "elastic_gpu_xid_errors_total", gpu_uuid=GPU1, gpu_index="1", xid="48") == 1
+
+
+def test_allocation_usage_comes_from_the_shims_node_region(node):
+    labels = {"node": NODE, "gpu_uuid": GPU0, "allocation_id": "a-ok", "user": "alice", "workspace": "vision",
+              "namespace": "default", "kind": "kernel", "pod": "pod-a"}
+    m = wait_for(lambda: (lambda m: m if sample(m, "elastic_gpu_allocation_memory_used_bytes", **labels) else None)(
+        node.metrics()), 15, "pod-a's allocation series")
+    assert sample(m, "elastic_gpu_allocation_memory_used_bytes", **labels) == 300 * MIB
+    assert sample(m, "elastic_gpu_allocation_memory_limit_bytes", **labels) == 1024 * MIB
+    last = sample(m, "elastic_gpu_allocation_last_activity_timestamp_seconds", **labels)
+    assert last is not None and node.started_at <= last <= time.time()
+
+
+# ---- the enforcement backstop --------------------------------------------------------------------
+
+
+def test_a_pod_over_its_slice_gets_an_event_a_metric_and_is_killed(node):
+    events = wait_for(lambda: [e for e in node.events(NS) if e["reason"] == "GPUMemoryOverSlice"], 20,
+                      "an over-slice Event on pod-b")
+    assert len(events) == 1
+    e = events[0]
+    assert e["involvedObject"]["kind"] == "Pod" and e["involvedObject"]["name"] == "pod-b"
+    assert e["type"] == "Warning"
+    assert "allocation b-over" in e["message"] and "1024 MiB" in e["message"] and "256 MiB" in e["message"]
+    assert f"Killed process {node.pids['pod-b']}" in e["message"]
+    phase = node.emu.wait_for_pod_phase("pod-b", "Failed", NS, timeout=10)
+    assert phase
+    m = node.metrics()
+    assert sample(m, "elastic_gpu_enforcement_violations_total", gpu_uuid=GPU0, reason="over-limit") == 1
+    assert sample(m, "elastic_gpu_enforcement_kills_total", gpu_uuid=GPU0, reason="over-limit") == 1
+
+
+def test_a_pod_whose_program_bypassed_the_shim_is_reported(node):
+    events = wait_for(lambda: [e for e in node.events(NS) if e["reason"] == "GPUShimBypassed"], 20,
+                      "a shim-bypassed Event on pod-b")
+    assert [e["involvedObject"]["name"] for e in events] == ["pod-b"]
+    assert sample(node.metrics(), "elastic_gpu_enforcement_violations_total", reason="no-shim") == 1
+
+
+def test_a_process_no_shim_registered_gets_a_node_event_and_is_killed(node):
+    events = wait_for(lambda: [e for e in node.events("default") if e["reason"] == "GPUProcessWithoutSlice"], 20,
+                      "an Event on the Node")
+    assert len(events) == 1
+    e = events[0]
+    assert e["involvedObject"]["kind"] == "Node" and e["involvedObject"]["name"] == NODE
+    stray = node.others[0]
+    assert f"Process {stray.pid}" in e["message"] and "512 MiB" in e["message"]
+    assert stray.wait(timeout=10) == -signal.SIGKILL
+    assert sample(node.metrics(), "elastic_gpu_enforcement_violations_total", gpu_uuid=GPU0,
+                  reason="unregistered") == 1
+
+
+def test_a_pod_within_its_slice_is_left_alone(node):
+    # by now the checks above have run many times over pod-a's process
+    wait_for(lambda: node.emu.get("pods", "pod-b", NS)["status"]["phase"] == "Failed", 20, "pod-b to be stopped")
+    time.sleep(1.0)
+    assert node.emu.get("pods", "pod-a", NS)["status"]["phase"] == "Running"
+    about_a = [e for e in node.events(NS) if e["involvedObject"]["name"] == "pod-a"]
+    assert about_a == []
+    assert sample(node.metrics(), "elastic_gpu_enforcement_kills_total", gpu_uuid=GPU0, reason="unregistered") == 1
+
+
+# ---- failures at start-up: one line, non-zero exit --------------------------------------------------
+
+
+def _run_agent(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "libvgpu.agent", "--node-name", NODE, "--metrics-port", str(free_port()),
+         "--host-lib-dir", str(tmp_path / "host"), *args],
+        env={**clean_env(), **(env or {})}, cwd=REPO, capture_output=True, text=True, timeout=60,
+    )
+
+
+def test_missing_nvml_is_one_clear_line_and_a_non_zero_exit(tmp_path):
+    proc = _run_agent(tmp_path, "--NodeAgent.nvml_library=/nonexistent/libnvidia-ml.so.1")
+    assert proc.returncode == 3
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert "/nonexistent/libnvidia-ml.so.1" in lines[0] and "cannot be loaded" in lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+
+    import ctypes.util
+
+    if ctypes.util.find_library("nvidia-ml"):
+        return  # a real driver is installed here: the default search would find it
+    proc = _run_agent(tmp_path, env={"LD_LIBRARY_PATH": str(tmp_path)})
+    assert proc.returncode == 3
+    assert proc.stderr.strip().splitlines() == [
+        "elastic-gpu node agent: NVML (libnvidia-ml.so.1) was not found: run the agent on a GPU node with the "
+        "NVIDIA container runtime (NVIDIA_VISIBLE_DEVICES=all, NVIDIA_DRIVER_CAPABILITIES=utility) or set "
+        "nodeAgent.runtimeClassName"
+    ]
+
+
+def test_a_bad_config_file_is_one_line_naming_the_setting(tmp_path):
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("Backstop: {action: explode}\n")
+    proc = _run_agent(tmp_path, "--config", str(cfg))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    for word in (str(cfg), "action", "Backstop", "'report'", "'kill'", "'explode'"):
+        assert word in lines[0], lines[0]

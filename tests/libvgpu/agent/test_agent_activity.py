@@ -1,0 +1,179 @@
+"""The node agent publishes each GPU pod's GPU activity (the shim's last launch and memory) on the
+pod as the ``elastic-gpu.jupyter.org/gpu-activity`` annotation, for the culler in Kubernetes mode.
+
+One simulated GPU node (the helpers of :mod:`tests.libvgpu.agent.test_agent`: CUDA/NVML doubles, the
+Kubernetes emulator, the agent as a subprocess) with two pods under the shim on GPU 0:
+
+* ``act-a`` allocates 300 MiB and launches 3 kernels, then waits;
+* ``act-b`` allocates 100 MiB and launches nothing until the test says so (a second process of the
+  pod, started when the test touches a file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import libvgpu
+from hubext import contract as L
+from libvgpu.agent.activity import ActivityPublisher, PodActivity, needs_patch
+from libvgpu.agent.pods import PodInfo
+from libvgpu.regions import read_node_regions
+from tests.libvgpu.agent.test_agent import (
+    GPU0,
+    MIB,
+    NODE,
+    NS,
+    Node,
+    allocation,
+    build_doubles,
+    gpu_pod,
+    run_pod,
+    start_agent,
+    wait_for,
+)
+from tests.kubeemu import KubeEmulator, NodeSpec
+
+SHIM = "/usr/local/lib/elastic-gpu/libvgpu.so"  # the emulator maps mount paths into the pod root
+
+
+def activity_of(node: Node, pod: str) -> dict | None:
+    raw = (node.emu.get("pods", pod, NS)["metadata"].get("annotations") or {}).get(L.A_GPU_ACTIVITY)
+    return json.loads(raw) if raw else None
+
+
+@pytest.fixture(scope="module")
+def anode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
+    try:
+        libvgpu.library_files()
+    except libvgpu.ShimNotBuilt as e:
+        pytest.fail(str(e))
+    root = tmp_path_factory.mktemp("activity-node")
+    build = build_doubles(root / "build")
+    gpu_env = {
+        "LD_LIBRARY_PATH": str(build.lib_dir),
+        "CUDA_DOUBLE_STATE": str(root / "gpu.state"),
+        "CUDA_DOUBLE_DEVICES": "1",
+        "CUDA_DOUBLE_MEMORY_MIB": "81559",
+        "CUDA_DOUBLE_CONTEXT_MIB": "0",
+        "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",
+        "CUDA_DOUBLE_XID_FILE": str(root / "xid"),
+    }
+    (root / "xid").write_text("")
+    emu = KubeEmulator(nodes=[NodeSpec(NODE, labels={"nvidia.com/gpu.present": "true"})], namespaces=[NS],
+                       pod_env=gpu_env, restart_backoff_seconds=1.0)
+    emu.start()
+    emu.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": "elastic-gpu-default"}, "value": 100},
+               "priorityclasses", None, group="scheduling.k8s.io")
+    n = Node(root, build, emu, root / "host", root / "proc", root / "xid", gpu_env)
+    n.proc_root.mkdir()
+    try:
+        n.started_at = time.time()
+        # the backstop never runs here (the second process of act-b has no cgroup file)
+        start_agent(n, f"""
+NodeAgent:
+  proc_root: {n.proc_root}
+  pod_namespace: {NS}
+  metrics_ip: 127.0.0.1
+  refresh_interval_seconds: 0.3
+  inventory_interval_seconds: 60
+  pod_refresh_seconds: 0.3
+Backstop:
+  interval_seconds: 3600
+""")
+        run_pod(n, "act-a", allocation("a-act", "alice", 1024),
+                ["init", "ctx", "alloc:300M", "launch:3:100", "wait"], {"LD_PRELOAD": SHIM})
+        go2 = root / "act-b.go2"
+        probe = str(build.probe)
+        script = (f'"{probe}" init ctx alloc:100M wait & '
+                  f'while [ ! -e "{go2}" ]; do sleep 0.05; done; exec "{probe}" init ctx launch:1:100 wait')
+        n.emu.create(gpu_pod(n, "act-b", allocation("b-act", "bob", 1024), ["/bin/sh", "-c", script],
+                             {"LD_PRELOAD": SHIM}), "pods", NS)
+        n.emu.wait_for_pod_phase("act-b", "Running", NS, timeout=20)
+        yield n
+    finally:
+        if n.agent and n.agent.poll() is None:
+            n.agent.send_signal(signal.SIGTERM)
+            try:
+                n.agent.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                n.agent.kill()
+                n.agent.wait()
+        emu.stop()
+
+
+def test_agent_publishes_the_shims_activity_on_the_pod(anode):
+    value = wait_for(lambda: (lambda a: a if a and a["last_launch"] and a["memory_used_mib"] == 300 else None)(
+        activity_of(anode, "act-a")), 20, "act-a's gpu-activity annotation")
+    assert set(value) == {"last_launch", "memory_used_mib", "updated_at"}
+    # the same figures as the shim's entry of allocation a-act in GPU 0's node region
+    gpu = read_node_regions(anode.host_dir / "regions")[GPU0]
+    [entry] = [e for e in gpu.containers if e.name == "a-act"]
+    assert entry.memory_used_bytes == 300 * MIB
+    assert entry.last_launch_at is not None and abs(value["last_launch"] - entry.last_launch_at) < 0.01
+    assert anode.started_at <= value["last_launch"] <= value["updated_at"] <= time.time()
+    raw = anode.emu.get("pods", "act-a", NS)["metadata"]["annotations"][L.A_GPU_ACTIVITY]
+    assert " " not in raw  # compact JSON
+
+
+def test_an_unchanged_activity_is_not_patched_again(anode):
+    wait_for(lambda: (activity_of(anode, "act-a") or {}).get("memory_used_mib") == 300, 20, "act-a's annotation")
+    before = anode.emu.get("pods", "act-a", NS)["metadata"]["resourceVersion"]
+    time.sleep(2.0)  # about 6 refreshes
+    assert anode.emu.get("pods", "act-a", NS)["metadata"]["resourceVersion"] == before
+
+
+def test_a_pod_that_never_launched_reads_as_idle_and_its_first_launch_is_published_at_once(anode):
+    idle = wait_for(lambda: (lambda a: a if a and a["memory_used_mib"] == 100 else None)(
+        activity_of(anode, "act-b")), 20, "act-b's annotation before any launch")
+    assert idle["last_launch"] is None
+    go = time.time()
+    (anode.root / "act-b.go2").touch()
+    # well before the 30 s republish interval: a first launch is patched at once
+    launched = wait_for(lambda: (lambda a: a if a and a["last_launch"] else None)(activity_of(anode, "act-b")),
+                        8, "act-b's first launch in its annotation")
+    assert go - 1 <= launched["last_launch"] <= time.time()
+    assert launched["memory_used_mib"] == 100
+
+
+# ---- the publisher's rules, without a node -----------------------------------------------------------
+
+
+def test_small_changes_wait_for_the_interval_big_ones_go_at_once():
+    old = PodActivity(last_launch=1000.0, memory_used_mib=300)
+    rules = {"interval_seconds": 30.0, "memory_step_mib": 256}
+    assert needs_patch(None, old, 0, **rules)
+    assert not needs_patch(old, old, 3600, **rules)
+    assert not needs_patch(old, PodActivity(1010.0, 300), 5, **rules)  # a busy kernel: at most every 30 s
+    assert needs_patch(old, PodActivity(1010.0, 300), 30, **rules)
+    assert needs_patch(old, PodActivity(1031.0, 300), 5, **rules)  # active again after a pause
+    assert needs_patch(PodActivity(None, 300), PodActivity(1001.0, 300), 1, **rules)
+    assert not needs_patch(old, PodActivity(1000.0, 400), 5, **rules)
+    assert needs_patch(old, PodActivity(1000.0, 600), 5, **rules)
+    assert needs_patch(old, PodActivity(1000.0, 0), 5, **rules)
+
+
+def test_a_failing_patch_is_logged_once_per_pod_and_never_raises(caplog):
+    calls = []
+
+    async def patch(namespace: str, name: str, value: str) -> None:
+        calls.append(name)
+        raise RuntimeError("403 pods is forbidden")
+
+    pod = PodInfo(name="p", namespace=NS, uid="u1", phase="Running", allocation=None)
+    pub = ActivityPublisher(patch, logging.getLogger("test-activity"), interval_seconds=0.0)
+    current = {"u1": (pod, PodActivity(1.0, 10))}
+    with caplog.at_level(logging.WARNING, "test-activity"):
+        for _ in range(3):
+            assert asyncio.run(pub.publish(current)) == 0
+    assert calls == ["p", "p", "p"]
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and f"{NS}/p" in warnings[0] and "403 pods is forbidden" in warnings[0]
