@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import signal
+import textwrap
 import time
 import uuid
 from typing import Any
@@ -36,13 +37,32 @@ from traitlets import Dict, Float, Unicode, default
 PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 
 
+#: columns of the message jupyter_server sends: JupyterLab's "Error Starting Kernel" dialog shows it
+#: in a <pre> that does not wrap, so a one-line sentence is cut at the dialog's edge
+MESSAGE_COLUMNS = 72
+
+
 class GPUKernelError(web.HTTPError):
-    """A GPU kernel could not be had; jupyter_server answers the kernel start with ``status`` and ``message``."""
+    """A GPU kernel could not be had; jupyter_server answers the kernel start with ``status`` and ``message``.
+
+    jupyter_server's API handlers answer with ``log_message`` as it is, and tornado escapes every
+    ``%`` of a log message given without arguments (``HTTPError(status, message)`` would reach the
+    user as "25%% of compute"). So the sentence is kept as the format's one argument (tornado's own
+    log line stays right) and ``log_message`` is the sentence itself, wrapped for the dialog.
+    """
 
     def __init__(self, message: str, status: int = 500) -> None:
-        super().__init__(status, message)
+        super().__init__(status, "%s", message)
         self.message = message
         self.status = status
+
+    @property
+    def log_message(self) -> str:  # type: ignore[override]
+        return textwrap.fill(self.message, MESSAGE_COLUMNS, break_long_words=False, break_on_hyphens=False)
+
+    @log_message.setter
+    def log_message(self, value: str | None) -> None:  # tornado before 6.5 assigns it in __init__
+        self._log_message = value
 
     def __str__(self) -> str:
         return self.message

@@ -202,22 +202,33 @@ NODE = "gpu-node-1"
 NAMESPACE = "jhub"
 
 
-def _broker_config() -> str:
+def _broker_config(sizes: list[dict[str, Any]] | None = None) -> str:
     return f"""
 from hubext.broker import USER_SCOPES, start_with_hub
 c.JupyterHub.extra_user_scopes = set(USER_SCOPES)
 start_with_hub()
 c.JupyterHub.cleanup_servers = False
 c.Spawner.default_url = "/tree"
-c.GPUBroker.kernel_sizes = {SIZES!r}
+c.GPUBroker.kernel_sizes = {sizes or SIZES!r}
 c.GPUBroker.reconcile_interval_seconds = 1
 """
 
 
 @contextmanager
-def local_stack(work: Path, users: tuple[str, ...] = ("alice", "bob")) -> Iterator[dict[str, Any]]:
-    """Single-machine mode: a hub with the broker (one simulated H100), alice's server running."""
-    (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
+def local_stack(
+    work: Path,
+    users: tuple[str, ...] = ("alice", "bob"),
+    *,
+    admission: dict[str, Any] | None = None,
+    sizes: list[dict[str, Any]] | None = None,
+    extra_config: str = "",
+) -> Iterator[dict[str, Any]]:
+    """Single-machine mode: a hub with the broker (one simulated H100), alice's server running.
+
+    ``admission``, ``sizes`` and ``extra_config`` (lines appended to jupyterhub_config.py)
+    replace the defaults (ADMISSION, SIZES) for tests that need another situation.
+    """
+    (work / "admission.yaml").write_text(yaml.safe_dump(admission or ADMISSION))
     prefix = work / "jupyter-prefix"
     config = (
         textwrap.dedent(
@@ -230,7 +241,8 @@ def local_stack(work: Path, users: tuple[str, ...] = ("alice", "bob")) -> Iterat
         c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}}
         """
         )
-        + _broker_config()
+        + _broker_config(sizes)
+        + extra_config
     )
     hub = HubRunner(work, config)
     try:
