@@ -1,7 +1,7 @@
 """Kubernetes mode: a GPU kernel's GPU activity reaches the culler through the broker.
 
 The node agent publishes each GPU pod's activity as the ``elastic-gpu.jupyter.org/gpu-activity``
-annotation (see tests/helm/test_agent_activity.py); here the test writes that annotation on a
+annotation (see tests/libvgpu/agent/test_agent_activity.py); here the test writes that annotation on a
 kernel pod the way the agent does (same value, a merge patch of that key) and reads the broker's
 kernel records (``GET /hub/api/gpu/kernels`` and ``.../<id>``) with the culler's own parser.
 Real JupyterHub + broker + KubeSpawner against the Kubernetes API emulator (helpers.kube_stack).
