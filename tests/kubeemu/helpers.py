@@ -35,8 +35,8 @@ def pod(name: str, command: list[str] | None = None, **spec: Any) -> dict:
     container: dict[str, Any] = {"name": "main", "image": "python:3.11"}
     if command is not None:
         container["command"] = command
-    for key in ("env", "volumeMounts", "resources", "readinessProbe", "ports", "workingDir",
-                "envFrom", "args"):
+    for key in ("env", "volumeMounts", "resources", "readinessProbe", "livenessProbe", "ports",
+                "workingDir", "envFrom", "args"):
         if key in spec:
             container[key] = spec.pop(key)
     labels = spec.pop("labels", None)

@@ -135,6 +135,8 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("scheduling.k8s.io", "v1", "priorityclasses", "PriorityClass", False, ("pc",)),
     ResourceType("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False, ()),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, ()),
+    ResourceType("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True,
+                 ("netpol",)),
 )
 
 BY_PATH: dict[tuple[str, str, str], ResourceType] = {

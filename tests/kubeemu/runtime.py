@@ -115,8 +115,10 @@ def _setup_rootfs(spec: dict) -> str:
         path = inside(d)
         with contextlib.suppress(OSError):
             mode = os.stat(path).st_mode
-            if mode & 0o001 == 0:
-                os.chmod(path, mode | 0o001)
+            if mode & 0o011 != 0o011:
+                with contextlib.suppress(OSError):  # an ACL would keep the group out
+                    os.removexattr(path, "system.posix_acl_access")
+                os.chmod(path, mode | 0o011)
     for f in spec.get("files") or []:  # written into the container's layer, e.g. ld.so.preload
         path = inside(f["path"])
         os.makedirs(os.path.dirname(path), exist_ok=True)

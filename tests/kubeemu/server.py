@@ -14,6 +14,7 @@ from tornado.iostream import StreamClosedError
 from . import errors as E
 from . import resources as R
 from .errors import ApiError
+from .podexec import ExecHandler
 
 if TYPE_CHECKING:
     from .emulator import KubeEmulator
@@ -472,6 +473,7 @@ def make_app(emu: KubeEmulator) -> tornado.web.Application:
         (r"/(healthz|readyz|livez)(/.*)?", HealthHandler, a),
         (r"/api/?", ApiVersionsHandler, a),
         (r"/api/v1/?", ResourceListHandler, a),
+        (r"/api/(v1)/namespaces/([^/]+)/pods/([^/]+)/exec/?", ExecHandler, a),
         (r"/api/(v1)/(.+)", _CoreResourceHandler, a),
         (r"/apis/?", GroupListHandler, a),
         (r"/apis/([^/]+)/?", GroupHandler, a),
