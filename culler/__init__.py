@@ -11,8 +11,10 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-#: scopes the culler's service token needs (plus the broker's custom scopes, added by the hub wiring)
-CULLER_SCOPES = ("access:servers", "read:servers", "list:users")
+#: scopes the culler's service token needs (plus the broker's custom scopes, added by the hub wiring).
+#: No ``access:servers``: the culler reaches a user's server only with a token of that user for that
+#: one server, which the broker gives it (see docs/security.md); its own token never leaves for a server.
+CULLER_SCOPES = ("read:servers", "list:users")
 
 
 def service_spec(

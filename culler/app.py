@@ -257,6 +257,8 @@ class GPUCuller(Application):
         self._checks: dict[str, tuple[float, GPUKernel]] = {}
         self._next_cycle_at = 0.0
         self._bad_records: set[str] = set()
+        #: broker id -> (the last_launch its record gave, when the culler first saw that value)
+        self._launch_seen: dict[str, tuple[float, float]] = {}
 
     # ---- start-up -------------------------------------------------------------------------
 
@@ -331,7 +333,7 @@ class GPUCuller(Application):
                     activity = self.gpu_activity_hook(record)
                     if activity is not None:
                         record = {**record, "activity": dict(activity)}
-                kernels.append(GPUKernel.from_record(record))
+                kernels.append(self._believable(GPUKernel.from_record(record)))
             except (RecordError, TypeError, ValueError) as e:
                 key = str(e)
                 if key not in self._bad_records:  # once per distinct problem, not every cycle
@@ -339,6 +341,35 @@ class GPUCuller(Application):
                     self.log.warning("Skipping a GPU kernel record the culler cannot read: %s", e)
                 self.metrics.errors.labels("record").inc()
         return [k for k in kernels if k.state == "running"]  # pending, stopped, failed: not ours to judge
+
+    def _believable(self, kernel: GPUKernel) -> GPUKernel:
+        """The kernel with its GPU activity clamped to what the culler has seen.
+
+        The activity record is written from inside the user's processes (the shim runs there), so
+        a user can write any time into it, e.g. a launch a year from now, once. A last launch is
+        believed no later than the moment the culler first saw that value: a record that does not
+        change ages like any other, and only a record that keeps changing (new launches) keeps a
+        kernel busy. Forgotten when the kernel is gone, so the map stays as small as the pool.
+        """
+        launch = kernel.gpu_last_launch
+        if launch is None:
+            self._launch_seen.pop(kernel.id, None)
+            return kernel
+        now = time.time()
+        seen = self._launch_seen.get(kernel.id)
+        if seen is None or seen[0] != launch:
+            seen = (launch, now)
+            self._launch_seen[kernel.id] = seen
+            if launch > now + 60:
+                self.log.warning(
+                    "GPU kernel %s of %s: its activity record claims a GPU launch %s in the future; "
+                    "counted from now instead",
+                    kernel.kernel_id or kernel.id,
+                    kernel.user,
+                    _human(launch - now),
+                )
+        believed = min(launch, seen[1])
+        return kernel if believed == launch else replace(kernel, gpu_last_launch=believed)
 
     def _waiting(self, pool: Mapping[str, Any] | None) -> list[Waiter]:
         if not pool:
@@ -390,6 +421,8 @@ class GPUCuller(Application):
         live = {w.request_id for w in waiting}
         self.pressure_credit = {r: v for r, v in self.pressure_credit.items() if r in live}
         store.keep_only(k.kernel_id for k in kernels)
+        live_ids = {k.id for k in kernels}
+        self._launch_seen = {i: v for i, v in self._launch_seen.items() if i in live_ids}
 
         views, report.servers_asked = await self._gather(kernels, pressure=bool(waiting))
         verdicts = decide(

@@ -40,7 +40,15 @@ class ServerKernels:
 
 
 class HubClient:
-    """REST calls with the culler's service token."""
+    """REST calls: to the hub with the culler's service token; to a user's server with a token of
+    that user that opens that one server, asked of the broker (``POST /hub/api/gpu/server-token``).
+
+    The culler's own token never goes to a user's server: the server is the user's process (it
+    loads the user's config) and could keep anything sent to it.
+    """
+
+    #: a server token is renewed when less than this many seconds of it are left
+    token_margin_seconds = 60.0
 
     def __init__(
         self,
@@ -63,6 +71,9 @@ class HubClient:
         self.log = log or logging.getLogger("culler")
         self.http = AsyncHTTPClient(force_instance=True, max_clients=max(1, concurrency))
         self.requests = 0
+        #: (user, server name) -> (token, monotonic time it expires)
+        self._server_tokens: dict[tuple[str, str], tuple[str, float]] = {}
+        self._token_locks: dict[tuple[str, str], asyncio.Lock] = {}
 
     def close(self) -> None:
         self.http.close()
@@ -70,11 +81,12 @@ class HubClient:
     # ---- plumbing ---------------------------------------------------------------------------
 
     async def _fetch(
-        self, method: str, url: str, body: Any = None, timeout: float | None = None
+        self, method: str, url: str, body: Any = None, timeout: float | None = None, token: str | None = None
     ) -> HTTPResponse | None:
-        """One request; None when it could not be made or timed out (logged at debug)."""
+        """One request (with ``token``, default the culler's own, for the hub's API only); None
+        when it could not be made or timed out (logged at debug)."""
         self.requests += 1
-        headers = {"Authorization": f"token {self.token}", "Accept": "application/json"}
+        headers = {"Authorization": f"token {token or self.token}", "Accept": "application/json"}
         data = None
         if body is not None:
             data = json.dumps(body)
@@ -156,9 +168,43 @@ class HubClient:
 
     # ---- users' servers ---------------------------------------------------------------------
 
+    async def server_token(self, user: str, server_name: str) -> str | None:
+        """A token of ``user`` that opens only their server ``server_name`` (cached until near its
+        expiry), or None when the broker gives none (then the server is not asked at all)."""
+        key = (user, server_name)
+        lock = self._token_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            cached = self._server_tokens.get(key)
+            if cached and cached[1] - time.monotonic() > self.token_margin_seconds:
+                return cached[0]
+            url = f"{self.api_url}/gpu/server-token"
+            resp = await self._fetch("POST", url, {"user": user, "server_name": server_name})
+            body = self._json(resp) if resp is not None and resp.code == 200 else None
+            if not isinstance(body, Mapping) or not isinstance(body.get("token"), str):
+                why = "no answer" if resp is None else f"HTTP {resp.code} {_snippet(resp)}"
+                self.log.warning("No token for the server of %s (%r) from the broker: %s", user, server_name, why)
+                self._server_tokens.pop(key, None)
+                return None
+            expires_in = body.get("expires_in")
+            lifetime = float(expires_in) if isinstance(expires_in, int | float) else 2 * self.token_margin_seconds
+            self._server_tokens[key] = (body["token"], time.monotonic() + lifetime)
+            return body["token"]
+
+    async def _server_fetch(
+        self, user: str, server_name: str, method: str, url: str, timeout: float | None = None
+    ) -> HTTPResponse | None:
+        """A request to a user's server with that server's own token; None without one."""
+        token = await self.server_token(user, server_name)
+        if token is None:
+            return None
+        resp = await self._fetch(method, url, timeout=timeout, token=token)
+        if resp is not None and resp.code in (401, 403):
+            self._server_tokens.pop((user, server_name), None)  # revoked or expired early: ask again next time
+        return resp
+
     async def server_kernels(self, user: str, server_name: str, server_url: str = "") -> ServerKernels:
         url = self.server_base(user, server_name, server_url) + "api/kernels"
-        resp = await self._fetch("GET", url)
+        resp = await self._server_fetch(user, server_name, "GET", url)
         if resp is None:
             return ServerKernels("unknown", {}, "no answer")
         if resp.code == 200:
@@ -174,7 +220,7 @@ class HubClient:
 
     async def kernel_model(self, user: str, server_name: str, kernel_id: str, server_url: str = "") -> Mapping | None:
         url = self.server_base(user, server_name, server_url) + f"api/kernels/{quote(kernel_id, safe='')}"
-        resp = await self._fetch("GET", url)
+        resp = await self._server_fetch(user, server_name, "GET", url)
         if resp is None or resp.code != 200:
             return None
         body = self._json(resp)
@@ -186,7 +232,7 @@ class HubClient:
         Returns "deleted", "gone" (the server does not know it / is not running) or "failed".
         """
         url = self.server_base(user, server_name, server_url) + f"api/kernels/{quote(kernel_id, safe='')}"
-        resp = await self._fetch("DELETE", url, timeout=max(self.request_timeout, 30.0))
+        resp = await self._server_fetch(user, server_name, "DELETE", url, timeout=max(self.request_timeout, 30.0))
         if resp is None:
             return "failed"
         if resp.code in (200, 204):
@@ -197,7 +243,8 @@ class HubClient:
 
     async def kernel_language(self, user: str, server_name: str, kernelspec: str, server_url: str = "") -> str:
         """The language of a kernelspec on the user's server ("" when unknown)."""
-        resp = await self._fetch("GET", self.server_base(user, server_name, server_url) + "api/kernelspecs")
+        url = self.server_base(user, server_name, server_url) + "api/kernelspecs"
+        resp = await self._server_fetch(user, server_name, "GET", url)
         if resp is None or resp.code != 200:
             return ""
         body = self._json(resp) or {}
@@ -213,12 +260,15 @@ class HubClient:
         logs such output in the notebook's Log Console); ``store_history=False`` so the execution
         count does not move. Returns True once the kernel reported idle after it.
         """
+        token = await self.server_token(user, server_name)
+        if token is None:
+            return False
         base = self.server_base(user, server_name, server_url).replace("http", "ws", 1)
         session = uuid.uuid4().hex
         url = f"{base}api/kernels/{quote(kernel_id, safe='')}/channels?session_id={session}"
         req = HTTPRequest(
             url,
-            headers={"Authorization": f"token {self.token}"},
+            headers={"Authorization": f"token {token}"},
             connect_timeout=self.connect_timeout,
             request_timeout=timeout,
         )

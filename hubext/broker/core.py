@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from traitlets import Bool, Dict, Float, List, Type, default
+from traitlets import Bool, Dict, Float, List, Type, Unicode, default
 from traitlets.config import SingletonConfigurable
 
 from quotas import AdmissionError, Allocation, GPURequest, Owner
@@ -38,6 +38,10 @@ from ..backends import KernelLauncher, LaunchError, ReleaseCause, ServerRef
 from ..gpu_spawner import request_from_section, validate_gpu_section
 from ..kernels import KernelRecord
 from .sizes import SIGNATURE_SCHEMES, BrokerError, validate_sizes
+
+#: what a user's own gpu section may set; the rest (GRANTED_KEYS) comes only from a size they may see
+CUSTOM_KEYS = frozenset({"memory_mib", "cores_percent", "model"})
+GRANTED_KEYS = frozenset({"priority_class", "whole", "count", "mig_profile"})
 
 
 class GPUBroker(SingletonConfigurable):
@@ -58,10 +62,24 @@ class GPUBroker(SingletonConfigurable):
         default everyone)}.""",
     )
     allow_custom_gpu = Bool(
-        True,
+        False,
         config=True,
         help="""Whether a kernel request may carry its own gpu section instead of a size name
-        (quotas still apply). Default: True.""",
+        (quotas still apply). Such a section may set only memory_mib, cores_percent and model:
+        a priority class, whole cards, a count or a MIG profile come only from a size the user may
+        see. Default: False (sizes only).""",
+    )
+    custom_gpu_allowed_groups = List(
+        Unicode(),
+        config=True,
+        help="""With allow_custom_gpu: the groups whose members may send a custom gpu section
+        (empty: every user). Admins always may.""",
+    )
+    server_token_seconds = Float(
+        600.0,
+        config=True,
+        help="""Lifetime of the per-server tokens the culler asks for (POST /hub/api/gpu/server-token):
+        a token of the server's user that opens only that server. Default: 600.""",
     )
     launcher_class = Type(
         klass=KernelLauncher,
@@ -190,13 +208,22 @@ class GPUBroker(SingletonConfigurable):
         if size_name is not None and gpu is not None:
             raise BrokerError("Give either 'size' or 'gpu', not both.")
         if gpu is not None:
-            if not self.allow_custom_gpu:
-                names = ", ".join(s["name"] for s in self.sizes_for(groups)) or "none"
-                raise BrokerError(f"This hub offers GPU kernels in fixed sizes only; pick a 'size': {names}.")
+            names = ", ".join(s["name"] for s in self.sizes_for(groups)) or "none"
+            allowed_groups = set(self.custom_gpu_allowed_groups)
+            may = groups is None or (self.allow_custom_gpu and (not allowed_groups or groups & allowed_groups))
+            if not may:
+                raise BrokerError(f"This hub offers GPU kernels in fixed sizes only; pick a 'size': {names}.", 403)
             try:
                 section = validate_gpu_section(gpu, "request")
             except ValueError as e:
                 raise BrokerError(str(e)) from None
+            granted = sorted(set(section) & GRANTED_KEYS)
+            if granted and groups is not None:
+                raise BrokerError(
+                    f"A custom 'gpu' section may set only {', '.join(sorted(CUSTOM_KEYS))}; "
+                    f"{', '.join(granted)} come only from a size an admin grants you: pick a 'size' ({names}).",
+                    403,
+                )
             return "custom", section
         visible = self.sizes_for(groups)
         if not isinstance(size_name, str) or not size_name:

@@ -10,6 +10,7 @@ user and servers' tokens request it (``c.Spawner.server_token_scopes``).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
@@ -21,6 +22,7 @@ from .sizes import BrokerError
 
 KERNELS_SCOPE = "custom:elastic-gpu:kernels"
 ADMIN_SCOPE = "custom:elastic-gpu:admin"
+SIZES_SCOPE = "custom:elastic-gpu:sizes"
 
 #: for ``c.JupyterHub.custom_scopes``
 CUSTOM_SCOPES: dict[str, dict[str, Any]] = {
@@ -29,7 +31,10 @@ CUSTOM_SCOPES: dict[str, dict[str, Any]] = {
     },
     ADMIN_SCOPE: {
         "description": "List, read and delete every user's GPU kernels.",
-        "subscopes": [KERNELS_SCOPE],
+        "subscopes": [KERNELS_SCOPE, SIZES_SCOPE],
+    },
+    SIZES_SCOPE: {
+        "description": "Read every GPU kernel size (to install the kernelspecs); no rights on kernels.",
     },
 }
 #: for ``c.JupyterHub.extra_user_scopes``: every user holds the kernel scope for themself
@@ -72,7 +77,7 @@ class BrokerAPIHandler(APIHandler):
 
     def caller_groups(self) -> set[str] | None:
         """Groups of the calling user for size visibility (None: every size, for admins and services
-        holding the kernel scope for everyone, e.g. the kernelspec installer of `elastic-gpu up`)."""
+        holding the kernel scope for everyone)."""
         if self.is_gpu_admin or self.has_scope(KERNELS_SCOPE):
             return None
         user = self.current_user
@@ -102,19 +107,31 @@ class BrokerAPIHandler(APIHandler):
         return body
 
     def wait_arg(self) -> float:
+        """``?wait=``: a finite number of seconds, at least 0; longer than the broker's
+        ``max_wait_seconds`` is cut to it."""
         raw = self.get_argument("wait", "0")
         try:
-            return float(raw)
+            value = float(raw)
         except ValueError:
-            raise BrokerError(f"'wait' must be a number of seconds, got {raw!r}.") from None
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            limit = self.broker.max_wait_seconds
+            raise BrokerError(
+                f"'wait' must be a number of seconds from 0 to {limit:g} (longer waits are cut to {limit:g}), "
+                f"got {raw!r}."
+            )
+        return value
 
 
 class KernelSizesHandler(BrokerAPIHandler):
     """GET /hub/api/gpu/kernel-sizes"""
 
     async def get(self) -> None:
-        self.require_any_kernel_scope()
-        sizes = self.broker.sizes_for(self.caller_groups())
+        if self.has_scope(SIZES_SCOPE):  # the kernelspec installer (`elastic-gpu up`): every size, no kernels
+            sizes = self.broker.sizes_for(None)
+        else:
+            self.require_any_kernel_scope()
+            sizes = self.broker.sizes_for(self.caller_groups())
         self.finish(
             json.dumps(
                 {
@@ -199,8 +216,37 @@ class KernelActionHandler(BrokerAPIHandler):
             self.finish()
 
 
+class ServerTokenHandler(BrokerAPIHandler):
+    """POST /hub/api/gpu/server-token {user, server_name}: a token for the culler to reach one server.
+
+    The token belongs to that user and opens only that server (``access:servers!server=<user>/<name>``),
+    for ``GPUBroker.server_token_seconds``: a user who keeps it from their own server's requests holds
+    nothing they did not have. GPU admins only (the culler's service).
+    """
+
+    async def post(self) -> None:
+        if not self.is_gpu_admin:
+            raise BrokerError(f"Only a GPU admin (the scope {ADMIN_SCOPE}) may ask for a server token.", 403)
+        body = self.json_body()
+        user_name, server_name = body.get("user"), body.get("server_name", "")
+        if not isinstance(user_name, str) or not user_name or not isinstance(server_name, str):
+            raise BrokerError("Give the server as {'user': <name>, 'server_name': <name, '' for the default>}.")
+        user = self.find_user(user_name)
+        if user is None or server_name not in user.orm_spawners or not user.spawners[server_name].active:
+            label = f"{user_name}/{server_name}" if server_name else user_name
+            raise BrokerError(f"No running server {label!r}.", 404)
+        seconds = int(self.broker.server_token_seconds)
+        token = user.new_api_token(
+            scopes=[f"access:servers!server={user.name}/{server_name}"],
+            note="elastic-gpu culler: this server only",
+            expires_in=seconds,
+        )
+        self.finish(json.dumps({"token": token, "expires_in": seconds, "user": user.name, "server_name": server_name}))
+
+
 #: for ``c.JupyterHub.extra_handlers`` (patterns are under the hub prefix, /hub)
 BROKER_HANDLERS: list[tuple[str, type]] = [
+    (r"/api/gpu/server-token", ServerTokenHandler),
     (r"/api/gpu/kernel-sizes", KernelSizesHandler),
     (r"/api/gpu/kernels", KernelsHandler),
     (r"/api/gpu/kernels/([0-9a-f]{32})", KernelHandler),

@@ -28,7 +28,7 @@ from .. import contract as C
 from ..backends import KernelLauncher, LaunchError, ServerRef
 from ..gpu_spawner import GPUSpawnerMixin
 from ..kernels import KernelRecord
-from .processes import process_alive, process_cmdline, stop_group
+from .processes import process_alive, process_cmdline, stop_slice
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -348,8 +348,10 @@ class LocalKernelLauncher(KernelLauncher):
             task.add_done_callback(self._watchers.discard)
         self.log.info("GPU kernel %s of %s restarted: pid %d (was %d)", record.id, record.user, pid, old_pid)
 
-    async def _terminate(self, pid: int) -> None:
-        await stop_group(pid, self.stop_grace_seconds)
+    async def _terminate(self, pid: int, allocation_id: str = "") -> None:
+        """Stop a kernel process with its session and descendants; with ``allocation_id`` (the slice
+        ends with it) also every other process of the slice, ``setsid`` children included."""
+        await stop_slice(allocation_id, (pid,) if pid else (), self.stop_grace_seconds)
 
     async def refresh(self, record: KernelRecord) -> None:
         if record.state not in ("pending", "running") or record.id in self._procs:
@@ -370,7 +372,9 @@ class LocalKernelLauncher(KernelLauncher):
         proc = self._procs.pop(record.id, None)
         pid = int(record.holder) if record.holder.isdigit() else 0
         if pid and (proc is not None or self._is_our_process(record)):
-            await self._terminate(pid)
+            await self._terminate(pid, record.allocation_id)
+        elif record.allocation_id:
+            await self._terminate(0, record.allocation_id)  # the kernel is gone; its children may not be
             if proc is not None:
                 try:
                     await asyncio.wait_for(proc.wait(), 5)

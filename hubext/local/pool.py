@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ from ..backends import GoneCallback, PoolBackend
 from .inventory import detect_nvml_gpus, nvml_activity, shim_library
 from .launcher import LocalKernelLauncher
 from .ledger import LEDGER_FILE, Ledger
-from .processes import process_alive, process_start_time, signal_group, stop_group
+from .processes import process_alive, process_start_time, slice_processes, stop_slice
 
 
 class LocalPool(PoolBackend):
@@ -88,7 +87,7 @@ class LocalPool(PoolBackend):
         self._on_gone: GoneCallback | None = None
         self._task: asyncio.Task | None = None
         self._evicted: set[str] = set()
-        self._kill_tasks: set[asyncio.Task] = set()
+        self._kill_tasks: dict[str, asyncio.Task] = {}  # allocation id -> the stop of its processes
 
     # ---- paths ------------------------------------------------------------------------------
 
@@ -165,6 +164,7 @@ class LocalPool(PoolBackend):
                 self.log.info("GPU ledger: dropping %s: %s", row["id"], why)
                 self.ledger.delete(row["id"])
                 self._remove_files(row["id"])
+                self._stop_slice(row["id"], 0, 0.0)  # a child that outlived its holder while the hub was down
 
     async def inventory(self) -> Pool:
         if self._pool is None:
@@ -190,14 +190,20 @@ class LocalPool(PoolBackend):
                 self.log.warning(
                     "GPU ledger: %s was preempted before process %s started; stopping it", allocation_id, holder
                 )
-                self._kill_group(int(holder))
+                self._stop_slice(allocation_id, int(holder), self.evict_grace_seconds)
             else:
                 self.log.warning("GPU ledger: bind of unknown allocation %s to %s ignored", allocation_id, holder)
 
     async def forget(self, allocation_id: str) -> None:
+        """The slice is gone: no process of it may run on (a holder's ``setsid`` child included)."""
+        holder = self.ledger.holders().get(allocation_id) if self.ledger is not None else None
         if self.ledger is not None:
             self.ledger.delete(allocation_id)
         self._remove_files(allocation_id)
+        leader = int(holder) if holder and holder.isdigit() else 0
+        if allocation_id not in self._kill_tasks and slice_processes(allocation_id, ()):
+            # its holder was stopped (or died) but something of the slice still runs
+            self._stop_slice(allocation_id, leader, self.evict_grace_seconds)
 
     async def evict(self, allocation: Allocation, reason: str) -> None:
         self._evicted.add(allocation.id)
@@ -207,8 +213,7 @@ class LocalPool(PoolBackend):
         )
         if self.ledger is not None:
             self.ledger.add_event(allocation, "preempted", reason)
-        if holder and holder.isdigit():
-            self._kill_group(int(holder))
+        self._stop_slice(allocation.id, int(holder) if holder and holder.isdigit() else 0, self.evict_grace_seconds)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -285,12 +290,21 @@ class LocalPool(PoolBackend):
         self.limits_path(allocation_id).unlink(missing_ok=True)
         shutil.rmtree(self.region_dir(allocation_id), ignore_errors=True)
 
-    def _kill_group(self, pid: int) -> None:
-        """Stop a preempted holder's process group: SIGTERM now, SIGKILL after the grace (in the background)."""
-        signal_group(pid, signal.SIGTERM)
-        task = asyncio.ensure_future(stop_group(pid, self.evict_grace_seconds))
-        self._kill_tasks.add(task)
-        task.add_done_callback(self._kill_tasks.discard)
+    def _stop_slice(self, allocation_id: str, leader: int, grace_seconds: float) -> None:
+        """Stop every process of a slice (the holder's session and descendants, and whatever carries
+        the slice's allocation id): SIGTERM now, SIGKILL after the grace, in the background."""
+        if allocation_id in self._kill_tasks:
+            return
+        leaders = (leader,) if leader else ()
+        task = asyncio.ensure_future(stop_slice(allocation_id, leaders, grace_seconds))
+        self._kill_tasks[allocation_id] = task
+
+        def done(t: asyncio.Task) -> None:
+            self._kill_tasks.pop(allocation_id, None)
+            if not t.cancelled() and t.exception() is None and not t.result():
+                self.log.warning("GPU slice %s: some of its processes did not stop", allocation_id)
+
+        task.add_done_callback(done)
 
     async def _watch(self) -> None:
         """Notice holders that died and tell the allocator (which releases their slices)."""

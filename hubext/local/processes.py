@@ -1,8 +1,15 @@
 """Local processes that hold slices: liveness, identity and stopping (single-machine mode).
 
 Holders (single-user servers, GPU kernels) start their own session, so the holder's pid is
-also its process group's id. Stopping a holder stops its whole group; the pid's start time is
-kept with it so a recycled pid is never mistaken for the holder.
+also its process group's id; the pid's start time is kept with it so a recycled pid is never
+mistaken for the holder.
+
+A slice's processes are more than the holder's group: a child may call ``setsid()`` (its own
+session and group) and even be re-parented to init (``setsid -f``, a double fork). So a slice
+is stopped by :func:`stop_slice`, which finds every process of it in /proc: the holder's
+session, group and descendants, and every process whose environment carries the slice's
+allocation id (``ELASTIC_GPU_ALLOCATION_ID``, which the pool sets for every holder and which
+every child inherits, however it detaches).
 """
 
 from __future__ import annotations
@@ -11,7 +18,10 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Iterable
 from pathlib import Path
+
+from ..contract import ENV_ALLOCATION_ID
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -85,3 +95,84 @@ async def stop_group(pid: int, grace_seconds: float, kill_wait_seconds: float = 
                 return True
             await asyncio.sleep(0.05)
     return not process_alive(pid)
+
+
+def _ancestors(pid: int) -> set[int]:
+    """``pid`` and its ancestors (never to be stopped as part of a slice: the hub and its parents)."""
+    out = set()
+    while pid > 0 and pid not in out:
+        out.add(pid)
+        fields = _stat_fields(pid)
+        if not fields or len(fields) < 2:
+            break
+        pid = int(fields[1])
+    return out
+
+
+def slice_processes(allocation_id: str = "", leaders: Iterable[int] = ()) -> set[int]:
+    """Live processes of a slice: the session, group and descendants of each of ``leaders``, and
+    (when ``allocation_id`` is given) every process whose environment names that allocation."""
+    leaders = {p for p in leaders if p > 0}
+    needle = f"{ENV_ALLOCATION_ID}={allocation_id}".encode() if allocation_id else b""
+    spare = _ancestors(os.getpid()) | {1}
+    parents: dict[int, int] = {}
+    found: set[int] = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        fields = _stat_fields(pid)
+        if not fields or len(fields) < 4 or fields[0] in ("Z", "X"):
+            continue
+        ppid, pgrp, session = int(fields[1]), int(fields[2]), int(fields[3])
+        parents[pid] = ppid
+        if pid in leaders or pgrp in leaders or session in leaders:
+            found.add(pid)
+        elif needle:
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if needle in environ.split(b"\0"):
+                found.add(pid)
+    grew = True
+    while grew:  # descendants of what was found (a child that cleared its environment, say)
+        grew = False
+        for pid, ppid in parents.items():
+            if ppid in found and pid not in found:
+                found.add(pid)
+                grew = True
+    return found - spare
+
+
+def _signal_all(pids: Iterable[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+async def stop_slice(
+    allocation_id: str = "", leaders: Iterable[int] = (), grace_seconds: float = 0.0, kill_wait_seconds: float = 5.0
+) -> bool:
+    """Stop every process of a slice (see :func:`slice_processes`): SIGTERM, then SIGKILL after
+    ``grace_seconds`` (at once when 0). Looks again each round, so a child forked meanwhile is
+    stopped too. True once none is left."""
+    leaders = tuple(leaders)
+    deadline = time.monotonic() + grace_seconds
+    pids = slice_processes(allocation_id, leaders)
+    if grace_seconds > 0 and pids:
+        _signal_all(pids, signal.SIGTERM)
+        while pids and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            pids = slice_processes(allocation_id, leaders)
+            _signal_all(pids, signal.SIGTERM)  # a child forked after the first round
+    deadline = time.monotonic() + kill_wait_seconds
+    while pids:
+        _signal_all(pids, signal.SIGKILL)
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.05)
+        pids = slice_processes(allocation_id, leaders)
+    return True
