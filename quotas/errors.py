@@ -11,6 +11,9 @@ class AdmissionError(Exception):
     """
 
     status: int = 400
+    #: for a waiting decision: only the requester's own slices stand in the way, so waiting in a
+    #: queue cannot help (the hub refuses such a request at once, with this sentence)
+    own_only: bool = False
 
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)

@@ -70,14 +70,41 @@ def cap(text: str) -> str:
     return text[:1].upper() + text[1:]
 
 
-def quota_wait(level: Level, resource: str, used: int, limit: int, asked: int, kind: str) -> str:
-    """Why a request waits on a quota level, and what to do."""
-    todo = (
-        "Stop one of your kernels or pick a smaller profile."
-        if level.kind == "user"
-        else f"Stop a kernel, wait for others in {level.label} to stop theirs, "
-        "or pick a smaller profile."
-    )
+def holdings(kernels: int, notebooks: int) -> str:
+    """What a user holds, as 'stop one of your ...' names it: 'kernels', 'GPU servers', ...; '' for nothing."""
+    if kernels and notebooks:
+        return "GPU kernels or servers"
+    if kernels:
+        return "kernels"
+    if notebooks:
+        return "GPU servers"
+    return ""
+
+
+def quota_wait(
+    level: Level,
+    resource: str,
+    used: int,
+    limit: int,
+    asked: int,
+    kind: str,
+    yours: str = "kernels",
+    others: bool = True,
+) -> str:
+    """Why a request waits on a quota level, and what to do.
+
+    ``yours``: what the requester holds within the level (:func:`holdings`; '' = nothing, so
+    stopping is not advised); ``others``: whether anyone else's slices count there too.
+    """
+    if level.kind == "user" or not others:
+        todo = f"Stop one of your {yours} or pick a smaller profile." if yours else "Pick a smaller profile."
+    elif yours:
+        todo = (
+            f"Stop one of your {yours}, wait for others in {level.label} to stop theirs, "
+            "or pick a smaller profile."
+        )
+    else:
+        todo = f"None of it is yours: wait for others in {level.label} to stop theirs, or pick a smaller profile."
     if resource == "memory_mib":
         return (
             f"{cap(level.label)} has {mib(limit)} of GPU memory; {mib(used)} "

@@ -426,14 +426,19 @@ class AdmissionState:
     ) -> Decision:
         ix = self._index
         k = request.count
-        if over is not None and not pc.borrow:
+        if over is not None and not pc.borrow and not self._no_tighter_than_pool(over):
             level, res, used, limit = over
             asked = self._asked_total(request, group, res)
+            mine, others = self._holders(request, level.key)
             error: QuotaExceeded | PoolFull = QuotaExceeded(
-                msg.quota_wait(level, res, used, limit, asked, kind),
+                msg.quota_wait(level, res, used, limit, asked, kind, mine, others),
                 level=level.label, resource=res, used=used, limit=limit, asked=asked,
             )
+            error.own_only = bool(mine) and not others
             return Decision("wait", reason=error.message, error=error)
+        if over is not None and not pc.borrow:
+            over = None  # a quota as large as the pool: the pool is what is full
+        mine, others = self._holders(request, None)
         model = msg.model_phrase(ix.model_names.get(group))
         cpu, hmem = request.cpu_millicores, request.host_memory_mib
         m = 0 if request.whole else request.memory_mib
@@ -441,30 +446,34 @@ class AdmissionState:
         if (cpu or hmem) and ix.find(m, c, k, request.whole, group) is not None:
             text = (
                 f"GPUs have room for {msg.shape(request)}, but no node with that room has "
-                f"{msg.node_needs(cpu, hmem)} free right now. Wait for a server to stop or "
-                "pick a smaller profile."
+                f"{msg.node_needs(cpu, hmem)} free right now."
             )
+            todo = "Wait for a server to stop or pick a smaller profile."
+            others = True  # the node's CPU and memory are also held by what is not a GPU slice
         elif request.whole:
             most = ix.most_empty_cards(group)
             text = (
                 f"No node has {msg.plural(k, 'free ' + model + 'GPU')} to give out whole right "
-                f"now (at most {most} on one node). Wait for a kernel to stop or ask for "
-                "fewer GPUs."
+                f"now (at most {most} on one node)."
             )
+            todo = "Wait for a kernel to stop or ask for fewer GPUs."
         elif k == 1:
             fm, fc = ix.most_free_card(group)
             text = (
                 f"No {model}GPU has {msg.mib(request.memory_mib)} of memory and "
                 f"{request.cores_percent}% of compute free right now (the most free on one "
-                f"card is {msg.mib(max(fm, 0))} and {max(fc, 0)}%). Wait for a kernel to stop "
-                "or pick a smaller profile."
+                f"card is {msg.mib(max(fm, 0))} and {max(fc, 0)}%)."
             )
+            todo = "Wait for a kernel to stop or pick a smaller profile."
         else:
             text = (
                 f"No node has {k} {model}GPUs with {msg.mib(request.memory_mib)} and "
-                f"{request.cores_percent}% free each right now. Wait for kernels to stop, "
-                "ask for fewer GPUs or pick a smaller profile."
+                f"{request.cores_percent}% free each right now."
             )
+            todo = "Wait for kernels to stop, ask for fewer GPUs or pick a smaller profile."
+        if mine and not others:
+            todo = f"Only your own {mine} hold GPUs: stop one of them or pick a smaller profile."
+        text = f"{text} {todo}"
         if over is not None:  # a borrowing class over its quota: it may only use idle capacity
             level, res, used, limit = over
             text = (
@@ -473,7 +482,39 @@ class AdmissionState:
                 f"'{pc.name}' may borrow idle capacity, but none is free. " + text
             )
         error = PoolFull(text)
+        error.own_only = bool(mine) and not others
         return Decision("wait", reason=text, error=error)
+
+    def _no_tighter_than_pool(self, over: tuple[Level, str, int, int]) -> bool:
+        """Whether a quota level's limit is at least the whole pool's capacity (as `elastic-gpu
+        init` writes the workspace's): then it is only "full" when the pool is, and the pool is
+        what the user must be told about."""
+        level, res, _, limit = over
+        if level.kind == "user" or res == "gpus":
+            return False
+        ix = self._index
+        capacity = sum(ix.cap_m) if res == "memory_mib" else sum(ix.cap_c)
+        return limit >= capacity
+
+    def _holders(self, request: GPURequest, key: tuple[str, ...] | None) -> tuple[str, bool]:
+        """What the requester holds (:func:`messages.holdings`) and whether anyone else holds
+        slices, within quota level ``key`` (None: the whole pool)."""
+        kernels = notebooks = 0
+        others = False
+        user = request.owner.user
+        for a in self._allocs.values():
+            if key is not None and (a.owner.workspace, a.owner.namespace, a.owner.user)[: len(key)] != key:
+                continue
+            if a.owner.user != user or (a.owner.workspace, a.owner.namespace) != (
+                request.owner.workspace,
+                request.owner.namespace,
+            ):
+                others = True
+            elif a.kind == "kernel":
+                kernels += 1
+            else:
+                notebooks += 1
+        return msg.holdings(kernels, notebooks), others
 
     def _asked_total(self, request: GPURequest, group: str, res: str) -> int:
         k = request.count
