@@ -352,6 +352,23 @@ class KubeEmulator:
         rt = self.kubelet.runtime_for(namespace, name)
         return rt.pid1 if rt and rt.proc and rt.proc.returncode is None else None
 
+    def network_policy_allows(self, source: tuple[str, str], dest: tuple[str, str], port: int,
+                              protocol: str = "TCP") -> bool:
+        """Whether the stored NetworkPolicies let pod ``source`` (namespace, name) open
+        ``port`` on pod ``dest`` — evaluated by ``netpol.py``; nothing enforces them here."""
+        from . import netpol
+
+        pods = {}
+        for ns, name in (source, dest):
+            pod = self.get("pods", name, ns)
+            if pod is None:
+                raise KeyError(f"pod {ns}/{name} does not exist")
+            pods[(ns, name)] = pod
+        policies = self.list("networkpolicies", group="networking.k8s.io")
+        namespaces = {n["metadata"]["name"]: n["metadata"].get("labels") or {}
+                      for n in self.list("namespaces")}
+        return netpol.allowed(policies, pods[source], pods[dest], port, protocol, namespaces)
+
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 10.0,
                  interval: float = 0.05, message: str = "condition") -> Any:
         """Poll predicate() until truthy (returned) or raise TimeoutError naming `message`."""
