@@ -170,6 +170,23 @@ class GPUQuotaAPIHandler(APIHandler):
         self.write(json.dumps(await hub_quota_view(_allocator(self))))
 
 
+class GPUQueueAPIHandler(APIHandler):
+    """DELETE /hub/api/gpu/queue/<request_id>: cancel a waiting request (its user is told why).
+
+    Needs ``admin:servers`` without a filter: it refuses another user's spawn or kernel start.
+    """
+
+    @needs_scope("admin:servers")
+    async def delete(self, request_id: str) -> None:
+        allocator = _allocator(self)
+        await allocator.ensure_started()
+        who = self.current_user.name if self.current_user is not None else "an admin"
+        if not await allocator.cancel(request_id, by=f"an admin ({who})"):
+            raise web.HTTPError(404, "%s", f"GPU request {request_id!r} is no longer waiting in the queue.")
+        self.set_status(204)
+        self.finish()
+
+
 class GPUAdminPageHandler(BaseHandler):
     """GET /hub/gpu: the pool, the queue and quota usage, for admins (scope admin-ui)."""
 
@@ -247,4 +264,5 @@ ADMIN_HANDLERS = [
     (r"/gpu", GPUAdminPageHandler),
     (r"/api/gpu/pool", GPUPoolAPIHandler),
     (r"/api/gpu/quota", GPUQuotaAPIHandler),
+    (r"/api/gpu/queue/([^/]+)", GPUQueueAPIHandler),
 ]

@@ -58,6 +58,8 @@ class Waiter:
     reason: str = ""
     #: the admission error of the last decision that did not grant (what a caller that may not wait gets)
     error: AdmissionError | None = None
+    #: the server the request is for ('' = the default server), shown in the queue
+    server_name: str = ""
     position: int | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
 
@@ -208,6 +210,7 @@ class GPUAllocator(SingletonConfigurable):
         progress: ProgressCallback | None = None,
         timeout: float | None = None,
         queue: bool = True,
+        server_name: str = "",
     ) -> Allocation:
         """Grant ``request`` now, or after waiting in the queue; raise AdmissionError otherwise.
 
@@ -225,6 +228,7 @@ class GPUAllocator(SingletonConfigurable):
             seq=next(self._seq),
             future=loop.create_future(),
             progress=progress,
+            server_name=server_name,
         )
         async with self._lock:
             self._waiters.append(waiter)
@@ -269,6 +273,22 @@ class GPUAllocator(SingletonConfigurable):
             await self._pump()
         return allocation
 
+    async def cancel(self, request_id: str, by: str = "an admin") -> bool:
+        """Take a waiting request out of the queue; its caller is refused, with the reason it
+        waited for. False when no request of that id is waiting (granted, refused or unknown)."""
+        async with self._lock:
+            waiter = next((w for w in self._waiters if w.request.request_id == request_id), None)
+            if waiter is None or waiter.future.done():
+                return False
+            self._waiters.remove(waiter)
+            why = f" It waited because: {waiter.reason}" if waiter.reason else ""
+            waiter.future.set_exception(
+                AdmissionError(f"The GPU request was cancelled by {by} while it waited in the queue.{why}", 409)
+            )
+            self.log.info("GPU request %s of %s cancelled by %s", request_id, waiter.request.owner.user, by)
+        await self._pump()  # the requests behind it move up
+        return True
+
     def get(self, allocation_id: str) -> Allocation | None:
         return self.state.allocations.get(allocation_id) if self.state else None
 
@@ -279,6 +299,8 @@ class GPUAllocator(SingletonConfigurable):
                 "request_id": w.request.request_id,
                 "user": w.request.owner.user,
                 "workspace": w.request.owner.workspace,
+                "server_name": w.server_name,
+                "kind": w.request.kind,
                 "priority_class": w.request.priority_class,
                 "memory_mib": w.request.memory_mib,
                 "cores_percent": w.request.cores_percent,
@@ -350,7 +372,8 @@ class GPUAllocator(SingletonConfigurable):
                     self._notify("granted", allocation, "", None)
                     waiter.future.set_result(allocation)
                     continue
-                if decision.kind == "reject":
+                if decision.kind == "reject" or getattr(decision.error, "own_only", False):
+                    # refused, or blocked only by the requester's own slices: waiting cannot help
                     self._waiters.remove(waiter)
                     waiter.future.set_exception(decision.error or AdmissionError(decision.reason))
                     continue

@@ -241,7 +241,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
 
             try:
                 allocation = await self.gpu_allocator.allocate(
-                    request, progress=on_queue, timeout=self._gpu_wait_seconds()
+                    request, progress=on_queue, timeout=self._gpu_wait_seconds(), server_name=self.name
                 )
             except AdmissionError as e:
                 self.log.info("GPU spawn refused for %s: %s", self._log_name, e.message)

@@ -42,13 +42,27 @@ PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port
 MESSAGE_COLUMNS = 72
 
 
+class Sentence(str):
+    """A message that must reach the user as it is, wherever it becomes an ``HTTPError``.
+
+    jupyter_server answers a failed POST /api/sessions (what JupyterLab calls) with
+    ``HTTPError(500, str(e))``, and tornado escapes every ``%`` of a log message given without
+    arguments (``message.replace("%", "%%")``), so "25% of compute" would read "25%% of compute".
+    A Sentence is left as it is by that escaping; it is still an ordinary ``str`` for JSON.
+    """
+
+    def replace(self, old: str, new: str, count: int = -1) -> str:  # type: ignore[override]
+        if old == "%" and new == "%%":
+            return self
+        return str.replace(self, old, new, count)
+
+
 class GPUKernelError(web.HTTPError):
     """A GPU kernel could not be had; jupyter_server answers the kernel start with ``status`` and ``message``.
 
-    jupyter_server's API handlers answer with ``log_message`` as it is, and tornado escapes every
-    ``%`` of a log message given without arguments (``HTTPError(status, message)`` would reach the
-    user as "25%% of compute"). So the sentence is kept as the format's one argument (tornado's own
-    log line stays right) and ``log_message`` is the sentence itself, wrapped for the dialog.
+    What jupyter_server sends (``str(e)`` for POST /api/sessions, ``log_message`` for POST
+    /api/kernels) is the sentence wrapped at MESSAGE_COLUMNS, as a :class:`Sentence`, so that
+    JupyterLab's dialog shows all of it and every ``%`` once. ``message`` is the plain sentence.
     """
 
     def __init__(self, message: str, status: int = 500) -> None:
@@ -58,14 +72,14 @@ class GPUKernelError(web.HTTPError):
 
     @property
     def log_message(self) -> str:  # type: ignore[override]
-        return textwrap.fill(self.message, MESSAGE_COLUMNS, break_long_words=False, break_on_hyphens=False)
+        return Sentence(textwrap.fill(self.message, MESSAGE_COLUMNS, break_long_words=False, break_on_hyphens=False))
 
     @log_message.setter
     def log_message(self, value: str | None) -> None:  # tornado before 6.5 assigns it in __init__
         self._log_message = value
 
     def __str__(self) -> str:
-        return self.message
+        return self.log_message
 
 
 class ElasticGPUProvisioner(KernelProvisionerBase):

@@ -290,7 +290,7 @@ class GPUBroker(SingletonConfigurable):
         )
         request = self._request(record, self.owner_for(spawner, user_name))
         try:
-            allocation = await self._admit(request)
+            allocation = await self._admit(request, record.server_name)
         except AdmissionError as e:
             self.log.info("GPU kernel for %s refused: %s", label, e.message)
             raise BrokerError(e.message, e.status) from None
@@ -325,12 +325,12 @@ class GPUBroker(SingletonConfigurable):
         )
         return record
 
-    async def _admit(self, request: GPURequest) -> Allocation:
+    async def _admit(self, request: GPURequest, server_name: str = "") -> Allocation:
         """Admission for a kernel, asked of the allocator once: with no queueing allowed, a request
         that does not fit now is refused with the admission sentence alone."""
         if self.max_queue_seconds <= 0:
-            return await self.allocator.allocate(request, queue=False)
-        return await self.allocator.allocate(request, timeout=self.max_queue_seconds)
+            return await self.allocator.allocate(request, queue=False, server_name=server_name)
+        return await self.allocator.allocate(request, timeout=self.max_queue_seconds, server_name=server_name)
 
     async def status(self, record: KernelRecord, wait_seconds: float = 0.0) -> KernelRecord:
         """Refresh ``record``; with ``wait_seconds``, wait for it to leave 'pending'."""
@@ -386,7 +386,7 @@ class GPUBroker(SingletonConfigurable):
                 request = self._request(record, self.owner_for(spawner, record.user))
                 record.generation -= 1
                 try:
-                    allocation = await self._admit(request)
+                    allocation = await self._admit(request, record.server_name)
                 except AdmissionError as e:
                     record.state, record.reason = (
                         "failed",
