@@ -78,15 +78,46 @@ def _join_cgroup(cgroup: str | None) -> None:
             f.write(str(os.getpid()))
 
 
-def _mkpoint(path: str, is_file: bool) -> None:
-    if os.path.lexists(path):
-        return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if is_file:
-        with open(path, "a"):
-            pass
-    else:
-        os.makedirs(path, exist_ok=True)
+def resolve_in(root: str, path: str, create_dirs: bool = False) -> str:
+    """``path`` inside ``root``, following symlinks as the container would see them.
+
+    An absolute link (``/var/run -> /run``) is resolved against ``root``, never against
+    this machine's root, so nothing is created or mounted outside the container.
+    """
+    parts = [p for p in path.split("/") if p and p != "."]
+    current = root
+    hops = 0
+    while parts:
+        part = parts.pop(0)
+        if part == "..":
+            current = os.path.dirname(current) if current != root else root
+            continue
+        candidate = os.path.join(current, part)
+        if os.path.islink(candidate):
+            hops += 1
+            if hops > 40:
+                raise OSError(errno.ELOOP, f"too many symlinks resolving {path}")
+            target = os.readlink(candidate)
+            parts = [p for p in target.split("/") if p and p != "."] + parts
+            if target.startswith("/"):
+                current = root
+            continue
+        if create_dirs and parts and not os.path.exists(candidate):
+            os.mkdir(candidate, 0o755)
+        current = candidate
+    return current
+
+
+def _mkpoint(root: str, path: str, is_file: bool) -> str:
+    """Create a mount point for ``path`` inside ``root``; its real location."""
+    real = resolve_in(root, path, create_dirs=True)
+    if not os.path.lexists(real):
+        if is_file:
+            with open(real, "a"):
+                pass
+        else:
+            os.mkdir(real, 0o755)
+    return real
 
 
 def _setup_rootfs(spec: dict) -> str:
@@ -104,15 +135,15 @@ def _setup_rootfs(spec: dict) -> str:
     mount("shm", inside("/dev/shm"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     mount("/sys", inside("/sys"), None, MS_BIND | MS_REC)
     for hidden in spec.get("hide") or []:
-        _mkpoint(inside(hidden), False)
-        mount("kubeemu-hidden", inside(hidden), "tmpfs", MS_NOSUID | MS_NODEV, "mode=755")
+        mount("kubeemu-hidden", _mkpoint(root, hidden, False), "tmpfs", MS_NOSUID | MS_NODEV,
+              "mode=755")
     for d in spec.get("dirs") or []:  # the image's own directories (its user's home ...)
-        path = inside(d["path"])
+        path = resolve_in(root, d["path"], create_dirs=True)
         if not os.path.exists(path):
-            os.makedirs(path, exist_ok=True)
+            os.mkdir(path, 0o755)
             os.chown(path, d.get("uid", 0), d.get("gid", 0))
     for d in spec.get("traverse") or []:  # the image lets its user reach the interpreter
-        path = inside(d)
+        path = resolve_in(root, d)
         with contextlib.suppress(OSError):
             mode = os.stat(path).st_mode
             if mode & 0o011 != 0o011:
@@ -120,13 +151,14 @@ def _setup_rootfs(spec: dict) -> str:
                     os.removexattr(path, "system.posix_acl_access")
                 os.chmod(path, mode | 0o011)
     for f in spec.get("files") or []:  # written into the container's layer, e.g. ld.so.preload
-        path = inside(f["path"])
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        path = resolve_in(root, f["path"], create_dirs=True)
+        if os.path.islink(path) or os.path.isdir(path):
+            continue
         with open(path, "w") as out:
             out.write(f["content"])
     for m in spec.get("mounts") or []:
-        target = inside(m["target"])
-        _mkpoint(target, os.path.isfile(m["source"]) and not os.path.isdir(m["source"]))
+        target = _mkpoint(root, m["target"], os.path.isfile(m["source"])
+                          and not os.path.isdir(m["source"]))
         mount(m["source"], target, None, MS_BIND | MS_REC)
         if m.get("readOnly"):
             mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY)

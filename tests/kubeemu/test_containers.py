@@ -68,6 +68,7 @@ def test_volumes_are_mounted_where_the_program_looks_readonly_and_subpath(
             "base = '/etc/' + 'probe' + '-cfg'\n"
             "out = {'k': open(os.path.join(base, 'k')).read(),\n"
             "       'sub': open('/opt/' + 'only-k').read(),\n"
+            "       'run': open('/var/run/' + 'kubeemu-probe/k').read(),\n"
             "       'preload': open('/etc/ld.so' + '.preload').read().splitlines()[0]}\n"
             "for path in (base + '/new', '/data-' + 'ro/new'):\n"
             "    try:\n"
@@ -83,6 +84,8 @@ def test_volumes_are_mounted_where_the_program_looks_readonly_and_subpath(
         volumeMounts=[
             {"name": "cfg", "mountPath": "/etc/probe-cfg"},
             {"name": "cfg", "mountPath": "/opt/only-k", "subPath": "k"},
+            # /var/run is a symlink (to /run) in most images: followed inside the container
+            {"name": "cfg", "mountPath": "/var/run/kubeemu-probe"},
             {"name": "scratch", "mountPath": "/scratch"},
             {"name": "scratch", "mountPath": "/data-ro", "readOnly": True},
             {"name": "preload", "mountPath": "/etc/ld.so.preload", "subPath": "ld.so.preload",
@@ -96,12 +99,14 @@ def test_volumes_are_mounted_where_the_program_looks_readonly_and_subpath(
     report = _report(kube_emulator, "mounts", ns)
     assert report["k"] == "from-configmap"
     assert report["sub"] == "from-configmap"
+    assert report["run"] == "from-configmap"
     assert report["preload"] == "x"  # the mounted /etc/ld.so.preload is the volume's file
     assert report["/etc/probe-cfg/new"] == "EROFS"  # configMap volumes are read-only
     assert report["/data-ro/new"] == "EROFS"  # readOnly: true
     assert report["scratch"] == "ok"
     # nothing leaked onto this machine
-    assert not os.path.exists("/etc/probe-cfg") and not os.path.exists("/scratch")
+    for path in ("/etc/probe-cfg", "/scratch", "/run/kubeemu-probe", "/var/run/kubeemu-probe"):
+        assert not os.path.exists(path)
 
 
 def test_read_only_root_filesystem(kube_emulator, core, kube_namespace):
