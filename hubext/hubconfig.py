@@ -7,7 +7,8 @@ In ``jupyterhub_config.py``::
 
 It registers the broker and admin handlers under /hub, the custom scopes that let a user's
 server call the broker for its own user only, the spawner, the allocator's pool backend and
-(optionally) the culler as a hub-managed service. The culler reaches users' servers through
+(optionally) the culler as a hub-managed service, and (``metering=True``) the GPU usage meter
+and its API (docs/metering.md). The culler reaches users' servers through
 the proxy: ``proxy_url``, else $ELASTIC_GPU_PUBLIC_URL (``elastic-gpu up`` sets it), else
 ``http://<JupyterHub.ip>:<JupyterHub.port>``. Everything it sets is a normal traitlet, so
 settings made after the call win.
@@ -34,6 +35,7 @@ def configure_hub(
     culler_args: list[str] | None = None,
     culler_port: int = 0,
     proxy_url: str = "",
+    metering: bool = True,
 ) -> None:
     """Set the traits that make a hub an Elastic GPU hub (see the module docstring)."""
     if mode not in MODES:
@@ -43,6 +45,10 @@ def configure_hub(
 
     broker.configure(c)  # handlers, custom scopes, users' and server tokens' kernel scope, start-up
     c.JupyterHub.extra_handlers = list(c.JupyterHub.extra_handlers) + list(ADMIN_HANDLERS)
+    if metering:  # usage store, /hub/api/gpu/usage and /hub/api/gpu/capacity (docs/metering.md)
+        from hubext.metering import handlers as metering_handlers
+
+        metering_handlers.configure(c)
     if admission_config_file:
         c.GPUAllocator.admission_config_file = admission_config_file
     if mode == "local":

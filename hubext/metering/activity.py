@@ -1,0 +1,111 @@
+"""How busy a slice was: samples of its GPU activity record, summed per allocation.
+
+The activity record is what the culler reads (``hubext.contract.gpu_activity``): the time of
+the last kernel launch and the memory in use. Local mode reads the shim's activity file of
+the allocation (``LocalPool.activity_path``); Kubernetes reads the node agent's
+``gpu-activity`` annotation on the pod that holds it (from the pool's pod reflector). A
+simulated pool has no activity: its records stay unmetered.
+
+An interval between two samples counts as *busy* when a kernel was launched in it (the last
+launch is later than the previous sample, or the launch counter grew), so busy seconds are
+exact to one sample interval. Memory used is sampled: peak and mean over the samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hubext import contract as C
+from hubext.backends import PoolBackend
+
+from .record import UsageRecord
+
+
+def read_activity(backend: PoolBackend, allocation_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """``{allocation id: {last_launch, memory_used_mib[, launches]}}`` for those with a record now."""
+    if backend.simulated:
+        return {}
+    if backend.mode == "local":
+        from libvgpu.regions import RegionError
+        from libvgpu.regions import read_activity as read_file
+
+        found = {}
+        for allocation_id in allocation_ids:
+            try:
+                a = read_file(backend.activity_path(allocation_id))
+            except (FileNotFoundError, RegionError, OSError):
+                continue  # no process of it initialised CUDA yet, or not a record the shim wrote
+            found[allocation_id] = {
+                "last_launch": a.last_launch_at,
+                "memory_used_mib": a.memory_used_mib,
+                "launches": a.launches,
+            }
+        return found
+    if backend.mode == "kubernetes":
+        wanted = set(allocation_ids)
+        found = {}
+        reflector = getattr(backend, "reflector", None)
+        for pod in (reflector.resources if reflector else {}).values():
+            annotations = pod.get("metadata", {}).get("annotations") or {}
+            allocation_id = annotations.get(C.ALLOCATION_ID)
+            if allocation_id in wanted:
+                activity = C.gpu_activity(annotations.get(C.A_GPU_ACTIVITY))
+                if activity:
+                    found[allocation_id] = activity
+        return found
+    return {}
+
+
+@dataclass
+class ActivityTotals:
+    """The running totals of one allocation (restored from its record after a hub restart)."""
+
+    last_sample_at: float
+    busy_seconds: float = 0.0
+    activity_seconds: float = 0.0
+    memory_used_peak_mib: int = 0
+    memory_used_mean_mib: float = 0.0
+    samples: int = 0
+    launches: int | None = None
+
+    @classmethod
+    def from_record(cls, record: UsageRecord) -> ActivityTotals:
+        return cls(
+            last_sample_at=max(record.granted_at, record.last_seen),
+            busy_seconds=record.busy_seconds or 0.0,
+            activity_seconds=record.activity_seconds or 0.0,
+            memory_used_peak_mib=record.memory_used_peak_mib or 0,
+            memory_used_mean_mib=record.memory_used_mean_mib or 0.0,
+            samples=record.activity_samples,
+        )
+
+    def add(self, activity: dict[str, Any], now: float) -> None:
+        """Count the interval since the last sample as busy or idle, and this sample's memory."""
+        interval = max(0.0, now - self.last_sample_at)
+        last_launch = activity.get("last_launch")
+        launches = activity.get("launches")
+        launched = (last_launch is not None and last_launch > self.last_sample_at) or (
+            launches is not None and self.launches is not None and launches > self.launches
+        )
+        self.activity_seconds += interval
+        if launched:
+            self.busy_seconds += interval
+        used = int(activity.get("memory_used_mib") or 0)
+        self.memory_used_peak_mib = max(self.memory_used_peak_mib, used)
+        self.memory_used_mean_mib = (self.memory_used_mean_mib * self.samples + used) / (self.samples + 1)
+        self.samples += 1
+        self.launches = launches
+        self.last_sample_at = now
+
+    def event(self, allocation_id: str) -> dict[str, Any]:
+        """The store event that sets the record's activity columns to these totals."""
+        return {
+            "event": "activity",
+            "id": allocation_id,
+            "busy_seconds": self.busy_seconds,
+            "activity_seconds": self.activity_seconds,
+            "memory_used_peak_mib": self.memory_used_peak_mib,
+            "memory_used_mean_mib": self.memory_used_mean_mib,
+            "activity_samples": self.samples,
+        }

@@ -1,0 +1,175 @@
+"""The usage API: /hub/api/gpu/usage (report), /hub/api/gpu/usage/records, /hub/api/gpu/capacity.
+
+Access uses JupyterHub's ``read:users`` scope and its user filter: an admin (or a service
+given ``read:users``) reads everyone's usage; a user holds ``read:users!user=<self>`` and reads
+their own only (asking for another user's is 403). Capacity planning needs ``read:users``
+for all users. Query parameters:
+
+``from``, ``to``
+    the period, ISO 8601 (UTC unless a zone is given) or unix seconds; default the last 30 days;
+``by``
+    comma-separated groups (user, namespace, workspace, model, kind, node, priority_class, day, month);
+``user``
+    only this user's records;
+``format``
+    ``json`` (default), ``csv`` or ``svg`` (a stacked GPU-hours chart); records: json or csv;
+``slice``, ``model``, ``percentile``
+    capacity: slice size (1/4, 0.25, 25%, 20GiB), GPU model, percentile (default 95).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from jupyterhub.apihandlers.base import APIHandler
+from tornado import web
+
+from quotas import ConfigError
+
+from .capacity import parse_slice, plan_capacity
+from .meter import UsageMeter
+from .plot import capacity_svg, usage_svg
+from .report import ReportError, parse_time, records_csv, report_csv, usage_report
+
+DEFAULT_DAYS = 30
+FORMATS = {"json": "application/json", "csv": "text/csv; charset=utf-8", "svg": "image/svg+xml"}
+
+
+class UsageAPIHandler(APIHandler):
+    """Shared: the meter, the period, who may be read."""
+
+    def meter(self) -> UsageMeter:
+        meter = UsageMeter.instance(config=self.settings.get("config"), log=self.log)
+        if meter.store is None:
+            from jupyterhub.app import JupyterHub
+
+            meter.open(JupyterHub.instance().db_url if JupyterHub.initialized() else "")
+        return meter
+
+    def period(self) -> tuple[float, float]:
+        end = parse_time(self.get_argument("to"), "to") if self.get_argument("to", "") else time.time()
+        start = (
+            parse_time(self.get_argument("from"), "from")
+            if self.get_argument("from", "")
+            else end - DEFAULT_DAYS * 86400
+        )
+        return start, end
+
+    def readable_users(self) -> list[str] | None:
+        """None: every user; else the users this request may read (403 for another user)."""
+        asked = self.get_argument("user", "")
+        if asked:
+            if not self.has_scope(f"read:users!user={asked}"):
+                raise web.HTTPError(403, f"You may not read the GPU usage of user {asked!r}.")
+            return [asked]
+        if self.has_scope("read:users"):
+            return None
+        me = self.current_user
+        if me is not None and getattr(me, "name", None) and self.has_scope(f"read:users!user={me.name}"):
+            return [me.name]
+        raise web.HTTPError(403, "Reading GPU usage needs the read:users scope (your own usage: read:users!user).")
+
+    def output_format(self, allowed: tuple[str, ...]) -> str:
+        fmt = self.get_argument("format", "json")
+        if fmt not in allowed:
+            raise web.HTTPError(400, f"format {fmt!r} is not offered here; use one of {', '.join(allowed)}.")
+        return fmt
+
+    def send(self, fmt: str, body: str, name: str) -> None:
+        self.set_header("Content-Type", FORMATS[fmt])
+        if fmt == "csv":
+            self.set_header("Content-Disposition", f'attachment; filename="{name}.csv"')
+        self.finish(body)
+
+    async def records(self, start: float, end: float, users: list[str] | None) -> list[Any]:
+        meter = self.meter()
+        try:
+            return await asyncio.to_thread(meter.store.records, start, end, users)
+        except Exception as e:
+            self.log.error("GPU usage store cannot be read: %s", e)
+            raise web.HTTPError(503, "The GPU usage store cannot be read now; see the hub log.") from None
+
+    async def get(self) -> None:
+        try:
+            await self.respond()
+        except (ReportError, ConfigError) as e:  # bad parameters or prices: the sentence, not a traceback
+            raise web.HTTPError(400, e.message) from None
+
+    async def respond(self) -> None:
+        raise NotImplementedError
+
+
+class UsageReportHandler(UsageAPIHandler):
+    """GET /hub/api/gpu/usage: the usage report (json, csv, or an svg chart)."""
+
+    async def respond(self) -> None:
+        fmt = self.output_format(("json", "csv", "svg"))
+        start, end = self.period()
+        by = self.get_argument("by", "user")
+        users = self.readable_users()
+        meter = self.meter()
+        prices = meter.price_table()
+        now = time.time()
+        records = await self.records(start, end, users)
+        if fmt == "svg":
+            self.send(fmt, usage_svg(records, start, end, by, now=now), "gpu-usage")
+            return
+        report = usage_report(records, start, end, by.split(","), prices, now=now)
+        if fmt == "csv":
+            self.send(fmt, report_csv(report), "gpu-usage")
+        else:
+            self.send(fmt, json.dumps(report.to_dict()), "gpu-usage")
+
+
+class UsageRecordsHandler(UsageAPIHandler):
+    """GET /hub/api/gpu/usage/records: the raw records of the period (json or csv)."""
+
+    async def respond(self) -> None:
+        fmt = self.output_format(("json", "csv"))
+        start, end = self.period()
+        records = await self.records(start, end, self.readable_users())
+        if fmt == "csv":
+            self.send(fmt, records_csv(records), "gpu-usage-records")
+        else:
+            self.send(fmt, json.dumps({"records": [r.to_dict() for r in records]}), "gpu-usage-records")
+
+
+class CapacityHandler(UsageAPIHandler):
+    """GET /hub/api/gpu/capacity: GPUs needed for the recorded demand at a slice size (json or svg)."""
+
+    async def respond(self) -> None:
+        if not self.has_scope("read:users"):
+            raise web.HTTPError(403, "Capacity planning reads everyone's usage: it needs the read:users scope.")
+        fmt = self.output_format(("json", "svg"))
+        start, end = self.period()
+        model = self.get_argument("model", "")
+        try:
+            percentile = float(self.get_argument("percentile", "95"))
+        except ValueError:
+            raise ReportError("percentile must be a number in (0, 100], such as 95.") from None
+        records = await self.records(start, end, None)
+        card = next((r.gpu_memory_mib for r in records if r.gpu_model == model and r.gpu_memory_mib), 0)
+        fraction = parse_slice(self.get_argument("slice", "1"), card)
+        plan = plan_capacity(records, start, end, fraction, now=time.time(), percentile=percentile, model=model)
+        if fmt == "svg":
+            self.send(fmt, capacity_svg(plan), "gpu-capacity")
+        else:
+            self.send(fmt, json.dumps({**plan.to_dict(), "answer": plan.sentence()}), "gpu-capacity")
+
+
+USAGE_HANDLERS = [
+    (r"/api/gpu/usage", UsageReportHandler),
+    (r"/api/gpu/usage/records", UsageRecordsHandler),
+    (r"/api/gpu/capacity", CapacityHandler),
+]
+
+
+def configure(c: Any) -> None:
+    """Register the usage API and start the meter with the hub (called by ``configure_hub``)."""
+    from .meter import start_with_hub
+
+    c.JupyterHub.extra_handlers = list(c.JupyterHub.get("extra_handlers", [])) + USAGE_HANDLERS
+    start_with_hub()

@@ -1,0 +1,256 @@
+"""The hub's usage meter: the allocator's listener, the activity sampler and the store's owner.
+
+:func:`start_with_hub` (called by ``configure_hub``) waits for the hub, attaches
+:meth:`UsageMeter.on_allocation_event` to the allocator's ``listeners`` and starts the writer
+thread and the sampler. Every ``sample_interval_seconds`` the sampler reads the activity of
+every held slice and sends the allocator's ledger to the store (``reconcile``): a slice the
+store misses (granted while the meter was not yet listening, or a dropped event) is inserted
+from its ``created_at``, and an open record whose slice is gone (released while the hub was
+down or killed) is closed at the last time it was seen held.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+from traitlets import Bool, Dict, Float, Integer, Unicode
+from traitlets.config import SingletonConfigurable
+
+from quotas import Allocation
+
+from ..backends import ReleaseCause
+from .activity import ActivityTotals, read_activity
+from .prices import PriceTable, load_prices
+from .record import UsageRecord
+from .recorder import UsageRecorder
+from .store import UsageStore
+
+SPOOL_NAME = "elastic-gpu-usage.spool"
+
+
+class UsageMeter(SingletonConfigurable):
+    """Records every GPU slice's life in the hub's database; prices and reports it."""
+
+    enabled = Bool(True, config=True, help="Record GPU usage (configure_hub starts the meter). Default: True.")
+    db_url = Unicode(
+        "",
+        config=True,
+        help="""SQLAlchemy URL of the usage store. Default (empty): the hub's own
+        JupyterHub.db_url (sqlite:///jupyterhub.sqlite unless the hub is configured otherwise);
+        the store has its own tables and alembic version table there.""",
+    )
+    spool_file = Unicode(
+        "",
+        config=True,
+        help=f"""File where usage events wait while the database cannot be written (replayed in
+        order when it can, and at the next start). Default: {SPOOL_NAME} beside the SQLite
+        database, else in the hub's working directory.""",
+    )
+    queue_size = Integer(10000, config=True, help="Usage events the queue holds before it drops. Default: 10000.")
+    batch_size = Integer(500, config=True, help="Most usage events written in one transaction. Default: 500.")
+    retry_interval_seconds = Float(
+        10.0, config=True, help="Seconds between tries to write the spool while the database is down. Default: 10."
+    )
+    sample_interval_seconds = Float(
+        30.0,
+        config=True,
+        help="""Seconds between activity samples and reconciliations with the allocator's ledger;
+        busy seconds are exact to one interval. Default: 30.""",
+    )
+    prices = Dict(
+        config=True,
+        help="""Prices per hour by GPU model ('*' for every other model): a mapping with any of
+        gpu_hour (a whole card), memory_gib_hour (a GiB of GPU memory) and compute_hour (100 %
+        of a card's compute), e.g. {'H100-80GB': {'gpu_hour': 2.5}}. See docs/metering.md.""",
+    )
+    currency = Unicode("USD", config=True, help="The currency of `prices`. Default: USD.")
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.allocator: Any = None
+        self.store: UsageStore | None = None
+        self.recorder: UsageRecorder | None = None
+        self.totals: dict[str, ActivityTotals] = {}
+        self._restored = False
+        self._task: asyncio.Task | None = None
+
+    # ---- set-up ---------------------------------------------------------------------------------
+
+    def price_table(self) -> PriceTable:
+        """The validated prices (ConfigError naming the bad key otherwise)."""
+        return load_prices(self.prices, self.currency)
+
+    def resolve_db_url(self, hub_db_url: str = "") -> str:
+        return self.db_url or hub_db_url or "sqlite:///jupyterhub.sqlite"
+
+    def resolve_spool(self, db_url: str) -> Path:
+        if self.spool_file:
+            return Path(self.spool_file)
+        url = make_url(db_url)
+        if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+            return Path(url.database).absolute().parent / SPOOL_NAME
+        return Path(os.getcwd()) / SPOOL_NAME
+
+    def open(self, hub_db_url: str = "") -> UsageStore:
+        """Create the store and start the writer thread (tables are created by the first write)."""
+        if self.recorder is None:
+            self.price_table()  # a bad price stops the meter at start, with its sentence
+            db_url = self.resolve_db_url(hub_db_url)
+            self.store = UsageStore(db_url)
+            self.recorder = UsageRecorder(
+                self.store,
+                self.resolve_spool(db_url),
+                queue_size=self.queue_size,
+                batch_size=self.batch_size,
+                retry_interval=self.retry_interval_seconds,
+                logger=self.log,
+            )
+            self.recorder.start()
+            atexit.register(self._flush_at_exit)
+        return self.store
+
+    def _flush_at_exit(self) -> None:
+        # the hub is exiting (SIGTERM): write what is queued; a SIGKILL is repaired by reconciliation
+        if self.recorder is not None:
+            self.recorder.stop(timeout=5)
+
+    def attach(self, allocator: Any) -> None:
+        """Listen to ``allocator`` (a :class:`hubext.allocator.GPUAllocator`); idempotent."""
+        self.allocator = allocator
+        if self.on_allocation_event not in allocator.listeners:
+            allocator.listeners.append(self.on_allocation_event)
+
+    def close(self) -> None:
+        if self._task:
+            self._task.cancel()
+            self._task = None
+        if self.allocator is not None and self.on_allocation_event in self.allocator.listeners:
+            self.allocator.listeners.remove(self.on_allocation_event)
+        if self.recorder is not None:
+            self.recorder.stop()
+            self.recorder = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    # ---- the listener (on the event loop: no I/O) ----------------------------------------------
+
+    def record_of(self, allocation: Allocation, at: float) -> UsageRecord:
+        model, memory = "", 0
+        state = getattr(self.allocator, "state", None)
+        if state is not None and allocation.gpu_uuids:
+            gpu = state.pool.gpu(allocation.gpu_uuids[0])
+            if gpu is not None:
+                model, memory = gpu.model, gpu.memory_mib
+        return UsageRecord.from_allocation(allocation, gpu_model=model, gpu_memory_mib=memory, at=at)
+
+    def on_allocation_event(self, event: str, allocation: Allocation, why: str, cause: ReleaseCause | None) -> None:
+        """The allocator's listener: queue a 'granted' or 'released' event (never waits)."""
+        if self.recorder is None:
+            return
+        now = time.time()
+        if event == "granted":
+            self.totals[allocation.id] = ActivityTotals(last_sample_at=allocation.created_at or now)
+            self.recorder.submit({"event": "granted", "record": self.record_of(allocation, now).to_dict()})
+        elif event == "released":
+            totals = self.totals.pop(allocation.id, None)
+            if totals is not None and totals.samples:
+                self.recorder.submit(totals.event(allocation.id))
+            self.recorder.submit(
+                {
+                    "event": "released",
+                    "id": allocation.id,
+                    "at": now,
+                    "cause": (cause or ReleaseCause.STOPPED).value,
+                    "why": why,
+                }
+            )
+
+    # ---- the sampler ------------------------------------------------------------------------------
+
+    async def restore(self) -> None:
+        """Load the activity totals of open records (after a restart); retried by every sample."""
+        if self._restored or self.store is None:
+            return
+        records = await asyncio.to_thread(self.store.open_records)
+        for record in records:
+            self.totals.setdefault(record.id, ActivityTotals.from_record(record))
+        self._restored = True
+
+    async def sample(self, now: float | None = None) -> None:
+        """One activity sample of every held slice, then reconcile the store with the ledger."""
+        if self.recorder is None or self.allocator is None or self.allocator.state is None:
+            return
+        try:
+            await self.restore()
+        except Exception as e:  # the database is down: activity waits, the ledger is still sent
+            self.log.warning("GPU usage: cannot read open records yet (%s)", e)
+        now = time.time() if now is None else now
+        live = dict(self.allocator.state.allocations)
+        if self._restored:
+            activity = read_activity(self.allocator.backend, list(live))
+            for allocation_id, allocation in live.items():
+                totals = self.totals.setdefault(
+                    allocation_id, ActivityTotals(last_sample_at=allocation.created_at or now)
+                )
+                if allocation_id in activity:
+                    totals.add(activity[allocation_id], now)
+                    self.recorder.submit(totals.event(allocation_id))
+        for gone in set(self.totals) - set(live):
+            del self.totals[gone]
+        self.recorder.submit(
+            {"event": "reconcile", "at": now, "live": [self.record_of(a, now).to_dict() for a in live.values()]}
+        )
+
+    async def run_sampler(self) -> None:
+        while True:
+            try:
+                await self.sample()
+            except Exception:
+                self.log.exception("GPU usage sampler failed; retrying")
+            await asyncio.sleep(self.sample_interval_seconds)
+
+    def start_sampler(self) -> None:
+        if self._task is None:
+            self._task = asyncio.ensure_future(self.run_sampler())
+
+
+def start_with_hub(hub_start_timeout: float = 600.0) -> None:
+    """Start the meter as soon as the hub is up (called from jupyterhub_config.py by configure_hub)."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return  # not inside the hub (e.g. `jupyterhub --generate-config`)
+
+    async def wait_and_start() -> None:
+        from jupyterhub.app import JupyterHub
+        from jupyterhub.utils import exponential_backoff
+
+        from ..allocator import GPUAllocator
+
+        def hub_up() -> bool:
+            return JupyterHub.initialized() and getattr(JupyterHub.instance(), "http_server", None) is not None
+
+        await exponential_backoff(
+            hub_up, "the hub did not start", start_wait=0.1, max_wait=1, timeout=hub_start_timeout
+        )
+        app = JupyterHub.instance()
+        meter = UsageMeter.instance(config=app.config, log=app.log)
+        if not meter.enabled:
+            return
+        try:
+            meter.open(app.db_url)
+        except Exception as e:
+            app.log.error("GPU usage meter not started: %s", getattr(e, "message", e))
+            return
+        meter.attach(GPUAllocator.instance(config=app.config, log=app.log))
+        meter.start_sampler()
+        app.log.info("GPU usage meter recording to %s", meter.store.engine.url.render_as_string(hide_password=True))
+
+    loop.create_task(wait_and_start())

@@ -1,0 +1,191 @@
+"""The usage store: usage records in a SQL database through SQLAlchemy, schema by alembic.
+
+It lives in the hub's own database (``JupyterHub.db_url``: SQLite by default, PostgreSQL or
+MySQL where the hub uses them), in its own table and its own alembic version table, so it
+survives hub restarts and pod deletion as the hub's users do. Every method is synchronous
+and blocking: the hub calls it from the recorder's writer thread (:mod:`.recorder`), never
+from the event loop.
+
+Writes are *events* (JSON-ready dicts, so the recorder can spool them to a file while the
+database is down and replay them later), applied in order, in one transaction per batch, and
+idempotent (a replayed batch changes nothing):
+
+- ``{"event": "granted", "record": {...}}``: insert the record unless it exists;
+- ``{"event": "released", "id", "at", "cause", "why"}``: close it (first close wins);
+- ``{"event": "activity", "id", "busy_seconds", ...}``: absolute activity totals of an open record;
+- ``{"event": "reconcile", "at", "live": [record, ...]}``: the allocator's ledger at ``at``:
+  insert live allocations the store misses, mark them seen, and close open records that are
+  no longer live at the last time they were seen (cause ``unrecorded``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import alembic.command
+from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, and_, create_engine, insert, or_, select, update
+from sqlalchemy.engine import Connection
+
+from .record import UNRECORDED, UsageRecord
+from .schema import VERSION_TABLE, usage
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class StoreError(Exception):
+    """The usage store cannot be used as configured; ``message`` says why and what to change."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def make_engine(db_url: str) -> Engine:
+    """An engine for ``db_url`` (SQLite: usable from the writer thread, waits 30 s for a lock)."""
+    kwargs: dict[str, Any] = {"pool_pre_ping": True, "future": True}
+    if db_url.startswith("sqlite"):
+        kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+    try:
+        return create_engine(db_url, **kwargs)
+    except Exception as e:  # bad URL or a missing driver: say which
+        raise StoreError(f"UsageMeter.db_url {db_url!r} cannot be used: {e}") from None
+
+
+def alembic_config(connection: Connection | None = None) -> AlembicConfig:
+    cfg = AlembicConfig()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    if connection is not None:
+        cfg.attributes["connection"] = connection
+    return cfg
+
+
+def head_revision() -> str:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head() or ""
+
+
+class UsageStore:
+    """Usage records in ``db_url`` (see the module docstring)."""
+
+    def __init__(self, db_url: str) -> None:
+        self.db_url = db_url
+        self.engine = make_engine(db_url)
+        self._lock = threading.Lock()
+        self._at_head = False
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Create or migrate the store's tables to ``revision`` (alembic, in its own version table)."""
+        with self._lock, self.engine.begin() as connection:
+            alembic.command.upgrade(alembic_config(connection), revision)
+
+    def ensure_schema(self) -> None:
+        """Upgrade to head once per process (the writer and the readers call it before use)."""
+        if not self._at_head:
+            self.upgrade()
+            self._at_head = True
+
+    def revision(self) -> str | None:
+        """The store's schema revision in the database (None: never created)."""
+        with self.engine.connect() as connection:
+            return MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE}).get_current_revision()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---- writes -------------------------------------------------------------------------------
+
+    def apply(self, events: Iterable[Mapping[str, Any]]) -> None:
+        """Apply events in order, in one transaction (all or nothing)."""
+        with self.engine.begin() as db:
+            for event in events:
+                kind = event["event"]
+                if kind == "granted":
+                    self._insert(db, event["record"])
+                elif kind == "released":
+                    db.execute(
+                        update(usage)
+                        .where(usage.c.id == event["id"], usage.c.released_at.is_(None))
+                        .values(
+                            released_at=event["at"],
+                            release_cause=event["cause"],
+                            release_why=event.get("why", ""),
+                            last_seen=event["at"],
+                        )
+                    )
+                elif kind == "activity":
+                    db.execute(
+                        update(usage)
+                        .where(usage.c.id == event["id"])
+                        .values(
+                            busy_seconds=event["busy_seconds"],
+                            activity_seconds=event["activity_seconds"],
+                            memory_used_peak_mib=event["memory_used_peak_mib"],
+                            memory_used_mean_mib=event["memory_used_mean_mib"],
+                            activity_samples=event["activity_samples"],
+                        )
+                    )
+                elif kind == "reconcile":
+                    self._reconcile(db, event["at"], event["live"])
+                else:
+                    raise ValueError(f"unknown usage event {kind!r}")
+
+    @staticmethod
+    def _insert(db: Connection, record: Mapping[str, Any]) -> None:
+        if db.execute(select(usage.c.id).where(usage.c.id == record["id"])).first() is None:
+            db.execute(insert(usage).values(**record))
+
+    def _reconcile(self, db: Connection, at: float, live: list[Mapping[str, Any]]) -> None:
+        live_ids = {r["id"] for r in live}
+        for record in live:
+            self._insert(db, record)
+        if live_ids:
+            db.execute(
+                update(usage).where(usage.c.id.in_(live_ids), usage.c.released_at.is_(None)).values(last_seen=at)
+            )
+        gone = [
+            row.id
+            for row in db.execute(select(usage.c.id).where(usage.c.released_at.is_(None)))
+            if row.id not in live_ids
+        ]
+        for record_id in gone:
+            db.execute(
+                update(usage)
+                .where(usage.c.id == record_id, usage.c.released_at.is_(None))
+                .values(
+                    released_at=usage.c.last_seen,
+                    release_cause=UNRECORDED,
+                    release_why="released while the hub was not recording (closed at the last time it was seen held)",
+                )
+            )
+
+    # ---- reads --------------------------------------------------------------------------------
+
+    def records(
+        self, start: float | None = None, end: float | None = None, users: Iterable[str] | None = None
+    ) -> list[UsageRecord]:
+        """Records that overlap [start, end) (open records overlap everything after their grant)."""
+        self.ensure_schema()
+        query = select(usage)
+        conditions = []
+        if end is not None:
+            conditions.append(usage.c.granted_at < end)
+        if start is not None:
+            conditions.append(or_(usage.c.released_at.is_(None), usage.c.released_at > start))
+        if users is not None:
+            conditions.append(usage.c.user.in_(list(users)))
+        if conditions:
+            query = query.where(and_(*conditions))
+        with self.engine.connect() as db:
+            rows = db.execute(query.order_by(usage.c.granted_at, usage.c.id)).mappings().all()
+        return [UsageRecord.from_dict(dict(row)) for row in rows]
+
+    def open_records(self) -> list[UsageRecord]:
+        self.ensure_schema()
+        with self.engine.connect() as db:
+            rows = db.execute(select(usage).where(usage.c.released_at.is_(None))).mappings().all()
+        return [UsageRecord.from_dict(dict(row)) for row in rows]
