@@ -16,11 +16,12 @@ import shlex
 import signal
 import socket
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from traitlets import Dict, Float, List, Unicode, default
+from traitlets import Bool, Dict, Float, List, Unicode, default
 
 from quotas import Allocation
 
@@ -83,6 +84,21 @@ class LocalKernelLauncher(KernelLauncher):
     )
     stop_grace_seconds = Float(
         3.0, config=True, help="Seconds between SIGTERM and SIGKILL when a kernel is stopped. Default: 3."
+    )
+    kernel_binds_ports = Bool(
+        True,
+        config=True,
+        help="""Let the kernel bind its own ports: the connection file says port 0 and the kernel
+        writes the ports it bound back into it (as ipykernel does); the broker answers once they
+        are there. False: the hub picks free ports and the kernel binds them later, which races
+        with any other process binding ports meanwhile (a kernel then dies with 'Address already
+        in use'). Default: True.""",
+    )
+    ready_timeout_seconds = Float(
+        60.0,
+        config=True,
+        help="""With kernel_binds_ports: seconds a new kernel process has to write its ports back
+        before its start fails. Default: 60.""",
     )
 
     @default("kernel_cmd")
@@ -308,9 +324,50 @@ class LocalKernelLauncher(KernelLauncher):
             return ""
         return f": {tail[-1][:300]}" if tail else ""
 
+    def _initial_ports(self) -> dict[str, int]:
+        if self.kernel_binds_ports:
+            return dict.fromkeys(C.PORT_NAMES, 0)
+        return dict(zip(C.PORT_NAMES, free_local_ports(self.ip), strict=True))
+
+    def _bound_ports(self, record: KernelRecord) -> dict[str, int] | None:
+        """The ports the kernel wrote back into its connection file, or None while it has not."""
+        try:
+            fd = os.open(self.kernel_dir(record.id) / "connection.json", os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd) as f:
+                info = json.loads(f.read(65536))
+        except (OSError, ValueError):
+            return None  # not there, or being written
+        if not isinstance(info, dict):
+            return None
+        ports = {name: info.get(name) for name in C.PORT_NAMES}
+        if all(isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536 for p in ports.values()):
+            return ports  # type: ignore[return-value]
+        return None
+
+    async def _await_ports(self, record: KernelRecord, pid: int) -> None:
+        """With kernel_binds_ports: wait until the kernel has bound its ports (it wrote them back)."""
+        if not self.kernel_binds_ports:
+            return
+        deadline = time.monotonic() + self.ready_timeout_seconds
+        while True:
+            ports = self._bound_ports(record)
+            if ports is not None:
+                record.ports = ports
+                return
+            proc = self._procs.get(record.id)
+            if (proc is not None and proc.returncode is not None) or not process_alive(pid):
+                raise LaunchError("The GPU kernel process exited before it was ready" + (self._log_hint(record) or "."))
+            if time.monotonic() >= deadline:
+                raise LaunchError(
+                    f"The GPU kernel did not bind its ports within {self.ready_timeout_seconds:g} s"
+                    + (self._log_hint(record) or "."),
+                    504,
+                )
+            await asyncio.sleep(0.05)
+
     async def launch(self, record: KernelRecord, allocation: Allocation, key: str, server: ServerRef) -> None:
         record.ip = self.ip
-        record.ports = dict(zip(C.PORT_NAMES, free_local_ports(self.ip), strict=True))
+        record.ports = self._initial_ports()
         record.namespace = ""
         record.run_as, record.home = server.unix_user, server.home
         try:
@@ -323,6 +380,7 @@ class LocalKernelLauncher(KernelLauncher):
             await self._remove_files(record)
             raise LaunchError(f"The GPU kernel's files could not be written: {e}") from None
         record.holder = str(pid)
+        await self._await_ports(record, pid)  # on failure the broker deletes the kernel (holder set)
         record.state, record.reason = "running", ""
         self.log.info(
             "GPU kernel %s of %s started: pid %d on %s:%d",
@@ -335,12 +393,18 @@ class LocalKernelLauncher(KernelLauncher):
 
     async def restart(self, record: KernelRecord, allocation: Allocation, server: ServerRef | None) -> None:
         old_pid = int(record.holder) if record.holder.isdigit() else 0
-        record.ports = dict(zip(C.PORT_NAMES, free_local_ports(self.ip), strict=True))
+        record.ports = self._initial_ports()
         record.generation += 1
         record.exit_code = None
         self._write_connection_file(record, None)
         pid = await self._spawn(record, allocation)
         record.holder = str(pid)
+        try:
+            await self._await_ports(record, pid)
+        except LaunchError:
+            await self._terminate(pid)
+            record.holder = str(old_pid) if old_pid else record.holder
+            raise
         record.state, record.reason = "running", ""
         if old_pid:
             task = asyncio.ensure_future(self._terminate(old_pid))
