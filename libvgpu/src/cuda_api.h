@@ -155,6 +155,11 @@ typedef CUresult (*cuDeviceGetUuid_fn)(CUuuid *, CUdevice);
 typedef CUresult (*cuCtxGetDevice_fn)(CUdevice *);
 typedef CUresult (*cuCtxGetCurrent_fn)(CUcontext *);
 typedef CUresult (*cuCtxPushCurrent_v2_fn)(CUcontext);
+typedef CUresult (*cuDeviceGetMemPool_fn)(CUmemoryPool *, CUdevice);
+typedef CUresult (*cuMemPoolGetAttribute_fn)(CUmemoryPool, int, void *);
+typedef CUresult (*cuMemPoolTrimTo_fn)(CUmemoryPool, size_t);
+#define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
+#define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 7
 typedef CUresult (*cuCtxPopCurrent_v2_fn)(CUcontext *);
 typedef CUresult (*cuMemAlloc_v2_fn)(CUdeviceptr *, size_t);
 typedef CUresult (*cuMemAllocPitch_v2_fn)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);

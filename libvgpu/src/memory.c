@@ -21,7 +21,7 @@
 
 static void vgpu_ctx_after_fork_child(void);
 
-enum { K_PTR = 1, K_VMM = 2, K_ARRAY = 3, K_MIPMAP = 4 };
+enum { K_PTR = 1, K_VMM = 2, K_ARRAY = 3, K_MIPMAP = 4, K_ASYNC = 5 };
 
 struct entry {
     uint64_t key;
@@ -38,6 +38,14 @@ static size_t table_cap = TABLE0, table_count;
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic uint64_t local_alloc[VGPU_MAX_DEV]; /* this process's counted allocations */
 static _Atomic uint64_t own_bytes[VGPU_MAX_DEV];   /* ... plus its counted overhead: private */
+#define MAX_POOLS 64
+static struct {
+    CUmemoryPool pool;
+    int dev;
+    uint64_t counted;
+} pools[MAX_POOLS];
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static void reconcile_pools(int dev);
 
 static inline size_t home(uint64_t key, uint8_t kind, size_t mask) {
     uint64_t h = (key ^ ((uint64_t)kind << 59)) * 0x9E3779B97F4A7C15ull;
@@ -279,6 +287,7 @@ CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead) {
 static _Atomic uint64_t true_up_at[VGPU_MAX_DEV];
 
 void vgpu_mem_true_up(int dev, int now_please) {
+    if (now_please && dev >= 0 && dev < VGPU_MAX_DEV) reconcile_pools(dev);
     if (dev < 0 || dev >= VGPU_MAX_DEV || !vgpu.reg || !vgpu_self_nvml_pid() ||
         vgpu.cfg.context_bytes >= 0)
         return;
@@ -333,6 +342,8 @@ static CUresult settle(int dev, uint64_t est, uint64_t actual, int overhead) {
 
 void vgpu_mem_after_fork_child(void) {
     pthread_mutex_init(&table_lock, NULL);
+    pthread_mutex_init(&pool_lock, NULL);
+    memset(pools, 0, sizeof(pools)); /* a child has no pools of its own yet */
     if (table != table0) munmap(table, table_cap * sizeof(*table));
     table = table0;
     table_cap = TABLE0;
@@ -378,7 +389,12 @@ static CUresult begin(int id, uint64_t bytes, int *dev, CUcontext *ctx) {
     *dev = d;
     *ctx = current_ctx();
     vgpu_mem_true_up(d, 0);
-    return vgpu_mem_reserve(d, bytes, 0);
+    rc = vgpu_mem_reserve(d, bytes, 0);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* pools may have given memory back meanwhile */
+        reconcile_pools(d);
+        rc = vgpu_mem_reserve(d, bytes, 0);
+    }
+    return rc;
 }
 
 static CUresult end(CUresult rc, uint64_t key, int kind, int dev, CUcontext ctx, uint64_t bytes) {
@@ -409,18 +425,114 @@ VGPU_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned
     return end(rc, rc == CUDA_SUCCESS ? *dptr : 0, K_PTR, dev, ctx, bytes);
 }
 
+/* ---- stream-ordered pools ------------------------------------------------------------------
+ * What counts is what a pool has reserved on the device, not its live blocks: freed blocks
+ * stay reserved for reuse (PyTorch sets the release threshold to UINT64_MAX, so nothing is
+ * ever given back unless trimmed), and a pool gives memory back at synchronisations or a
+ * trim. Each pool's reserved size (the driver's own CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) is
+ * reconciled with what was counted for it after every stream-ordered allocation and free,
+ * on a trim, on memory queries and before an allocation is refused. */
+
+static int pool_reserved(CUmemoryPool pool, uint64_t *bytes) {
+    cuMemPoolGetAttribute_fn get = REAL(cuMemPoolGetAttribute);
+    cuuint64_t v = 0;
+    if (!get || !pool || get(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &v) != CUDA_SUCCESS)
+        return -1;
+    *bytes = v;
+    return 0;
+}
+
+/* Brings the count of pool i to its reserved size; `reserved` bytes were counted already for
+ * the allocation being made (0 otherwise). Pool lock held. */
+static void reconcile_locked(int i, uint64_t reserved) {
+    uint64_t now;
+    if (pool_reserved(pools[i].pool, &now) != 0) return;
+    uint64_t had = pools[i].counted + reserved;
+    if (now > had) reserve(pools[i].dev, now - had, 0, 1); /* the driver holds it already */
+    else if (now < had) vgpu_mem_release(pools[i].dev, had - now, 0);
+    pools[i].counted = now;
+}
+
+static int pool_slot_locked(CUmemoryPool pool, int dev) {
+    int spare = -1;
+    for (int i = 0; i < MAX_POOLS; i++) {
+        if (pools[i].pool == pool) return i;
+        if (spare < 0 && !pools[i].pool) spare = i;
+    }
+    if (spare >= 0) pools[spare].pool = pool, pools[spare].dev = dev, pools[spare].counted = 0;
+    return spare;
+}
+
+/* Every pool of dev reconciled (memory queries; before refusing an allocation). */
+static void reconcile_pools(int dev) {
+    pthread_mutex_lock(&pool_lock);
+    for (int i = 0; i < MAX_POOLS; i++)
+        if (pools[i].pool && pools[i].dev == dev) reconcile_locked(i, 0);
+    pthread_mutex_unlock(&pool_lock);
+}
+
+/* What a pool holds reserved but not in use: a new block up to this size needs nothing new. */
+static uint64_t pool_idle(CUmemoryPool pool) {
+    cuMemPoolGetAttribute_fn get = REAL(cuMemPoolGetAttribute);
+    cuuint64_t reserved = 0, used = 0;
+    if (!get || get(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS ||
+        get(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) != CUDA_SUCCESS)
+        return 0;
+    return reserved > used ? reserved - used : 0;
+}
+
 static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool,
                             CUstream s) {
     int dev;
     CUcontext ctx;
-    CUresult rc = begin(id, bytes, &dev, &ctx);
+    CUresult rc = begin(id, 0, &dev, &ctx); /* ready, real present, which GPU */
     if (rc != CUDA_SUCCESS) return rc;
     void *real = atomic_load(&vgpu_hooks[id].real);
-    if (id == H_cuMemAllocAsync || id == H_cuMemAllocAsync_ptsz)
-        rc = ((cuMemAllocAsync_fn)real)(dptr, bytes, s);
-    else
-        rc = ((cuMemAllocFromPoolAsync_fn)real)(dptr, bytes, pool, s);
-    return end(rc, rc == CUDA_SUCCESS ? *dptr : 0, K_PTR, dev, ctx, bytes);
+    int from_pool = !(id == H_cuMemAllocAsync || id == H_cuMemAllocAsync_ptsz);
+    CUmemoryPool counted_pool = pool;
+    cuDeviceGetMemPool_fn current = REAL(cuDeviceGetMemPool);
+    if (dev >= 0 && !from_pool && (!current || current(&counted_pool, dev) != CUDA_SUCCESS))
+        counted_pool = NULL;
+    uint64_t reserved;
+    int by_pool = dev >= 0 && counted_pool && pool_reserved(counted_pool, &reserved) == 0;
+    uint64_t idle = by_pool ? pool_idle(counted_pool) : 0;
+    uint64_t need = bytes > idle ? bytes - idle : 0; /* reuse needs nothing new */
+    if (dev >= 0) {
+        rc = vgpu_mem_reserve(dev, need, 0);
+        if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
+            reconcile_pools(dev);
+            rc = vgpu_mem_reserve(dev, need, 0);
+        }
+        if (rc != CUDA_SUCCESS) return rc;
+    }
+    rc = from_pool ? ((cuMemAllocFromPoolAsync_fn)real)(dptr, bytes, pool, s)
+                   : ((cuMemAllocAsync_fn)real)(dptr, bytes, s);
+    if (dev < 0) return rc;
+    if (!by_pool) return end(rc, rc == CUDA_SUCCESS ? *dptr : 0, K_PTR, dev, ctx, bytes);
+    pthread_mutex_lock(&pool_lock);
+    int i = pool_slot_locked(counted_pool, dev);
+    if (i >= 0) reconcile_locked(i, need);
+    pthread_mutex_unlock(&pool_lock);
+    if (i < 0) { /* no room to follow it: per block */
+        if (need < bytes && rc == CUDA_SUCCESS) reserve(dev, bytes - need, 0, 1);
+        return end(rc, rc == CUDA_SUCCESS ? *dptr : 0, K_PTR, dev, ctx, bytes);
+    }
+    if (rc == CUDA_SUCCESS) track(*dptr, K_ASYNC, 0, dev, (CUcontext)counted_pool);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    CUresult rc = ready();
+    if (rc != CUDA_SUCCESS) return rc;
+    cuMemPoolTrimTo_fn real = REAL(cuMemPoolTrimTo);
+    if (!real) return CUDA_ERROR_NOT_FOUND;
+    rc = real(pool, keep);
+    if (rc != CUDA_SUCCESS || !accounting()) return rc;
+    pthread_mutex_lock(&pool_lock);
+    for (int i = 0; i < MAX_POOLS; i++)
+        if (pools[i].pool == pool) reconcile_locked(i, 0);
+    pthread_mutex_unlock(&pool_lock);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream s) {
@@ -463,10 +575,17 @@ static CUresult free_ptr(int id, CUdeviceptr p, CUstream s) {
     if (!real) return CUDA_ERROR_NOT_FOUND;
     struct entry e;
     int had = p && accounting() && take(p, K_PTR, &e);
+    int async = !had && p && accounting() && take(p, K_ASYNC, &e);
     rc = id == H_cuMemFree_v2 ? ((cuMemFree_v2_fn)real)(p) : ((cuMemFreeAsync_fn)real)(p, s);
     if (had) {
         if (rc == CUDA_SUCCESS) vgpu_mem_release(e.dev, e.size, 0);
         else put_back(&e);
+    } else if (async) { /* back into its pool: counted while the pool keeps it */
+        if (rc != CUDA_SUCCESS) put_back(&e);
+        pthread_mutex_lock(&pool_lock);
+        for (int i = 0; i < MAX_POOLS; i++)
+            if (pools[i].pool == (CUmemoryPool)e.ctx) reconcile_locked(i, 0);
+        pthread_mutex_unlock(&pool_lock);
     }
     return rc;
 }

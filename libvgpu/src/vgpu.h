@@ -192,7 +192,7 @@ enum vgpu_hook_id {
     H_cuMemAlloc_v2, H_cuMemAllocPitch_v2, H_cuMemAllocManaged,
     H_cuMemAllocAsync, H_cuMemAllocAsync_ptsz, H_cuMemAllocFromPoolAsync,
     H_cuMemAllocFromPoolAsync_ptsz, H_cuMemFree_v2, H_cuMemFreeAsync, H_cuMemFreeAsync_ptsz,
-    H_cuMemCreate, H_cuMemRelease, H_cuArrayCreate_v2, H_cuArray3DCreate_v2,
+    H_cuMemPoolTrimTo, H_cuMemCreate, H_cuMemRelease, H_cuArrayCreate_v2, H_cuArray3DCreate_v2,
     H_cuMipmappedArrayCreate, H_cuArrayDestroy, H_cuMipmappedArrayDestroy,
     H_cuMemGetInfo_v2, H_cuDeviceTotalMem_v2,
     H_cuCtxCreate_v2, H_cuCtxCreate_v3, H_cuCtxCreate_v4, H_cuCtxDestroy_v2,
@@ -204,7 +204,7 @@ enum vgpu_hook_id {
     H_cuGraphLaunch, H_cuGraphLaunch_ptsz,
     /* resolved for the shim's own use */
     H_cuDeviceGetCount, H_cuDeviceGetUuid, H_cuCtxGetDevice, H_cuCtxGetCurrent,
-    H_cuCtxPushCurrent_v2, H_cuCtxPopCurrent_v2,
+    H_cuCtxPushCurrent_v2, H_cuCtxPopCurrent_v2, H_cuDeviceGetMemPool, H_cuMemPoolGetAttribute,
     H_cuArrayGetMemoryRequirements, H_cuMipmappedArrayGetMemoryRequirements,
     /* NVML */
     H_nvmlDeviceGetMemoryInfo, H_nvmlDeviceGetMemoryInfo_v2,
@@ -353,6 +353,7 @@ VGPU_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *, size_t, CUstream);
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr);
+VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
 VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
 VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t,

@@ -24,7 +24,7 @@ static int primary_refs[DBL_MAX_DEV];
 static __thread struct dctx *current;
 static pthread_mutex_t local = PTHREAD_MUTEX_INITIALIZER;
 
-enum { A_PTR, A_VMM, A_ARRAY, A_MIPMAP, A_MODULE };
+enum { A_PTR, A_VMM, A_ARRAY, A_MIPMAP, A_MODULE, A_ASYNC };
 struct alloc {
     uint64_t key, size;
     struct dctx *ctx;
@@ -103,7 +103,7 @@ static int forget(uint64_t key, int kind, struct alloc *out) {
 static void forget_ctx(struct dctx *ctx) {
     pthread_mutex_lock(&local);
     for (size_t i = 0; i < nallocs;) {
-        if (allocs[i].ctx == ctx && allocs[i].kind != A_VMM) {
+        if (allocs[i].ctx == ctx && allocs[i].kind != A_VMM && allocs[i].kind != A_ASYNC) {
             uncharge(allocs[i].dev, allocs[i].size);
             allocs[i] = allocs[--nallocs];
             continue;
@@ -147,21 +147,148 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t n, unsigned f) {
     (void)f;
     return alloc(p, n, A_PTR);
 }
+/* ---- stream-ordered allocation: memory pools ---------------------------------------------
+ * As a real driver: a pool reserves device memory and keeps what is freed into it for reuse;
+ * at a synchronisation it gives back what it holds beyond its release threshold (default 0;
+ * PyTorch sets UINT64_MAX, so nothing is given back), and cuMemPoolTrimTo gives back down to
+ * a size. The pool's reserved memory is what the device (and NVML) sees as used. */
+struct dpool {
+    int dev, live;
+    uint64_t reserved, idle, threshold; /* idle: freed into the pool, reusable */
+};
+#define DBL_POOLS 16
+static struct dpool default_pool[DBL_MAX_DEV], pools[DBL_POOLS];
+static struct dpool *device_pool[DBL_MAX_DEV];
+
+static int pool_ok(struct dpool *p) {
+    return p && ((p >= default_pool && p < default_pool + DBL_MAX_DEV) ||
+                 (p >= pools && p < pools + DBL_POOLS && p->live));
+}
+static struct dpool *current_pool(int dev) {
+    default_pool[dev].dev = dev;
+    return device_pool[dev] ? device_pool[dev] : &default_pool[dev];
+}
+static CUresult pool_alloc(CUdeviceptr *p, uint64_t n, struct dpool *pool) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!p || !n || !pool_ok(pool)) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&local);
+    CUresult rc = CUDA_SUCCESS;
+    if (pool->idle >= n) {
+        pool->idle -= n; /* reused: the device gives nothing new */
+    } else if (!(rc = charge(pool->dev, n))) {
+        pool->reserved += n;
+    }
+    pthread_mutex_unlock(&local);
+    if (rc) return rc;
+    *p = new_addr(n);
+    remember(*p, n, (struct dctx *)pool, pool->dev, A_ASYNC);
+    return CUDA_SUCCESS;
+}
+static void pool_give_back(struct dpool *pool, uint64_t keep) { /* local lock held */
+    uint64_t over = pool->reserved > keep ? pool->reserved - keep : 0;
+    uint64_t x = over < pool->idle ? over : pool->idle;
+    if (!x) return;
+    uncharge(pool->dev, x);
+    pool->reserved -= x;
+    pool->idle -= x;
+}
+static void pools_synchronised(void) {
+    pthread_mutex_lock(&local);
+    for (int d = 0; d < DBL_MAX_DEV; d++) pool_give_back(&default_pool[d], default_pool[d].threshold);
+    for (int i = 0; i < DBL_POOLS; i++)
+        if (pools[i].live) pool_give_back(&pools[i], pools[i].threshold);
+    pthread_mutex_unlock(&local);
+}
+
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t n, CUstream s) {
     (void)s;
-    return alloc(p, n, A_PTR);
+    CUresult rc = need_ctx();
+    if (rc) return rc;
+    return pool_alloc(p, n, current_pool(current->dev));
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t n, CUstream s) {
     return cuMemAllocAsync(p, n, s);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, CUmemoryPool pool, CUstream s) {
-    (void)pool;
     (void)s;
-    return alloc(p, n, A_PTR);
+    return pool_alloc(p, n, (struct dpool *)pool);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryPool pool,
                                              CUstream s) {
     return cuMemAllocFromPoolAsync(p, n, pool, s);
+}
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pool || dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_VALUE;
+    *pool = (CUmemoryPool)current_pool(dev);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pool || dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_VALUE;
+    default_pool[dev].dev = dev;
+    *pool = (CUmemoryPool)&default_pool[dev];
+    return CUDA_SUCCESS;
+}
+struct dbl_pool_props { /* the start of CUmemPoolProps */
+    int allocType, handleTypes;
+    CUmemLocation location;
+};
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const struct dbl_pool_props *props) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pool || !props || props->location.id < 0 || props->location.id >= dbl_env.ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&local);
+    for (int i = 0; i < DBL_POOLS; i++)
+        if (!pools[i].live) {
+            pools[i] = (struct dpool){props->location.id, 1, 0, 0, 0};
+            *pool = (CUmemoryPool)&pools[i];
+            pthread_mutex_unlock(&local);
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&local);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+}
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    struct dpool *p = (struct dpool *)pool;
+    if (!pool_ok(p)) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&local);
+    pool_give_back(p, keep);
+    pthread_mutex_unlock(&local);
+    return CUDA_SUCCESS;
+}
+#define DBL_POOL_RELEASE_THRESHOLD 4
+#define DBL_POOL_RESERVED_CURRENT 5
+#define DBL_POOL_USED_CURRENT 7
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+    struct dpool *p = (struct dpool *)pool;
+    if (!pool_ok(p) || !value) return CUDA_ERROR_INVALID_VALUE;
+    if (attr != DBL_POOL_RELEASE_THRESHOLD) return CUDA_ERROR_INVALID_VALUE;
+    p->threshold = *(cuuint64_t *)value;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+    struct dpool *p = (struct dpool *)pool;
+    if (!pool_ok(p) || !value) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&local);
+    CUresult rc = CUDA_SUCCESS;
+    switch (attr) {
+    case DBL_POOL_RELEASE_THRESHOLD: *(cuuint64_t *)value = p->threshold; break;
+    case DBL_POOL_RESERVED_CURRENT: *(cuuint64_t *)value = p->reserved; break;
+    case DBL_POOL_USED_CURRENT: *(cuuint64_t *)value = p->reserved - p->idle; break;
+    default: rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&local);
+    return rc;
+}
+static CUresult free_async(CUdeviceptr ptr) {
+    struct alloc a;
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!forget(ptr, A_ASYNC, &a)) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&local);
+    ((struct dpool *)a.ctx)->idle += a.size; /* back into its pool, still reserved */
+    pthread_mutex_unlock(&local);
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h,
                                    unsigned elem) {
@@ -172,10 +299,17 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size
     if (!rc) *pitch = pt;
     return rc;
 }
-EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return release(p, A_PTR); }
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+    CUresult rc = release(p, A_PTR);
+    if (rc == CUDA_ERROR_INVALID_VALUE && !free_async(p)) { /* a stream-ordered one */
+        pools_synchronised();
+        return CUDA_SUCCESS;
+    }
+    return rc;
+}
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     (void)s;
-    return release(p, A_PTR);
+    return free_async(p);
 }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
 
@@ -598,6 +732,7 @@ EXPORT CUresult cuCtxSynchronize(void) {
     uint64_t t = last_end;
     pthread_mutex_unlock(&local);
     dbl_sleep_until(t);
+    pools_synchronised();
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
@@ -675,6 +810,12 @@ static const struct {
     P("cuMemAllocFromPoolAsync", 11020, 1, cuMemAllocFromPoolAsync_ptsz),
     P("cuMemFree", 3020, 0, cuMemFree_v2),
     P("cuMemFreeAsync", 11020, 0, cuMemFreeAsync),
+    P("cuDeviceGetMemPool", 11020, 0, cuDeviceGetMemPool),
+    P("cuDeviceGetDefaultMemPool", 11020, 0, cuDeviceGetDefaultMemPool),
+    P("cuMemPoolCreate", 11020, 0, cuMemPoolCreate),
+    P("cuMemPoolTrimTo", 11020, 0, cuMemPoolTrimTo),
+    P("cuMemPoolSetAttribute", 11020, 0, cuMemPoolSetAttribute),
+    P("cuMemPoolGetAttribute", 11020, 0, cuMemPoolGetAttribute),
     P("cuMemFreeAsync", 11020, 1, cuMemFreeAsync_ptsz),
     P("cuMemCreate", 10020, 0, cuMemCreate),
     P("cuMemRelease", 10020, 0, cuMemRelease),

@@ -16,6 +16,7 @@
  *   array3d:W:H:D | mipmap:W:H:LEVELS | free | freeall
  *   info | total[:dev] | nvml[:idx] | module | unload
  *   launch:N:US | launchex:N:US | coop:N:US | graph:N:NODES:US | sync
+ *   keeppool (the device's pool keeps what is freed, as PyTorch sets it) | trim
  *   util:WARM_S:MEASURE_S:US:KIND[:all]   launch KIND (kernel|ex|coop|graph) for WARM+MEASURE
  *                                          seconds; print the utilisation of the last MEASURE
  *   timeline:SECONDS:US                    launch for SECONDS; print the gaps between launches
@@ -71,6 +72,9 @@ static struct {
     cuMemAllocPitch_v2_fn cuMemAllocPitch;
     cuMemFree_v2_fn cuMemFree;
     cuMemFreeAsync_fn cuMemFreeAsync;
+    CUresult (*cuDeviceGetMemPool)(CUmemoryPool *, CUdevice);
+    CUresult (*cuMemPoolTrimTo)(CUmemoryPool, size_t);
+    CUresult (*cuMemPoolSetAttribute)(CUmemoryPool, int, void *);
     cuMemCreate_fn cuMemCreate;
     cuMemRelease_fn cuMemRelease;
     cuArrayCreate_v2_fn cuArrayCreate;
@@ -153,6 +157,9 @@ static void resolve(void) {
     R(cuMemAllocPitch, "cuMemAllocPitch_v2", "cuMemAllocPitch");
     R(cuMemFree, "cuMemFree_v2", "cuMemFree");
     R(cuMemFreeAsync, "cuMemFreeAsync", "cuMemFreeAsync");
+    R(cuDeviceGetMemPool, "cuDeviceGetMemPool", "cuDeviceGetMemPool");
+    R(cuMemPoolTrimTo, "cuMemPoolTrimTo", "cuMemPoolTrimTo");
+    R(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", "cuMemPoolSetAttribute");
     R(cuMemCreate, "cuMemCreate", "cuMemCreate");
     R(cuMemRelease, "cuMemRelease", "cuMemRelease");
     R(cuArrayCreate, "cuArrayCreate_v2", "cuArrayCreate");
@@ -339,7 +346,11 @@ static int step(char *arg) {
         if (!strcmp(cmd, "alloc")) rc = D.cuMemAlloc(&p, sz);
         else if (!strcmp(cmd, "managed")) rc = D.cuMemAllocManaged(&p, sz, 1);
         else if (!strcmp(cmd, "async")) rc = D.cuMemAllocAsync(&p, sz, NULL), kind = K_ASYNC;
-        else rc = D.cuMemAllocFromPoolAsync(&p, sz, NULL, NULL), kind = K_ASYNC;
+        else {
+            CUmemoryPool pool = NULL;
+            D.cuDeviceGetMemPool(&pool, 0);
+            rc = D.cuMemAllocFromPoolAsync(&p, sz, pool, NULL), kind = K_ASYNC;
+        }
         if (!rc) push(kind, p);
         printf("%s rc=%d\n", cmd, rc);
     } else if (!strcmp(cmd, "allocs")) { /* allocs:N:SIZE, all kept */
@@ -437,6 +448,14 @@ static int step(char *arg) {
         CUgraphExec g = !strcmp(cmd, "graph") ? make_graph(nodes, us) : NULL;
         for (int i = 0; i < count && !rc; i++) rc = launch_one(kind, f, g);
         if (g) D.cuGraphExecDestroy(g);
+        printf("%s rc=%d\n", cmd, rc);
+    } else if (!strcmp(cmd, "keeppool") || !strcmp(cmd, "trim")) {
+        /* keeppool: release threshold UINT64_MAX, as PyTorch sets it; trim: cuMemPoolTrimTo 0 */
+        CUmemoryPool pool = NULL;
+        rc = D.cuDeviceGetMemPool(&pool, 0);
+        cuuint64_t keep = ~0ull;
+        if (!rc) rc = !strcmp(cmd, "trim") ? D.cuMemPoolTrimTo(pool, 0)
+                                            : D.cuMemPoolSetAttribute(pool, 4, &keep);
         printf("%s rc=%d\n", cmd, rc);
     } else if (!strcmp(cmd, "sync")) {
         rc = D.cuCtxSynchronize();

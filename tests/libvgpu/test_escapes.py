@@ -1,0 +1,32 @@
+"""Memory and work that would escape the limits: what a stream-ordered pool keeps reserved
+after frees (PyTorch sets the release threshold to UINT64_MAX), VMM memory released while
+still mapped, legacy launch entry points, and NVML's process and utilisation queries."""
+
+from __future__ import annotations
+
+MiB = 1 << 20
+OOM = 2
+
+
+def test_memory_a_pool_keeps_after_frees_counts_until_it_is_given_back(node):
+    box = node.container("c", "memory_mib=1024")
+    r = box.run("init", "ctx", "keeppool", "async:600M", "free", "sync", "alloc:600M",
+                "devused", "trim", "alloc:600M", "devused", mode="getproc")
+    assert r.returncode == 0, r.stderr
+    assert r.rcs("alloc") == [OOM, 0]  # the pool still holds the 600 MiB; after the trim not
+    assert [int(kv["used"]) for kv in r.all("devused")] == [600 * MiB, 600 * MiB]
+
+
+def test_a_pool_reuses_what_it_keeps_without_counting_it_twice(node):
+    box = node.container("c", "memory_mib=1024")
+    r = box.run("init", "ctx", "keeppool", "async:600M", "free", "async:600M", "info",
+                mode="dlopen")
+    assert r.rcs("async") == [0, 0]
+    assert int(r.one("info")["free"]) == 424 * MiB
+
+
+def test_a_pool_with_the_default_threshold_gives_back_at_a_synchronisation(node):
+    box = node.container("c", "memory_mib=1024")
+    r = box.run("init", "ctx", "async:600M", "free", "info", "sync", "info", "alloc:1G")
+    assert [int(kv["free"]) for kv in r.all("info")] == [424 * MiB, 1024 * MiB]
+    assert r.rcs("alloc") == [0]
