@@ -68,8 +68,21 @@ c.JupyterHub.load_roles = [{{"name": "admin", "services": ["test-admin"]}}]
 c.JupyterHub.log_level = "DEBUG"
 c.Spawner.start_timeout = 60
 c.Spawner.http_timeout = 60
-"""
+{self.servers_account_config()}"""
         self.config_path.write_text(base + "\n" + self.config_text + "\n")
+
+    def servers_account_config(self) -> str:
+        """A hub never runs a user's server as root: when the tests run as root, hub-user servers run as the
+        unprivileged account `elastic-gpu up` uses (created if missing), let through the directories above
+        the work dir (an ACL entry for that account alone, no listing)."""
+        if os.geteuid() != 0:
+            return ""
+        from hubext.cli.accounts import TEAM_ACCOUNT, check_servers_can_reach, ensure_team_account
+
+        ensure_team_account(self.workdir / "home")
+        (self.workdir / "data").mkdir(exist_ok=True)
+        check_servers_can_reach(self.workdir, TEAM_ACCOUNT, grant=True)
+        return f"c.HubUserGPUSpawner.run_as_account = {TEAM_ACCOUNT!r}\n"
 
     def start(self, timeout: float = 90) -> HubRunner:
         self.write_config()

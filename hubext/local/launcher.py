@@ -175,9 +175,11 @@ class LocalKernelLauncher(KernelLauncher):
 
         unix_user = ""
         if os.geteuid() == 0:
-            if isinstance(spawner, GPUSpawnerMixin):  # ours: (None, None) = the hub's account
+            if isinstance(spawner, GPUSpawnerMixin):  # ours: the account its server runs as, (None, None) = the hub's
+                import pwd
+
                 uid, _gid = spawner.gpu_user_ids()
-                unix_user = spawner.user.name if uid not in (None, 0) else ""
+                unix_user = pwd.getpwuid(uid).pw_name if uid not in (None, 0) else ""
             elif (
                 isinstance(spawner, LocalProcessSpawner)
                 and type(spawner).make_preexec_fn is LocalProcessSpawner.make_preexec_fn

@@ -30,7 +30,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jupyterhub.spawner import LocalProcessSpawner, SimpleLocalProcessSpawner
 from tornado.gen import maybe_future
 from traitlets import Callable as CallableTrait
-from traitlets import HasTraits, List, TraitError, Union, default, validate
+from traitlets import HasTraits, List, TraitError, Unicode, Union, default, validate
 
 from ..gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options, validate_gpu_section
 
@@ -383,18 +383,77 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
 
 class HubUserGPUSpawner(LocalGPUSpawner, SimpleLocalProcessSpawner):
-    """LocalGPUSpawner that runs every user's server as the hub's own system user.
+    """LocalGPUSpawner that runs every user's server as one system account, never as root.
 
     For one person's workstation, or a trusted team with hub-only accounts (first-use
-    passwords): users need no system account, each gets ``home_dir_template`` as home. There
+    passwords): users need no system account, each gets ``home_dir_template`` as home. The
+    account is the hub's own, or ``run_as_account`` (required when the hub runs as root). There
     is no isolation between users; use :class:`LocalGPUSpawner` with PAM for that.
     """
 
-    def gpu_user_ids(self) -> tuple[int | None, int | None]:
-        return None, None
+    run_as_account = Unicode(
+        "",
+        config=True,
+        help="""The system account every user's server (and its GPU kernels) runs as. '' (default): the
+        hub's own account, which is refused when the hub runs as root: a user's code must never run as
+        root. `elastic-gpu up` as root sets 'elastic-gpu' (an unprivileged account it creates).""",
+    )
 
-    def get_args(self) -> list[str]:
-        args = super().get_args()
-        if os.geteuid() == 0 and not any("allow_root" in a or "allow-root" in a for a in args):
-            args.append("--ServerApp.allow_root=True")
-        return args
+    def _account(self) -> Any:
+        import pwd
+
+        if not self.run_as_account:
+            if os.geteuid() == 0:
+                raise GPUSpawnError(
+                    "This hub runs as root and would run your server as root, which it refuses. An admin must set "
+                    "HubUserGPUSpawner.run_as_account to an unprivileged account (or use PAM).",
+                    500,
+                )
+            return None
+        try:
+            account = pwd.getpwnam(self.run_as_account)
+        except KeyError:
+            raise GPUSpawnError(
+                f"HubUserGPUSpawner.run_as_account is {self.run_as_account!r}, which is not an account on this "
+                "machine. Ask an admin to create it.",
+                500,
+            ) from None
+        if account.pw_uid == 0:
+            raise GPUSpawnError(
+                f"HubUserGPUSpawner.run_as_account {self.run_as_account!r} is root; servers never run as root.", 500
+            )
+        return account
+
+    def gpu_user_ids(self) -> tuple[int | None, int | None]:
+        account = self._account()
+        return (account.pw_uid, account.pw_gid) if account is not None else (None, None)
+
+    async def start(self) -> Any:
+        account = self._account()
+        if account is not None:  # the hub (root) makes the home the account cannot create under data/home
+            home = Path(self.home_dir)
+            home.mkdir(parents=True, exist_ok=True)
+            if home.stat().st_uid != account.pw_uid:
+                os.chown(home, account.pw_uid, account.pw_gid)
+            os.chmod(home, 0o700)
+        return await super().start()
+
+    def make_preexec_fn(self, name: str) -> Any:
+        if not self.run_as_account:
+            return super().make_preexec_fn(name)
+        from jupyterhub.spawner import set_user_setuid
+
+        become = set_user_setuid(self.run_as_account, chdir=False)
+        home = self.home_dir
+
+        def preexec() -> None:
+            become()
+            os.chdir(home)
+
+        return preexec
+
+    def user_env(self, env: dict[str, str]) -> dict[str, str]:
+        env = super().user_env(env)
+        if self.run_as_account:
+            env["LOGNAME"] = self.run_as_account
+        return env

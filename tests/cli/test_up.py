@@ -12,200 +12,37 @@ One hub for the module; the tests run in order and share it.
 from __future__ import annotations
 
 import asyncio
-import http.cookiejar
 import json
 import os
 import re
 import signal
 import stat
 import subprocess
-import sys
+import threading
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
-from tornado.httpclient import HTTPRequest
-from tornado.websocket import websocket_connect
 
+from tests.cli.browser import Browser, chromium_path
+from tests.cli.test_render import assert_columns_line_up
+from tests.cli.uphub import UpHub, cli, cli_command, reachable_dir, remove_dir, run_in_kernel
 from tests.hubrunner import free_port
-from tests.local.browser import Browser, chromium_path
 
 pytestmark = pytest.mark.timeout(300)
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "artifacts" / "local"
-ELASTIC_GPU = Path(sys.executable).parent / "elastic-gpu"
 ADMIN, ALICE, BOB = "boss", "alice", "bob"
 PASSWORDS = {ADMIN: "boss-password-1", ALICE: "alice-password-1", BOB: "bob-password-1"}
 QUARTER, HALF = "h100-80gb-quarter", "h100-80gb-half"
 
 
-def cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    cmd = [str(ELASTIC_GPU)] if ELASTIC_GPU.exists() else [sys.executable, "-m", "hubext.cli"]
-    return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
-
-
-class UpHub:
-    """`elastic-gpu up` as a subprocess, plus the REST calls a user or admin makes."""
-
-    def __init__(self, config_dir: Path) -> None:
-        self.config_dir = config_dir
-        self.port = free_port()
-        self.url = ""
-        self.out_path = config_dir.parent / "up.out"
-        self.proc: subprocess.Popen | None = None
-        self.tokens: dict[str, str] = {}
-        self.sessions: dict[str, urllib.request.OpenerDirector] = {}
-        self.seen: dict[int, psutil.Process] = {}
-
-    def start(self, timeout: float = 120) -> None:
-        cmd = [str(ELASTIC_GPU)] if ELASTIC_GPU.exists() else [sys.executable, "-m", "hubext.cli"]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.url = ""
-        with open(self.out_path, "wb") as out:
-            self.proc = subprocess.Popen(
-                cmd + ["up", "--config-dir", str(self.config_dir), "--port", str(self.port)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-            )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            match = re.search(r"Elastic GPU hub is up at (\S+)/", self.output())
-            if match:
-                self.url = match.group(1)
-                return
-            if self.proc.poll() is not None:
-                raise AssertionError(f"elastic-gpu up exited {self.proc.returncode}:\n{self.output()}")
-            time.sleep(0.3)
-        raise AssertionError(f"elastic-gpu up did not print its URL in {timeout} s:\n{self.output()}")
-
-    def output(self) -> str:
-        return self.out_path.read_text(errors="replace") if self.out_path.exists() else ""
-
-    def hub_log(self, lines: int = 60) -> str:
-        log = self.config_dir / "data" / "jupyterhub.log"
-        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) if log.exists() else ""
-
-    def remember_processes(self) -> None:
-        """Note every process the hub has started so far (servers, kernels, proxy)."""
-        if self.proc is None:
-            return
-        try:
-            for p in psutil.Process(self.proc.pid).children(recursive=True):
-                self.seen.setdefault(p.pid, p)
-        except psutil.NoSuchProcess:
-            pass
-
-    def stop(self, timeout: float = 120) -> int | None:
-        if self.proc is None:
-            return None
-        self.remember_processes()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        code = self.proc.returncode
-        self.proc = None
-        return code
-
-    def kill_leftovers(self) -> None:
-        for p in self.seen.values():
-            try:
-                if p.is_running():
-                    p.kill()
-            except psutil.NoSuchProcess:
-                pass
-
-    # ---- REST -------------------------------------------------------------------------------
-
-    def api(self, method: str, path: str, token: str, body: Any = None, prefix: str = "/hub/api") -> tuple[int, Any]:
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + prefix + path, data=data, method=method)
-        req.add_header("Authorization", f"token {token}")
-        if data is not None:
-            req.add_header("Content-Type", "application/json")
-        try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                raw, status = resp.read(), resp.status
-        except urllib.error.HTTPError as e:
-            raw, status = e.read(), e.code
-        try:
-            return status, json.loads(raw) if raw else None
-        except ValueError:
-            return status, raw.decode(errors="replace")
-
-    def login(self, user: str, password: str) -> str:
-        """Log in through the hub's login form (first use sets the password); return a new API token."""
-        jar = http.cookiejar.CookieJar()
-        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-        opener.open(self.url + "/hub/login", timeout=30).read()
-        xsrf = [c.value for c in jar if c.name == "_xsrf"][-1]
-        form = urllib.parse.urlencode({"username": user, "password": password, "_xsrf": xsrf}).encode()
-        try:
-            opener.open(urllib.request.Request(self.url + "/hub/login?next=/hub/home", data=form), timeout=60).read()
-        except urllib.error.HTTPError as e:  # 403 with the login form again
-            raise PermissionError(f"{user} could not log in ({e.code})") from None
-        xsrf = [c.value for c in jar if c.name == "_xsrf"][-1]
-        req = urllib.request.Request(
-            f"{self.url}/hub/api/users/{user}/tokens", data=json.dumps({"note": "test"}).encode(), method="POST"
-        )
-        req.add_header("X-XSRFToken", xsrf)
-        req.add_header("Content-Type", "application/json")
-        try:
-            with opener.open(req, timeout=30) as resp:
-                token = json.loads(resp.read())["token"]
-        except urllib.error.HTTPError as e:
-            raise PermissionError(f"{user} could not log in ({e.code})") from None
-        self.sessions[user] = opener
-        return token
-
-    def page(self, user: str, path: str) -> tuple[int, str]:
-        """GET a hub page in ``user``'s browser session (pages take the login cookie, not tokens)."""
-        try:
-            with self.sessions[user].open(self.url + path, timeout=60) as resp:
-                return resp.status, resp.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode(errors="replace")
-
-    def spawn(self, user: str, options: dict, server: str = "") -> tuple[int, Any]:
-        path = f"/users/{user}/servers/{server}" if server else f"/users/{user}/server"
-        return self.api("POST", path, self.tokens[user], options)
-
-    def wait_ready(self, user: str, server: str = "", timeout: float = 120) -> dict:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            status, model = self.api("GET", f"/users/{user}", self.tokens[ADMIN])
-            entry = (model or {}).get("servers", {}).get(server)
-            if entry and entry.get("ready"):
-                self.remember_processes()
-                return entry
-            if entry is None and time.monotonic() > deadline - timeout + 15:
-                raise AssertionError(f"{user}'s server {server!r} is gone:\n{self.hub_log()}")
-            time.sleep(0.5)
-        raise AssertionError(f"{user}'s server {server!r} not ready in {timeout} s:\n{self.hub_log()}")
-
-    def pool(self) -> dict:
-        status, body = self.api("GET", "/gpu/pool", self.tokens[ADMIN])
-        assert status == 200, body
-        return body
-
-    def slices(self) -> list[dict]:
-        return [s for n in self.pool()["nodes"] for g in n["gpus"] for s in g["slices"]]
-
-
 @pytest.fixture(scope="module")
-def hub(tmp_path_factory):
-    root = tmp_path_factory.mktemp("single-machine")
+def hub():
+    root = reachable_dir("egpu-up-")
     config_dir = root / "elastic-gpu"
     init = cli(
         "init", "--config-dir", str(config_dir), "--simulate-gpus", "2xH100-80GB",
@@ -217,13 +54,14 @@ def hub(tmp_path_factory):
     text = admission.read_text()
     assert f"          {BOB}: {{}}" in text
     admission.write_text(text.replace(f"          {BOB}: {{}}", f"          {BOB}: {{memory_mib: 30720}}"))
-    runner = UpHub(config_dir)
+    runner = UpHub(config_dir, ADMIN)
     try:
         runner.start()
         yield runner
     finally:
         runner.stop()
         runner.kill_leftovers()  # only after a failed test: the last test checks that none are left
+        remove_dir(root)
 
 
 # ---- start-up and login ------------------------------------------------------------------------------
@@ -307,36 +145,6 @@ def test_the_spawn_page_lists_the_profiles_and_says_the_gpus_are_simulated(hub):
 # ---- a GPU kernel through the provisioner -------------------------------------------------------
 
 
-async def run_in_kernel(hub: UpHub, user: str, kernel_id: str, code: str, timeout: float = 60) -> str:
-    ws_url = hub.url.replace("http", "ws", 1) + f"/user/{user}/api/kernels/{kernel_id}/channels"
-    conn = await websocket_connect(HTTPRequest(ws_url, headers={"Authorization": f"token {hub.tokens[user]}"}))
-    msg_id = uuid.uuid4().hex
-    header = {"msg_id": msg_id, "username": user, "session": uuid.uuid4().hex, "msg_type": "execute_request",
-              "version": "5.3", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ")}  # fmt: skip
-    content = {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False,
-               "stop_on_error": True}  # fmt: skip
-    conn.write_message(json.dumps({"header": header, "parent_header": {}, "metadata": {}, "content": content,
-                                   "channel": "shell", "buffers": []}))  # fmt: skip
-    out: list[str] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            raw = await asyncio.wait_for(conn.read_message(), max(0.1, deadline - time.monotonic()))
-            assert raw is not None, "the kernel's websocket closed"
-            msg = json.loads(raw)
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            kind = msg["msg_type"]
-            if kind == "stream":
-                out.append(msg["content"]["text"])
-            elif kind == "error":
-                raise AssertionError(f"kernel error: {msg['content']['evalue']}")
-            elif kind == "status" and msg["content"]["execution_state"] == "idle":
-                return "".join(out)
-    finally:
-        conn.close()
-
-
 async def test_a_gpu_kernel_runs_code_with_its_own_slice_and_gives_it_back(hub):
     path = f"/user/{ALICE}/api/kernels"
     status, kernel = hub.api("POST", "", hub.tokens[ALICE], {"name": "elastic-gpu-gpu-10g"}, prefix=path)
@@ -378,6 +186,38 @@ def test_quota_shows_use_against_limits_per_user(hub):
     assert result.returncode == 0, result.stderr
     assert re.search(r"^    bob\s+20\.0 GiB / 30\.0 GiB", result.stdout, re.M), result.stdout
     assert re.search(r"^    alice\s+20\.0 GiB / 80\.0 GiB", result.stdout, re.M), result.stdout
+    assert_columns_line_up(result.stdout)
+
+
+def test_a_second_up_on_a_running_hub_says_so_and_leaves_it_alone(hub):
+    data = hub.config_dir / "data"
+    hub_state = (data / "hub.json").read_text()
+    proxy_pid = int((data / "jupyterhub-proxy.pid").read_text())
+    log = data / "jupyterhub.log"
+    starts = log.read_text(errors="replace").count("Running JupyterHub version")
+    for port in (hub.port, free_port()):
+        second = subprocess.Popen(
+            cli_command() + ["up", "--config-dir", str(hub.config_dir), "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            out, _ = second.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            second.terminate()
+            out, _ = second.communicate(timeout=60)
+            raise AssertionError(f"a second `elastic-gpu up` did not give up:\n{out}") from None
+        assert second.returncode != 0, out
+        assert f"a hub already runs with the config dir {hub.config_dir}" in out and hub.url in out, out
+        assert "Traceback" not in out and "hub is up" not in out, out
+    assert (data / "hub.json").read_text() == hub_state
+    assert int((data / "jupyterhub-proxy.pid").read_text()) == proxy_pid and psutil.pid_exists(proxy_pid)
+    assert log.read_text(errors="replace").count("Running JupyterHub version") == starts, "a second hub started"
+    status, _ = hub.api("GET", "/", "")
+    assert status == 200
+    status, _ = hub.api("GET", "/status", hub.tokens[BOB], prefix=f"/user/{BOB}/api")
+    assert status == 200, "bob's server is no longer reachable through the proxy"
 
 
 def test_gpu_pages_and_api_are_for_admins_only(hub):
@@ -469,5 +309,52 @@ def test_stopping_up_stops_everything_and_status_falls_back_to_the_ledger(hub):
     assert not leftovers, "left running:\n" + "\n".join(leftovers)
     result = cli("status", "--config-dir", str(hub.config_dir))
     assert result.returncode == 0, result.stderr
-    assert "from the ledger" in result.stdout and "not reachable" in result.stdout
+    assert "from the ledger" in result.stdout
+    assert f"the hub at {hub.url} is not running" in result.stdout, result.stdout
     assert "0 MiB of 160.0 GiB allocated in 0 slice(s)" in result.stdout, result.stdout
+
+
+class TokenTrap:
+    """An HTTP service that is not the hub, recording the Authorization headers sent to it."""
+
+    def __init__(self, port: int = 0) -> None:
+        seen: list[str] = []
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                seen.append(self.headers.get("Authorization") or "")
+                self.send_response(503)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.seen = seen
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize("command", ["status", "quota"])
+def test_with_the_hub_down_status_and_quota_use_its_port_and_send_the_token_nowhere(hub, command, monkeypatch, capsys):
+    from hubext import cli as elastic_gpu
+    from hubext.cli import base
+
+    token = (hub.config_dir / "data" / "cli-token").read_text().strip()
+    on_hub_port = TokenTrap(hub.port)  # another service took the stopped hub's port
+    on_default_port = TokenTrap()  # and another one listens where a hub listens by default
+    monkeypatch.setattr(base, "DEFAULT_PORT", on_default_port.port)
+    try:
+        assert elastic_gpu.main([command, "--config-dir", str(hub.config_dir)]) == 0
+    finally:
+        on_hub_port.close()
+        on_default_port.close()
+    out = capsys.readouterr().out
+    leaked = [h for h in on_hub_port.seen + on_default_port.seen if token in h]
+    assert not leaked, f"the CLI token was sent to a service that is not the hub:\n{out}"
+    assert f"the hub at {hub.url} is not running" in out, out
+    assert "from the ledger" in out

@@ -15,6 +15,7 @@ import yaml
 from traitlets.config import PyFileConfigLoader
 
 from hubext import cli
+from hubext.cli import base, config, proxy
 from hubext.local.spawner import normalize_profile_list
 from quotas import load_config
 
@@ -88,6 +89,7 @@ def test_init_writes_a_config_that_loads_sized_from_the_simulated_gpus(tmp_path)
     assert c.GPUAllocator.admission_config_file == str(tmp_path / "elastic-gpu.yaml")
     token = tmp_path / "data" / "cli-token"
     assert stat.S_IMODE(token.stat().st_mode) == 0o600
+    assert stat.S_IMODE(token.parent.stat().st_mode) == 0o711  # servers reach their home in it, nobody lists it
     assert c.JupyterHub.services[-1] == {"name": "elastic-gpu-cli", "api_token": token.read_text().strip()}
 
 
@@ -119,19 +121,43 @@ def test_mistakes_get_one_clear_line_not_a_traceback(tmp_path, args, message):
 
 
 def test_a_missing_proxy_is_reported_with_how_to_install_it(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "REPO", tmp_path)
+    monkeypatch.setattr(base, "REPO", tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("ELASTIC_GPU_PROXY", raising=False)
     with pytest.raises(cli.CLIError, match=r"configurable-http-proxy is not installed. Install it with `npm install"):
-        cli.find_proxy()
+        proxy.find_proxy()
 
 
-def test_pam_is_chosen_only_for_root_serving_real_accounts(monkeypatch):
+def test_pam_is_chosen_only_for_root_serving_real_accounts_and_the_reason_is_given(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 0)
-    monkeypatch.setattr(cli, "_system_user", lambda name: name == "ada")
-    assert cli.choose_authenticator("auto", ["ada"]) == "pam"
-    assert cli.choose_authenticator("auto", ["ada", "ghost"]) == "firstuse"
-    assert cli.choose_authenticator("firstuse", ["ada"]) == "firstuse"
+    monkeypatch.setattr(config, "system_user", lambda name: name == "ada")
+    assert config.choose_mode("auto", ["ada"]) == (
+        "pam",
+        "run as root and every admin (ada) is an account on this machine",
+    )
+    mode, why = config.choose_mode("auto", ["ada", "ghost"])
+    assert mode == "firstuse" and "'ghost' is not an account on this machine" in why and "'elastic-gpu'" in why
+    assert config.choose_mode("firstuse", ["ada"]) == ("firstuse", "--authenticator firstuse")
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    assert cli.choose_authenticator("auto", ["ada"]) == "firstuse"
+    assert config.choose_mode("auto", ["ada"])[0] == "firstuse"
+
+
+def test_the_default_config_dir_as_root_is_one_other_accounts_can_reach(monkeypatch, tmp_path):
+    monkeypatch.delenv("ELASTIC_GPU_CONFIG_DIR", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert base.default_config_dir() == Path("/var/lib/elastic-gpu")  # not root's home, which is 0700
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert base.default_config_dir() == tmp_path / ".elastic-gpu"
+    monkeypatch.setenv("ELASTIC_GPU_CONFIG_DIR", "/srv/hub")
+    assert base.default_config_dir() == Path("/srv/hub")
+
+
+def test_the_config_names_its_login_mode_and_why(tmp_path):
+    result = run_cli("init", "--config-dir", str(tmp_path), "--simulate-gpus", "1xT4", "--authenticator", "pam")
+    assert result.returncode == 0, result.stderr
+    assert config.config_mode(tmp_path) == ("pam", "--authenticator pam")
+    c = load_hub_config(tmp_path / "jupyterhub_config.py")
+    assert c.JupyterHub.authenticator_class == "pam"
+    assert c.JupyterHub.spawner_class == "hubext.local.spawner.LocalGPUSpawner"

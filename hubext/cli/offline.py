@@ -1,0 +1,107 @@
+"""Reading what a hub left in its config dir when it is not running: the GPU ledger.
+
+``status`` and ``quota`` fall back to it; ``up`` uses it to find GPU processes (servers,
+kernels) that outlived their hub, to stop them on Ctrl-C or to say that the next hub adopts them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from ..contract import allocation_from_dict, allocation_to_dict
+from ..local.ledger import LEDGER_FILE, Ledger
+from ..local.processes import process_alive
+from .base import ADMISSION_FILE, CLIError
+
+
+def offline_view(config_dir: Path, what: str) -> dict[str, Any]:
+    """The pool ('pool') or quota ('quota') view, in the API's format, from the ledger."""
+    from quotas import AdmissionState, ConfigError, Pool, load_config, load_pool
+
+    from ..admin import pool_view, quota_view
+
+    path = config_dir / "data" / LEDGER_FILE
+    if not path.exists():
+        raise CLIError(
+            f"no hub has run with the config dir {config_dir} yet (no {path}); start one with `elastic-gpu up`"
+        )
+    if not os.access(path, os.R_OK):
+        raise CLIError(f"{path} is readable by the hub's account only; run this as that account, or start the hub")
+    ledger = Ledger(path)
+    try:
+        inventory = ledger.inventory()
+        nodes, simulated = inventory if inventory else ([], False)
+        allocations = []
+        for row in ledger.rows():
+            holder, started = row["holder"], row["holder_started"]
+            if holder and holder.isdigit() and not process_alive(int(holder), started):
+                continue  # its process has exited: the hub drops it when it starts
+            allocations.append(allocation_from_dict(json.loads(row["data"])))
+        if what == "pool":
+            return pool_view(
+                nodes,
+                [allocation_to_dict(a) for a in allocations],
+                simulated=simulated,
+                events=ledger.events(),
+                source="ledger",
+            )
+        import yaml
+
+        try:
+            config = load_config(yaml.safe_load((config_dir / ADMISSION_FILE).read_text()) or {})
+            state = AdmissionState(config, load_pool({"nodes": nodes}) if nodes else Pool(nodes=()))
+        except (OSError, ConfigError, yaml.YAMLError) as e:
+            raise CLIError(f"cannot read {config_dir / ADMISSION_FILE}: {e}") from None
+        for a in allocations:
+            state.add(a)
+        return quota_view(state, source="ledger")
+    finally:
+        ledger.close()
+
+
+def live_holders(data: Path) -> list[int]:
+    """Pids of the GPU holders (servers, kernels) in the ledger whose process still runs."""
+    path = data / LEDGER_FILE
+    if not path.exists():
+        return []
+    ledger = Ledger(path)
+    try:
+        rows = ledger.rows()
+    finally:
+        ledger.close()
+    return [
+        int(r["holder"])
+        for r in rows
+        if r["holder"] and r["holder"].isdigit() and process_alive(int(r["holder"]), r["holder_started"])
+    ]
+
+
+def stop_leftover_holders(data: Path, grace_seconds: float = 5.0) -> int:
+    """Stop the process groups of GPU holders (servers, kernels) still alive after the hub exited.
+
+    ``up`` promises that Ctrl-C stops everything the hub started; JupyterHub stops its servers,
+    and this catches what outlives them (a GPU kernel whose server could not reach the broker).
+    """
+    alive = live_holders(data)
+    found = len(alive)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in alive:
+            try:
+                os.killpg(pid, sig)
+            except OSError:
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + grace_seconds
+        while time.monotonic() < deadline and any(process_alive(p) for p in alive):
+            time.sleep(0.1)
+        alive = [p for p in alive if process_alive(p)]
+        if not alive:
+            break
+    return found
