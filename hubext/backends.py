@@ -74,6 +74,8 @@ class ServerRef:
     home: str = ""
     #: the spawner's GPU settings (backend, runtime class, ...) when it has them
     gpu_settings: dict[str, Any] = field(default_factory=dict)
+    #: Kubernetes: the server pod as read (its volumes, working directory), for the kernel pod to share
+    pod: Any = None
 
 
 class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):

@@ -17,7 +17,7 @@ import os
 import time
 from typing import Any
 
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 
 from quotas import Allocation
 
@@ -33,7 +33,17 @@ from .objects import (
     make_kernel_pod,
     make_kernel_secret,
     owner_references,
+    server_working_dir,
+    shared_server_volumes,
+    volume_sharing_problem,
 )
+
+#: z2jh's tolerations of its dedicated user node pools (the key in both spellings z2jh uses)
+Z2JH_USER_TOLERATIONS = [
+    {"key": key, "operator": "Equal", "value": "user", "effect": "NoSchedule"}
+    for key in ("hub.jupyter.org/dedicated", "hub.jupyter.org_dedicated")
+]
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 #: container waiting reasons that will not resolve by waiting
 _FATAL_WAITING = {
@@ -67,9 +77,91 @@ class KubernetesKernelLauncher(KernelLauncher):
         config=True,
         help="serviceAccountName of kernel pods (its token is never mounted). Empty: the namespace default.",
     )
-    cpu_request = Unicode("", config=True, help="CPU request of the kernel container, e.g. '500m' (empty: none).")
-    memory_request = Unicode("", config=True, help="Memory request of the kernel container, e.g. '1Gi' (empty: none).")
-    memory_limit = Unicode("", config=True, help="Memory limit of the kernel container, e.g. '8Gi' (empty: none).")
+    cpu_request = Unicode(
+        "500m", config=True, help="CPU request of the kernel container (kube-scheduler fits it). Default: '500m'."
+    )
+    cpu_limit = Unicode("", config=True, help="CPU limit of the kernel container, e.g. '4' (empty, default: none).")
+    memory_request = Unicode("1Gi", config=True, help="Memory request of the kernel container. Default: '1Gi'.")
+    memory_limit = Unicode(
+        "16Gi",
+        config=True,
+        help="Memory limit of the kernel container (host memory, not GPU memory; empty: none). Default: '16Gi'.",
+    )
+    uid = Integer(
+        1000,
+        config=True,
+        help="""runAsUser of kernel pods (runAsNonRoot is always set, so 0 is refused). Make it the
+        uid your users' servers run as (z2jh: singleuser.uid, default 1000), or kernels cannot
+        write the user's files. Default: 1000.""",
+    )
+    gid = Integer(
+        None,
+        allow_none=True,
+        config=True,
+        help="runAsGroup of kernel pods. None (default): the image's group (z2jh sets none either).",
+    )
+    fs_gid = Integer(
+        100,
+        allow_none=True,
+        config=True,
+        help="fsGroup of kernel pods (z2jh: singleuser.fsGid, default 100; None: none). Default: 100.",
+    )
+    image_pull_secrets = List(
+        Unicode(),
+        config=True,
+        help="Names of Secrets (in the kernels' namespace) to pull the kernel image with (imagePullSecrets).",
+    )
+    tolerations = List(
+        Dict(),
+        [GPU_TOLERATION, *Z2JH_USER_TOLERATIONS],
+        config=True,
+        help="""Tolerations of kernel pods, as Kubernetes writes them (key, operator, value, effect).
+        Default: the nvidia.com/gpu taint GPU node pools carry, and z2jh's
+        hub.jupyter.org/dedicated=user:NoSchedule (both spellings) of dedicated user pools.""",
+    )
+    node_selector = Dict(
+        Unicode(),
+        config=True,
+        help="""nodeSelector of kernel pods (ANDed with the node admission chose, for the 'native'
+        backend; with 'hami'/'whole' it steers the scheduler). Default: none.""",
+    )
+    share_server_volumes = Bool(
+        True,
+        config=True,
+        help="""Mount the user's server's volumes (the home PVC, NFS, configMaps...: see
+        shared_volume_kinds) into kernel pods at the same paths, and start kernels in the
+        notebook's directory. A ReadWriteOnce claim works only when the kernel lands on the
+        server's node (the kernel is refused with a sentence otherwise), ReadWriteOncePod never.
+        Default: True.""",
+    )
+    shared_volume_kinds = List(
+        Unicode(),
+        ["persistentVolumeClaim", "nfs", "configMap", "cephfs", "csi"],
+        config=True,
+        help="Kinds of the server pod's volumes a kernel pod mounts (never emptyDir, secrets or hostPath).",
+    )
+    inherited_server_labels = List(
+        Unicode(),
+        [
+            "app",
+            "release",
+            "chart",
+            "heritage",
+            "app.kubernetes.io/name",
+            "app.kubernetes.io/instance",
+            "hub.jupyter.org/username",
+            "hub.jupyter.org/servername",
+        ],
+        config=True,
+        help="""Labels copied from the user's server pod onto its kernel pods (z2jh's release labels
+        and the user's). 'component' is never copied: KubeSpawner lists pods with
+        component=singleuser-server as servers.""",
+    )
+    component_label = Unicode(
+        "elastic-gpu-kernel",
+        config=True,
+        help="The 'component' label of kernel pods (z2jh's convention). Default: 'elastic-gpu-kernel'.",
+    )
     extra_pod_labels = Dict(Unicode(), config=True, help="Extra labels for kernel pods.")
     environment = Dict(Unicode(), config=True, help="Extra environment variables of kernel containers.")
     network_policy = Bool(
@@ -117,6 +209,15 @@ class KubernetesKernelLauncher(KernelLauncher):
     )
     delete_grace_seconds = Integer(2, config=True, help="gracePeriodSeconds when deleting kernel pods. Default: 2.")
     k8s_api_request_timeout = Float(10.0, config=True, help="Seconds to wait for one Kubernetes API call.")
+
+    @validate("uid")
+    def _validate_uid(self, proposal: Any) -> int:
+        if proposal["value"] <= 0:
+            raise TraitError(
+                f"KubernetesKernelLauncher.uid must be a non-root user id (> 0), got {proposal['value']}: "
+                "kernel pods run with runAsNonRoot."
+            )
+        return proposal["value"]
 
     @default("kernel_cmd")
     def _default_kernel_cmd(self) -> list[str]:
@@ -213,6 +314,7 @@ class KubernetesKernelLauncher(KernelLauncher):
             generation=int(ann.get(C.A_GENERATION, "0")),
             created_at=float(ann.get(C.A_KERNEL_CREATED_AT, "0") or 0),
             jupyter_kernel_id=ann.get(C.A_JUPYTER_KERNEL_ID, ""),
+            cwd=(pod.spec.containers[0].working_dir or "") if pod.spec and pod.spec.containers else "",
         )
         record.set_allocation(allocation)
         self._apply_pod_status(record, pod)
@@ -241,6 +343,7 @@ class KubernetesKernelLauncher(KernelLauncher):
             ref.identity = _server_identity(pod)
             ref.pod_uid = pod.metadata.uid or ""
             ref.pod_labels = dict(pod.metadata.labels or {})
+            ref.pod = pod
         return ref
 
     async def server_alive(self, record: KernelRecord, spawner: Any | None) -> bool:
@@ -282,8 +385,22 @@ class KubernetesKernelLauncher(KernelLauncher):
         ports = [p for g in (0, 1) for p in self.pod_ports(g).values()]
         return make_kernel_network_policy(record, chosen or dict(server.pod_labels), ports, self._owners(server))
 
-    def _pod(self, record: KernelRecord, allocation: Allocation, server: ServerRef | None) -> Any:
+    def _shared(self, source_pod: Any) -> tuple[list, list, str]:
+        """(volumes, mounts, home) a kernel pod shares with ``source_pod`` (the server pod, or on a
+        restart without one the previous kernel pod)."""
+        if not self.share_server_volumes or source_pod is None:
+            return [], [], ""
+        volumes, mounts = shared_server_volumes(source_pod, tuple(self.shared_volume_kinds))
+        home = server_working_dir(source_pod)
+        return volumes, mounts, home if _under(home, mounts) else ""
+
+    def _pod(
+        self, record: KernelRecord, allocation: Allocation, server: ServerRef | None, source_pod: Any = None
+    ) -> Any:
         settings = dict(server.gpu_settings) if server else {}
+        volumes, mounts, home = self._shared(source_pod if source_pod is not None else (server and server.pod))
+        cwd = record.cwd if _under(record.cwd, mounts) else home
+        labels = {k: v for k, v in (server.pod_labels if server else {}).items() if k in self.inherited_server_labels}
         pod = make_kernel_pod(
             record,
             image=self.image,
@@ -292,10 +409,21 @@ class KubernetesKernelLauncher(KernelLauncher):
             service_account=self.service_account,
             environment=dict(self.environment),
             cpu_request=self.cpu_request,
+            cpu_limit=self.cpu_limit,
             memory_request=self.memory_request,
             memory_limit=self.memory_limit,
-            extra_labels=dict(self.extra_pod_labels),
+            extra_labels={**labels, "component": self.component_label, **self.extra_pod_labels},
             owners=self._owners(server),
+            uid=self.uid,
+            gid=self.gid,
+            fs_gid=self.fs_gid,
+            image_pull_secrets=list(self.image_pull_secrets),
+            tolerations=[dict(t) for t in self.tolerations],
+            node_selector=dict(self.node_selector),
+            volumes=volumes,
+            volume_mounts=mounts,
+            working_dir=cwd,
+            home=home,
         )
         apply_gpu_to_pod(
             pod,
@@ -311,6 +439,34 @@ class KubernetesKernelLauncher(KernelLauncher):
         )
         return pod
 
+    async def _claim_access_modes(self, claim: str, namespace: str) -> list[str] | None:
+        """The access modes of a PersistentVolumeClaim (None when it cannot be read)."""
+        from kubernetes_asyncio.client.rest import ApiException
+
+        try:
+            pvc = await self._call(self.core.read_namespaced_persistent_volume_claim(claim, namespace))
+        except ApiException as e:
+            self.log.warning("Cannot read PersistentVolumeClaim %s/%s: %s", namespace, claim, _api_message(e))
+            return None
+        return list((pvc.status.access_modes if pvc.status else None) or pvc.spec.access_modes or [])
+
+    async def check_volumes(self, record: KernelRecord, allocation: Allocation, server: ServerRef) -> None:
+        """Refuse (LaunchError, with a sentence) a kernel that could not mount the server's claims
+        on the node admission chose. Called by :meth:`launch` before anything is created."""
+        volumes, _, _ = self._shared(server.pod)
+        server_node = (server.pod.spec.node_name or "") if server.pod is not None and server.pod.spec else ""
+        namespace = record.namespace or server.namespace or self._ns()
+        for v in volumes:
+            if v.persistent_volume_claim is None:
+                continue
+            claim = v.persistent_volume_claim.claim_name
+            modes = await self._claim_access_modes(claim, namespace)
+            if modes is None:
+                continue  # not readable: the scheduler/kubelet will say what is wrong
+            problem = volume_sharing_problem(claim, modes, server_node, allocation.node)
+            if problem:
+                raise LaunchError(problem, 409)
+
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def launch(self, record: KernelRecord, allocation: Allocation, key: str, server: ServerRef) -> None:
@@ -319,6 +475,7 @@ class KubernetesKernelLauncher(KernelLauncher):
         record.namespace = self._ns(server.namespace)
         record.ports = self.pod_ports(record.generation)
         record.server_identity = server.identity
+        await self.check_volumes(record, allocation, server)
         created: list[tuple[str, str]] = []
         try:
             await self._call(
@@ -397,14 +554,16 @@ class KubernetesKernelLauncher(KernelLauncher):
         record.generation += 1
         record.ports = self.pod_ports(record.generation)
         record.ip, record.exit_code = "", None
-        pod = self._pod(record, allocation, server)
-        if server is None and old:  # keep the owner (the server pod) of the previous generation
+        prev = None
+        if (server is None or server.pod is None) and old:  # the previous generation's owner and volumes
             try:
                 prev = await self._call(self.core.read_namespaced_pod(old, record.namespace))
-                pod.metadata.owner_references = prev.metadata.owner_references
             except ApiException as e:
                 if e.status != 404:
                     raise
+        pod = self._pod(record, allocation, server, source_pod=prev)
+        if server is None and prev is not None:  # keep the owner (the server pod)
+            pod.metadata.owner_references = prev.metadata.owner_references
         try:
             await self._call(self.core.create_namespaced_pod(record.namespace, pod))
         except ApiException as e:
@@ -523,6 +682,16 @@ class KubernetesKernelLauncher(KernelLauncher):
         except ApiException as e:
             self.log.warning("Could not sweep GPU kernel secrets/policies in %s: %s", ns, _api_message(e))
         return sorted(swept)
+
+
+def _under(path: str, mounts: list) -> bool:
+    """Whether ``path`` is at or below one of ``mounts``' mount paths."""
+    if not path:
+        return False
+    path = os.path.normpath(path)
+    return any(
+        os.path.commonpath([path, os.path.normpath(m.mount_path)]) == os.path.normpath(m.mount_path) for m in mounts
+    )
 
 
 def _notebook_status(pod: Any) -> Any | None:

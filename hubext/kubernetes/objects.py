@@ -4,12 +4,23 @@ plain arguments in, a Kubernetes object out, no I/O (unit-testable without a clu
 - :func:`apply_gpu_to_pod`: write an allocation into a pod (notebooks and kernels) the way the
   GPU backend expects ('native': the libvgpu shim; 'hami', 'mig', 'whole': scheduler resources);
 - :func:`make_kernel_pod`, :func:`make_kernel_secret`, :func:`make_kernel_network_policy`:
-  the objects of one GPU kernel.
+  the objects of one GPU kernel;
+- :func:`shared_server_volumes`, :func:`volume_sharing_problem`: which of the user's server pod's
+  volumes a kernel pod mounts (the home), and when storage cannot be shared across nodes.
+
+Placement: a slice lives on GPUs of one node (admission chose it), so a 'native' pod must run
+there. It is pinned the way the DaemonSet controller pins: a *required node affinity* on the
+Node's name (``matchFields metadata.name``), never ``nodeName``. The pod still goes through
+kube-scheduler, which checks taints, CPU/memory/pod-count fit and may preempt lower-priority
+pods; a pod that does not fit stays Pending with the scheduler's reason, which the launcher
+reports (and the spawner's start timeout ends). The pin is on the Node's name, not on the
+``kubernetes.io/hostname`` label, which some providers set to something else.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
 import json
 from importlib import resources
 
@@ -109,6 +120,138 @@ def make_kernel_network_policy(
     )
 
 
+#: volume sources a kernel pod may share with the user's server pod: storage that lives outside
+#: the server pod (an emptyDir, the server's token or its downward-API files do not)
+SHAREABLE_VOLUME_KINDS = ("persistentVolumeClaim", "nfs", "configMap", "cephfs", "csi")
+
+#: Kubernetes model attribute of each volume kind above
+_VOLUME_ATTR = {
+    "persistentVolumeClaim": "persistent_volume_claim",
+    "nfs": "nfs",
+    "configMap": "config_map",
+    "cephfs": "cephfs",
+    "csi": "csi",
+    "emptyDir": "empty_dir",
+    "hostPath": "host_path",
+    "secret": "secret",
+    "projected": "projected",
+    "downwardAPI": "downward_api",
+}
+
+
+def _notebook_container(pod: k8s.V1Pod) -> k8s.V1Container | None:
+    containers = (pod.spec.containers if pod.spec else None) or []
+    return next((c for c in containers if c.name == "notebook"), containers[0] if containers else None)
+
+
+def shared_server_volumes(
+    server_pod: k8s.V1Pod | None, kinds: tuple[str, ...] | list[str] = SHAREABLE_VOLUME_KINDS
+) -> tuple[list[k8s.V1Volume], list[k8s.V1VolumeMount]]:
+    """The server pod's volumes of ``kinds`` that its notebook container mounts, and those mounts
+    (same paths, subPaths and read-only flags), for a kernel pod to see the user's files."""
+    if server_pod is None or server_pod.spec is None:
+        return [], []
+    container = _notebook_container(server_pod)
+    attrs = [_VOLUME_ATTR[k] for k in kinds if k in _VOLUME_ATTR]
+    wanted = {v.name: v for v in server_pod.spec.volumes or [] if any(getattr(v, a, None) for a in attrs)}
+    mounts = [m for m in (container.volume_mounts if container else None) or [] if m.name in wanted]
+    used = {m.name for m in mounts}
+    volumes = [copy.deepcopy(v) for n, v in wanted.items() if n in used]
+    return volumes, [copy.deepcopy(m) for m in mounts]
+
+
+def server_working_dir(server_pod: k8s.V1Pod | None) -> str:
+    """The notebook container's working directory (z2jh: the home mount), or ''."""
+    container = _notebook_container(server_pod) if server_pod is not None and server_pod.spec else None
+    return (container.working_dir or "") if container else ""
+
+
+def volume_sharing_problem(claim: str, access_modes: list[str], server_node: str, kernel_node: str) -> str | None:
+    """Why a kernel pod on ``kernel_node`` cannot mount the claim the server on ``server_node`` has
+    (a sentence for the user), or None when it can: ReadWriteMany/ReadOnlyMany anywhere,
+    ReadWriteOnce on the server's node only, ReadWriteOncePod never."""
+    modes = set(access_modes or [])
+    if modes & {"ReadWriteMany", "ReadOnlyMany"}:
+        return None
+    advice = (
+        "Ask an admin to use ReadWriteMany storage for homes (e.g. NFS), or to set "
+        "KubernetesKernelLauncher.share_server_volumes = False (kernels then do not see your files)."
+    )
+    if "ReadWriteOncePod" in modes:
+        return (
+            f"Your server's volume claim {claim!r} is ReadWriteOncePod: no other pod may mount it, so a GPU "
+            f"kernel pod cannot see your files. {advice}"
+        )
+    if "ReadWriteOnce" in modes and server_node and kernel_node and server_node != kernel_node:
+        return (
+            f"Your server's volume claim {claim!r} is ReadWriteOnce and your server runs on node "
+            f"{server_node}, but the GPU kernel was placed on node {kernel_node}: a ReadWriteOnce volume "
+            f"is mounted on one node only. {advice}"
+        )
+    return None
+
+
+def pod_security_context(uid: int, gid: int | None, fs_gid: int | None) -> k8s.V1PodSecurityContext:
+    """The 'restricted' Pod Security profile's pod-level fields (non-root, RuntimeDefault seccomp)."""
+    return k8s.V1PodSecurityContext(
+        run_as_non_root=True,
+        run_as_user=uid,
+        run_as_group=gid,
+        fs_group=fs_gid,
+        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def container_security_context() -> k8s.V1SecurityContext:
+    """The 'restricted' profile's container fields: no escalation, every capability dropped."""
+    return k8s.V1SecurityContext(
+        allow_privilege_escalation=False,
+        capabilities=k8s.V1Capabilities(drop=["ALL"]),
+        run_as_non_root=True,
+        seccomp_profile=k8s.V1SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def _toleration(t: dict | k8s.V1Toleration) -> k8s.V1Toleration:
+    if isinstance(t, k8s.V1Toleration):
+        return t
+    return k8s.V1Toleration(
+        key=t.get("key"),
+        operator=t.get("operator"),
+        value=t.get("value"),
+        effect=t.get("effect"),
+        toleration_seconds=t.get("tolerationSeconds", t.get("toleration_seconds")),
+    )
+
+
+def add_tolerations(spec: k8s.V1PodSpec, tolerations: list[dict | k8s.V1Toleration] | None) -> None:
+    """Append tolerations (dicts in Kubernetes' camelCase or models) that the pod lacks."""
+    have = list(spec.tolerations or [])
+    for t in (_toleration(t) for t in tolerations or []):
+        if t not in have:
+            have.append(t)
+    spec.tolerations = have or None
+
+
+def pin_to_node(spec: k8s.V1PodSpec, node: str) -> None:
+    """Require ``node`` (a Node's name) through node affinity: ANDed into every required term the
+    pod already has (terms are ORed), or one term of its own. Never ``nodeName``."""
+    pin = k8s.V1NodeSelectorRequirement(key="metadata.name", operator="In", values=[node])
+    affinity = spec.affinity or k8s.V1Affinity()
+    node_affinity = affinity.node_affinity or k8s.V1NodeAffinity()
+    required = node_affinity.required_during_scheduling_ignored_during_execution or k8s.V1NodeSelector(
+        node_selector_terms=[]
+    )
+    terms = [t for t in required.node_selector_terms or [] if t is not None] or [k8s.V1NodeSelectorTerm()]
+    for term in terms:
+        fields = [f for f in term.match_fields or [] if f.key != "metadata.name"]
+        term.match_fields = [*fields, pin]
+    required.node_selector_terms = terms
+    node_affinity.required_during_scheduling_ignored_during_execution = required
+    affinity.node_affinity = node_affinity
+    spec.affinity = affinity
+
+
 def make_kernel_pod(
     record: KernelRecord,
     *,
@@ -118,12 +261,24 @@ def make_kernel_pod(
     service_account: str = "",
     environment: dict[str, str] | None = None,
     cpu_request: str = "",
+    cpu_limit: str = "",
     memory_request: str = "",
     memory_limit: str = "",
     extra_labels: dict[str, str] | None = None,
     owners: list | None = None,
+    uid: int = 1000,
+    gid: int | None = None,
+    fs_gid: int | None = None,
+    image_pull_secrets: list[str] | None = None,
+    tolerations: list[dict] | None = None,
+    node_selector: dict[str, str] | None = None,
+    volumes: list[k8s.V1Volume] | None = None,
+    volume_mounts: list[k8s.V1VolumeMount] | None = None,
+    working_dir: str = "",
+    home: str = "",
 ) -> k8s.V1Pod:
-    """A kernel pod (without its GPU: :func:`apply_gpu_to_pod` adds the slice)."""
+    """A kernel pod (without its GPU: :func:`apply_gpu_to_pod` adds the slice), sandboxed like a
+    z2jh user pod: the 'restricted' Pod Security fields, resources, the user's volumes."""
     env = [
         k8s.V1EnvVar(
             name="POD_IP",
@@ -132,8 +287,10 @@ def make_kernel_pod(
         k8s.V1EnvVar(name="JUPYTERHUB_USER", value=record.user),
         k8s.V1EnvVar(name=C.ENV_KERNEL_ID, value=record.id),
     ] + [k8s.V1EnvVar(name=k, value=v) for k, v in sorted((environment or {}).items())]
+    if home and not any(e.name == "HOME" for e in env):
+        env.append(k8s.V1EnvVar(name="HOME", value=home))
     requests = {k: v for k, v in (("cpu", cpu_request), ("memory", memory_request)) if v}
-    limits = {"memory": memory_limit} if memory_limit else {}
+    limits = {k: v for k, v in (("cpu", cpu_limit), ("memory", memory_limit)) if v}
     ports_arg = json.dumps(record.ports, sort_keys=True)
     container = k8s.V1Container(
         name="kernel",
@@ -143,8 +300,12 @@ def make_kernel_pod(
         env=env,
         ports=[k8s.V1ContainerPort(container_port=p, name=n.split("_")[0][:15]) for n, p in record.ports.items()],
         resources=k8s.V1ResourceRequirements(requests=requests or None, limits=limits or None),
-        volume_mounts=[k8s.V1VolumeMount(name="connection", mount_path=SECRET_MOUNT, read_only=True)],
-        security_context=k8s.V1SecurityContext(allow_privilege_escalation=False),
+        volume_mounts=[
+            k8s.V1VolumeMount(name="connection", mount_path=SECRET_MOUNT, read_only=True),
+            *(volume_mounts or []),
+        ],
+        working_dir=working_dir or None,
+        security_context=container_security_context(),
     )
     annotations = {
         C.A_KERNEL_ID: record.id,
@@ -172,12 +333,17 @@ def make_kernel_pod(
             automount_service_account_token=False,
             enable_service_links=False,
             service_account_name=service_account or None,
+            security_context=pod_security_context(uid, gid, fs_gid),
+            image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in image_pull_secrets or []] or None,
+            tolerations=[_toleration(t) for t in tolerations or []] or None,
+            node_selector=dict(node_selector) if node_selector else None,
             containers=[container],
             volumes=[
                 k8s.V1Volume(
                     name="connection",
                     secret=k8s.V1SecretVolumeSource(secret_name=kernel_base_name(record) + "-key", default_mode=0o400),
-                )
+                ),
+                *(volumes or []),
             ],
         ),
     )
@@ -194,8 +360,12 @@ def apply_gpu_to_pod(
     runtime_class: str,
     host_dir: str,
     server: str = "",
+    tolerations: list[dict] | None = None,
 ) -> None:
-    """Write an allocation into a pod the way ``backend`` expects (used for notebooks and kernels)."""
+    """Write an allocation into a pod the way ``backend`` expects (used for notebooks and kernels).
+
+    ``tolerations`` (e.g. of the ``nvidia.com/gpu`` taint) are added to the pod's own; 'native'
+    pods are pinned to the allocation's node by node affinity (see the module's docstring)."""
     if backend not in BACKENDS:
         raise GPUSpawnError(f"gpu_backend {backend!r} is not one of {', '.join(BACKENDS)}.", 500)
     meta = pod.metadata
@@ -217,8 +387,10 @@ def apply_gpu_to_pod(
     limits = dict(resources.limits or {})
     count = len(allocation.gpu_uuids)
 
+    add_tolerations(spec, tolerations)
+
     if backend == "native":
-        spec.node_selector = {**(spec.node_selector or {}), "kubernetes.io/hostname": allocation.node}
+        pin_to_node(spec, allocation.node)
         if runtime_class:
             spec.runtime_class_name = runtime_class
         env += [

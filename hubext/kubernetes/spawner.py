@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kubernetes_asyncio.client import models as k8s
 from kubespawner import KubeSpawner
-from traitlets import Unicode
+from traitlets import Dict, List, Unicode
 
 from ..gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options, profile_gpu_section
 from .objects import apply_gpu_to_pod
@@ -16,7 +16,8 @@ class ElasticGPUSpawner(GPUSpawnerMixin, KubeSpawner):
     gpu_backend = Unicode(
         "native",
         config=True,
-        help="""How slices reach the card: 'native' (libvgpu shim, node pinned by us),
+        help="""How slices reach the card: 'native' (libvgpu shim; the pod is pinned to the node
+        admission chose by a required node affinity, and kube-scheduler still checks it fits),
         'hami' (HAMi's nvidia.com/gpumem and gpucores resources), 'mig'
         (nvidia.com/mig-<profile> resource) or 'whole' (plain nvidia.com/gpu).""",
     )
@@ -29,6 +30,15 @@ class ElasticGPUSpawner(GPUSpawnerMixin, KubeSpawner):
         "elastic-gpu-",
         config=True,
         help="Prefix of the Kubernetes PriorityClass made for each admission priority class (the chart creates them).",
+    )
+    gpu_tolerations = List(
+        Dict(),
+        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        config=True,
+        help="""Tolerations added to GPU notebook pods only (CPU notebooks keep off GPU nodes), on top
+        of KubeSpawner's `tolerations` (z2jh: its dedicated-user tolerations and
+        singleuser.extraTolerations). Kubernetes' form: key, operator, value, effect. Default:
+        the nvidia.com/gpu:NoSchedule taint that GPU node pools carry (GKE, the GPU operator).""",
     )
     gpu_host_dir = Unicode(
         "/var/lib/elastic-gpu",
@@ -119,6 +129,7 @@ class ElasticGPUSpawner(GPUSpawnerMixin, KubeSpawner):
             runtime_class=self.gpu_runtime_class,
             host_dir=self.gpu_host_dir,
             server=self.name or "",
+            tolerations=[dict(t) for t in self.gpu_tolerations],
         )
         return pod
 

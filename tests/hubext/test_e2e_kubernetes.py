@@ -219,7 +219,8 @@ def test_two_users_share_one_card_and_pods_carry_the_slice(cluster):
         pod = pods[user]
         ann = pod.metadata.annotations
         assert ann[L.A_GPU_UUIDS] == GPU_UUID and ann[L.A_MEMORY_MIB] == "20480" and ann[L.A_CORES_PERCENT] == "25"
-        assert pod.spec.node_selector["kubernetes.io/hostname"] == NODE
+        [term] = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+        assert term.match_fields[0].values == [NODE] and pod.spec.node_name == NODE
         assert pod.spec.priority_class_name == "elastic-gpu-default"
         env = {e.name: e.value for e in pod.spec.containers[0].env}
         assert env["NVIDIA_VISIBLE_DEVICES"] == GPU_UUID

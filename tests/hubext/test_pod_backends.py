@@ -75,7 +75,10 @@ async def test_pod_written_by_each_backend_validates_against_kubernetes_schema(b
 async def test_native_backend_pins_node_exposes_only_granted_gpus_and_mounts_read_only_limits():
     pod = await render("native")
     spec = pod["spec"]
-    assert spec["nodeSelector"]["kubernetes.io/hostname"] == "gpu-node-3"
+    # pinned through kube-scheduler (node affinity on the Node's name), never nodeName
+    [term] = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-3"]}]
+    assert "nodeName" not in spec
     assert spec["runtimeClassName"] == "nvidia"
     env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "GPU-aaaa,GPU-bbbb"

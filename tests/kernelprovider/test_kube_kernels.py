@@ -81,7 +81,8 @@ def test_gpu_kernel_runs_in_its_own_pod_holding_the_slice(cluster):
     assert pod.metadata.name == record["holder"] and pod.status.pod_ip == record["ip"]
     assert pod.metadata.labels[L.KERNEL_ID] == record["id"]
     assert pod.metadata.annotations[L.ALLOCATION_ID] == record["allocation_id"]
-    assert pod.spec.node_selector["kubernetes.io/hostname"] == NODE
+    [term] = pod.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+    assert term.match_fields[0].values == [NODE] and pod.spec.node_name == NODE
     assert pod.spec.automount_service_account_token is False, "kernel pods get no API token"
     owner = server_pod(api)
     assert [(r.kind, r.name, r.uid) for r in pod.metadata.owner_references] == [

@@ -182,7 +182,10 @@ def test_kernel_pod_secret_and_network_policy_are_valid_kubernetes_objects(no_al
     assert pod["metadata"]["annotations"][L.A_MEMORY_MIB] == "10240"
     assert pod["spec"]["automountServiceAccountToken"] is False
     assert pod["spec"]["restartPolicy"] == "Never"
-    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "gpu-node-1"}
+    [term] = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    assert term == {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-node-1"]}]}
     assert pod["metadata"]["ownerReferences"] == [
         {
             "apiVersion": "v1",
