@@ -171,6 +171,9 @@ typedef CUresult (*cuMemFreeAsync_fn)(CUdeviceptr, CUstream);
 typedef CUresult (*cuMemCreate_fn)(CUmemGenericAllocationHandle *, size_t,
                                    const CUmemAllocationProp *, unsigned long long);
 typedef CUresult (*cuMemRelease_fn)(CUmemGenericAllocationHandle);
+typedef CUresult (*cuMemMap_fn)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                                unsigned long long);
+typedef CUresult (*cuMemUnmap_fn)(CUdeviceptr, size_t);
 typedef CUresult (*cuArrayCreate_v2_fn)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 typedef CUresult (*cuArray3DCreate_v2_fn)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
 typedef CUresult (*cuMipmappedArrayCreate_fn)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *,

@@ -57,6 +57,8 @@ struct vgpu_hook vgpu_hooks[H_COUNT] = {
     ROW(cuMemPoolTrimTo, "cuMemPoolTrimTo", 11020, CUDA, 0, cuMemPoolTrimTo),
     ROW(cuMemCreate, "cuMemCreate", 10020, CUDA, 0, cuMemCreate),
     ROW(cuMemRelease, "cuMemRelease", 10020, CUDA, 0, cuMemRelease),
+    ROW(cuMemMap, "cuMemMap", 10020, CUDA, 0, cuMemMap),
+    ROW(cuMemUnmap, "cuMemUnmap", 10020, CUDA, 0, cuMemUnmap),
     ROW(cuArrayCreate_v2, "cuArrayCreate", 3020, CUDA, 0, cuArrayCreate_v2),
     ROW(cuArray3DCreate_v2, "cuArray3DCreate", 3020, CUDA, 0, cuArray3DCreate_v2),
     ROW(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", 5000, CUDA, 0, cuMipmappedArrayCreate),

@@ -21,7 +21,9 @@
 
 static void vgpu_ctx_after_fork_child(void);
 
-enum { K_PTR = 1, K_VMM = 2, K_ARRAY = 3, K_MIPMAP = 4, K_ASYNC = 5 };
+/* K_MAP: a VMM mapping (key: its address, size: the handle); K_VMM_GONE: a handle released
+ * while still mapped (its memory lives until the last mapping goes). */
+enum { K_PTR = 1, K_VMM = 2, K_ARRAY = 3, K_MIPMAP = 4, K_ASYNC = 5, K_MAP = 6, K_VMM_GONE = 7 };
 
 struct entry {
     uint64_t key;
@@ -134,6 +136,7 @@ static uint64_t track(uint64_t key, uint8_t kind, uint64_t size, int dev, CUcont
     table[i] = (struct entry){key, size, ctx, kind, (uint8_t)dev};
     table_count++;
     pthread_mutex_unlock(&table_lock);
+    if (kind == K_MAP) stale = 0; /* a mapping's size field is its handle, not bytes */
     if (stale) vgpu_mem_release(stale_dev, stale, 0);
     return stale;
 }
@@ -285,6 +288,7 @@ CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead) {
  * A configured context_mib means "charge this, do not measure": no true-up then. */
 #define TRUE_UP_NS (100ull * 1000000ull)
 static _Atomic uint64_t true_up_at[VGPU_MAX_DEV];
+static _Atomic uint64_t trued[VGPU_MAX_DEV]; /* the part of the overhead added by true-ups */
 
 void vgpu_mem_true_up(int dev, int now_please) {
     if (now_please && dev >= 0 && dev < VGPU_MAX_DEV) reconcile_pools(dev);
@@ -305,6 +309,11 @@ void vgpu_mem_true_up(int dev, int now_please) {
         vgpu_debug("gpu %d: driver holds %llu MiB of its own, %llu MiB counted: trued up", dev,
                    (unsigned long long)(driver >> 20), (unsigned long long)(counted >> 20));
         reserve(dev, driver - counted, 1, 1);
+        atomic_fetch_add(&trued[dev], driver - counted);
+    } else if (driver < counted && atomic_load(&trued[dev])) { /* what was trued up shrank */
+        uint64_t t = atomic_load(&trued[dev]), back = counted - driver < t ? counted - driver : t;
+        atomic_fetch_sub(&trued[dev], back);
+        vgpu_mem_release(dev, back, 1);
     }
 }
 
@@ -353,6 +362,8 @@ void vgpu_mem_after_fork_child(void) {
         atomic_store(&local_alloc[d], 0);
         atomic_store(&own_bytes[d], 0);
         atomic_store(&floor_at[d], 0);
+        atomic_store(&trued[d], 0);
+        atomic_store(&true_up_at[d], 0);
     }
     vgpu_ctx_after_fork_child();
 }
@@ -615,6 +626,16 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
     return end(rc, rc == CUDA_SUCCESS ? *handle : 0, K_VMM, dev, NULL, bytes);
 }
 
+static int is_mapped(CUmemGenericAllocationHandle handle) {
+    int n = 0;
+    pthread_mutex_lock(&table_lock);
+    for (size_t i = 0; i < table_cap && !n; i++)
+        n = table[i].key && table[i].kind == K_MAP && table[i].size == handle;
+    pthread_mutex_unlock(&table_lock);
+    return n;
+}
+
+/* A handle's memory lives until it is released and no mapping of it is left. */
 VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     CUresult rc = ready();
     if (rc != CUDA_SUCCESS) return rc;
@@ -624,8 +645,48 @@ VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     int had = handle && accounting() && take(handle, K_VMM, &e);
     rc = real(handle);
     if (had) {
-        if (rc == CUDA_SUCCESS) vgpu_mem_release(e.dev, e.size, 0);
-        else put_back(&e);
+        if (rc != CUDA_SUCCESS) put_back(&e);
+        else if (is_mapped(handle)) track(handle, K_VMM_GONE, e.size, e.dev, NULL);
+        else vgpu_mem_release(e.dev, e.size, 0);
+    }
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset,
+                              CUmemGenericAllocationHandle handle, unsigned long long flags) {
+    CUresult rc = ready();
+    if (rc != CUDA_SUCCESS) return rc;
+    cuMemMap_fn real = REAL(cuMemMap);
+    if (!real) return CUDA_ERROR_NOT_FOUND;
+    rc = real(va, size, offset, handle, flags);
+    if (rc == CUDA_SUCCESS && accounting() && va) track(va, K_MAP, handle, 0, NULL);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
+    CUresult rc = ready();
+    if (rc != CUDA_SUCCESS) return rc;
+    cuMemUnmap_fn real = REAL(cuMemUnmap);
+    if (!real) return CUDA_ERROR_NOT_FOUND;
+    rc = real(va, size);
+    if (rc != CUDA_SUCCESS || !accounting()) return rc;
+    CUmemGenericAllocationHandle gone[64];
+    int n = 0;
+    pthread_mutex_lock(&table_lock); /* every mapping in [va, va + size) */
+    for (size_t i = 0; i < table_cap && n < 64;) {
+        if (table[i].key && table[i].kind == K_MAP && table[i].key >= va &&
+            table[i].key - va < size) {
+            gone[n++] = table[i].size;
+            delete_at_locked(i); /* something may have shifted into i: look again */
+            continue;
+        }
+        i++;
+    }
+    pthread_mutex_unlock(&table_lock);
+    for (int k = 0; k < n; k++) {
+        struct entry e;
+        if (!is_mapped(gone[k]) && take(gone[k], K_VMM_GONE, &e))
+            vgpu_mem_release(e.dev, e.size, 0);
     }
     return rc;
 }

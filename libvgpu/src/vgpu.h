@@ -192,7 +192,7 @@ enum vgpu_hook_id {
     H_cuMemAlloc_v2, H_cuMemAllocPitch_v2, H_cuMemAllocManaged,
     H_cuMemAllocAsync, H_cuMemAllocAsync_ptsz, H_cuMemAllocFromPoolAsync,
     H_cuMemAllocFromPoolAsync_ptsz, H_cuMemFree_v2, H_cuMemFreeAsync, H_cuMemFreeAsync_ptsz,
-    H_cuMemPoolTrimTo, H_cuMemCreate, H_cuMemRelease, H_cuArrayCreate_v2, H_cuArray3DCreate_v2,
+    H_cuMemPoolTrimTo, H_cuMemCreate, H_cuMemRelease, H_cuMemMap, H_cuMemUnmap, H_cuArrayCreate_v2, H_cuArray3DCreate_v2,
     H_cuMipmappedArrayCreate, H_cuArrayDestroy, H_cuMipmappedArrayDestroy,
     H_cuMemGetInfo_v2, H_cuDeviceTotalMem_v2,
     H_cuCtxCreate_v2, H_cuCtxCreate_v3, H_cuCtxCreate_v4, H_cuCtxDestroy_v2,
@@ -359,6 +359,9 @@ VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t,
                                  const CUmemAllocationProp *, unsigned long long);
 VGPU_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle);
+VGPU_EXPORT CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                              unsigned long long);
+VGPU_EXPORT CUresult cuMemUnmap(CUdeviceptr, size_t);
 VGPU_EXPORT CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 VGPU_EXPORT CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
 VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *,

@@ -30,3 +30,13 @@ def test_a_pool_with_the_default_threshold_gives_back_at_a_synchronisation(node)
     r = box.run("init", "ctx", "async:600M", "free", "info", "sync", "info", "alloc:1G")
     assert [int(kv["free"]) for kv in r.all("info")] == [424 * MiB, 1024 * MiB]
     assert r.rcs("alloc") == [0]
+
+
+def test_vmm_memory_released_while_mapped_counts_until_unmapped(node):
+    box = node.container("c", "memory_mib=1024")
+    r = box.run("init", "ctx", "vmmmap:600M", "alloc:600M", "devused", "unmap", "alloc:600M",
+                "info", mode="getproc")
+    assert r.rcs("vmmmap") == [0] and r.rcs("unmap") == [0]
+    assert r.rcs("alloc") == [OOM, 0]  # the mapping kept the memory; after the unmap not
+    assert int(r.one("devused")["used"]) == 600 * MiB
+    assert int(r.one("info")["free"]) == 424 * MiB

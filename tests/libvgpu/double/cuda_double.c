@@ -24,7 +24,7 @@ static int primary_refs[DBL_MAX_DEV];
 static __thread struct dctx *current;
 static pthread_mutex_t local = PTHREAD_MUTEX_INITIALIZER;
 
-enum { A_PTR, A_VMM, A_ARRAY, A_MIPMAP, A_MODULE, A_ASYNC };
+enum { A_PTR, A_VMM, A_ARRAY, A_MIPMAP, A_MODULE, A_ASYNC, A_MAP };
 struct alloc {
     uint64_t key, size;
     struct dctx *ctx;
@@ -326,7 +326,58 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n,
     remember(*h, n, NULL, prop->location.id, A_VMM);
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return release(h, A_VMM); }
+/* VMM as a real driver: physical memory lives until its handle is released AND no mapping
+ * of it is left; releasing a mapped handle only drops the handle. Mappings: A_MAP entries
+ * (key: the address, size: the handle); a released handle is kept as A_VMM with ctx 1. */
+static int mapped(CUmemGenericAllocationHandle h) {
+    int n = 0;
+    pthread_mutex_lock(&local);
+    for (size_t i = 0; i < nallocs; i++) n += allocs[i].kind == A_MAP && allocs[i].size == h;
+    pthread_mutex_unlock(&local);
+    return n;
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    struct alloc a;
+    if (!forget(h, A_VMM, &a) || a.ctx) {
+        if (a.ctx) remember(h, a.size, a.ctx, a.dev, A_VMM);
+        return CUDA_ERROR_INVALID_VALUE; /* unknown, or released already */
+    }
+    if (mapped(h)) remember(h, a.size, (struct dctx *)1, a.dev, A_VMM); /* memory stays */
+    else uncharge(a.dev, a.size);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags) {
+    (void)align, (void)addr, (void)flags;
+    if (!p || !size) return CUDA_ERROR_INVALID_VALUE;
+    *p = new_addr(size);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t size) {
+    (void)p, (void)size;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset,
+                         CUmemGenericAllocationHandle h, unsigned long long flags) {
+    (void)size, (void)offset, (void)flags;
+    struct alloc a;
+    if (!forget(h, A_VMM, &a)) return CUDA_ERROR_INVALID_HANDLE;
+    remember(h, a.size, a.ctx, a.dev, A_VMM);
+    if (a.ctx) return CUDA_ERROR_INVALID_HANDLE; /* released: no new mappings */
+    remember(p, h, NULL, a.dev, A_MAP);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+    struct alloc m, a;
+    if (!forget(p, A_MAP, &m)) return CUDA_ERROR_INVALID_VALUE;
+    (void)size;
+    if (!mapped(m.size) && forget(m.size, A_VMM, &a)) {
+        if (a.ctx) uncharge(a.dev, a.size); /* released before: the memory goes now */
+        else remember(m.size, a.size, NULL, a.dev, A_VMM);
+    }
+    return CUDA_SUCCESS;
+}
 
 static uint64_t elem_bytes(CUarray_format f, unsigned ch) {
     uint64_t b = (f == 0x01 || f == 0x08) ? 1 : (f == 0x02 || f == 0x09 || f == 0x10) ? 2 : 4;
@@ -819,6 +870,10 @@ static const struct {
     P("cuMemFreeAsync", 11020, 1, cuMemFreeAsync_ptsz),
     P("cuMemCreate", 10020, 0, cuMemCreate),
     P("cuMemRelease", 10020, 0, cuMemRelease),
+    P("cuMemAddressReserve", 10020, 0, cuMemAddressReserve),
+    P("cuMemAddressFree", 10020, 0, cuMemAddressFree),
+    P("cuMemMap", 10020, 0, cuMemMap),
+    P("cuMemUnmap", 10020, 0, cuMemUnmap),
     P("cuMemGetInfo", 3020, 0, cuMemGetInfo_v2),
     P("cuArrayCreate", 3020, 0, cuArrayCreate_v2),
     P("cuArray3DCreate", 3020, 0, cuArray3DCreate_v2),

@@ -16,6 +16,7 @@
  *   array3d:W:H:D | mipmap:W:H:LEVELS | free | freeall
  *   info | total[:dev] | nvml[:idx] | module | unload
  *   launch:N:US | launchex:N:US | coop:N:US | graph:N:NODES:US | sync
+ *   vmmmap:N (cuMemCreate, map it, release the handle while mapped) | unmap
  *   keeppool (the device's pool keeps what is freed, as PyTorch sets it) | trim
  *   util:WARM_S:MEASURE_S:US:KIND[:all]   launch KIND (kernel|ex|coop|graph) for WARM+MEASURE
  *                                          seconds; print the utilisation of the last MEASURE
@@ -77,6 +78,10 @@ static struct {
     CUresult (*cuMemPoolSetAttribute)(CUmemoryPool, int, void *);
     cuMemCreate_fn cuMemCreate;
     cuMemRelease_fn cuMemRelease;
+    CUresult (*cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle,
+                         unsigned long long);
+    CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
     cuArrayCreate_v2_fn cuArrayCreate;
     cuArray3DCreate_v2_fn cuArray3DCreate;
     cuMipmappedArrayCreate_fn cuMipmappedArrayCreate;
@@ -162,6 +167,9 @@ static void resolve(void) {
     R(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", "cuMemPoolSetAttribute");
     R(cuMemCreate, "cuMemCreate", "cuMemCreate");
     R(cuMemRelease, "cuMemRelease", "cuMemRelease");
+    R(cuMemAddressReserve, "cuMemAddressReserve", "cuMemAddressReserve");
+    R(cuMemMap, "cuMemMap", "cuMemMap");
+    R(cuMemUnmap, "cuMemUnmap", "cuMemUnmap");
     R(cuArrayCreate, "cuArrayCreate_v2", "cuArrayCreate");
     R(cuArray3DCreate, "cuArray3DCreate_v2", "cuArray3DCreate");
     R(cuMipmappedArrayCreate, "cuMipmappedArrayCreate", "cuMipmappedArrayCreate");
@@ -221,6 +229,8 @@ static struct {
 } stack[65536];
 static int depth;
 static CUcontext primary; /* the last retained primary context, for worker threads */
+static CUdeviceptr mapped_va; /* vmmmap / unmap */
+static uint64_t mapped_size;
 static CUcontext created[64];
 static int ncreated;
 static CUmodule modules[64];
@@ -379,6 +389,22 @@ static int step(char *arg) {
         rc = D.cuMemCreate(&h, size_arg(a[1]), &prop, 0);
         if (!rc) push(K_VMM, h);
         printf("vmm rc=%d\n", rc);
+    } else if (!strcmp(cmd, "vmmmap")) { /* create, map, release the handle while mapped */
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof(prop));
+        prop.type = 1;
+        prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        uint64_t size = size_arg(a[1]);
+        CUmemGenericAllocationHandle h = 0;
+        rc = D.cuMemCreate(&h, size, &prop, 0);
+        if (!rc) rc = D.cuMemAddressReserve(&mapped_va, size, 0, 0, 0);
+        if (!rc) rc = D.cuMemMap(mapped_va, size, 0, h, 0);
+        if (!rc) rc = D.cuMemRelease(h);
+        mapped_size = size;
+        printf("vmmmap rc=%d\n", rc);
+    } else if (!strcmp(cmd, "unmap")) {
+        rc = D.cuMemUnmap(mapped_va, mapped_size);
+        printf("unmap rc=%d\n", rc);
     } else if (!strcmp(cmd, "array")) {
         CUDA_ARRAY_DESCRIPTOR d = {size_arg(a[1]), size_arg(a[2]), CU_AD_FORMAT_FLOAT, 1};
         CUarray arr;
