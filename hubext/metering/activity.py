@@ -3,8 +3,9 @@
 The activity record is what the culler reads (``hubext.contract.gpu_activity``): the time of
 the last kernel launch and the memory in use. Local mode reads the shim's activity file of
 the allocation (``LocalPool.activity_path``); Kubernetes reads the node agent's
-``gpu-activity`` annotation on the pod that holds it (from the pool's pod reflector). A
-simulated pool has no activity: its records stay unmetered.
+``gpu-activity`` annotation on the pod that holds it (from the pool's pod reflector). A slice
+with no record yet (no process of it initialised CUDA; a simulated pool without the shim)
+is not sampled: its record stays unmetered rather than counted idle.
 
 An interval between two samples counts as *busy* when a kernel was launched in it (the last
 launch is later than the previous sample, or the launch counter grew), so busy seconds are
@@ -24,8 +25,6 @@ from .record import UsageRecord
 
 def read_activity(backend: PoolBackend, allocation_ids: list[str]) -> dict[str, dict[str, Any]]:
     """``{allocation id: {last_launch, memory_used_mib[, launches]}}`` for those with a record now."""
-    if backend.simulated:
-        return {}
     if backend.mode == "local":
         from libvgpu.regions import RegionError
         from libvgpu.regions import read_activity as read_file

@@ -1,0 +1,134 @@
+"""The usage store: alembic migrations on SQLite (empty DB, previous schema, beside the hub's own
+tables), idempotent events, reconciliation after a crash, records that survive a reopen."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from sqlalchemy import inspect
+
+from hubext.metering.record import UNRECORDED, UsageRecord
+from hubext.metering.schema import VERSION_TABLE
+from hubext.metering.store import UsageStore, head_revision
+
+
+def record(rid: str, user: str = "alice", granted_at: float = 1000.0, **kw) -> dict:
+    data = dict(
+        id=rid,
+        user=user,
+        namespace="default",
+        workspace="vision",
+        kind="notebook",
+        priority_class="normal",
+        node="n1",
+        gpu_uuids="GPU-0",
+        gpu_model="H100-80GB",
+        gpu_memory_mib=81920,
+        count=1,
+        memory_mib=20480,
+        cores_percent=25,
+        whole=False,
+        borrowed=False,
+        granted_at=granted_at,
+        last_seen=granted_at,
+    )
+    data.update(kw)
+    return UsageRecord(**data).to_dict()
+
+
+def test_an_empty_database_is_migrated_to_head(tmp_path):
+    store = UsageStore(f"sqlite:///{tmp_path / 'hub.sqlite'}")
+    assert store.revision() is None
+    store.upgrade()
+    assert store.revision() == head_revision() == "0002"
+    columns = {c["name"] for c in inspect(store.engine).get_columns("elastic_gpu_usage")}
+    assert {"busy_seconds", "memory_used_peak_mib", "release_cause", "last_seen"} <= columns
+
+
+def test_records_of_the_previous_schema_survive_the_upgrade(tmp_path):
+    path = tmp_path / "hub.sqlite"
+    store = UsageStore(f"sqlite:///{path}")
+    store.upgrade("0001")
+    assert store.revision() == "0001"
+    with sqlite3.connect(path) as db:  # a row written by the 0001 code, without activity columns
+        db.execute(
+            "INSERT INTO elastic_gpu_usage (id, user, namespace, workspace, kind, priority_class, node, gpu_uuids,"
+            " gpu_model, gpu_memory_mib, count, memory_mib, cores_percent, whole, borrowed, granted_at, released_at,"
+            " release_cause, release_why, last_seen) VALUES ('old', 'carol', 'default', 'nlp', 'kernel', '', 'n1',"
+            " 'GPU-1', 'A100-40GB', 40960, 1, 10240, 50, 0, 0, 100.0, 3700.0, 'stopped', 'kernel shut down', 3700.0)"
+        )
+    store.upgrade()
+    assert store.revision() == "0002"
+    (old,) = store.records()
+    assert (old.user, old.gpu_model, old.granted_at, old.released_at) == ("carol", "A100-40GB", 100.0, 3700.0)
+    assert old.busy_seconds is None and old.activity_samples == 0
+
+
+def test_the_store_lives_beside_jupyterhubs_tables_without_touching_its_revision(tmp_path):
+    from jupyterhub import orm
+
+    url = f"sqlite:///{tmp_path / 'jupyterhub.sqlite'}"
+    orm.new_session_factory(url)  # the hub creates and stamps its own tables
+    hub_revision = sqlite3.connect(tmp_path / "jupyterhub.sqlite").execute("SELECT * FROM alembic_version").fetchall()
+    store = UsageStore(url)
+    store.upgrade()
+    names = set(inspect(store.engine).get_table_names())
+    assert {"users", "alembic_version", VERSION_TABLE, "elastic_gpu_usage"} <= names
+    with sqlite3.connect(tmp_path / "jupyterhub.sqlite") as db:
+        assert db.execute("SELECT * FROM alembic_version").fetchall() == hub_revision
+    orm.new_session_factory(url)  # the hub still starts on it (its revision check passes)
+
+
+def test_events_are_idempotent_and_the_first_release_wins(tmp_path):
+    store = UsageStore(f"sqlite:///{tmp_path / 'u.sqlite'}")
+    store.upgrade()
+    batch = [
+        {"event": "granted", "record": record("a")},
+        {"event": "released", "id": "a", "at": 4600.0, "cause": "culled", "why": "idle 1 h"},
+    ]
+    store.apply(batch)
+    store.apply(batch)  # a replayed batch changes nothing
+    store.apply([{"event": "released", "id": "a", "at": 9999.0, "cause": "stopped", "why": "late"}])
+    (a,) = store.records()
+    assert (a.released_at, a.release_cause, a.release_why) == (4600.0, "culled", "idle 1 h")
+
+
+def test_reconcile_inserts_missing_slices_and_closes_vanished_ones_when_last_seen(tmp_path):
+    url = f"sqlite:///{tmp_path / 'u.sqlite'}"
+    store = UsageStore(url)
+    store.upgrade()
+    store.apply([{"event": "granted", "record": record("gone")}, {"event": "granted", "record": record("kept")}])
+    store.apply([{"event": "reconcile", "at": 2000.0, "live": [record("gone"), record("kept")]}])
+    store.close()
+    # the hub was killed; after restart the ledger holds 'kept' and a slice the store never heard of
+    store = UsageStore(url)
+    store.apply([{"event": "reconcile", "at": 5000.0, "live": [record("kept"), record("new", granted_at=4000.0)]}])
+    by_id = {r.id: r for r in store.records()}
+    assert (by_id["gone"].released_at, by_id["gone"].release_cause) == (2000.0, UNRECORDED)
+    assert by_id["kept"].released_at is None and by_id["kept"].last_seen == 5000.0
+    assert by_id["new"].granted_at == 4000.0 and by_id["new"].released_at is None
+
+
+def test_records_are_selected_by_overlap_with_the_period_and_by_user(tmp_path):
+    store = UsageStore(f"sqlite:///{tmp_path / 'u.sqlite'}")
+    store.upgrade()
+    store.apply(
+        [
+            {"event": "granted", "record": record("early", granted_at=0.0)},
+            {"event": "released", "id": "early", "at": 50.0, "cause": "stopped"},
+            {"event": "granted", "record": record("inside", user="bob", granted_at=120.0)},
+            {"event": "granted", "record": record("open", granted_at=10.0)},
+        ]
+    )
+    assert [r.id for r in store.records(100.0, 200.0)] == ["open", "inside"]
+    assert [r.id for r in store.records(100.0, 200.0, users=["bob"])] == ["inside"]
+    assert [r.id for r in store.records(0.0, 5.0)] == ["early"]
+
+
+def test_an_unknown_event_is_refused_and_nothing_of_its_batch_is_written(tmp_path):
+    store = UsageStore(f"sqlite:///{tmp_path / 'u.sqlite'}")
+    store.upgrade()
+    with pytest.raises(ValueError, match="unknown usage event 'bogus'"):
+        store.apply([{"event": "granted", "record": record("a")}, {"event": "bogus"}])
+    assert store.records() == []
