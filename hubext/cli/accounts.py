@@ -197,6 +197,49 @@ def grant_passage(directory: Path, uid: int) -> None:
     os.setxattr(directory, ACL_XATTR, blob)
 
 
+def revoke_passage(directory: Path, uid: int) -> None:
+    """Undo :func:`grant_passage` for one account (its ACL entry goes; the mask stays)."""
+    try:
+        raw = os.getxattr(directory, ACL_XATTR)
+    except OSError:
+        return
+    entries = [struct.unpack_from("<HHI", raw, k) for k in range(4, len(raw) - 7, 8)]
+    kept = [e for e in entries if not (e[0] == _ACL_USER and e[2] == uid)]
+    os.setxattr(directory, ACL_XATTR, struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in kept))
+
+
+def allowed_system_users(config_dir: Path) -> list[str]:
+    """The users ``c.Authenticator.allowed_users`` and ``admin_users`` name that are accounts on this machine."""
+    import ast
+
+    from .base import CONFIG_FILE
+
+    names: set[str] = set()
+    for line in (config_dir / CONFIG_FILE).read_text().splitlines():
+        if line.startswith(("c.Authenticator.allowed_users = ", "c.Authenticator.admin_users = ")):
+            try:
+                value = ast.literal_eval(line.split("=", 1)[1].strip())
+            except (ValueError, SyntaxError):
+                continue
+            names.update(n for n in value if isinstance(n, str))
+    found = []
+    for name in sorted(names):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        found.append(name)
+    return found
+
+
+def config_dir_unreachable(config_dir: Path, who: str, why: str) -> CLIError:
+    return CLIError(
+        f"users' servers run as {who}, which cannot reach the config dir {config_dir} (their homes and GPU limits "
+        f"files live in it): {why}. Use a config dir outside root's home (the default as root is "
+        f"/var/lib/elastic-gpu), or pass --config-dir"
+    )
+
+
 def check_servers_can_reach(config_dir: Path, account: str = "nobody", grant: bool = False) -> list[Path]:
     """Raise a CLIError naming the directory that stops ``account`` (default: any other account) from
     running the hub's Python or reaching the config dir, where servers find their home and limits file.
@@ -222,11 +265,7 @@ def check_servers_can_reach(config_dir: Path, account: str = "nobody", grant: bo
         if not why:
             continue
         if path == config_dir / "data":
-            raise CLIError(
-                f"users' servers run as {who}, which cannot reach the config dir {config_dir} (their homes and "
-                f"GPU limits files live in it): {why}. Use a config dir outside root's home (the default as root "
-                f"is /var/lib/elastic-gpu), or pass --config-dir"
-            )
+            raise config_dir_unreachable(config_dir, who, why)
         raise CLIError(
             f"users' servers run as {who}, which cannot use this hub's Python installation: {why}. Install the "
             f"project and its Python where every account can read them (e.g. under /opt or /srv), or let others "
@@ -246,11 +285,21 @@ def prepare_mode(config_dir: Path, mode: str, reason: str) -> list[str]:
                 "`elastic-gpu up` as root, or write a first-use config (`elastic-gpu init --force --authenticator "
                 "firstuse`)"
             )
-        check_servers_can_reach(config_dir)
-        return [
+        lines = [
             f"mode: PAM login (this machine's accounts), because {reason}",
             "    Each user's server and kernels run as that user; the hub's state is readable by root only.",
         ]
+        why = unreachable(config_dir / "data", "nobody")
+        if why:
+            raise config_dir_unreachable(config_dir, "each user's account", why)
+        for user in allowed_system_users(config_dir):
+            check_servers_can_reach(config_dir, user)
+        why = next((w for w in (unreachable(p, "nobody", x) for p, x in _needed_paths()) if w), "")
+        if why:
+            lines.append(
+                f"!!! users who are not allowed yet (an admin may add them on /hub/admin) cannot start a server: {why}"
+            )
+        return lines
     if mode != "firstuse":
         return [f"mode: the authenticator and spawner jupyterhub_config.py names ({reason})"]
     lines = [f"mode: first-use login (hub-only accounts), because {reason}"]
