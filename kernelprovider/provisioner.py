@@ -288,6 +288,7 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
         self._gone_reason = ""
         self._polled_at = time.monotonic()
         try:
+            await self._take_up()
             await self._wait_running()
         except BaseException:
             self.remote_id = None
@@ -300,6 +301,13 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
             self.kernel_id,
         )
         return self._connection_info(key)
+
+    async def _take_up(self) -> None:
+        """Tell the broker this server has the kernel (one GET): a kernel its server never asks
+        about is taken for an orphan whose start answer was lost, and deleted."""
+        code, data = await self._api("GET", self._kernel_path())
+        if code == 200 and isinstance(data, dict):
+            self.model = data
 
     async def _restart_remote(self) -> None:
         code, data = await self._api("POST", self._kernel_path("/restart"), timeout=self.request_timeout + 30)

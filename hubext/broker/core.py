@@ -75,6 +75,16 @@ class GPUBroker(SingletonConfigurable):
         help="""With allow_custom_gpu: the groups whose members may send a custom gpu section
         (empty: every user). Admins always may.""",
     )
+    claim_timeout_seconds = Float(
+        30.0,
+        config=True,
+        help="""Seconds a GPU kernel started by a user's server may go without that server asking
+        about it (its provisioner does at once, then every few seconds) before it counts as an
+        orphan and is deleted at the next reconciliation: the answer to its start was lost (say,
+        the hub was killed before answering), so no server will ever use or stop it. After a hub
+        restart every running kernel must be asked about again within this time. 0: never.
+        Default: 30.""",
+    )
     server_token_seconds = Float(
         600.0,
         config=True,
@@ -122,6 +132,8 @@ class GPUBroker(SingletonConfigurable):
         self._started: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
         self._sizes: list[dict[str, Any]] | None = None
+        #: kernel id -> monotonic deadline by which its server must ask about it (see claim_timeout_seconds)
+        self._unclaimed: dict[str, float] = {}
 
     # ---- start-up ---------------------------------------------------------------------------
 
@@ -154,6 +166,8 @@ class GPUBroker(SingletonConfigurable):
         )
         for record in await self.launcher.start():
             self.kernels[record.id] = record
+            if record.state in ("pending", "running"):
+                self._expect_claim(record)
         self.allocator.listeners.append(self._on_allocation_event)
         await self.reconcile()
         self._task = asyncio.ensure_future(self._reconcile_forever())
@@ -169,6 +183,29 @@ class GPUBroker(SingletonConfigurable):
             self._task.cancel()
         if self.launcher:
             await self.launcher.stop()
+
+    def _expect_claim(self, record: KernelRecord) -> None:
+        if self.claim_timeout_seconds > 0:
+            self._unclaimed[record.id] = time.monotonic() + self.claim_timeout_seconds
+
+    def claim(self, record: KernelRecord) -> None:
+        """The kernel's own server asked about it: it knows the kernel (not an orphan)."""
+        self._unclaimed.pop(record.id, None)
+
+    async def _delete_orphans(self) -> None:
+        """Delete kernels no server took up within claim_timeout_seconds (see there)."""
+        now = time.monotonic()
+        for kernel_id, deadline in list(self._unclaimed.items()):
+            record = self.kernels.get(kernel_id)
+            if record is None or record.state not in ("pending", "running"):
+                self._unclaimed.pop(kernel_id, None)
+            elif deadline <= now and not self._lock(kernel_id).locked():
+                self._unclaimed.pop(kernel_id, None)
+                await self.delete(
+                    record,
+                    f"no server took it up within {self.claim_timeout_seconds:g} s "
+                    "(the answer to its start was lost, e.g. the hub stopped before answering)",
+                )
 
     def _lock(self, kernel_id: str) -> asyncio.Lock:
         return self._locks.setdefault(kernel_id, asyncio.Lock())
@@ -254,8 +291,12 @@ class GPUBroker(SingletonConfigurable):
         server_name: str,
         body: Mapping[str, Any],
         groups: set[str] | None,
+        expect_claim: bool = True,
     ) -> KernelRecord:
-        """Admission, then the kernel. Nothing is left allocated or created when this raises."""
+        """Admission, then the kernel. Nothing is left allocated or created when this raises.
+
+        ``expect_claim``: the caller is the user's server, which must ask about the kernel within
+        claim_timeout_seconds (False for an admin starting a kernel by hand)."""
         key = body.get("key")
         if not isinstance(key, str) or not 16 <= len(key) <= 512:
             raise BrokerError("'key' must be the kernel's connection key: a string of 16 to 512 characters.")
@@ -313,6 +354,8 @@ class GPUBroker(SingletonConfigurable):
                 self.log.exception("GPU kernel launch for %s failed", label)
                 raise BrokerError(f"The GPU kernel could not be started: {e}", 500) from None
             raise
+        if expect_claim:
+            self._expect_claim(record)
         self._persist()
         self.log.info(
             "GPU kernel %s for %s: %s (%s) on %s %s",
@@ -459,7 +502,8 @@ class GPUBroker(SingletonConfigurable):
     # ---- reconciliation --------------------------------------------------------------------
 
     async def reconcile(self) -> None:
-        """Delete kernels whose server is gone, refresh states, sweep strays."""
+        """Delete kernels whose server is gone or that no server took up, refresh states, sweep strays."""
+        await self._delete_orphans()
         for record in list(self.kernels.values()):
             if record.id not in self.kernels or self._lock(record.id).locked():
                 continue

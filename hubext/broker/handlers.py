@@ -180,7 +180,7 @@ class KernelsHandler(BrokerAPIHandler):
         groups = self.caller_groups()
         if groups is not None and user_name != self.caller_name():
             groups = set()
-        record = await self.broker.create(user_name, server_name, body, groups)
+        record = await self.broker.create(user_name, server_name, body, groups, expect_claim=not self.is_gpu_admin)
         self.set_status(201)
         self.finish(json.dumps(record.model()))
 
@@ -190,7 +190,10 @@ class KernelHandler(BrokerAPIHandler):
 
     async def get(self, kernel_id: str) -> None:
         record = self.find_kernel(kernel_id)
-        record = await self.broker.status(record, self.wait_arg())
+        wait = self.wait_arg()
+        if not self.is_gpu_admin:
+            self.broker.claim(record)
+        record = await self.broker.status(record, wait)
         self.finish(json.dumps(record.model()))
 
     async def delete(self, kernel_id: str) -> None:
@@ -207,6 +210,8 @@ class KernelActionHandler(BrokerAPIHandler):
 
     async def post(self, kernel_id: str, action: str) -> None:
         record = self.find_kernel(kernel_id)
+        if not self.is_gpu_admin:
+            self.broker.claim(record)
         if action == "restart":
             record = await self.broker.restart(record)
             self.finish(json.dumps(record.model()))
