@@ -6,6 +6,7 @@ the shim, and never culls a busy kernel. See docs/culler.md.
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -32,7 +33,8 @@ def service_spec(
     ``port``: serve /metrics there (the hub proxies /services/<name>/metrics to it).
     ``proxy_url``: where users' servers are reached (the proxy's URL, e.g. ``http://127.0.0.1:8000``).
     Extra keyword arguments become ``--GPUCuller.<key>=<value>`` options, e.g.
-    ``idle_timeout_seconds=1800``.
+    ``idle_timeout_seconds=1800``; they win over ``c.GPUCuller.*`` settings in the hub's config,
+    which the service receives too (:func:`hub_settings`).
     """
     command = [python, "-m", "culler"]
     if proxy_url:
@@ -40,12 +42,50 @@ def service_spec(
     for key, value in config.items():
         command.append(f"--GPUCuller.{key}={value!r}" if not isinstance(value, str) else f"--GPUCuller.{key}={value}")
     command.extend(args or [])
-    spec: dict[str, Any] = {"name": name, "command": command}
+    # the hub's own c.GPUCuller settings, read when the hub starts the service (hub_settings)
+    spec: dict[str, Any] = {"name": name, "command": command, "environment": {HUB_SETTINGS_ENV: hub_settings}}
     if api_token:
         spec["api_token"] = api_token
     if port:
         spec["url"] = f"http://127.0.0.1:{port}"
     return spec
+
+
+#: the environment variable through which the hub hands its ``c.GPUCuller`` settings to the culler
+HUB_SETTINGS_ENV = "ELASTIC_GPU_CULLER_CONFIG"
+
+
+def hub_settings(spawner: Any = None) -> str:
+    """The running hub's ``GPUCuller`` config section, as JSON (``{}`` outside a hub).
+
+    ``configure_hub`` puts this function in the culler service's ``environment``: JupyterHub
+    calls it when it starts the service, after the whole jupyterhub_config.py (and the command
+    line) has been read, so ``c.GPUCuller.idle_timeout_seconds = 1800`` written anywhere in the
+    hub's config reaches the hub-managed culler. Values that are not plain JSON (a lazy
+    ``.append``/``.update``) are left out, with a warning in the hub's log.
+    """
+    try:
+        from jupyterhub.app import JupyterHub
+    except ImportError:
+        return "{}"
+    if not JupyterHub.initialized():
+        return "{}"
+    app = JupyterHub.instance()
+    section = app.config.get("GPUCuller", {})
+    out: dict[str, Any] = {}
+    for key, value in section.items():
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            app.log.warning(
+                "c.GPUCuller.%s is not a plain value (assign it, e.g. c.GPUCuller.%s = {...}); "
+                "the hub-managed culler does not get it",
+                key,
+                key,
+            )
+            continue
+        out[key] = value
+    return json.dumps(out)
 
 
 def service_role(name: str = "gpu-culler", extra_scopes: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:

@@ -9,6 +9,7 @@ which users' servers are reached (``GPUCuller.proxy_url``).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -24,9 +25,9 @@ from tornado import web
 from tornado.httpserver import HTTPServer
 from traitlets import Bool, Dict, Float, Integer, Unicode, default
 from traitlets import Callable as CallableTrait
-from traitlets.config import Application
+from traitlets.config import Application, Config
 
-from . import __version__
+from . import HUB_SETTINGS_ENV, __version__
 from .activity import regions_activity
 from .hub import HubClient, HubUnavailable, ServerKernels
 from .metrics import CullerMetrics
@@ -264,6 +265,16 @@ class GPUCuller(Application):
 
     def initialize(self, argv: Sequence[str] | None = None) -> None:
         super().initialize(argv)
+        from_hub = os.environ.get(HUB_SETTINGS_ENV, "")
+        if from_hub:  # hub-managed: the hub's own c.GPUCuller settings (see culler.hub_settings)
+            try:
+                section = json.loads(from_hub)
+            except ValueError:
+                section = None
+            if not isinstance(section, dict):
+                self.exit_with(f"${HUB_SETTINGS_ENV} must be a JSON object of GPUCuller settings, got {from_hub!r}")
+            self.update_config(Config({"GPUCuller": section}))
+            self.update_config(self.cli_config)  # the command line wins over the hub's config
         if self.config_file:
             if not os.path.exists(self.config_file):
                 self.exit_with(f"GPUCuller.config_file: {self.config_file} does not exist")

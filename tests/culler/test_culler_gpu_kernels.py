@@ -61,13 +61,13 @@ def stack(tmp_path_factory):
     (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
     prefix = work / "jupyter-prefix"
     role = service_role("culler-under-test", ["custom:elastic-gpu:admin"])
-    managed_role = service_role("gpu-culler", ["custom:elastic-gpu:admin"])
     config = textwrap.dedent(
         f"""
         from hubext.hubconfig import configure_hub
         from hubext.broker import USER_SCOPES, start_with_hub
         configure_hub(c, mode="local", admission_config_file={str(work / "admission.yaml")!r},
-                      simulate_gpus="1xH100-80GB", data_dir={str(work / "data")!r}, culler=False)
+                      simulate_gpus="1xH100-80GB", data_dir={str(work / "data")!r},
+                      culler=True, culler_port={MANAGED_PORT}, proxy_url="http://127.0.0.1:{{port}}")
         c.JupyterHub.extra_user_scopes = set(USER_SCOPES)
         start_with_hub()
         c.JupyterHub.spawner_class = "hubext.local.spawner.HubUserGPUSpawner"
@@ -78,13 +78,13 @@ def stack(tmp_path_factory):
         c.GPUBroker.reconcile_interval_seconds = 1
         c.JupyterHub.services.append({{"name": "culler-under-test", "api_token": {TOKEN!r}}})
         c.JupyterHub.load_roles.append({role!r})
-        # the culler as single-machine mode runs it: managed by the hub (here in dry-run: it only logs)
-        import culler
-        c.JupyterHub.services.append(culler.service_spec(
-            name="gpu-culler", port={MANAGED_PORT}, proxy_url="http://127.0.0.1:{{port}}",
-            dry_run=True, interval_seconds=0.5, idle_timeout_seconds=1, warning_seconds=0, state_file="",
-        ))
-        c.JupyterHub.load_roles.append({managed_role!r})
+        # the culler as single-machine mode runs it: managed by the hub, set up the documented way
+        # (docs/single-machine.md), here in dry-run: it only logs
+        c.GPUCuller.dry_run = True
+        c.GPUCuller.interval_seconds = 0.5
+        c.GPUCuller.idle_timeout_seconds = 1
+        c.GPUCuller.warning_seconds = 0
+        c.GPUCuller.state_file = ""
         """
     )
     hub = HubRunner(work, "")
@@ -343,7 +343,8 @@ def test_gpu_kernel_its_server_does_not_know_is_reclaimed_through_the_broker(sta
     assert used_mib(hub) == 0
 
 
-def test_hub_managed_culler_serves_metrics_behind_the_hub_and_dry_run_culls_nothing(stack, sessions):
+def test_hub_managed_culler_follows_the_hub_config_serves_metrics_and_dry_run_culls_nothing(stack, sessions):
+    # c.GPUCuller.* in jupyterhub_config.py (the stack above) make it a dry-run culler with a 1 s timeout
     hub, servers, _ = stack
     kid = sessions("bob", DEFAULT)
     wait_until(
