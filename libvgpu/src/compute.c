@@ -255,3 +255,23 @@ VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
     return REAL(cuGraphLaunch_ptsz)(g, s);
 }
+
+/* The legacy launch API: work like any other launch. (Launches from device code, dynamic
+ * parallelism, never pass through the host; their parent kernel's launch is gated.) */
+VGPU_EXPORT CUresult cuLaunch(CUfunction f) {
+    CUresult rc = gate(H_cuLaunch);
+    if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
+    return REAL(cuLaunch)(f);
+}
+
+VGPU_EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) {
+    CUresult rc = gate(H_cuLaunchGrid);
+    if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
+    return REAL(cuLaunchGrid)(f, w, h);
+}
+
+VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
+    CUresult rc = gate(H_cuLaunchGridAsync);
+    if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
+    return REAL(cuLaunchGridAsync)(f, w, h, s);
+}

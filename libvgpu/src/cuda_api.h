@@ -212,6 +212,9 @@ typedef CUresult (*cuLaunchCooperativeKernel_fn)(CUfunction, unsigned int, unsig
                                                  unsigned int, unsigned int, unsigned int,
                                                  unsigned int, unsigned int, CUstream, void **);
 typedef CUresult (*cuGraphLaunch_fn)(CUgraphExec, CUstream);
+typedef CUresult (*cuLaunch_fn)(CUfunction);
+typedef CUresult (*cuLaunchGrid_fn)(CUfunction, int, int);
+typedef CUresult (*cuLaunchGridAsync_fn)(CUfunction, int, int, CUstream);
 /* per-thread default stream variants have the same signatures */
 typedef cuMemAllocAsync_fn cuMemAllocAsync_ptsz_fn;
 typedef cuMemAllocFromPoolAsync_fn cuMemAllocFromPoolAsync_ptsz_fn;
@@ -284,5 +287,7 @@ typedef nvmlReturn_t (*nvmlDeviceGetProcessUtilization_fn)(nvmlDevice_t,
                                                            unsigned int *, unsigned long long);
 typedef nvmlReturn_t (*nvmlDeviceGetComputeRunningProcesses_v2_fn)(nvmlDevice_t, unsigned int *,
                                                                    nvmlProcessInfo_v2_t *);
+/* v1 (nvmlProcessInfo_v1_t: pid, usedGpuMemory), v2 and v3 (nvmlProcessInfo_v2_t) */
+typedef nvmlReturn_t (*nvml_process_list_fn)(nvmlDevice_t, unsigned int *, void *);
 
 #endif /* VGPU_CUDA_API_H */

@@ -53,10 +53,18 @@ static int container_has_pid(unsigned int pid) {
  * the whole GPU's (every process's, this container's included) in *gpu_permille.
  * 0: from per-process samples; 1: device-wide fallback (both are the device's); 2: no samples
  * since (idle, or NVML has not sampled yet); -1: NVML cannot tell. */
+static int util_of(nvmlDevice_t nd, uint64_t *since_us, uint32_t *permille,
+                   uint32_t *gpu_permille);
+
 int vgpu_nvml_container_util(int dev, uint64_t *since_us, uint32_t *permille,
                              uint32_t *gpu_permille) {
     nvmlDevice_t nd;
     if (vgpu_nvml_device(dev, &nd) != 0) return -1;
+    return util_of(nd, since_us, permille, gpu_permille);
+}
+
+static int util_of(nvmlDevice_t nd, uint64_t *since_us, uint32_t *permille,
+                   uint32_t *gpu_permille) {
     nvmlDeviceGetProcessUtilization_fn per_process = REAL(nvmlDeviceGetProcessUtilization);
     if (per_process) {
         nvmlProcessUtilizationSample_t s[128];
@@ -276,5 +284,102 @@ VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v
     nvmlReturn_t rc = real(d, m);
     if (rc == NVML_SUCCESS && m && slice(d, m->total, &m->total, &m->used, &m->free))
         m->reserved = 0;
+    return rc;
+}
+
+/* ---- what a container sees of the card's processes and utilisation -----------------------
+ * Inside a container (a region is configured) NVML's process lists name only the container's
+ * own processes, and utilisation is the container's own (nvidia-smi in the container shows
+ * its slice, not its neighbours). */
+
+static int in_container(void) {
+    return vgpu_ensure_state() == VGPU_READY && (vgpu.features & VGPU_F_REGION) != 0;
+}
+
+#define LIST_MAX 512
+static nvmlReturn_t process_list(int id, nvmlDevice_t d, unsigned int *count, void *out,
+                                 size_t elem) {
+    if (vgpu_resolve_nvml() != 0) return NVML_ERROR_UNINITIALIZED;
+    nvml_process_list_fn real = (nvml_process_list_fn)atomic_load(&vgpu_hooks[id].real);
+    if (!real) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    if (!count || !in_container()) return real(d, count, out);
+    static _Thread_local unsigned char buf[LIST_MAX * sizeof(nvmlProcessInfo_v2_t)];
+    unsigned int n = LIST_MAX;
+    nvmlReturn_t rc = real(d, &n, buf);
+    if (rc != NVML_SUCCESS) return rc;
+    unsigned int kept = 0;
+    for (unsigned int i = 0; i < n && i < LIST_MAX; i++) {
+        unsigned int pid;
+        memcpy(&pid, buf + i * elem, sizeof(pid));
+        if (!container_has_pid(pid)) continue;
+        if (kept != i) memmove(buf + kept * elem, buf + i * elem, elem);
+        kept++;
+    }
+    if (!out || *count < kept) {
+        *count = kept;
+        return kept ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    memcpy(out, buf, kept * elem);
+    *count = kept;
+    return NVML_SUCCESS;
+}
+
+#define V1 (sizeof(unsigned int) * 2 + sizeof(unsigned long long)) /* pid, pad, usedGpuMemory */
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *n,
+                                                              void *out) {
+    return process_list(H_nvmlDeviceGetComputeRunningProcesses, d, n, out, V1);
+}
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *n,
+                                                                 nvmlProcessInfo_v2_t *out) {
+    return process_list(H_nvmlDeviceGetComputeRunningProcesses_v2, d, n, out, sizeof(*out));
+}
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *n,
+                                                                 nvmlProcessInfo_v2_t *out) {
+    return process_list(H_nvmlDeviceGetComputeRunningProcesses_v3, d, n, out, sizeof(*out));
+}
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned int *n,
+                                                                  nvmlProcessInfo_v2_t *out) {
+    return process_list(H_nvmlDeviceGetGraphicsRunningProcesses_v2, d, n, out, sizeof(*out));
+}
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *n,
+                                                                  nvmlProcessInfo_v2_t *out) {
+    return process_list(H_nvmlDeviceGetGraphicsRunningProcesses_v3, d, n, out, sizeof(*out));
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
+                                                         nvmlProcessUtilizationSample_t *out,
+                                                         unsigned int *count,
+                                                         unsigned long long since) {
+    if (vgpu_resolve_nvml() != 0) return NVML_ERROR_UNINITIALIZED;
+    nvmlDeviceGetProcessUtilization_fn real = REAL(nvmlDeviceGetProcessUtilization);
+    if (!real) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    if (!count || !in_container()) return real(d, out, count, since);
+    static _Thread_local nvmlProcessUtilizationSample_t buf[LIST_MAX];
+    unsigned int n = LIST_MAX;
+    nvmlReturn_t rc = real(d, buf, &n, since);
+    if (rc != NVML_SUCCESS) return rc;
+    unsigned int kept = 0;
+    for (unsigned int i = 0; i < n && i < LIST_MAX; i++)
+        if (container_has_pid(buf[i].pid)) buf[kept++] = buf[i];
+    if (!kept) return NVML_ERROR_NOT_FOUND; /* as NVML answers when no sample is left */
+    if (!out || *count < kept) {
+        *count = kept;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    memcpy(out, buf, kept * sizeof(*buf));
+    *count = kept;
+    return NVML_SUCCESS;
+}
+
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
+    if (vgpu_resolve_nvml() != 0) return NVML_ERROR_UNINITIALIZED;
+    nvmlDeviceGetUtilizationRates_fn real = REAL(nvmlDeviceGetUtilizationRates);
+    if (!real) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t rc = real(d, u);
+    if (rc != NVML_SUCCESS || !u || !in_container()) return rc;
+    uint64_t since = vgpu_real_ns() / 1000 - 1000000ull; /* the last second, as NVML's own */
+    uint32_t mine = 0, card = 0;
+    int src = util_of(d, &since, &mine, &card);
+    if (src == 0 || src == 2) u->gpu = (mine + 5) / 10; /* per-process samples: ours only */
     return rc;
 }

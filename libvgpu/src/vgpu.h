@@ -201,7 +201,7 @@ enum vgpu_hook_id {
     H_cuModuleUnload, H_cuLibraryLoadData, H_cuLibraryLoadFromFile, H_cuLibraryUnload,
     H_cuLaunchKernel, H_cuLaunchKernel_ptsz, H_cuLaunchKernelEx, H_cuLaunchKernelEx_ptsz,
     H_cuLaunchCooperativeKernel, H_cuLaunchCooperativeKernel_ptsz,
-    H_cuGraphLaunch, H_cuGraphLaunch_ptsz,
+    H_cuGraphLaunch, H_cuGraphLaunch_ptsz, H_cuLaunch, H_cuLaunchGrid, H_cuLaunchGridAsync,
     /* resolved for the shim's own use */
     H_cuDeviceGetCount, H_cuDeviceGetUuid, H_cuCtxGetDevice, H_cuCtxGetCurrent,
     H_cuCtxPushCurrent_v2, H_cuCtxPopCurrent_v2, H_cuDeviceGetMemPool, H_cuMemPoolGetAttribute,
@@ -210,7 +210,9 @@ enum vgpu_hook_id {
     H_nvmlDeviceGetMemoryInfo, H_nvmlDeviceGetMemoryInfo_v2,
     H_nvmlInit_v2, H_nvmlDeviceGetHandleByUUID, H_nvmlDeviceGetIndex, H_nvmlDeviceGetUUID,
     H_nvmlDeviceGetUtilizationRates, H_nvmlDeviceGetProcessUtilization,
-    H_nvmlDeviceGetComputeRunningProcesses_v2,
+    H_nvmlDeviceGetComputeRunningProcesses_v2, H_nvmlDeviceGetComputeRunningProcesses,
+    H_nvmlDeviceGetComputeRunningProcesses_v3, H_nvmlDeviceGetGraphicsRunningProcesses_v2,
+    H_nvmlDeviceGetGraphicsRunningProcesses_v3,
     H_COUNT
 };
 
@@ -405,8 +407,24 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction, unsigned int, un
                                                     void **);
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec, CUstream);
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
+VGPU_EXPORT CUresult cuLaunch(CUfunction);
+VGPU_EXPORT CUresult cuLaunchGrid(CUfunction, int, int);
+VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction, int, int, CUstream);
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
 VGPU_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t, nvmlUtilization_t *);
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t,
+                                                         nvmlProcessUtilizationSample_t *,
+                                                         unsigned int *, unsigned long long);
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t, unsigned int *, void *);
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t, unsigned int *,
+                                                                 nvmlProcessInfo_v2_t *);
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned int *,
+                                                                 nvmlProcessInfo_v2_t *);
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t, unsigned int *,
+                                                                  nvmlProcessInfo_v2_t *);
+VGPU_EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t, unsigned int *,
+                                                                  nvmlProcessInfo_v2_t *);
 
 /* Hot-path readiness: set once config, region and the real libcuda are in place. */
 extern _Atomic int vgpu_cuda_go;

@@ -40,3 +40,33 @@ def test_vmm_memory_released_while_mapped_counts_until_unmapped(node):
     assert r.rcs("alloc") == [OOM, 0]  # the mapping kept the memory; after the unmap not
     assert int(r.one("devused")["used"]) == 600 * MiB
     assert int(r.one("info")["free"]) == 424 * MiB
+
+
+def test_legacy_launches_are_held_to_the_cores_limit(node):
+    box = node.container("c", "cores_percent=30")
+    r = box.run("init", "ctx", "util:1:2:500:legacy", mode="getproc")
+    assert r.returncode == 0, r.stderr
+    assert 20 <= r.num("util", "util") <= 40
+
+
+def test_nvml_lists_only_the_containers_own_processes(node):
+    other = node.container("other", "memory_mib=1024")
+    held = other.start("init", "ctx", "alloc:64M", "wait")
+    box = node.container("c", "memory_mib=1024")
+    r = box.run("init", "ctx", "alloc:32M", "nvmlprocs", mode="dlopen")
+    seen = r.one("nvmlprocs")
+    assert seen["rc"] == "0" and seen["pids"] == seen["self"]  # not the other container's
+    observer = node.container("observer", "", regions=False)
+    everyone = observer.run("init", "nvmlprocs", shim=False).one("nvmlprocs")
+    assert str(held.pid) in everyone["pids"].split(",")  # the card does run it
+
+
+def test_nvml_utilisation_is_the_containers_own(node):
+    busy = node.container("busy", "")
+    busy.start("init", "ctx", "ready", "util:0:20:1000:kernel", wait_for="ready")
+    observer = node.container("observer", "", regions=False)
+    whole = observer.run("sleep:300", "nvmlutil", shim=False).one("nvmlutil")
+    assert int(whole["gpu"]) >= 80  # the card is busy ...
+    box = node.container("c", "memory_mib=1024")
+    mine = box.run("init", "ctx", "nvmlutil").one("nvmlutil")
+    assert mine["rc"] == "0" and int(mine["gpu"]) <= 5  # ... but not with this container's work

@@ -741,6 +741,17 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
     return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, sh, s, p);
 }
 
+/* the legacy launch API (cuFuncSetBlockShape + cuLaunch / cuLaunchGrid / cuLaunchGridAsync) */
+EXPORT CUresult cuLaunch(CUfunction f) { return run(fn_ns(f), 1); }
+EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) {
+    (void)w, (void)h;
+    return run(fn_ns(f), 1);
+}
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
+    (void)w, (void)h, (void)s;
+    return run(fn_ns(f), 1);
+}
+
 EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned flags) {
     (void)flags;
     *g = (CUgraph)calloc(1, sizeof(struct dgraph));
@@ -890,6 +901,9 @@ static const struct {
     P("cuLaunchCooperativeKernel", 9000, 0, cuLaunchCooperativeKernel),
     P("cuLaunchCooperativeKernel", 9000, 1, cuLaunchCooperativeKernel_ptsz),
     P("cuGraphLaunch", 10000, 0, cuGraphLaunch),
+    P("cuLaunch", 2000, 0, cuLaunch),
+    P("cuLaunchGrid", 2000, 0, cuLaunchGrid),
+    P("cuLaunchGridAsync", 2000, 0, cuLaunchGridAsync),
     P("cuGraphLaunch", 10000, 1, cuGraphLaunch_ptsz),
     P("cuGetProcAddress", 11030, 0, cuGetProcAddress),
     P("cuGetProcAddress", 12000, 0, cuGetProcAddress_v2),

@@ -16,9 +16,10 @@
  *   array3d:W:H:D | mipmap:W:H:LEVELS | free | freeall
  *   info | total[:dev] | nvml[:idx] | module | unload
  *   launch:N:US | launchex:N:US | coop:N:US | graph:N:NODES:US | sync
+ *   nvmlprocs | nvmlutil                   NVML's process list / device utilisation as seen here
  *   vmmmap:N (cuMemCreate, map it, release the handle while mapped) | unmap
  *   keeppool (the device's pool keeps what is freed, as PyTorch sets it) | trim
- *   util:WARM_S:MEASURE_S:US:KIND[:all]   launch KIND (kernel|ex|coop|graph) for WARM+MEASURE
+ *   util:WARM_S:MEASURE_S:US:KIND[:all]   launch KIND (kernel|ex|coop|graph|legacy) for WARM+MEASURE
  *                                          seconds; print the utilisation of the last MEASURE
  *   timeline:SECONDS:US                    launch for SECONDS; print the gaps between launches
  *   threads:N:ROUNDS:SIZE                  N threads allocating, launching and freeing at once
@@ -108,6 +109,9 @@ static struct {
     nvmlDeviceGetHandleByIndex_v2_fn nvmlDeviceGetHandleByIndex;
     nvmlDeviceGetMemoryInfo_fn nvmlDeviceGetMemoryInfo;
     nvmlDeviceGetMemoryInfo_v2_fn nvmlDeviceGetMemoryInfo_v2;
+    nvmlReturn_t (*nvmlProcs)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v2_t *);
+    nvmlReturn_t (*nvmlUtil)(nvmlDevice_t, nvmlUtilization_t *);
+    CUresult (*cuLaunchGrid)(CUfunction, int, int);
     cuDoubleBusyNs_fn busy;
     cuDoubleDeviceUsed_fn device_used;
 } D;
@@ -184,6 +188,7 @@ static void resolve(void) {
     R(cuLaunchKernelEx, "cuLaunchKernelEx", "cuLaunchKernelEx");
     R(cuLaunchCooperativeKernel, "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel");
     R(cuGraphLaunch, "cuGraphLaunch", "cuGraphLaunch");
+    R(cuLaunchGrid, "cuLaunchGrid", "cuLaunchGrid");
     R(cuCtxSynchronize, "cuCtxSynchronize", "cuCtxSynchronize");
     R(cuGetErrorString, "cuGetErrorString", "cuGetErrorString");
 #undef R
@@ -201,6 +206,8 @@ static void resolve(void) {
     D.nvmlDeviceGetHandleByIndex =
         (nvmlDeviceGetHandleByIndex_v2_fn)dlsym(nvml_handle, "nvmlDeviceGetHandleByIndex_v2");
     D.nvmlDeviceGetMemoryInfo = (nvmlDeviceGetMemoryInfo_fn)dlsym(nvml_handle, "nvmlDeviceGetMemoryInfo");
+    D.nvmlProcs = (__typeof__(D.nvmlProcs))dlsym(nvml_handle, "nvmlDeviceGetComputeRunningProcesses_v2");
+    D.nvmlUtil = (__typeof__(D.nvmlUtil))dlsym(nvml_handle, "nvmlDeviceGetUtilizationRates");
     D.nvmlDeviceGetMemoryInfo_v2 =
         (nvmlDeviceGetMemoryInfo_v2_fn)dlsym(nvml_handle, "nvmlDeviceGetMemoryInfo_v2");
 }
@@ -292,6 +299,7 @@ static CUresult launch_one(const char *kind, CUfunction f, CUgraphExec g) {
     }
     if (strcmp(kind, "coop") == 0) return D.cuLaunchCooperativeKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL);
     if (strcmp(kind, "graph") == 0) return D.cuGraphLaunch(g, NULL);
+    if (strcmp(kind, "legacy") == 0) return D.cuLaunchGrid(f, 1, 1);
     return D.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
 }
 
@@ -455,6 +463,23 @@ static int step(char *arg) {
         int r2 = r ? r : D.nvmlDeviceGetMemoryInfo_v2(dev, &m2);
         printf("nvml rc=%d total=%llu used=%llu free=%llu rc2=%d total2=%llu used2=%llu "
                "free2=%llu\n", r, m.total, m.used, m.free, r2, m2.total, m2.used, m2.free);
+        rc = r;
+    } else if (!strcmp(cmd, "nvmlprocs") || !strcmp(cmd, "nvmlutil")) {
+        nvmlDevice_t dev;
+        int r = D.nvmlInit();
+        if (!r) r = D.nvmlDeviceGetHandleByIndex(0, &dev);
+        if (!strcmp(cmd, "nvmlutil")) {
+            nvmlUtilization_t u = {0, 0};
+            if (!r) r = D.nvmlUtil(dev, &u);
+            printf("nvmlutil rc=%d gpu=%u\n", r, u.gpu);
+        } else {
+            nvmlProcessInfo_v2_t p[64];
+            unsigned int n = 64;
+            if (!r) r = D.nvmlProcs(dev, &n, p);
+            printf("nvmlprocs rc=%d self=%d n=%u pids=", r, (int)getpid(), r ? 0 : n);
+            for (unsigned int i = 0; !r && i < n; i++) printf("%s%u", i ? "," : "", p[i].pid);
+            printf("\n");
+        }
         rc = r;
     } else if (!strcmp(cmd, "module")) {
         rc = nmodules < 64 ? D.cuModuleLoadData(&modules[nmodules], "image") : 1;
