@@ -131,18 +131,21 @@ def test_z2jh_example_admission_config_is_what_quotas_reads(rendered):
 
 def test_one_prefixed_priority_class_per_admission_class(default):
     pcs = {d["metadata"]["name"]: d for d in tools.find(default, "PriorityClass")}
-    assert set(pcs) == {"elastic-gpu-high", "elastic-gpu-default", "elastic-gpu-low"}
-    assert pcs["elastic-gpu-high"]["value"] == 1000
-    assert pcs["elastic-gpu-high"]["preemptionPolicy"] == "PreemptLowerPriority"
-    assert pcs["elastic-gpu-low"]["preemptionPolicy"] == "Never"
+    p = f"{tools.RELEASE}-elastic-gpu-"  # cluster-wide: named after the release
+    assert set(pcs) == {p + "high", p + "default", p + "low"}
+    assert pcs[p + "high"]["value"] == 1000
+    assert pcs[p + "high"]["preemptionPolicy"] == "PreemptLowerPriority"
+    assert pcs[p + "low"]["preemptionPolicy"] == "Never"
     assert not any(pc["globalDefault"] for pc in pcs.values())
 
 
-def test_priority_class_prefix_matches_the_spawner_default(default):
-    """The chart's prefix must be what ElasticGPUSpawner writes into pods by default."""
+def test_priority_class_prefix_matches_the_spawner_default():
+    """A release named elastic-gpu (the documented one) gets the prefix ElasticGPUSpawner writes
+    into pods by default."""
     spawner = pytest.importorskip("hubext.kubernetes.spawner", exc_type=ImportError)
     prefix = spawner.ElasticGPUSpawner.gpu_priority_class_prefix.default_value
-    assert all(d["metadata"]["name"].startswith(prefix) for d in tools.find(default, "PriorityClass"))
+    pcs = tools.find(tools.render(release="elastic-gpu"), "PriorityClass")
+    assert pcs and all(d["metadata"]["name"].startswith(prefix) for d in pcs)
 
 
 def test_priority_classes_can_be_left_to_the_cluster_admin():
@@ -220,6 +223,7 @@ def test_hub_gets_exactly_pod_secret_service_event_rights_in_the_user_namespace(
         (ns, "", r, v) for r in ("pods", "secrets", "services") for v in ("get", "list", "watch", "create", "delete")
     }
     expected |= {(ns, "", "events", v) for v in ("get", "list", "watch", "create", "patch")}
+    expected |= {(ns, "", "persistentvolumeclaims", "get")}  # the kernels' shared home claims
     expected |= {(ns, "networking.k8s.io", "networkpolicies", v) for v in ("get", "list", "watch", "create", "delete")}
     expected |= {("cluster", "", "nodes", v) for v in ("get", "list", "watch")}
     assert grants == expected
@@ -245,7 +249,7 @@ def test_hub_rights_follow_the_user_namespace(rendered):
 
 def test_node_agent_may_only_patch_nodes_read_user_pods_and_create_events(default):
     # pods patch: the agent's gpu-activity annotation on the GPU pods (the culler's signal)
-    grants = _grants(default, f"{tools.RELEASE}-elastic-gpu-node-agent", tools.NAMESPACE)
+    grants = _grants(default, f"{tools.RELEASE}-elastic-gpu-node-agent", f"{tools.RELEASE}-elastic-gpu-node-agent")
     assert grants == {
         ("cluster", "", "nodes", "get"),
         ("cluster", "", "nodes", "patch"),
@@ -387,7 +391,7 @@ def test_kernel_pods_accept_ingress_only_from_the_hub(default):
     np = tools.one(default, "NetworkPolicy", f"{tools.RELEASE}-elastic-gpu-kernels")
     spec = np["spec"]
     assert spec["podSelector"] == {"matchLabels": {PREFIX + "kind": "kernel"}}
-    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]  # egress: test_cluster_fit
     assert spec["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"app": "jupyterhub", "component": "hub"}}}]}]
 
 

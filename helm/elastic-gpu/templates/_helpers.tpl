@@ -59,6 +59,16 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.userServiceAccount.name | default (printf "%s-user" (include "elastic-gpu.fullname" .)) }}
 {{- end }}
 
+{{/* The node agent's namespace: its own (Pod Security 'privileged'), not the users'. */}}
+{{- define "elastic-gpu.nodeAgent.namespace" -}}
+{{- .Values.nodeAgent.namespace.name | default (printf "%s-node-agent" (include "elastic-gpu.fullname" .)) }}
+{{- end }}
+
+{{/* PriorityClasses are cluster-wide: named after the release unless a prefix is given. */}}
+{{- define "elastic-gpu.priorityClassPrefix" -}}
+{{- .Values.priorityClasses.prefix | default (printf "%s-" (include "elastic-gpu.fullname" .)) }}
+{{- end }}
+
 {{- define "elastic-gpu.nodeAgent.serviceAccountName" -}}
 {{- .Values.nodeAgent.serviceAccount.name | default (printf "%s-node-agent" (include "elastic-gpu.fullname" .)) }}
 {{- end }}
@@ -98,7 +108,7 @@ allowed. Included once, from the admission ConfigMap template.
 {{- end }}
 {{- if .Values.priorityClasses.create }}
 {{- range $classes }}
-{{- $full := printf "%s%s" $.Values.priorityClasses.prefix . }}
+{{- $full := printf "%s%s" (include "elastic-gpu.priorityClassPrefix" $) . }}
 {{- if gt (len $full) 253 }}
 {{- fail (printf "priorityClasses.prefix: %q + class %q is longer than 253 characters" $.Values.priorityClasses.prefix .) }}
 {{- end }}

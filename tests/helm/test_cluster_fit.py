@@ -1,0 +1,333 @@
+"""The chart on a platform team's cluster next to zero-to-jupyterhub (issue 14): every manifest
+valid on Kubernetes 1.29 to 1.33, two releases that do not collide, the node agent in a namespace
+of its own at Pod Security 'privileged', the kernels' egress sandbox (z2jh's singleuser rules),
+and the kernel pod the launcher writes checked against the Pod Security profiles."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+from tests.helm import tools
+
+try:
+    tools.helm_path()
+except tools.HelmMissing as e:
+    pytest.skip(str(e), allow_module_level=True)
+
+VERSIONS = ["1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0"]
+VALUES_SETS = {"default": [], **{f.stem: [f] for f in tools.EXAMPLES}}
+METADATA_IP = ipaddress.ip_address("169.254.169.254")
+CLUSTER_SCOPED = {"ClusterRole", "ClusterRoleBinding", "PriorityClass", "Namespace"}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {name: tools.render(files) for name, files in VALUES_SETS.items()}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_every_values_set_validates_on_each_supported_kubernetes(version, rendered):
+    for docs in rendered.values():
+        for doc in docs:
+            tools.validate(doc, version)
+
+
+def test_chart_promises_the_versions_it_is_validated_against():
+    import yaml
+
+    spec = yaml.safe_load((tools.CHART / "Chart.yaml").read_text())["kubeVersion"]
+    assert spec == ">=1.29.0-0"
+
+
+# ---- two releases on one cluster --------------------------------------------------------------
+
+
+def _keys(docs: list[dict]) -> set[tuple[str, str, str]]:
+    return {
+        (d["kind"], "" if d["kind"] in CLUSTER_SCOPED else d["metadata"].get("namespace", ""), d["metadata"]["name"])
+        for d in docs
+    }
+
+
+def test_two_releases_share_no_object_name():
+    """Cluster-scoped objects (ClusterRoles, bindings, PriorityClasses, the agent's Namespace) and
+    namespaced ones in shared namespaces ('default' for Node events) carry the release's name."""
+    a = tools.render(release="hub-a", namespace="team-a")
+    b = tools.render(release="hub-b", namespace="team-b")
+    assert not _keys(a) & _keys(b), sorted(_keys(a) & _keys(b))
+    assert {d["kind"] for d in a} >= {"ClusterRole", "ClusterRoleBinding", "PriorityClass"}
+
+
+def test_priority_classes_are_named_after_the_release_by_default():
+    docs = tools.render(release="elastic-gpu")
+    assert {d["metadata"]["name"] for d in tools.find(docs, "PriorityClass")} == {
+        "elastic-gpu-high",
+        "elastic-gpu-default",
+        "elastic-gpu-low",
+    }
+    docs = tools.render(release="hub-a")
+    assert all(d["metadata"]["name"].startswith("hub-a-elastic-gpu-") for d in tools.find(docs, "PriorityClass"))
+
+
+# ---- the node agent's own namespace -----------------------------------------------------------
+
+
+def test_node_agent_runs_in_its_own_privileged_namespace(rendered):
+    docs = rendered["default"]
+    ns = tools.one(docs, "Namespace")
+    name = ns["metadata"]["name"]
+    assert name != tools.NAMESPACE
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    ds = tools.one(docs, "DaemonSet")
+    assert ds["metadata"]["namespace"] == name
+    for kind in ("ServiceAccount", "ConfigMap", "Service"):
+        agent = [d for d in tools.find(docs, kind) if d["metadata"]["name"].endswith("-node-agent")]
+        assert [d["metadata"]["namespace"] for d in agent] == [name], kind
+    subjects = [
+        s for d in docs if d["kind"].endswith("Binding") for s in d["subjects"] if s["name"].endswith("-node-agent")
+    ]
+    assert subjects and all(s["namespace"] == name for s in subjects)
+    # nothing else of ours lands there: users' and the hub's pods stay at a stricter level
+    assert {d["kind"] for d in docs if d["metadata"].get("namespace") == name} == {
+        "DaemonSet",
+        "ServiceAccount",
+        "ConfigMap",
+        "Service",
+    }
+
+
+def test_node_agent_namespace_can_be_an_existing_one():
+    docs = tools.render(set_values=["nodeAgent.namespace.create=false", "nodeAgent.namespace.name=gpu-system"])
+    assert not tools.find(docs, "Namespace")
+    assert tools.one(docs, "DaemonSet")["metadata"]["namespace"] == "gpu-system"
+
+
+def test_service_monitor_scrapes_the_agent_namespace_too():
+    docs = tools.render(set_values=["monitoring.serviceMonitor.enabled=true"])
+    sm = tools.one(docs, "ServiceMonitor")
+    agent_ns = tools.one(docs, "DaemonSet")["metadata"]["namespace"]
+    assert set(sm["spec"]["namespaceSelector"]["matchNames"]) == {tools.NAMESPACE, agent_ns}
+
+
+# ---- the kernels' egress sandbox --------------------------------------------------------------
+
+
+def _kernel_policy(docs: list[dict]) -> dict:
+    return tools.one(docs, "NetworkPolicy", f"{tools.RELEASE}-elastic-gpu-kernels")
+
+
+def _allowed_cidrs(policy: dict) -> list[tuple[ipaddress.IPv4Network, list, list]]:
+    """(cidr, except, ports) of every ipBlock egress peer."""
+    out = []
+    for rule in policy["spec"]["egress"]:
+        for peer in rule.get("to", []):
+            block = peer.get("ipBlock")
+            if block:
+                out.append(
+                    (
+                        ipaddress.ip_network(block["cidr"]),
+                        [ipaddress.ip_network(c) for c in block.get("except", [])],
+                        rule.get("ports"),
+                    )
+                )
+    return out
+
+
+def _reachable(policy: dict, ip: str, port: int) -> bool:
+    addr = ipaddress.ip_address(ip)
+    for cidr, excepts, ports in _allowed_cidrs(policy):
+        if addr in cidr and not any(addr in e for e in excepts):
+            if not ports or any(p.get("port") == port for p in ports):
+                return True
+    return False
+
+
+def test_kernel_pods_egress_is_z2jhs_singleuser_sandbox(rendered):
+    policy = _kernel_policy(rendered["default"])
+    assert set(policy["spec"]["policyTypes"]) == {"Ingress", "Egress"}
+    # DNS through kube-system
+    dns = [r for r in policy["spec"]["egress"] if {"port": 53, "protocol": "UDP"} in (r.get("ports") or [])]
+    assert dns and any(
+        p.get("namespaceSelector") == {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}
+        for r in dns
+        for p in r["to"]
+    )
+    # the internet, but not the cloud metadata service, nor nodes' kubelet/metrics ports
+    assert _reachable(policy, "1.1.1.1", 443)
+    assert not _reachable(policy, "169.254.169.254", 80)
+    for node_ip in ("10.0.0.5", "172.16.3.4", "192.168.1.10"):
+        for port in (10250, 10255, 9100, 9400):
+            assert not _reachable(policy, node_ip, port), (node_ip, port)
+
+
+def test_kernel_egress_rules_are_z2jhs_keys():
+    docs = tools.render(
+        set_values=[
+            "networkPolicy.egressAllowRules.privateIPs=true",
+            "networkPolicy.egressAllowRules.nonPrivateIPs=false",
+        ]
+    )
+    policy = _kernel_policy(docs)
+    assert _reachable(policy, "10.0.0.5", 5432)
+    assert not _reachable(policy, "1.1.1.1", 443)
+    assert not _reachable(policy, "169.254.169.254", 80)
+
+
+def test_kernel_egress_can_be_left_open():
+    policy = _kernel_policy(tools.render(set_values=["networkPolicy.egressEnabled=false"]))
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_hub_may_read_the_claims_kernel_pods_mount(rendered):
+    """The launcher reads a home claim's access modes to refuse a ReadWriteOnce mount on another node."""
+    role = tools.one(rendered["default"], "Role", f"{tools.RELEASE}-elastic-gpu-hub")
+    rules = [r for r in role["rules"] if "persistentvolumeclaims" in r["resources"]]
+    assert rules == [{"apiGroups": [""], "resources": ["persistentvolumeclaims"], "verbs": ["get"]}]
+
+
+# ---- the kernel pod against Pod Security --------------------------------------------------------
+
+BASELINE_CAPS = {
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+}
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+
+
+def pod_security_violations(pod: dict, level: str) -> list[str]:
+    """The checks of Kubernetes' Pod Security Standards ('baseline' or 'restricted') that a pod
+    manifest fails, by name (the subset that our pods' fields can touch)."""
+    spec = pod["spec"]
+    psc = spec.get("securityContext") or {}
+    containers = spec["containers"] + spec.get("initContainers", [])
+    out = []
+    for host in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(host):
+            out.append(host)
+    if any("hostPath" in v for v in spec.get("volumes", [])):
+        out.append("hostPathVolumes")
+    for c in containers:
+        sc = c.get("securityContext") or {}
+        if sc.get("privileged"):
+            out.append("privileged")
+        if set((sc.get("capabilities") or {}).get("add", [])) - BASELINE_CAPS:
+            out.append("capabilities")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            out.append("hostPorts")
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp == "Unconfined":
+            out.append("seccompProfile")
+        if level == "restricted":
+            if sc.get("allowPrivilegeEscalation") is not False:
+                out.append("allowPrivilegeEscalation")
+            if not (sc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
+                out.append("runAsNonRoot")
+            if (sc.get("runAsUser") if "runAsUser" in sc else psc.get("runAsUser")) == 0:
+                out.append("runAsUser")
+            if seccomp not in ("RuntimeDefault", "Localhost"):
+                out.append("seccompProfile")
+            caps = sc.get("capabilities") or {}
+            if "ALL" not in caps.get("drop", []) or set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+                out.append("capabilities")
+    if level == "restricted":
+        for v in spec.get("volumes", []):
+            kind = next(k for k in v if k != "name")
+            if kind not in RESTRICTED_VOLUMES:
+                out.append(f"restrictedVolumes:{kind}")
+    return sorted(set(out))
+
+
+def _kernel_pod(backend: str) -> dict:
+    from kubernetes_asyncio.client import models as k8s
+
+    from hubext.allocator import GPUAllocator
+    from hubext.backends import ServerRef
+    from hubext.kernels import KernelRecord
+    from hubext.kubernetes.launcher import KubernetesKernelLauncher
+    from quotas import Allocation, Owner
+
+    launcher = KubernetesKernelLauncher(namespace="jhub", gpu_backend=backend)
+    record = KernelRecord(
+        id="0" * 32,
+        user="alice",
+        server_name="",
+        size="gpu-10g",
+        allocation_id="a",
+        section={"memory_mib": 10240},
+        namespace="jhub",
+        ports={"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5},
+    )
+    allocation = Allocation(
+        id="a",
+        owner=Owner(user="alice"),
+        node="gpu-1",
+        gpu_uuids=("GPU-1",),
+        memory_mib=10240,
+        cores_percent=25,
+        priority_class="default",
+        kind="kernel",
+    )
+    server = ServerRef(user="alice", pod_name="jupyter-alice", pod_uid="u", namespace="jhub", pod=k8s.V1Pod())
+    try:
+        pod = launcher._pod(record, allocation, server)
+    finally:
+        GPUAllocator.clear_instance()
+    return _prune(pod.to_dict(serialize=True))
+
+
+def _prune(value):
+    """A client model's dict as the JSON the API server receives (no nulls)."""
+    if isinstance(value, dict):
+        return {k: _prune(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_prune(v) for v in value]
+    return value
+
+
+def test_scheduler_backend_kernel_pods_pass_the_restricted_profile():
+    assert pod_security_violations(_kernel_pod("hami"), "restricted") == []
+    assert pod_security_violations(_kernel_pod("whole"), "restricted") == []
+
+
+def test_native_kernel_pods_fail_baseline_only_for_the_shims_host_paths():
+    """What remains (docs/helm.md): the 'native' backend mounts libvgpu.so, ld.so.preload and the
+    node regions from the host, so its users' namespace needs Pod Security 'privileged'."""
+    pod = _kernel_pod("native")
+    assert pod_security_violations(pod, "baseline") == ["hostPathVolumes"]
+    assert [v for v in pod_security_violations(pod, "restricted") if not v.startswith("restrictedVolumes")] == [
+        "hostPathVolumes"
+    ]
+
+
+def test_the_checker_catches_what_baseline_forbids():
+    pod = {
+        "spec": {
+            "hostPID": True,
+            "containers": [
+                {"name": "c", "securityContext": {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}}}
+            ],
+        }
+    }
+    assert pod_security_violations(pod, "baseline") == ["capabilities", "hostPID", "privileged"]
