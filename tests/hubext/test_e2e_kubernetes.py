@@ -107,7 +107,6 @@ def cluster(tmp_path_factory):
         c.KubernetesPool.namespace = {NAMESPACE!r}
         c.KubeSpawner.image = "quay.io/jupyter/base-notebook:emulated"
         c.KubeSpawner.cmd = [{str(singleuser)!r}]
-        c.KubeSpawner.args = ["--ServerApp.allow_root=True"]  # the emulator runs pods as this (root) user
         c.ElasticGPUSpawner.gpu_host_dir = {str(host_dir)!r}
         c.KubeSpawner.start_timeout = 90
         c.KubeSpawner.http_timeout = 60

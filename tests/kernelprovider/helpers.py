@@ -307,6 +307,7 @@ def kube_stack(work: Path) -> Iterator[dict[str, Any]]:
         (host_dir / "ld.so.preload").write_text("")
         (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
         prefix = work / "jupyter-prefix"
+        (prefix / "share" / "jupyter").mkdir(parents=True, exist_ok=True)
         singleuser = Path(sys.executable).parent / "jupyterhub-singleuser"
         config = (
             textwrap.dedent(
@@ -317,11 +318,18 @@ def kube_stack(work: Path) -> Iterator[dict[str, Any]]:
             c.KubernetesPool.namespace = {NAMESPACE!r}
             c.KubeSpawner.image = "quay.io/jupyter/base-notebook:emulated"
             c.KubeSpawner.cmd = [{str(singleuser)!r}]
-            c.KubeSpawner.args = ["--ServerApp.allow_root=True"]  # the emulator runs pods as this user
             c.KubeSpawner.ip = "$(POD_IP)"
+            # the server pod runs as the image's user (jovyan): the kernelspecs reach it as a
+            # volume, as they would from a node or a PVC (the host path itself is not its to read)
+            c.KubeSpawner.volumes = [
+                {{"name": "kernelspecs", "hostPath": {{"path": {str(prefix / "share" / "jupyter")!r}}}}}
+            ]
+            c.KubeSpawner.volume_mounts = [
+                {{"name": "kernelspecs", "mountPath": "/opt/jupyter-kernelspecs", "readOnly": True}}
+            ]
             c.KubeSpawner.environment = {{
                 "POD_IP": {{"valueFrom": {{"fieldRef": {{"fieldPath": "status.podIP"}}}}}},
-                "JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r},
+                "JUPYTER_PATH": "/opt/jupyter-kernelspecs",
             }}
             c.KubeSpawner.start_timeout = 90
             c.KubeSpawner.http_timeout = 60
