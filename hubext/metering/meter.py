@@ -26,6 +26,7 @@ from quotas import Allocation
 
 from ..backends import ReleaseCause
 from .activity import ActivityTotals, read_activity
+from .metrics import UsageMetrics
 from .prices import PriceTable, load_prices
 from .record import UsageRecord
 from .recorder import UsageRecorder
@@ -77,6 +78,10 @@ class UsageMeter(SingletonConfigurable):
         self.store: UsageStore | None = None
         self.recorder: UsageRecorder | None = None
         self.totals: dict[str, ActivityTotals] = {}
+        #: Prometheus counters; start_with_hub puts them in JupyterHub's registry (/hub/metrics)
+        self.metrics: UsageMetrics | None = None
+        #: per held allocation: (its record's namespace, workspace, GPU share x count, counted up to)
+        self._held: dict[str, list] = {}
         self._restored = False
         self._task: asyncio.Task | None = None
 
@@ -156,13 +161,17 @@ class UsageMeter(SingletonConfigurable):
             return
         now = time.time()
         if event == "granted":
+            record = self.record_of(allocation, now)
             self.totals[allocation.id] = ActivityTotals(last_sample_at=allocation.created_at or now)
-            self.recorder.submit({"event": "granted", "record": self.record_of(allocation, now).to_dict()})
+            self._held[allocation.id] = [record.namespace, record.workspace, record.share * record.count, now]
+            self._submit({"event": "granted", "record": record.to_dict()})
         elif event == "released":
+            self._count_held(allocation.id, now)
+            self._held.pop(allocation.id, None)
             totals = self.totals.pop(allocation.id, None)
             if totals is not None and totals.samples:
-                self.recorder.submit(totals.event(allocation.id))
-            self.recorder.submit(
+                self._submit(totals.event(allocation.id))
+            self._submit(
                 {
                     "event": "released",
                     "id": allocation.id,
@@ -171,6 +180,21 @@ class UsageMeter(SingletonConfigurable):
                     "why": why,
                 }
             )
+
+    def _submit(self, event: dict[str, Any]) -> None:
+        if not self.recorder.submit(event) and self.metrics is not None:
+            self.metrics.dropped.inc()
+
+    def _count_held(self, allocation_id: str, now: float, busy_seconds: float = 0.0) -> None:
+        held = self._held.get(allocation_id)
+        if held is None or self.metrics is None:
+            return
+        namespace, workspace, gpus, since = held
+        if now > since:
+            self.metrics.held.labels(namespace, workspace).inc((now - since) * gpus)
+            held[3] = now
+        if busy_seconds > 0:
+            self.metrics.busy.labels(namespace, workspace).inc(busy_seconds * gpus)
 
     # ---- the sampler ------------------------------------------------------------------------------
 
@@ -193,18 +217,27 @@ class UsageMeter(SingletonConfigurable):
             self.log.warning("GPU usage: cannot read open records yet (%s)", e)
         now = time.time() if now is None else now
         live = dict(self.allocator.state.allocations)
-        if self._restored:
-            activity = read_activity(self.allocator.backend, list(live))
-            for allocation_id, allocation in live.items():
+        activity = read_activity(self.allocator.backend, list(live)) if self._restored else {}
+        for allocation_id, allocation in live.items():
+            busy = 0.0
+            if self._restored:  # activity totals continue those of the record (after a restart)
                 totals = self.totals.setdefault(
                     allocation_id, ActivityTotals(last_sample_at=allocation.created_at or now)
                 )
+                before = totals.busy_seconds
                 if allocation_id in activity:
                     totals.add(activity[allocation_id], now)
-                    self.recorder.submit(totals.event(allocation_id))
+                    self._submit(totals.event(allocation_id))
+                busy = totals.busy_seconds - before
+            if allocation_id not in self._held:  # held since before this process (or missed)
+                record = self.record_of(allocation, now)
+                self._held[allocation_id] = [record.namespace, record.workspace, record.share * record.count, now]
+            self._count_held(allocation_id, now, busy)
         for gone in set(self.totals) - set(live):
             del self.totals[gone]
-        self.recorder.submit(
+        for gone in set(self._held) - set(live):
+            del self._held[gone]
+        self._submit(
             {"event": "reconcile", "at": now, "live": [self.record_of(a, now).to_dict() for a in live.values()]}
         )
 
@@ -244,6 +277,8 @@ def start_with_hub(hub_start_timeout: float = 600.0) -> None:
         meter = UsageMeter.instance(config=app.config, log=app.log)
         if not meter.enabled:
             return
+        if meter.metrics is None:
+            meter.metrics = UsageMetrics()  # JupyterHub's registry: /hub/metrics
         try:
             meter.open(app.db_url)
         except Exception as e:

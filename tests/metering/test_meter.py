@@ -9,11 +9,14 @@ import subprocess
 import sys
 import time
 
+import pytest
+from prometheus_client import CollectorRegistry
 from traitlets.config import Config
 
 from hubext.allocator import GPUAllocator
 from hubext.backends import ReleaseCause
 from hubext.metering.meter import UsageMeter
+from hubext.metering.metrics import UsageMetrics
 from hubext.metering.record import UNRECORDED
 from quotas import GPURequest, Owner
 from tests.culler.shimrecord import write_activity
@@ -98,6 +101,7 @@ async def test_every_grant_and_release_is_recorded_with_its_cause(tmp_path):
 
 async def test_activity_from_the_shims_record_gives_busy_seconds_and_memory(tmp_path):
     allocator, meter = make(tmp_path)
+    meter.metrics = UsageMetrics(CollectorRegistry())
     try:
         a = await allocator.allocate(request("alice", 20, "a"))
         allocator.backend.holder_env(a, priority_value=0)  # what the spawner does before the holder starts
@@ -114,6 +118,13 @@ async def test_activity_from_the_shims_record_gives_busy_seconds_and_memory(tmp_
         (r,) = meter.store.records()
         assert (r.busy_seconds, r.activity_seconds, r.activity_samples) == (60.0, 90.0, 3)
         assert (r.memory_used_peak_mib, r.memory_used_mean_mib) == (3000, 2000.0)
+        # Prometheus: a quarter card (20 of 80 GiB, 25 %) busy 60 s, held ~90 s until the last sample
+        labels = {"namespace": "default", "workspace": "vision"}
+        registry = meter.metrics.registry
+        assert registry.get_sample_value("elastic_gpu_usage_busy_gpu_seconds_total", labels) == 15.0
+        assert registry.get_sample_value("elastic_gpu_usage_held_gpu_seconds_total", labels) == pytest.approx(
+            22.5, abs=0.5
+        )
     finally:
         meter.close()
         await allocator.backend.stop()
