@@ -510,7 +510,7 @@ class GPUCuller(Application):
         to_warn = [v for v in verdicts if v.action == "warn"]
         to_cull = [v for v in verdicts if v.action == "cull"]
         if to_warn:
-            results = await self._bounded([self._warn(v) for v in to_warn])
+            results = await self._bounded([self._warn(v, report.waiting) for v in to_warn])
             report.warned += [v.kernel.kernel_id for v, ok in zip(to_warn, results, strict=True) if ok]
             for v in to_warn:  # look again when its grace period ends
                 if v.due_at is not None and v.due_at < horizon:
@@ -559,25 +559,36 @@ class GPUCuller(Application):
 
     # ---- warn -----------------------------------------------------------------------------
 
-    def warning_text(self, v: Verdict, now: float) -> str:
+    def warning_text(self, v: Verdict, now: float, waiting: int = 0) -> str:
+        """The notice printed in the kernel: the real reason, the time left, and whether anyone
+        waits for the slice (``waiting``: requests in the hub's GPU queue)."""
         k = v.kernel
+        policy = self.rules.book.for_kernel(k)
         due = v.due_at or now
-        minutes = max(1, round((due - now) / 60))
         when = time.strftime("%H:%M:%S UTC", time.gmtime(due))
         if v.reason == "max-age":
-            why = f"has run for {_human(now - k.created_at)}, the most a GPU kernel may run here"
+            why = (
+                f"has run for {_human(now - k.created_at)}, and a GPU kernel may run for at most "
+                f"{_human(policy.max_age_seconds)} here"
+            )
         else:
-            why = f"has been idle for {_human(v.idle_seconds)} (no cell running, no GPU work)"
+            why = (
+                f"has been idle for {_human(v.idle_seconds)} (no cell running, no GPU work), and idle "
+                f"GPU kernels are shut down after {_human(policy.idle_timeout_seconds)} here"
+            )
+        need = ""
+        if waiting:
+            need = f" {waiting} GPU request{'s are' if waiting != 1 else ' is'} waiting for room in the pool."
         return (
-            f"[elastic-gpu] This kernel {why}. It holds a GPU slice of {_mib(k.freed_memory_mib)} that others "
-            f"are waiting for, and will be shut down at {when} (in about {minutes} min). "
+            f"[elastic-gpu] This kernel {why}. It will be shut down at {when}, in {_human(round(due - now))}, "
+            f"and its GPU slice of {_mib(k.freed_memory_mib)} given back.{need} "
             "Run any cell to keep it; your notebook file is not affected."
         )
 
-    async def _warn(self, v: Verdict) -> bool:
+    async def _warn(self, v: Verdict, waiting: int = 0) -> bool:
         k = v.kernel
         now = time.time()
-        text = self.warning_text(v, now)
+        text = self.warning_text(v, now, waiting)
         if self.dry_run:
             self.log.info("[dry run] would warn kernel %s of %s: %s", k.kernel_id, k.user, text)
             return False

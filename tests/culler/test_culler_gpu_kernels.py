@@ -11,6 +11,7 @@ runs one itself, managed and in dry-run, as single-machine mode does.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import subprocess
 import sys
@@ -234,6 +235,10 @@ def test_open_tab_without_gpu_work_is_warned_then_culled_when_cull_connected_all
         warnings = tab.streams("will be shut down at")
         assert len(warnings) == 1, f"expected one warning on the kernel's output, got {tab.streams('')}"
         assert "has been idle for" in warnings[0] and "40.0 GiB" in warnings[0]
+        # the real reason (the idle limit, nobody waits for the card) and the real time left (2 s)
+        assert "idle GPU kernels are shut down after 4 s here" in warnings[0], warnings[0]
+        assert "waiting" not in warnings[0], f"no request waits, yet the warning says one does: {warnings[0]}"
+        assert re.search(r"will be shut down at \d\d:\d\d:\d\d UTC, in [12] s,", warnings[0]), warnings[0]
         assert not tab.streams("Shutting this kernel down"), "a warned kernel needs no second notice"
         assert used_mib(hub) == 40960
         # the same situation in a class with cull_connected=False: kept, and told nothing
