@@ -22,7 +22,7 @@ from sqlalchemy.engine import make_url
 from traitlets import Bool, Dict, Float, Integer, Unicode
 from traitlets.config import SingletonConfigurable
 
-from quotas import Allocation
+from quotas import Allocation, ConfigError
 
 from ..backends import ReleaseCause
 from .activity import ActivityTotals, read_activity
@@ -105,7 +105,10 @@ class UsageMeter(SingletonConfigurable):
     def open(self, hub_db_url: str = "") -> UsageStore:
         """Create the store and start the writer thread (tables are created by the first write)."""
         if self.recorder is None:
-            self.price_table()  # a bad price stops the meter at start, with its sentence
+            try:
+                self.price_table()
+            except ConfigError as e:  # say it at start; records are kept, reports refuse with the sentence
+                self.log.error("GPU usage prices: %s", e.message)
             db_url = self.resolve_db_url(hub_db_url)
             self.store = UsageStore(db_url)
             self.recorder = UsageRecorder(
