@@ -247,13 +247,17 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int g
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
     CUresult rc = gate(H_cuGraphLaunch);
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
-    return REAL(cuGraphLaunch)(g, s);
+    rc = REAL(cuGraphLaunch)(g, s);
+    vgpu_graph_launched(); /* its memory nodes may have taken memory */
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
     CUresult rc = gate(H_cuGraphLaunch_ptsz);
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
-    return REAL(cuGraphLaunch_ptsz)(g, s);
+    rc = REAL(cuGraphLaunch_ptsz)(g, s);
+    vgpu_graph_launched();
+    return rc;
 }
 
 /* The legacy launch API: work like any other launch. (Launches from device code, dynamic

@@ -135,6 +135,17 @@ typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
     CUcontext ctx;
 } CUDA_KERNEL_NODE_PARAMS_v2;
 
+/* CUDA_MEM_ALLOC_NODE_PARAMS_v1 (cuGraphAddMemAllocNode), used by the tests' double only. */
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_v1_st {
+    unsigned char poolProps[88]; /* CUmemPoolProps */
+    const void *accessDescs;
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr; /* out */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+#define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
+
 #define CU_GET_PROC_ADDRESS_DEFAULT 0x0
 #define CU_GET_PROC_ADDRESS_LEGACY_STREAM 0x1
 #define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM 0x2
@@ -158,6 +169,8 @@ typedef CUresult (*cuCtxPushCurrent_v2_fn)(CUcontext);
 typedef CUresult (*cuDeviceGetMemPool_fn)(CUmemoryPool *, CUdevice);
 typedef CUresult (*cuMemPoolGetAttribute_fn)(CUmemoryPool, int, void *);
 typedef CUresult (*cuMemPoolTrimTo_fn)(CUmemoryPool, size_t);
+typedef CUresult (*cuDeviceGetGraphMemAttribute_fn)(CUdevice, int, void *);
+typedef CUresult (*cuDeviceGraphMemTrim_fn)(CUdevice);
 #define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
 #define CU_MEMPOOL_ATTR_USED_MEM_CURRENT 7
 typedef CUresult (*cuCtxPopCurrent_v2_fn)(CUcontext *);

@@ -48,6 +48,8 @@ static struct {
 } pools[MAX_POOLS];
 static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
 static void reconcile_pools(int dev);
+static uint64_t graph_counted[VGPU_MAX_DEV]; /* graph memory counted (pool lock) */
+static _Atomic uint64_t graph_checked_at;
 
 static inline size_t home(uint64_t key, uint8_t kind, size_t mask) {
     uint64_t h = (key ^ ((uint64_t)kind << 59)) * 0x9E3779B97F4A7C15ull;
@@ -353,6 +355,7 @@ void vgpu_mem_after_fork_child(void) {
     pthread_mutex_init(&table_lock, NULL);
     pthread_mutex_init(&pool_lock, NULL);
     memset(pools, 0, sizeof(pools)); /* a child has no pools of its own yet */
+    memset(graph_counted, 0, sizeof(graph_counted));
     if (table != table0) munmap(table, table_cap * sizeof(*table));
     table = table0;
     table_cap = TABLE0;
@@ -401,8 +404,8 @@ static CUresult begin(int id, uint64_t bytes, int *dev, CUcontext *ctx) {
     *ctx = current_ctx();
     vgpu_mem_true_up(d, 0);
     rc = vgpu_mem_reserve(d, bytes, 0);
-    if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* pools may have given memory back meanwhile */
-        reconcile_pools(d);
+    if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* pools, graphs, the driver may have given back */
+        vgpu_mem_true_up(d, 1);
         rc = vgpu_mem_reserve(d, bytes, 0);
     }
     return rc;
@@ -474,11 +477,55 @@ static int pool_slot_locked(CUmemoryPool pool, int dev) {
     return spare;
 }
 
-/* Every pool of dev reconciled (memory queries; before refusing an allocation). */
+/* ---- graph memory ------------------------------------------------------------------------
+ * Memory allocation nodes take memory from the device's graph pool when a graph runs; it
+ * stays reserved for later launches until cuDeviceGraphMemTrim. The count follows the
+ * driver's CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT after graph launches (at most every
+ * GRAPH_CHECK_NS per process), trims, memory queries and before refusals. */
+#define GRAPH_CHECK_NS (100ull * 1000000ull)
+
+static void reconcile_graph_mem_locked(int dev) {
+    cuDeviceGetGraphMemAttribute_fn get = REAL(cuDeviceGetGraphMemAttribute);
+    cuuint64_t now = 0;
+    if (!get || get(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &now) != CUDA_SUCCESS) return;
+    if (now > graph_counted[dev]) reserve(dev, now - graph_counted[dev], 0, 1); /* held already */
+    else if (now < graph_counted[dev]) vgpu_mem_release(dev, graph_counted[dev] - now, 0);
+    graph_counted[dev] = now;
+}
+
+void vgpu_graph_launched(void) {
+    if (!accounting()) return;
+    uint64_t now = vgpu_coarse_real_ns(), last = atomic_load(&graph_checked_at);
+    if (now - last < GRAPH_CHECK_NS || !atomic_compare_exchange_strong(&graph_checked_at, &last, now))
+        return;
+    CUdevice dev;
+    vgpu_current_device(&dev);
+    if (dev < 0 || dev >= VGPU_MAX_DEV) return;
+    pthread_mutex_lock(&pool_lock);
+    reconcile_graph_mem_locked(dev);
+    pthread_mutex_unlock(&pool_lock);
+}
+
+VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+    CUresult rc = ready();
+    if (rc != CUDA_SUCCESS) return rc;
+    cuDeviceGraphMemTrim_fn real = REAL(cuDeviceGraphMemTrim);
+    if (!real) return CUDA_ERROR_NOT_FOUND;
+    rc = real(dev);
+    if (rc == CUDA_SUCCESS && accounting() && dev >= 0 && dev < VGPU_MAX_DEV) {
+        pthread_mutex_lock(&pool_lock);
+        reconcile_graph_mem_locked(dev);
+        pthread_mutex_unlock(&pool_lock);
+    }
+    return rc;
+}
+
+/* Every pool of dev, and its graph memory, reconciled (memory queries; before refusals). */
 static void reconcile_pools(int dev) {
     pthread_mutex_lock(&pool_lock);
     for (int i = 0; i < MAX_POOLS; i++)
         if (pools[i].pool && pools[i].dev == dev) reconcile_locked(i, 0);
+    reconcile_graph_mem_locked(dev);
     pthread_mutex_unlock(&pool_lock);
 }
 
@@ -511,7 +558,7 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t bytes, CUmemoryPoo
     if (dev >= 0) {
         rc = vgpu_mem_reserve(dev, need, 0);
         if (rc == CUDA_ERROR_OUT_OF_MEMORY) {
-            reconcile_pools(dev);
+            vgpu_mem_true_up(dev, 1);
             rc = vgpu_mem_reserve(dev, need, 0);
         }
         if (rc != CUDA_SUCCESS) return rc;

@@ -192,7 +192,7 @@ enum vgpu_hook_id {
     H_cuMemAlloc_v2, H_cuMemAllocPitch_v2, H_cuMemAllocManaged,
     H_cuMemAllocAsync, H_cuMemAllocAsync_ptsz, H_cuMemAllocFromPoolAsync,
     H_cuMemAllocFromPoolAsync_ptsz, H_cuMemFree_v2, H_cuMemFreeAsync, H_cuMemFreeAsync_ptsz,
-    H_cuMemPoolTrimTo, H_cuMemCreate, H_cuMemRelease, H_cuMemMap, H_cuMemUnmap, H_cuArrayCreate_v2, H_cuArray3DCreate_v2,
+    H_cuMemPoolTrimTo, H_cuDeviceGraphMemTrim, H_cuMemCreate, H_cuMemRelease, H_cuMemMap, H_cuMemUnmap, H_cuArrayCreate_v2, H_cuArray3DCreate_v2,
     H_cuMipmappedArrayCreate, H_cuArrayDestroy, H_cuMipmappedArrayDestroy,
     H_cuMemGetInfo_v2, H_cuDeviceTotalMem_v2,
     H_cuCtxCreate_v2, H_cuCtxCreate_v3, H_cuCtxCreate_v4, H_cuCtxDestroy_v2,
@@ -204,7 +204,7 @@ enum vgpu_hook_id {
     H_cuGraphLaunch, H_cuGraphLaunch_ptsz, H_cuLaunch, H_cuLaunchGrid, H_cuLaunchGridAsync,
     /* resolved for the shim's own use */
     H_cuDeviceGetCount, H_cuDeviceGetUuid, H_cuCtxGetDevice, H_cuCtxGetCurrent,
-    H_cuCtxPushCurrent_v2, H_cuCtxPopCurrent_v2, H_cuDeviceGetMemPool, H_cuMemPoolGetAttribute,
+    H_cuCtxPushCurrent_v2, H_cuCtxPopCurrent_v2, H_cuDeviceGetMemPool, H_cuMemPoolGetAttribute, H_cuDeviceGetGraphMemAttribute,
     H_cuArrayGetMemoryRequirements, H_cuMipmappedArrayGetMemoryRequirements,
     /* NVML */
     H_nvmlDeviceGetMemoryInfo, H_nvmlDeviceGetMemoryInfo_v2,
@@ -308,7 +308,8 @@ void vgpu_publish_usage(int dev);        /* mirrors the container's usage to nod
 /* memory.c */
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead);
 void vgpu_mem_release(int dev, uint64_t bytes, int overhead);
-void vgpu_mem_true_up(int dev, int now_please); /* NVML's per-process usage: driver memory */
+void vgpu_mem_true_up(int dev, int now_please);
+void vgpu_graph_launched(void); /* graph memory nodes may have taken memory */ /* NVML's per-process usage: driver memory */
 void vgpu_mem_forget_context(CUcontext ctx);
 void vgpu_mem_after_fork_child(void);
 uint64_t vgpu_limit(int dev);
@@ -356,6 +357,7 @@ VGPU_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool
 VGPU_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr);
 VGPU_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
+VGPU_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice);
 VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
 VGPU_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
 VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t,

@@ -70,3 +70,12 @@ def test_nvml_utilisation_is_the_containers_own(node):
     box = node.container("c", "memory_mib=1024")
     mine = box.run("init", "ctx", "nvmlutil").one("nvmlutil")
     assert mine["rc"] == "0" and int(mine["gpu"]) <= 5  # ... but not with this container's work
+
+
+def test_graph_memory_counts_until_trimmed(node):
+    box = node.container("c", "memory_mib=1024")
+    r = box.run("init", "ctx", "graphmem:600M", "alloc:600M", "devused", "graphtrim",
+                "alloc:600M", mode="getproc")
+    assert r.rcs("graphmem") == [0] and r.rcs("graphtrim") == [0]
+    assert r.rcs("alloc") == [OOM, 0]  # the graph's memory stays reserved until the trim
+    assert int(r.one("devused")["used"]) == 600 * MiB

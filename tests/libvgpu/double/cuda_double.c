@@ -43,7 +43,11 @@ struct dmod {
 struct dgraph {
     uint64_t total_ns;
     int nodes;
+    uint64_t mem_bytes; /* memory allocation nodes */
 };
+/* Graph memory, as a real driver: allocation nodes take memory from the device's graph pool
+ * at launch; it stays reserved (reused by later launches) until cuDeviceGraphMemTrim. */
+static uint64_t graph_reserved[DBL_MAX_DEV];
 
 /* ---- memory ------------------------------------------------------------------------------ */
 
@@ -773,11 +777,49 @@ EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *exec, CUgraph g, unsign
     *exec = (CUgraphExec)copy;
     return CUDA_SUCCESS;
 }
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                       size_t ndeps, CUDA_MEM_ALLOC_NODE_PARAMS *params) {
+    (void)deps, (void)ndeps;
+    if (!g || !params || !params->bytesize) return CUDA_ERROR_INVALID_VALUE;
+    struct dgraph *gr = (struct dgraph *)g;
+    gr->mem_bytes += params->bytesize;
+    params->dptr = new_addr(params->bytesize);
+    *node = (CUgraphNode)(uintptr_t)(gr->nodes + 1000);
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
     (void)s;
     struct dgraph *g = (struct dgraph *)exec;
-    if (!g || !g->nodes) return CUDA_ERROR_INVALID_VALUE;
-    return run(g->total_ns / (uint64_t)g->nodes, g->nodes);
+    if (!g || (!g->nodes && !g->mem_bytes)) return CUDA_ERROR_INVALID_VALUE;
+    if (g->mem_bytes) {
+        CUresult rc = need_ctx();
+        if (rc) return rc;
+        int dev = current->dev;
+        pthread_mutex_lock(&local);
+        if (graph_reserved[dev] < g->mem_bytes) {
+            rc = charge(dev, g->mem_bytes - graph_reserved[dev]);
+            if (!rc) graph_reserved[dev] = g->mem_bytes;
+        }
+        pthread_mutex_unlock(&local);
+        if (rc) return rc;
+    }
+    return g->nodes ? run(g->total_ns / (uint64_t)g->nodes, g->nodes) : CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+    if (dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&local);
+    uncharge(dev, graph_reserved[dev]);
+    graph_reserved[dev] = 0;
+    pthread_mutex_unlock(&local);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value) {
+    if (dev < 0 || dev >= dbl_env.ndev || !value) return CUDA_ERROR_INVALID_VALUE;
+    if (attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT && attr != 0) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&local);
+    *(cuuint64_t *)value = graph_reserved[dev];
+    pthread_mutex_unlock(&local);
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream s) { return cuGraphLaunch(exec, s); }
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
@@ -901,6 +943,9 @@ static const struct {
     P("cuLaunchCooperativeKernel", 9000, 0, cuLaunchCooperativeKernel),
     P("cuLaunchCooperativeKernel", 9000, 1, cuLaunchCooperativeKernel_ptsz),
     P("cuGraphLaunch", 10000, 0, cuGraphLaunch),
+    P("cuGraphAddMemAllocNode", 11040, 0, cuGraphAddMemAllocNode),
+    P("cuDeviceGraphMemTrim", 11040, 0, cuDeviceGraphMemTrim),
+    P("cuDeviceGetGraphMemAttribute", 11040, 0, cuDeviceGetGraphMemAttribute),
     P("cuLaunch", 2000, 0, cuLaunch),
     P("cuLaunchGrid", 2000, 0, cuLaunchGrid),
     P("cuLaunchGridAsync", 2000, 0, cuLaunchGridAsync),

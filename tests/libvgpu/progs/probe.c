@@ -17,6 +17,7 @@
  *   info | total[:dev] | nvml[:idx] | module | unload
  *   launch:N:US | launchex:N:US | coop:N:US | graph:N:NODES:US | sync
  *   nvmlprocs | nvmlutil                   NVML's process list / device utilisation as seen here
+ *   graphmem:N (a graph with an N-byte memory allocation node, launched) | graphtrim
  *   vmmmap:N (cuMemCreate, map it, release the handle while mapped) | unmap
  *   keeppool (the device's pool keeps what is freed, as PyTorch sets it) | trim
  *   util:WARM_S:MEASURE_S:US:KIND[:all]   launch KIND (kernel|ex|coop|graph|legacy) for WARM+MEASURE
@@ -99,6 +100,9 @@ static struct {
     cuGraphLaunch_fn cuGraphLaunch;
     cuGraphCreate_fn cuGraphCreate;
     cuGraphAddKernelNode_v2_fn cuGraphAddKernelNode;
+    CUresult (*cuGraphAddMemAllocNode)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                                       CUDA_MEM_ALLOC_NODE_PARAMS *);
+    CUresult (*cuDeviceGraphMemTrim)(CUdevice);
     cuGraphInstantiateWithFlags_fn cuGraphInstantiateWithFlags;
     cuGraphDestroy_fn cuGraphDestroy;
     cuGraphExecDestroy_fn cuGraphExecDestroy;
@@ -196,6 +200,9 @@ static void resolve(void) {
     void *h = cuda_handle ? cuda_handle : RTLD_DEFAULT;
     D.cuGraphCreate = (cuGraphCreate_fn)dlsym(h, "cuGraphCreate");
     D.cuGraphAddKernelNode = (cuGraphAddKernelNode_v2_fn)dlsym(h, "cuGraphAddKernelNode_v2");
+    D.cuGraphAddMemAllocNode = (__typeof__(D.cuGraphAddMemAllocNode))dlsym(h, "cuGraphAddMemAllocNode");
+    D.cuDeviceGraphMemTrim = (__typeof__(D.cuDeviceGraphMemTrim))sym("cuDeviceGraphMemTrim",
+                                                                    "cuDeviceGraphMemTrim");
     D.cuGraphInstantiateWithFlags =
         (cuGraphInstantiateWithFlags_fn)dlsym(h, "cuGraphInstantiateWithFlags");
     D.cuGraphDestroy = (cuGraphDestroy_fn)dlsym(h, "cuGraphDestroy");
@@ -500,6 +507,21 @@ static int step(char *arg) {
         for (int i = 0; i < count && !rc; i++) rc = launch_one(kind, f, g);
         if (g) D.cuGraphExecDestroy(g);
         printf("%s rc=%d\n", cmd, rc);
+    } else if (!strcmp(cmd, "graphmem")) { /* a graph with one memory allocation node, launched */
+        CUgraph g;
+        CUgraphExec e;
+        CUgraphNode node;
+        CUDA_MEM_ALLOC_NODE_PARAMS p;
+        memset(&p, 0, sizeof(p));
+        p.bytesize = size_arg(a[1]);
+        D.cuGraphCreate(&g, 0);
+        rc = D.cuGraphAddMemAllocNode(&node, g, NULL, 0, &p);
+        if (!rc) rc = D.cuGraphInstantiateWithFlags(&e, g, 0);
+        if (!rc) rc = D.cuGraphLaunch(e, NULL);
+        printf("graphmem rc=%d\n", rc);
+    } else if (!strcmp(cmd, "graphtrim")) {
+        rc = D.cuDeviceGraphMemTrim(0);
+        printf("graphtrim rc=%d\n", rc);
     } else if (!strcmp(cmd, "keeppool") || !strcmp(cmd, "trim")) {
         /* keeppool: release threshold UINT64_MAX, as PyTorch sets it; trim: cuMemPoolTrimTo 0 */
         CUmemoryPool pool = NULL;
