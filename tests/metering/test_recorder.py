@@ -41,10 +41,14 @@ def test_submit_never_waits_while_the_writer_is_stuck_on_a_locked_database(tmp_p
     try:
         assert recorder.submit(granted("stuck"))
         assert poll(lambda: recorder.queue.qsize() == 0), "the writer took the first event"
+        started = time.monotonic()
         accepted = [recorder.submit(granted(f"g{i}")) for i in range(8)]
-        # every call returned while the writer is still stuck on the lock (nothing written yet):
+        waited = time.monotonic() - started
+        # every call returned while the writer is still stuck on the lock (nothing written yet),
+        # far sooner than the 30 s a call waiting for the lock (or for room) would take:
         # the queue holds 5, the rest are refused at once and counted
         assert recorder.written == 0
+        assert waited < 10, f"submit waited {waited:.1f} s"
         assert accepted == [True] * 5 + [False] * 3
         assert recorder.dropped == 3
     finally:
@@ -99,3 +103,18 @@ def test_a_spool_left_by_a_killed_hub_is_replayed_by_the_next_one(tmp_path):
     (a,) = second.store.records()
     assert a.released_at == 1500.0
     second.stop()
+
+
+def test_an_event_after_an_outage_is_written_after_the_spooled_ones(tmp_path):
+    db_dir = tmp_path / "db"
+    store = UsageStore(f"sqlite:///{db_dir / 'hub.sqlite'}")
+    recorder = UsageRecorder(store, tmp_path / "usage.spool", retry_interval=3600)  # no timed retry here
+    recorder.start()
+    recorder.submit(granted("c", 1000.0))
+    assert recorder.flush() and recorder.spool_pending
+    db_dir.mkdir()
+    recorder.submit(released("c", 2000.0))  # the database is back: the release must follow its grant
+    assert recorder.flush()
+    (c,) = store.records()
+    assert c.released_at == 2000.0 and not recorder.spool_pending
+    recorder.stop()
