@@ -26,7 +26,7 @@ from .capacity import parse_slice, plan_capacity
 from .meter import UsageMeter
 from .plot import capacity_svg, usage_svg
 from .prices import PriceTable
-from .report import GROUP_KEYS, ReportError, parse_time, records_csv, report_csv, usage_report
+from .report import GROUP_KEYS, ReportError, parse_time, records_csv, report_csv, report_xlsx, usage_report
 from .store import UsageStore
 
 USAGE_HELP = "GPU usage and cost per user, workspace, namespace, model, day or month (CSV, JSON or a table)"
@@ -53,6 +53,7 @@ def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_mutually_exclusive_group()
     out.add_argument("--csv", action="store_true", help="print the report as CSV")
     out.add_argument("--records", action="store_true", help="print the raw records as CSV")
+    out.add_argument("--xlsx", metavar="FILE", default="", help="write the report as an Excel workbook to FILE")
     out.add_argument("--svg", metavar="FILE", default="", help="write a stacked GPU-hours chart to FILE")
 
 
@@ -105,6 +106,10 @@ def run_usage(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         return 2
     if args.csv:
         out.write(report_csv(report))
+        return 0
+    if args.xlsx:
+        Path(args.xlsx).write_bytes(report_xlsx(report))
+        out.write(f"wrote {args.xlsx}\n")
         return 0
     out.write(_table(report))
     return 0

@@ -12,7 +12,7 @@ for all users. Query parameters:
 ``user``
     only this user's records;
 ``format``
-    ``json`` (default), ``csv`` or ``svg`` (a stacked GPU-hours chart); records: json or csv;
+    ``json`` (default), ``csv``, ``xlsx`` or ``svg`` (a stacked GPU-hours chart); records: json or csv;
 ``slice``, ``model``, ``percentile``
     capacity: slice size (1/4, 0.25, 25%, 20GiB), GPU model, percentile (default 95).
 """
@@ -32,10 +32,15 @@ from quotas import ConfigError
 from .capacity import parse_slice, plan_capacity
 from .meter import UsageMeter
 from .plot import capacity_svg, usage_svg
-from .report import ReportError, parse_time, records_csv, report_csv, usage_report
+from .report import ReportError, parse_time, records_csv, report_csv, report_xlsx, usage_report
 
 DEFAULT_DAYS = 30
-FORMATS = {"json": "application/json", "csv": "text/csv; charset=utf-8", "svg": "image/svg+xml"}
+FORMATS = {
+    "json": "application/json",
+    "csv": "text/csv; charset=utf-8",
+    "svg": "image/svg+xml",
+    "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+}
 
 
 class UsageAPIHandler(APIHandler):
@@ -78,10 +83,10 @@ class UsageAPIHandler(APIHandler):
             raise web.HTTPError(400, f"format {fmt!r} is not offered here; use one of {', '.join(allowed)}.")
         return fmt
 
-    def send(self, fmt: str, body: str, name: str) -> None:
+    def send(self, fmt: str, body: str | bytes, name: str) -> None:
         self.set_header("Content-Type", FORMATS[fmt])
-        if fmt == "csv":
-            self.set_header("Content-Disposition", f'attachment; filename="{name}.csv"')
+        if fmt in ("csv", "xlsx"):
+            self.set_header("Content-Disposition", f'attachment; filename="{name}.{fmt}"')
         self.finish(body)
 
     async def records(self, start: float, end: float, users: list[str] | None) -> list[Any]:
@@ -106,7 +111,7 @@ class UsageReportHandler(UsageAPIHandler):
     """GET /hub/api/gpu/usage: the usage report (json, csv, or an svg chart)."""
 
     async def respond(self) -> None:
-        fmt = self.output_format(("json", "csv", "svg"))
+        fmt = self.output_format(("json", "csv", "xlsx", "svg"))
         start, end = self.period()
         by = self.get_argument("by", "user")
         users = self.readable_users()
@@ -120,6 +125,8 @@ class UsageReportHandler(UsageAPIHandler):
         report = usage_report(records, start, end, by.split(","), prices, now=now)
         if fmt == "csv":
             self.send(fmt, report_csv(report), "gpu-usage")
+        elif fmt == "xlsx":
+            self.send(fmt, report_xlsx(report), "gpu-usage")
         else:
             self.send(fmt, json.dumps(report.to_dict()), "gpu-usage")
 

@@ -214,6 +214,32 @@ def report_csv(report: Report) -> str:
     return out.getvalue()
 
 
+def report_xlsx(report: Report) -> bytes:
+    """The report as an Excel workbook (openpyxl): a 'usage' sheet (the CSV's columns, numbers as
+    numbers, a total row) and a 'period' sheet (from, to, groups, currency)."""
+    from openpyxl import Workbook
+
+    book = Workbook()
+    sheet = book.active
+    sheet.title = "usage"
+    sheet.append([*report.by, *METRICS[:-2], f"cost_{report.currency}", METRICS[-1]])
+    for row in report.rows:
+        sheet.append([row[k] for k in (*report.by, *METRICS)])
+    if report.by:  # (without groups the one row is the total)
+        sheet.append(["total", *[""] * (len(report.by) - 1), *(report.totals[m] for m in METRICS)])
+    info = book.create_sheet("period")
+    for key, value in (
+        ("from", iso(report.start)),
+        ("to", iso(report.end)),
+        ("by", ",".join(report.by)),
+        ("currency", report.currency),
+    ):
+        info.append([key, value])
+    out = io.BytesIO()
+    book.save(out)
+    return out.getvalue()
+
+
 RECORD_COLUMNS = tuple(UsageRecord.__dataclass_fields__)
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from hubext.metering import ReportError, load_prices, parse_slice, plan_capacity, report_csv, usage_report
 from hubext.metering.plot import capacity_svg, usage_svg
 from hubext.metering.record import UsageRecord
-from hubext.metering.report import METRICS, parse_time, records_csv
+from hubext.metering.report import METRICS, parse_time, records_csv, report_xlsx
 from quotas import ConfigError
 
 H = 3600.0
@@ -150,6 +150,21 @@ def test_report_csv_round_trips():
         for metric in METRICS[:-2]:
             assert float(back[metric]) == pytest.approx(row[metric], abs=1e-6)
         assert float(back["cost_USD"]) == pytest.approx(row["cost"], abs=1e-6)
+
+
+def test_report_xlsx_round_trips_through_openpyxl():
+    from openpyxl import load_workbook
+
+    report = usage_report(RECORDS, 0.0, 10 * H, ["user"], load_prices(PRICES, "EUR"), now=12 * H)
+    book = load_workbook(io.BytesIO(report_xlsx(report)))
+    rows = list(book["usage"].iter_rows(values_only=True))
+    assert rows[0][0] == "user" and rows[0][-2] == "cost_EUR"
+    back = {r[0]: dict(zip(rows[0], r, strict=True)) for r in rows[1:]}
+    for row in report.rows:
+        assert back[row["user"]]["gpu_hours"] == pytest.approx(row["gpu_hours"])
+        assert back[row["user"]]["cost_EUR"] == pytest.approx(row["cost"])
+    assert back["total"]["cost_EUR"] == pytest.approx(23.0) and back["total"]["sessions"] == 4
+    assert dict(book["period"].iter_rows(values_only=True))["currency"] == "EUR"
 
 
 def test_records_csv_has_one_row_per_record_with_iso_times():
