@@ -28,7 +28,7 @@ from traitlets import Callable as CallableTrait
 from traitlets.config import Application, Config
 
 from . import HUB_SETTINGS_ENV, __version__
-from .activity import regions_activity
+from .activity import GPUTimeCheck, regions_activity
 from .hub import HubClient, HubUnavailable, ServerKernels
 from .metrics import CullerMetrics
 from .model import GPUKernel, GraceWarning, JupyterState, KernelView, RecordError, Verdict, Waiter
@@ -222,6 +222,21 @@ class GPUCuller(Application):
         asked for a broker record without GPU activity. Default: read the shim's regions (libvgpu.regions).""",
     )
 
+    nvml_cross_check = Bool(
+        True,
+        config=True,
+        help="""Single machine: believe a kernel's activity record (written from inside the user's
+        processes) no later than NVML last saw a process of its slice use SM time, sampled every
+        nvml_sample_seconds. Where NVML cannot tell (no driver, simulated GPUs, no per-process
+        samples) the record is judged on its own. Default: True.""",
+    )
+    nvml_sample_seconds = Float(
+        5.0, config=True, help="Seconds between NVML looks at the slices' GPU time (nvml_cross_check). Default: 5."
+    )
+    nvml_library = Unicode(
+        "", config=True, help="Path of the NVML library to load (default: libnvidia-ml.so.1 from the driver)."
+    )
+
     # ---- the service's own HTTP endpoint --------------------------------------------------
 
     metrics_port = Integer(
@@ -260,6 +275,7 @@ class GPUCuller(Application):
         self._bad_records: set[str] = set()
         #: broker id -> (the last_launch its record gave, when the culler first saw that value)
         self._launch_seen: dict[str, tuple[float, float]] = {}
+        self._gpu_time: GPUTimeCheck | None = None
 
     # ---- start-up -------------------------------------------------------------------------
 
@@ -344,7 +360,7 @@ class GPUCuller(Application):
                     activity = self.gpu_activity_hook(record)
                     if activity is not None:
                         record = {**record, "activity": dict(activity)}
-                kernels.append(self._believable(GPUKernel.from_record(record)))
+                kernels.append(self._believable(GPUKernel.from_record(record), record))
             except (RecordError, TypeError, ValueError) as e:
                 key = str(e)
                 if key not in self._bad_records:  # once per distinct problem, not every cycle
@@ -353,14 +369,15 @@ class GPUCuller(Application):
                 self.metrics.errors.labels("record").inc()
         return [k for k in kernels if k.state == "running"]  # pending, stopped, failed: not ours to judge
 
-    def _believable(self, kernel: GPUKernel) -> GPUKernel:
+    def _believable(self, kernel: GPUKernel, record: Mapping[str, Any]) -> GPUKernel:
         """The kernel with its GPU activity clamped to what the culler has seen.
 
         The activity record is written from inside the user's processes (the shim runs there), so
         a user can write any time into it, e.g. a launch a year from now, once. A last launch is
         believed no later than the moment the culler first saw that value: a record that does not
-        change ages like any other, and only a record that keeps changing (new launches) keeps a
-        kernel busy. Forgotten when the kernel is gone, so the map stays as small as the pool.
+        change ages like any other. Where NVML can tell (:class:`GPUTimeCheck`), it is also
+        believed no later than NVML last saw a process of the slice use SM time: a record that
+        keeps changing without GPU work is not activity. Forgotten when the kernel is gone.
         """
         launch = kernel.gpu_last_launch
         if launch is None:
@@ -380,7 +397,39 @@ class GPUCuller(Application):
                     _human(launch - now),
                 )
         believed = min(launch, seen[1])
+        nvml = self._nvml_last_busy(kernel, record)
+        if nvml is not None:
+            believed = min(believed, nvml + self.nvml_sample_seconds)
         return kernel if believed == launch else replace(kernel, gpu_last_launch=believed)
+
+    def _nvml_last_busy(self, kernel: GPUKernel, record: Mapping[str, Any]) -> float | None:
+        if not self.nvml_cross_check or not kernel.allocation_id:
+            return None
+        allocation = record.get("allocation")
+        uuids = allocation.get("gpu_uuids") if isinstance(allocation, Mapping) else None
+        if not isinstance(uuids, list) or not uuids:
+            return None
+        if self._gpu_time is None:
+            self._gpu_time = GPUTimeCheck(self.nvml_library)
+        uuids = [str(u) for u in uuids]
+        self._gpu_time.watch(uuids)
+        return self._gpu_time.last_busy(kernel.allocation_id, uuids)
+
+    def sample_gpu_time(self) -> None:
+        """One NVML look at the watched GPUs (the service does this every nvml_sample_seconds)."""
+        if self._gpu_time is not None:
+            self._gpu_time.sample()
+
+    async def _sample_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                await asyncio.to_thread(self.sample_gpu_time)
+            except Exception:  # a broken driver must not stop reclaiming
+                self.log.exception("NVML sample failed")
+            try:
+                await asyncio.wait_for(self._stop.wait(), self.nvml_sample_seconds)
+            except asyncio.TimeoutError:
+                pass
 
     def _waiting(self, pool: Mapping[str, Any] | None) -> list[Waiter]:
         if not pool:
@@ -764,6 +813,7 @@ class GPUCuller(Application):
         self.client = self.make_client()
         self.start_http()
         self._watch_hub_process()
+        sampler = asyncio.ensure_future(self._sample_forever()) if self.nvml_cross_check else None
         self.log.info(
             "GPU culler started: every %gs, idle timeout %gs, warning %gs, pressure min idle %s, cull_connected=%s%s; "
             "hub %s, servers via %s",
@@ -804,6 +854,8 @@ class GPUCuller(Application):
                             self.metrics.errors.labels("cycle").inc()
                             self.log.exception("Due check failed")
         finally:
+            if sampler is not None:
+                sampler.cancel()
             if self.store:
                 self.store.save()
             if self.http_server:

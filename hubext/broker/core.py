@@ -245,15 +245,15 @@ class GPUBroker(SingletonConfigurable):
         if size_name is not None and gpu is not None:
             raise BrokerError("Give either 'size' or 'gpu', not both.")
         if gpu is not None:
+            try:
+                section = validate_gpu_section(gpu, "request")
+            except ValueError as e:
+                raise BrokerError(str(e)) from None
             names = ", ".join(s["name"] for s in self.sizes_for(groups)) or "none"
             allowed_groups = set(self.custom_gpu_allowed_groups)
             may = groups is None or (self.allow_custom_gpu and (not allowed_groups or groups & allowed_groups))
             if not may:
                 raise BrokerError(f"This hub offers GPU kernels in fixed sizes only; pick a 'size': {names}.", 403)
-            try:
-                section = validate_gpu_section(gpu, "request")
-            except ValueError as e:
-                raise BrokerError(str(e)) from None
             granted = sorted(set(section) & GRANTED_KEYS)
             if granted and groups is not None:
                 raise BrokerError(

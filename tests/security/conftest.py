@@ -29,6 +29,8 @@ from tests.kernelprovider.helpers import Server, install_kernelspecs, start_serv
 
 CULLER_TOKEN = secrets.token_hex(16)
 CULLER_NAME = "sec-culler"
+#: a token with what the single-machine CLI needs for `up` (install the kernelspecs): read the sizes
+SIZES_TOKEN = secrets.token_hex(16)
 ADMISSION = {
     "priority_classes": {
         "high": {"value": 1000, "preempt": True, "borrow": False},
@@ -133,6 +135,10 @@ def sec(tmp_path_factory) -> SecurityHub:
         c.LocalKernelLauncher.stop_grace_seconds = 1
         c.JupyterHub.services.append({{"name": {CULLER_NAME!r}, "api_token": {CULLER_TOKEN!r}}})
         c.JupyterHub.load_roles.append({role!r})
+        c.JupyterHub.services.append({{"name": "sec-cli", "api_token": {SIZES_TOKEN!r}}})
+        c.JupyterHub.load_roles.append(
+            {{"name": "sec-cli", "services": ["sec-cli"], "scopes": ["custom:elastic-gpu:sizes"]}}
+        )
         """
     )
     hub = HubRunner(work, config)

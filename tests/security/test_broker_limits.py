@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.hubrunner import http
-from tests.security.conftest import SPEC
+from tests.security.conftest import SIZES, SIZES_TOKEN, SPEC
 from tests.security.helpers import Session, broker_kernels
 
 
@@ -60,3 +60,12 @@ def test_the_broker_answers_with_ports_the_kernel_already_holds(sec):
     finally:
         if status == 201:
             sec.hub.api("DELETE", f"/gpu/kernels/{kernel['id']}")
+
+
+def test_the_sizes_scope_reads_every_size_and_nothing_else(sec):
+    """What the single-machine CLI's token needs for `up` (the kernelspecs): every size, no kernel rights."""
+    status, body = http("GET", f"{sec.hub.hub_api}/gpu/kernel-sizes", SIZES_TOKEN)
+    assert status == 200 and {s["name"] for s in body["sizes"]} == {s["name"] for s in SIZES}, body
+    for method, path in (("GET", "/gpu/kernels"), ("GET", "/gpu/kernels?user=alice"), ("POST", "/gpu/server-token")):
+        status, body = http(method, sec.hub.hub_api + path, SIZES_TOKEN, {} if method == "POST" else None)
+        assert status == 403, (method, path, status, body)

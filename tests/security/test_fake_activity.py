@@ -9,12 +9,18 @@ reclaim it: a record is believed no further than the moment the culler first saw
 from __future__ import annotations
 
 import inspect
+import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
 
 from tests.culler import shimrecord
 from tests.culler.stack import CullerProcess
+from tests.hubrunner import REPO
+from tests.libvgpu.harness import CFLAGS, HERE, cc
 from tests.security.conftest import CULLER_TOKEN, SPEC
 from tests.security.helpers import Session, broker_kernels, used_mib, wait_until
 
@@ -61,3 +67,99 @@ def test_a_far_future_last_launch_does_not_keep_an_idle_kernel(sec, culler):
         wait_until(lambda: used_mib(hub) == 0, 10, "the slice to be back in the pool")
     finally:
         session.close()
+
+
+NVML_CHECK = """
+import json, sys, time
+from culler.app import GPUCuller
+from culler.activity import GPUTimeCheck
+
+library, t0 = sys.argv[1], float(sys.argv[2])
+probe = GPUTimeCheck(library)
+nv = probe._init()
+uuid = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(0))
+uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+culler = GPUCuller(nvml_library=library, nvml_sample_seconds=0.2)
+
+def records():  # both records say "a launch just now", every time: one is real work, one is a writer
+    return [
+        {"id": name, "user": "alice", "state": "running", "allocation_id": f"kernel-{name}",
+         "allocation": {"id": f"kernel-{name}", "gpu_uuids": [uuid]},
+         "activity": {"last_launch": time.time(), "memory_used_mib": 0}}
+        for name in ("busy", "liar")
+    ]
+
+deadline = time.time() + 3
+while time.time() < deadline:
+    culler._parse(records())
+    culler.sample_gpu_time()
+    time.sleep(0.2)
+print(json.dumps({k.id: k.gpu_last_launch for k in culler._parse(records())}))
+"""
+
+
+def test_a_record_rewritten_without_gpu_work_is_not_activity_where_nvml_can_tell(tmp_path):
+    """The record is rewritten over and over ("a launch just now") by a process that does no GPU
+    work; NVML (here the NVML test double, which measures the SM time of the kernels each process
+    really ran) sees no SM time for that slice, so the culler does not believe the record. A slice
+    whose process does launch kernels stays busy."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for src, soname in (("cuda_double.c", "libcuda.so.1"), ("nvml_double.c", "libnvidia-ml.so.1")):
+        cc(
+            *CFLAGS,
+            "-O2",
+            "-fPIC",
+            "-shared",
+            "-fvisibility=hidden",
+            f"-Wl,-soname,{soname}",
+            "-o",
+            lib / soname,
+            HERE / "double" / src,
+        )
+    probe = tmp_path / "probe"
+    cc(
+        *CFLAGS,
+        "-O2",
+        "-o",
+        probe,
+        HERE / "progs" / "probe.c",
+        "-Wl,--no-as-needed",
+        lib / "libcuda.so.1",
+        lib / "libnvidia-ml.so.1",
+        "-ldl",
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("LIBVGPU_", "CUDA_", "LD_PRELOAD"))},
+        "LD_LIBRARY_PATH": str(lib),
+        "CUDA_DOUBLE_STATE": str(tmp_path / "gpu.state"),
+        "CUDA_DOUBLE_MEMORY_MIB": "4096",
+        "CUDA_DOUBLE_CONTEXT_MIB": "0",
+        "PROBE_MODE": "link",
+    }
+    busy = subprocess.Popen(
+        [str(probe), "init", "ctx", "ready", "timeline:30:1000"],
+        env={**env, "ELASTIC_GPU_ALLOCATION_ID": "kernel-busy"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    liar = subprocess.Popen(["sleep", "60"], env={**env, "ELASTIC_GPU_ALLOCATION_ID": "kernel-liar"})
+    try:
+        lines = [busy.stdout.readline() for _ in range(3)]  # init, ctx, ready
+        assert "ready" in lines[-1], lines
+        t0 = time.time()
+        out = subprocess.run(
+            [sys.executable, "-c", NVML_CHECK, str(lib / "libnvidia-ml.so.1"), str(t0)],
+            env={**env, "PYTHONPATH": str(REPO)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        believed = json.loads(out.stdout.splitlines()[-1])
+        assert believed["busy"] >= time.time() - 2, f"the slice that launches kernels must stay busy: {believed}"
+        assert believed["liar"] <= t0 + 1, f"a record rewritten without GPU work was believed: {believed}"
+    finally:
+        for proc in (busy, liar):
+            proc.kill()
+            proc.wait()
