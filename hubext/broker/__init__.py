@@ -16,6 +16,7 @@ from .handlers import (
     SERVER_TOKEN_SCOPES,
     USER_SCOPES,
     configure,
+    grant_user_scopes,
 )
 from .sizes import BrokerError, validate_sizes
 
@@ -29,6 +30,7 @@ __all__ = [
     "BrokerError",
     "GPUBroker",
     "configure",
+    "grant_user_scopes",
     "start_with_hub",
     "validate_sizes",
 ]

@@ -37,7 +37,7 @@ CUSTOM_SCOPES: dict[str, dict[str, Any]] = {
         "description": "Read every GPU kernel size (to install the kernelspecs); no rights on kernels.",
     },
 }
-#: for ``c.JupyterHub.extra_user_scopes``: every user holds the kernel scope for themself
+#: added to the ``user`` role (:func:`grant_user_scopes`): every user holds the kernel scope for themself
 USER_SCOPES: list[str] = [f"{KERNELS_SCOPE}!user"]
 #: added to ``c.Spawner.server_token_scopes``: a server's token acts for its own user only
 SERVER_TOKEN_SCOPES: list[str] = [f"{KERNELS_SCOPE}!user"]
@@ -259,11 +259,28 @@ BROKER_HANDLERS: list[tuple[str, type]] = [
 ]
 
 
+def grant_user_scopes(c: Any) -> None:
+    """Give every user :data:`USER_SCOPES` through the ``user`` role in ``c.JupyterHub.load_roles``.
+
+    JupyterHub 5 has no ``extra_user_scopes``; redefining the default ``user`` role (keeping
+    ``self``) works on 5 and 6. A ``user`` role the config already defines keeps its scopes.
+    """
+    roles = [dict(r) for r in c.JupyterHub.get("load_roles", [])]
+    for role in roles:
+        if role.get("name") == "user":
+            scopes = list(role.get("scopes", ["self"]))
+            role["scopes"] = scopes + [s for s in USER_SCOPES if s not in scopes]
+            break
+    else:
+        roles.append({"name": "user", "scopes": ["self", *USER_SCOPES]})
+    c.JupyterHub.load_roles = roles
+
+
 def configure(c: Any) -> None:
     """Register the broker's handlers, scopes and start-up in a JupyterHub config ``c``."""
     c.JupyterHub.extra_handlers = list(c.JupyterHub.get("extra_handlers", [])) + BROKER_HANDLERS
     c.JupyterHub.custom_scopes = {**dict(c.JupyterHub.get("custom_scopes", {})), **CUSTOM_SCOPES}
-    c.JupyterHub.extra_user_scopes = set(c.JupyterHub.get("extra_user_scopes", set())) | set(USER_SCOPES)
+    grant_user_scopes(c)
     existing = c.Spawner.get("server_token_scopes", None)
     base = (
         list(existing) if isinstance(existing, list | tuple | set) else ["access:servers!server", "users:activity!user"]

@@ -65,11 +65,11 @@ def stack(tmp_path_factory):
     config = textwrap.dedent(
         f"""
         from hubext.hubconfig import configure_hub
-        from hubext.broker import USER_SCOPES, start_with_hub
+        from hubext.broker import grant_user_scopes, start_with_hub
         configure_hub(c, mode="local", admission_config_file={str(work / "admission.yaml")!r},
                       simulate_gpus="1xH100-80GB", data_dir={str(work / "data")!r},
                       culler=True, culler_port={MANAGED_PORT}, proxy_url="http://127.0.0.1:{{port}}")
-        c.JupyterHub.extra_user_scopes = set(USER_SCOPES)
+        grant_user_scopes(c)
         start_with_hub()
         c.JupyterHub.spawner_class = "hubext.local.spawner.HubUserGPUSpawner"
         c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}

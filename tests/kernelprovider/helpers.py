@@ -204,8 +204,8 @@ NAMESPACE = "jhub"
 
 def _broker_config(sizes: list[dict[str, Any]] | None = None) -> str:
     return f"""
-from hubext.broker import USER_SCOPES, start_with_hub
-c.JupyterHub.extra_user_scopes = set(USER_SCOPES)
+from hubext.broker import grant_user_scopes, start_with_hub
+grant_user_scopes(c)
 start_with_hub()
 c.JupyterHub.cleanup_servers = False
 c.Spawner.default_url = "/tree"

@@ -325,7 +325,14 @@ def test_broker_configure_wires_handlers_scopes_and_server_tokens():
     configure(c)
     assert c.JupyterHub.extra_handlers == BROKER_HANDLERS
     assert set(c.JupyterHub.custom_scopes) == set(CUSTOM_SCOPES)
-    assert "custom:elastic-gpu:kernels!user" in c.JupyterHub.extra_user_scopes
+    # the user role (JupyterHub 5 has no extra_user_scopes)
+    assert c.JupyterHub.load_roles == [{"name": "user", "scopes": ["self", "custom:elastic-gpu:kernels!user"]}]
+    # a user role the config defines keeps its scopes
+    c2 = Config()
+    c2.JupyterHub.load_roles = [{"name": "user", "scopes": ["self", "shares!user"]}, {"name": "x", "scopes": []}]
+    configure(c2)
+    assert c2.JupyterHub.load_roles[0]["scopes"] == ["self", "shares!user", "custom:elastic-gpu:kernels!user"]
+    assert c2.JupyterHub.load_roles[1] == {"name": "x", "scopes": []}
     assert c.Spawner.server_token_scopes == sorted(
         ["access:servers!server", "users:activity!user", "read:users:name!user", "custom:elastic-gpu:kernels!user"]
     )
