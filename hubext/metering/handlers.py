@@ -1,4 +1,5 @@
-"""The usage API: /hub/api/gpu/usage (report), /hub/api/gpu/usage/records, /hub/api/gpu/capacity.
+"""The usage page /hub/gpu/usage and API: /hub/api/gpu/usage (report), /hub/api/gpu/usage/records,
+/hub/api/gpu/capacity.
 
 Access uses JupyterHub's ``read:users`` scope and its user filter: an admin (or a service
 given ``read:users``) reads everyone's usage; a user holds ``read:users!user=<self>`` and reads
@@ -22,29 +23,35 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
+from jinja2 import ChoiceLoader, FileSystemLoader
 from jupyterhub.apihandlers.base import APIHandler
+from jupyterhub.handlers.base import BaseHandler
 from tornado import web
 
 from quotas import ConfigError
 
 from .capacity import parse_slice, plan_capacity
 from .meter import UsageMeter
-from .plot import capacity_svg, usage_svg
-from .report import ReportError, parse_time, records_csv, report_csv, report_xlsx, usage_report
+from .plot import capacity_svg, held_busy_svg, usage_svg
+from .report import GROUP_KEYS, ReportError, parse_time, records_csv, report_csv, report_xlsx, usage_report
 
 DEFAULT_DAYS = 30
 FORMATS = {
     "json": "application/json",
     "csv": "text/csv; charset=utf-8",
     "svg": "image/svg+xml",
+    "html": "text/html; charset=utf-8",
     "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
 }
 
 
-class UsageAPIHandler(APIHandler):
-    """Shared: the meter, the period, who may be read."""
+class UsageAccess:
+    """Shared by the API and the page: the meter, the period, who may be read, the records."""
 
     def meter(self) -> UsageMeter:
         meter = UsageMeter.instance(config=self.settings.get("config"), log=self.log)
@@ -77,8 +84,8 @@ class UsageAPIHandler(APIHandler):
             return [me.name]
         raise web.HTTPError(403, "Reading GPU usage needs the read:users scope (your own usage: read:users!user).")
 
-    def output_format(self, allowed: tuple[str, ...]) -> str:
-        fmt = self.get_argument("format", "json")
+    def output_format(self, allowed: tuple[str, ...], default: str = "json") -> str:
+        fmt = self.get_argument("format", default)
         if fmt not in allowed:
             raise web.HTTPError(400, f"format {fmt!r} is not offered here; use one of {', '.join(allowed)}.")
         return fmt
@@ -97,14 +104,18 @@ class UsageAPIHandler(APIHandler):
             self.log.error("GPU usage store cannot be read: %s", e)
             raise web.HTTPError(503, "The GPU usage store cannot be read now; see the hub log.") from None
 
+    async def respond(self) -> None:
+        raise NotImplementedError
+
     async def get(self) -> None:
         try:
             await self.respond()
         except (ReportError, ConfigError) as e:  # bad parameters or prices: the sentence, not a traceback
             raise web.HTTPError(400, e.message) from None
 
-    async def respond(self) -> None:
-        raise NotImplementedError
+
+class UsageAPIHandler(UsageAccess, APIHandler):
+    """The JSON/CSV/XLSX/SVG API."""
 
 
 class UsageReportHandler(UsageAPIHandler):
@@ -167,7 +178,60 @@ class CapacityHandler(UsageAPIHandler):
             self.send(fmt, json.dumps({**plan.to_dict(), "answer": plan.sentence()}), "gpu-capacity")
 
 
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+class UsagePageHandler(UsageAccess, BaseHandler):
+    """GET /hub/gpu/usage: the usage page (admins: everyone; a user: their own), CSV/XLSX downloads."""
+
+    def _add_template_path(self) -> None:
+        env = self.settings["jinja2_env"]
+        if not getattr(env, "_elastic_gpu_usage_templates", False):
+            env.loader = ChoiceLoader([env.loader, FileSystemLoader(str(TEMPLATES))])
+            env._elastic_gpu_usage_templates = True
+
+    @web.authenticated
+    async def get(self) -> None:
+        await super().get()
+
+    async def respond(self) -> None:
+        fmt = self.output_format(("html", "csv", "xlsx"), default="html")
+        today = datetime.now(timezone.utc).date()
+        form = {
+            "from": self.get_argument("from", "") or (today - timedelta(days=DEFAULT_DAYS - 1)).isoformat(),
+            "to": self.get_argument("to", "") or (today + timedelta(days=1)).isoformat(),
+            "by": self.get_argument("by", "user"),
+        }
+        start, end = parse_time(form["from"], "from"), parse_time(form["to"], "to")
+        users = self.readable_users()
+        meter = self.meter()
+        now = time.time()
+        records = await self.records(start, end, users)
+        report = usage_report(records, start, end, [form["by"]], meter.price_table(), now=now)
+        if fmt == "csv":
+            self.send(fmt, report_csv(report), "gpu-usage")
+            return
+        if fmt == "xlsx":
+            self.send(fmt, report_xlsx(report), "gpu-usage")
+            return
+        self._add_template_path()
+        html = await self.render_template(
+            "elastic_gpu_usage.html",
+            report=report.to_dict(),
+            form=form,
+            query=urlencode(form),
+            group_keys=GROUP_KEYS,
+            everyone=users is None,
+            users=users or [],
+            usage_chart=usage_svg(records, start, end, form["by"], now=now),
+            held_chart=held_busy_svg(report),
+            error="",
+        )
+        self.finish(html)
+
+
 USAGE_HANDLERS = [
+    (r"/gpu/usage", UsagePageHandler),
     (r"/api/gpu/usage", UsageReportHandler),
     (r"/api/gpu/usage/records", UsageRecordsHandler),
     (r"/api/gpu/capacity", CapacityHandler),

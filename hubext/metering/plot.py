@@ -10,7 +10,7 @@ from xml.sax.saxutils import escape
 
 from .capacity import CapacityPlan
 from .record import UsageRecord
-from .report import parse_group, usage_report
+from .report import Report, parse_group, usage_report
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 900, 420, 70, 190, 40, 50
@@ -167,5 +167,41 @@ def capacity_svg(plan: CapacityPlan) -> str:
         f'<text x="{WIDTH - RIGHT + 30}" y="{TOP + 16 * i + 9}">{escape(t)}</text>'
         for i, (t, _, c) in enumerate([("GPUs needed", 0, PALETTE[0]), *lines])
     ]
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def held_busy_svg(report: Report, max_rows: int = 15) -> str:
+    """Horizontal bars per group: GPU-hours held, split into busy, idle (waste) and unmetered."""
+    rows = sorted(report.rows, key=lambda r: -r["gpu_hours"])[:max_rows]
+    label_w, bar_w, row_h = 180, 520, 22
+    height = 50 + row_h * max(1, len(rows))
+    top = max((r["gpu_hours"] for r in rows), default=0.0)
+    scale = bar_w / top if top > 0 else 0.0
+    parts = (("busy_gpu_hours", "busy", PALETTE[2]), ("idle_gpu_hours", "idle", PALETTE[1]))
+    parts += (("unmetered_gpu_hours", "unmetered", "#bab0ac"),)
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="egpu-held-busy" width="{label_w + bar_w + 160}" '
+        f'height="{height}" font-family="sans-serif" font-size="11">',
+        "<title>GPU-hours held: busy, idle and unmetered</title>",
+    ]
+    for i, (_, name, colour) in enumerate(parts):
+        x = label_w + 110 * i
+        out.append(f'<rect x="{x}" y="6" width="10" height="10" fill="{colour}"/>')
+        out.append(f'<text x="{x + 14}" y="15">{name}</text>')
+    for i, row in enumerate(rows):
+        y = 30 + row_h * i
+        name = "/".join(str(row[k]) for k in report.by) or "all"
+        out.append(f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end">{escape(name[:28])}</text>')
+        x = float(label_w)
+        for key, part, colour in parts:
+            w = row[key] * scale
+            if w > 0:
+                out.append(
+                    f'<rect class="egpu-{part}" x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 6}" '
+                    f'fill="{colour}"><title>{escape(name)}: {row[key]:.2f} GPU-hours {part}</title></rect>'
+                )
+                x += w
+        out.append(f'<text x="{x + 6:.1f}" y="{y + 13}">{row["gpu_hours"]:.2f}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 
 import pytest
 
 from hubext.metering.store import UsageStore
-from tests.hubrunner import http
+from tests.cli.browser import Browser, chromium_path
+from tests.hubrunner import REPO, http
 from tests.kernelprovider.helpers import Server, local_stack
 
 SPEC = "elastic-gpu-gpu-10g"
@@ -18,7 +20,9 @@ EXTRA = """
 c.UsageMeter.sample_interval_seconds = 0.5
 c.UsageMeter.prices = {"H100-80GB": {"gpu_hour": 4.0}}
 c.UsageMeter.currency = "EUR"
+c.Authenticator.admin_users = {"usage-admin"}
 """
+ARTIFACTS = REPO / "artifacts" / "metering"
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +79,49 @@ def test_a_gpu_kernel_is_recorded_and_each_user_reads_only_their_own_usage(stack
     assert status == 200 and plan["sessions"] == 1 and plan["gpus_needed_peak"] == 1, plan
     status, bad = hub.api("GET", "/gpu/usage?by=team")
     assert status == 400 and "cannot group usage by 'team'" in bad["message"]
+
+
+async def test_the_usage_page_in_a_browser_shows_everyone_to_an_admin_and_only_their_own_to_a_user(stack):
+    if chromium_path() is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs it: apt-get install chromium)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    work, st = stack
+    hub = st["hub"]
+    assert [r for r in store_of(work).records() if r.user == "alice"], "the first test recorded alice's kernel"
+    for name in ("usage-admin", "bob"):
+        browser = await Browser(width=1280, height=1500).start()
+        try:
+            await browser.goto(hub.url + "/hub/login")
+            await browser.submit_and_wait(
+                f"document.getElementById('username_input').value = {name!r};"
+                "document.getElementById('password_input').value = 'any';"
+                "document.querySelector('form').submit();"
+            )
+            await browser.goto(hub.url + "/hub/gpu/usage?by=user")
+            assert (await browser.url()).endswith("/hub/gpu/usage?by=user")
+            text = await browser.evaluate("document.body.innerText")
+            assert "GPU usage" in text
+            rows = await browser.evaluate(
+                "Array.from(document.querySelectorAll('.egpu-cost-row td:first-child')).map(c => c.innerText.trim())"
+            )
+            if name == "usage-admin":
+                assert "Everyone's GPU use" in text and "alice" in rows
+                assert await browser.evaluate("document.querySelectorAll('.egpu-chart svg rect title').length") >= 2
+                assert (
+                    await browser.evaluate(
+                        "document.querySelectorAll('svg.egpu-held-busy .egpu-busy, "
+                        "svg.egpu-held-busy .egpu-idle, svg.egpu-held-busy .egpu-unmetered')"
+                        ".length"
+                    )
+                    >= 1
+                )
+                shot = await browser.screenshot(ARTIFACTS / "gpu-usage.png")
+                assert shot.stat().st_size > 10_000
+            else:
+                assert "Your GPU use (bob)" in text and rows == [] and "No GPU use in this period." in text
+        finally:
+            await browser.close()
 
 
 def test_records_survive_a_hub_sigkill(stack):
