@@ -6,16 +6,15 @@ kernels) that outlived their hub, to stop them on Ctrl-C or to say that the next
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import signal
-import time
 from pathlib import Path
 from typing import Any
 
 from ..contract import allocation_from_dict, allocation_to_dict
 from ..local.ledger import LEDGER_FILE, Ledger
-from ..local.processes import process_alive
+from ..local.processes import process_alive, stop_slice
 from .base import ADMISSION_FILE, CLIError
 
 
@@ -64,44 +63,35 @@ def offline_view(config_dir: Path, what: str) -> dict[str, Any]:
         ledger.close()
 
 
-def live_holders(data: Path) -> list[int]:
-    """Pids of the GPU holders (servers, kernels) in the ledger whose process still runs."""
+def live_holders(data: Path) -> dict[str, int]:
+    """Allocation id -> pid of the GPU holders (servers, kernels) in the ledger whose process still runs."""
     path = data / LEDGER_FILE
-    if not path.exists():
-        return []
+    if not path.exists() or not os.access(path, os.R_OK):
+        return {}
     ledger = Ledger(path)
     try:
         rows = ledger.rows()
     finally:
         ledger.close()
-    return [
-        int(r["holder"])
+    return {
+        r["id"]: int(r["holder"])
         for r in rows
         if r["holder"] and r["holder"].isdigit() and process_alive(int(r["holder"]), r["holder_started"])
-    ]
+    }
 
 
 def stop_leftover_holders(data: Path, grace_seconds: float = 5.0) -> int:
-    """Stop the process groups of GPU holders (servers, kernels) still alive after the hub exited.
+    """Stop the GPU holders (servers, kernels) still alive after the hub exited, with every process of
+    their slice (``setsid`` children included), as the pool stops a slice.
 
     ``up`` promises that Ctrl-C stops everything the hub started; JupyterHub stops its servers,
     and this catches what outlives them (a GPU kernel whose server could not reach the broker).
     """
     alive = live_holders(data)
-    found = len(alive)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in alive:
-            try:
-                os.killpg(pid, sig)
-            except OSError:
-                try:
-                    os.kill(pid, sig)
-                except OSError:
-                    pass
-        deadline = time.monotonic() + grace_seconds
-        while time.monotonic() < deadline and any(process_alive(p) for p in alive):
-            time.sleep(0.1)
-        alive = [p for p in alive if process_alive(p)]
-        if not alive:
-            break
-    return found
+
+    async def stop_all() -> None:
+        await asyncio.gather(*(stop_slice(aid, (pid,), grace_seconds) for aid, pid in alive.items()))
+
+    if alive:
+        asyncio.run(stop_all())
+    return len(alive)

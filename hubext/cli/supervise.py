@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from ..local.processes import process_alive, process_start_time
+from ..local.processes import process_alive, process_cmdline, process_start_time
 from .accounts import HUB_UMASK, harden_hub_state, prepare_mode
 from .base import ADMISSION_FILE, CONFIG_FILE, DEFAULT_IP, DEFAULT_PORT, CLIError, say
 from .client import http_get, hub_running, read_hub_state, read_token, write_hub_state
@@ -53,7 +53,7 @@ def claim_config_dir(config_dir: Path) -> IO[str]:
             "--config-dir"
         )
     hub_pid = _pid_file(data / "jupyterhub.pid")
-    if hub_pid and "jupyterhub" in " ".join(_cmdline(hub_pid)):
+    if hub_pid and "jupyterhub" in " ".join(process_cmdline(hub_pid)):
         lock.close()
         raise CLIError(
             f"a JupyterHub (pid {hub_pid}) already runs with the config dir {config_dir} (its pid file is "
@@ -70,13 +70,6 @@ def _pid_file(path: Path) -> int:
     return pid if process_alive(pid) else 0
 
 
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-
-
 def port_free(ip: str, port: int) -> bool:
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -90,7 +83,7 @@ def port_free(ip: str, port: int) -> bool:
 def stale_proxy(data: Path) -> int | None:
     """The pid of a configurable-http-proxy left running by this config's previous hub, if any."""
     pid = _pid_file(data / "jupyterhub-proxy.pid")
-    return pid if pid and "configurable-http-proxy" in " ".join(_cmdline(pid)) else None
+    return pid if pid and "configurable-http-proxy" in " ".join(process_cmdline(pid)) else None
 
 
 def install_kernelspecs(url: str, token: str, log_path: Path) -> str:

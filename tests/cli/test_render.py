@@ -40,5 +40,5 @@ def test_quota_columns_line_up_with_long_names_and_unlimited_limits():
     workspace = {**level("vision-team-workspace", (184320, 825, 13), (163840, None, None)), "namespaces": [namespace]}
     text = render_quota({"workspaces": [workspace]}, "from a test")
     assert_columns_line_up(text)
-    assert re.search(r"^    bob\s+20\.0 GiB / 30\.0 GiB\s+25 % / 100 %\s+1 / 4$", text, re.M), text
-    assert re.search(r"^    boss\s+160\.0 GiB / 160\.0 GiB\s+800 % / unlimited\s+12 / unlimited$", text, re.M), text
+    assert re.search(r"^    bob\s+20 GiB / 30 GiB\s+25 % / 100 %\s+1 / 4$", text, re.M), text
+    assert re.search(r"^    boss\s+160 GiB / 160 GiB\s+800 % / unlimited\s+12 / unlimited$", text, re.M), text
