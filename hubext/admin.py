@@ -25,6 +25,7 @@ from quotas import AdmissionState
 
 from .allocator import GPUAllocator
 from .contract import allocation_to_dict, pool_to_dict
+from .pages import kernel_records, server_names, slice_row
 
 TEMPLATES = Path(__file__).parent / "templates"
 RESOURCES = ("memory_mib", "cores_percent", "gpus")
@@ -43,14 +44,19 @@ def pool_view(
     events: list[dict[str, Any]] | None = None,
     source: str = "hub",
     now: float | None = None,
+    holders: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The pool: every GPU with its slices (owner, size, age), use against capacity and activity.
+
+    ``holders``: allocation id -> {server_name, kernel_id} where the hub knows what holds a
+    slice (the admin page's stop buttons need them).
 
     ``nodes`` is load_pool's format (``[{name, gpus: [{uuid, model, memory_mib, ...}]}]``),
     ``allocations`` dicts as :func:`hubext.local_pool.allocation_to_dict` writes them.
     """
     now = time.time() if now is None else now
     activity = activity or {}
+    holders = holders or {}
     allocations = list(allocations)
     by_gpu: dict[str, list[Mapping[str, Any]]] = {}
     for a in allocations:
@@ -84,6 +90,8 @@ def pool_view(
                         "whole": bool(a.get("whole")),
                         "borrowed": bool(a.get("borrowed")),
                         "age_seconds": round(max(0.0, now - created)) if created else None,
+                        "server_name": holders.get(a["id"], {}).get("server_name", ""),
+                        "kernel_id": holders.get(a["id"], {}).get("kernel_id", ""),
                     }
                 )
             act = dict(activity.get(gpu["uuid"], {}))
@@ -125,20 +133,28 @@ def quota_view(state: AdmissionState, *, source: str = "hub") -> dict[str, Any]:
     return {"source": source, "workspaces": state.usage()["workspaces"]}
 
 
-async def hub_pool_view(allocator: GPUAllocator) -> dict[str, Any]:
-    """The pool view of a running hub's allocator (any pool backend)."""
+async def hub_pool_view(allocator: GPUAllocator, users: Iterable[Any] = ()) -> dict[str, Any]:
+    """The pool view of a running hub's allocator (any pool backend); ``users`` (the hub's
+    users) let it name the server of each notebook slice."""
     await allocator.ensure_started()
     backend = allocator.backend
     pool = await backend.inventory()
     activity = backend.activity()
     events = backend.events()
+    allocations = list(allocator.state.allocations.values())
+    servers, kernels = server_names(users), kernel_records()
+    holders = {}
+    for a in allocations:
+        row = slice_row(a, servers, kernels)
+        holders[a.id] = {"server_name": row["server_name"], "kernel_id": row["kernel_id"]}
     return pool_view(
         pool_to_dict(pool),
-        [allocation_to_dict(a) for a in allocator.state.allocations.values()],
+        [allocation_to_dict(a) for a in allocations],
         simulated=bool(backend.simulated),
         activity=activity,
         queue=allocator.queue(),
         events=events,
+        holders=holders,
     )
 
 
@@ -159,7 +175,7 @@ class GPUPoolAPIHandler(APIHandler):
 
     @needs_scope("read:servers")
     async def get(self) -> None:
-        self.write(json.dumps(await hub_pool_view(_allocator(self))))
+        self.write(json.dumps(await hub_pool_view(_allocator(self), self.users.values())))
 
 
 class GPUQuotaAPIHandler(APIHandler):
@@ -201,9 +217,15 @@ class GPUAdminPageHandler(BaseHandler):
     async def get(self) -> None:
         self._add_template_path()
         allocator = _allocator(self)
-        pool = await hub_pool_view(allocator)
+        pool = await hub_pool_view(allocator, self.users.values())
         quota = await hub_quota_view(allocator)
-        html = await self.render_template("elastic_gpu_admin.html", pool=pool, quota=quota, bars=gpu_bars(pool))
+        try:  # ?refresh=SECONDS: how often the page reloads its content (default 5, at least 1)
+            refresh = max(1.0, float(self.get_argument("refresh", "5")))
+        except ValueError:
+            refresh = 5.0
+        html = await self.render_template(
+            "elastic_gpu_admin.html", pool=pool, quota=quota, bars=gpu_bars(pool), refresh_seconds=refresh
+        )
         self.finish(html)
 
 

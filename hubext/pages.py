@@ -1,0 +1,124 @@
+"""What a user sees of their GPUs on /hub/home and the spawn page: their slices and what is left.
+
+``configure_hub`` puts :func:`user_gpu` in ``c.JupyterHub.template_vars`` (JupyterHub calls it
+with the page's user when it renders a page) and this package's templates first in
+``c.JupyterHub.template_paths``: ``home.html`` and ``spawn.html`` extend JupyterHub's own
+pages with ``elastic_gpu_user.html``. Nothing here changes state; a hub whose allocator has not
+started yet shows nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from quotas import Allocation, Owner
+
+from .allocator import GPUAllocator
+
+RESOURCES = ("memory_mib", "cores_percent", "gpus")
+
+
+def server_names(users: Iterable[Any]) -> dict[str, tuple[str, str]]:
+    """allocation id -> (user, server name) for the notebooks of running GPU servers."""
+    out: dict[str, tuple[str, str]] = {}
+    for user in users:
+        for name, spawner in getattr(user, "spawners", {}).items():
+            allocation_id = getattr(spawner, "_gpu_allocation_id", "")
+            if allocation_id:
+                out[allocation_id] = (user.name, name or "")
+    return out
+
+
+def kernel_records() -> dict[str, Any]:
+    """allocation id -> the broker's kernel record, when the broker runs in this hub."""
+    from .broker.core import GPUBroker
+
+    if not GPUBroker.initialized():
+        return {}
+    return {r.allocation_id: r for r in GPUBroker.instance().kernels.values() if r.allocation_id}
+
+
+def slice_row(allocation: Allocation, servers: Mapping[str, tuple[str, str]], kernels: Mapping[str, Any]) -> dict:
+    """One slice as pages show it: what it is for (server, kernel) and its size."""
+    record = kernels.get(allocation.id)
+    if record is not None:
+        server_name, kernel_id = record.server_name, record.id
+    else:
+        server_name, kernel_id = servers.get(allocation.id, (allocation.owner.user, ""))[1], ""
+    return {
+        "allocation_id": allocation.id,
+        "user": allocation.owner.user,
+        "kind": allocation.kind,
+        "server_name": server_name,
+        "kernel_id": kernel_id,
+        "memory_mib": allocation.memory_mib,
+        "cores_percent": allocation.cores_percent,
+        "count": len(allocation.gpu_uuids),
+        "whole": allocation.whole,
+        "node": allocation.node,
+        "priority_class": allocation.priority_class,
+    }
+
+
+def quota_levels(usage: Mapping[str, Any], owner: Owner) -> list[dict[str, Any]]:
+    """The owner's user, namespace and workspace levels from ``AdmissionState.usage()``, each with
+    ``used``, ``limits`` and ``left`` (None = unlimited), narrowest first."""
+    found: list[dict[str, Any]] = []
+    for ws in usage["workspaces"]:
+        if ws["name"] != owner.workspace:
+            continue
+        for ns in ws["namespaces"]:
+            if ns["name"] != owner.namespace:
+                continue
+            user = next((u for u in ns["users"] if u["name"] == owner.user), None)
+            if user is not None:
+                found.append({"label": "you", **user})
+            found.append({"label": f"namespace {ns['name']}", **ns})
+        found.append({"label": f"workspace {ws['name']}", **ws})
+    for level in found:
+        level["left"] = {
+            r: None if level["limits"][r] is None else max(0, level["limits"][r] - level["used"][r]) for r in RESOURCES
+        }
+    return found
+
+
+def remaining(levels: list[dict[str, Any]]) -> dict[str, int | None]:
+    """What one more request may take at most: the smallest room over the levels (None = unlimited)."""
+    out: dict[str, int | None] = {}
+    for r in RESOURCES:
+        room = [level["left"][r] for level in levels if level["left"][r] is not None]
+        out[r] = min(room) if room else None
+    return out
+
+
+def owner_of(user: Any) -> Owner:
+    """The quota owner of ``user``'s GPU use, as their default spawner maps it."""
+    spawner = getattr(user, "spawner", None)
+    gpu_owner = getattr(spawner, "gpu_owner", None)
+    if callable(gpu_owner):
+        return gpu_owner()
+    return Owner(user=user.name)
+
+
+def user_gpu(user: Any) -> dict[str, Any] | None:
+    """The page's user's slices, waiting requests and remaining quota (None: nothing to show)."""
+    if user is None or not GPUAllocator.initialized():
+        return None
+    allocator = GPUAllocator.instance()
+    state = allocator.state
+    if state is None:
+        return None
+    owner = owner_of(user)
+    mine = [a for a in state.allocations.values() if a.owner.user == user.name]
+    servers = server_names([user])
+    kernels = kernel_records()
+    levels = quota_levels(state.usage(), owner)
+    return {
+        "owner": {"workspace": owner.workspace, "namespace": owner.namespace},
+        "slices": [slice_row(a, servers, kernels) for a in sorted(mine, key=lambda a: a.created_at)],
+        "waiting": [q for q in allocator.queue() if q["user"] == user.name],
+        "levels": levels,
+        "remaining": remaining(levels),
+        "simulated": bool(allocator.backend.simulated) if allocator.backend is not None else False,
+    }
