@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hubext.metering import ReportError, load_prices, parse_slice, plan_capacity, report_csv, usage_report
 from hubext.metering.plot import capacity_svg, usage_svg
 from hubext.metering.record import UsageRecord
+from hubext.metering.replay import plan_by_replay, replay
 from hubext.metering.report import METRICS, parse_time, records_csv, report_xlsx
 from quotas import ConfigError
 
@@ -243,3 +244,24 @@ def test_charts_are_svg_with_a_bar_per_group_and_the_plan_lines():
     assert svg.count("alice: 0.25 GPU-hours") == 4 and svg.count("alice: 2.00 GPU-hours") == 2
     plan_svg = capacity_svg(plan_capacity(CAPACITY, 0.0, 10 * H, 0.25))
     assert ">peak 2</text>" in plan_svg and ">p95 2</text>" in plan_svg
+
+
+def test_replay_through_the_admission_core_counts_what_fragmentation_costs():
+    # five sessions of 0.6 of a card at once; at 1/5 slices each needs 3 slices ON ONE card, so a
+    # card holds one of them: the concurrency bound says 3 GPUs, placement needs 5
+    sessions = [rec(f"s{i}", f"u{i}", "H100-80GB", 81920, 49152, 60, 0.0, H) for i in range(5)]
+    assert plan_capacity(sessions, 0.0, 2 * H, 0.2).gpus_needed_peak == 3
+    plan = plan_by_replay(sessions, 0.0, 2 * H, 0.2, max_wait_seconds=30)
+    assert plan.gpus_needed == 5
+    assert plan.tried == {3: H, 4: H, 5: 0.0}  # p95 wait: the fifth session waits the hour out below 5
+    result = replay(sessions, 0.0, 2 * H, gpus=3, model="H100-80GB", memory_mib=81920, slice_fraction=0.2)
+    assert sorted(result.waits) == [0.0, 0.0, 0.0, H, H] and result.unserved == 0
+
+
+def test_replay_of_the_hand_example_waits_for_a_whole_card_on_one_gpu():
+    result = replay(CAPACITY, 0.0, 10 * H, gpus=1, model="H100-80GB", memory_mib=81920, slice_fraction=0.25)
+    # a (1/4) and b (1/2) share the card; c (whole) waits from 3 h until b leaves at 6 h
+    assert sorted(result.waits) == [0.0, 0.0, 3 * H]
+    assert plan_by_replay(CAPACITY, 0.0, 10 * H, 0.25).gpus_needed == 2
+    with pytest.raises(ReportError, match="no recorded sessions"):
+        plan_by_replay(CAPACITY, 20 * H, 30 * H, 0.25)
