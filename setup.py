@@ -39,6 +39,26 @@ class BuildPyWithShim(build_py):
             self.announce(f"built {path}", level=2)
 
 
+try:  # setuptools >= 70.1 carries bdist_wheel; older builds have the wheel package's
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # pragma: no cover
+    from wheel.bdist_wheel import bdist_wheel
+
+
+class PlatformWheel(bdist_wheel):
+    """Tag the wheel py3-none-<platform>: libvgpu.so is loaded by the CUDA programs (LD_PRELOAD),
+    never imported by Python, so one wheel serves every Python 3 on that platform (the hub image's,
+    the node agent's and the kernel image's)."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        self.root_is_pure = False
+
+    def get_tag(self):
+        _, _, platform = super().get_tag()
+        return "py3", "none", platform
+
+
 class BinaryDistribution(Distribution):
     """The wheel carries a compiled library: tag it for the platform, not py3-none-any."""
 
@@ -46,4 +66,4 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildPyWithShim}, distclass=BinaryDistribution)
+setup(cmdclass={"build_py": BuildPyWithShim, "bdist_wheel": PlatformWheel}, distclass=BinaryDistribution)

@@ -1,0 +1,220 @@
+"""What a platform team installs (issue 14): helm/images/Dockerfile (hub = z2jh's k8s-hub + our
+wheel; the node agent/culler; a GPU kernel image) and the wheel itself.
+
+No Docker engine runs here, so the Dockerfile is checked for what can be checked without one
+(its stages and bases, that every path it copies exists and is not ignored, hadolint's usual
+rules, that the values and the README point at it), and its install step is run for real: the
+wheel is built with `pip wheel`, carries the compiled shim, and installs without a compiler into
+a fresh venv holding the JupyterHub and KubeSpawner versions of z2jh's hub image, where the hub
+config (`configure_hub`) runs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.helm import tools
+
+REPO = tools.REPO
+DOCKERFILE = REPO / "helm" / "images" / "Dockerfile"
+DOCKERIGNORE = REPO / "helm" / "images" / "Dockerfile.dockerignore"
+HELM_README = REPO / "helm" / "README.md"
+# z2jh 4.1.0's hub image (images/hub/requirements.txt of the zero-to-jupyterhub-k8s 4.1.0 tag)
+Z2JH_VERSION = "4.1.0"
+Z2JH_HUB_PINS = {"jupyterhub": "5.2.1", "jupyterhub-kubespawner": "7.0.0"}
+PACKAGES = ("quotas", "hubext", "kernelprovider", "culler", "libvgpu")
+
+
+def _stages() -> dict[str, str]:
+    """{stage name: base image} of the Dockerfile."""
+    text = DOCKERFILE.read_text()
+    return {m[1]: m[0] for m in re.findall(r"^FROM\s+(\S+)\s+AS\s+(\S+)\s*$", text, flags=re.M | re.I)}
+
+
+def _args() -> dict[str, str]:
+    return dict(re.findall(r"^ARG\s+(\w+)=(\S+)\s*$", DOCKERFILE.read_text(), flags=re.M))
+
+
+def _instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with line continuations joined and comments dropped."""
+    lines = [ln for ln in DOCKERFILE.read_text().splitlines() if not ln.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1]) for ln in joined.splitlines() if ln.strip()]
+
+
+def test_dockerfile_has_the_hub_agent_and_kernel_images():
+    stages = _stages()
+    assert set(stages) == {"wheel", "hub", "agent", "kernel"}
+    assert stages["hub"] == "quay.io/jupyterhub/k8s-hub:${Z2JH_VERSION}"
+    assert _args()["Z2JH_VERSION"] == Z2JH_VERSION
+    # the shim is compiled where glibc is old (manylinux2014: 2.17) and checked by auditwheel
+    assert stages["wheel"].startswith("quay.io/pypa/manylinux2014_x86_64:")
+    assert "auditwheel repair --plat manylinux2014_x86_64" in DOCKERFILE.read_text()
+
+
+def test_every_base_image_is_pinned():
+    args = _args()
+    for stage, base in _stages().items():
+        image = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m[1], m[0]), base)
+        if image in _stages():
+            continue
+        assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), f"{stage}: {image} is not pinned"
+
+
+def _ignored(path: str) -> bool:
+    """Whether Dockerfile.dockerignore (which ignores everything, then re-includes) drops ``path``."""
+    patterns = [p for p in DOCKERIGNORE.read_text().splitlines() if p.strip() and not p.startswith("#")]
+    included = [p[1:].rstrip("/") for p in patterns if p.startswith("!")]
+    return not any(path == inc or path.startswith(inc + "/") for inc in included)
+
+
+def test_every_path_the_dockerfile_copies_exists_in_the_build_context():
+    copied = []
+    for instr, args in _instructions():
+        if instr != "COPY" or "--from=" in args:
+            continue
+        *sources, _dest = args.split()
+        copied += sources
+    assert copied
+    for src in copied:
+        rel = src.rstrip("/")
+        assert (REPO / rel).exists(), f"COPY {src}: no such path in the repository root (the build context)"
+        assert not _ignored(rel), f"COPY {src}: Dockerfile.dockerignore leaves it out of the context"
+    # every package of the wheel is copied
+    assert set(PACKAGES) <= {s.rstrip("/") for s in copied}
+    assert {"pyproject.toml", "setup.py", "README.md"} <= set(copied)
+
+
+def test_dockerfile_follows_hadolints_rules():
+    """DL3008/DL3015 (apt --no-install-recommends), DL3009 (apt lists removed), DL3042 (pip
+    --no-cache-dir), DL3002 (the last USER of each image is not root), DL4006-ish (one image per
+    target, the context kept small by the ignore file)."""
+    current, last_user = None, {}
+    for instr, args in _instructions():
+        if instr == "FROM":
+            current = args.split()[-1]
+        if instr == "USER":
+            last_user[current] = args.strip()
+        if instr != "RUN":
+            continue
+        for cmd in re.split(r"&&|;", args):
+            if "apt-get install" in cmd:
+                assert "--no-install-recommends" in cmd and "-y" in cmd, cmd
+            if re.search(r"\bpip install\b", cmd):
+                assert "--no-cache-dir" in cmd, cmd
+        if "apt-get install" in args:
+            assert "rm -rf /var/lib/apt/lists/*" in args
+    for stage in ("hub", "agent", "kernel"):
+        assert last_user.get(stage) not in (None, "root", "0"), f"{stage} image runs as root"
+    assert DOCKERIGNORE.read_text().splitlines()[1:2] == ["**"] or "**" in DOCKERIGNORE.read_text().split()
+
+
+def test_the_readme_says_how_to_build_and_push_each_image():
+    text = HELM_README.read_text()
+    for target in ("hub", "agent", "kernel"):
+        assert f"docker build -f helm/images/Dockerfile --target {target}" in text, target
+    assert "docker push" in text
+
+
+def test_values_point_at_the_images():
+    values = yaml.safe_load((tools.CHART / "values.yaml").read_text())
+    text = (tools.CHART / "values.yaml").read_text()
+    assert values["image"]["repository"] == "jupyterhub-elastic-gpu"
+    assert "--target agent" in text
+    z2jh = yaml.safe_load((tools.Z2JH_EXAMPLES / "values.yaml").read_text())
+    assert z2jh["hub"]["image"]["tag"].startswith(Z2JH_VERSION + "-")
+    assert "--target hub" in (tools.Z2JH_EXAMPLES / "values.yaml").read_text()
+
+
+# ---- the wheel ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    """`pip wheel` of the sources git does not ignore (copied, so the build leaves nothing in the tree)."""
+    src = tmp_path_factory.mktemp("src")
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "pyproject.toml", "setup.py", "README.md"]
+        + list(PACKAGES),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for rel in files:
+        if (REPO / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, src / rel)
+    out = tmp_path_factory.mktemp("dist")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(out), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (built,) = out.glob("*.whl")
+    return built
+
+
+def test_wheel_carries_the_compiled_shim_and_serves_every_python(wheel):
+    assert wheel.name.startswith("jupyterhub_elastic_gpu-") and "-py3-none-linux_x86_64" in wheel.name
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"libvgpu/libvgpu.so", "libvgpu/libvgpu-cuda.so", "libvgpu/libvgpu-nvml.so"} <= names
+    assert "hubext/kubernetes/bootstrap.py" in names
+    with zipfile.ZipFile(wheel) as zf:
+        assert zf.read("libvgpu/libvgpu.so")[:4] == b"\x7fELF"
+
+
+def test_wheel_installs_without_a_compiler_and_configures_a_z2jh_hub(wheel, tmp_path):
+    """A fresh venv with z2jh 4.1.0's JupyterHub and KubeSpawner and our wheel, no compiler on PATH;
+    the hub config of helm/examples-z2jh runs there. (The other dependencies are taken from the
+    test environment, after the venv's own packages, to keep this test fast.)"""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = venv / "bin" / "python"
+    pins = [f"{name}=={version}" for name, version in Z2JH_HUB_PINS.items()]
+    env = {**os.environ, "PATH": f"{venv / 'bin'}:/usr/bin:/bin", "CC": "/nonexistent/cc"}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(
+        [str(py), "-m", "pip", "install", "--no-deps", "--no-compile", str(wheel), *pins],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    # after the venv's own site-packages: the rest of the dependencies (sqlalchemy, tornado, ...)
+    (site / "zz-test-deps.pth").write_text(
+        "\n".join(p for p in sys.path if p.endswith("site-packages") and not p.startswith(str(venv))) + "\n"
+    )
+    z2jh = yaml.safe_load((tools.Z2JH_EXAMPLES / "values.yaml").read_text())
+    snippet = "\n".join(z2jh["hub"]["extraConfig"].values())
+    probe = (
+        "import importlib.metadata as md, os, hubext, libvgpu, jupyterhub, kubespawner\n"
+        "from traitlets.config import Config\n"
+        "c = Config()\n"
+        f"exec(compile({snippet!r}, 'hub.extraConfig', 'exec'), {{'c': c, 'get_config': lambda: c}})\n"
+        "print(jupyterhub.__version__, md.version('jupyterhub-kubespawner'))\n"
+        "print(hubext.__file__)\n"
+        "print(os.path.isfile(os.path.join(os.path.dirname(libvgpu.__file__), 'libvgpu.so')))\n"
+        "print(c.JupyterHub.spawner_class)\n"
+    )
+    proc = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    versions, module, shim, spawner = proc.stdout.split("\n")[:4]
+    assert versions == f"{Z2JH_HUB_PINS['jupyterhub']} {Z2JH_HUB_PINS['jupyterhub-kubespawner']}"
+    assert module.startswith(str(venv)), "the hub must import the installed wheel, not the source tree"
+    assert shim == "True"
+    assert spawner == "hubext.ElasticGPUSpawner"
