@@ -26,6 +26,7 @@ from .capacity import parse_slice, plan_capacity
 from .meter import UsageMeter
 from .plot import capacity_svg, usage_svg
 from .prices import PriceTable
+from .replay import plan_by_replay
 from .report import GROUP_KEYS, ReportError, parse_time, records_csv, report_csv, report_xlsx, usage_report
 from .store import UsageStore
 
@@ -62,6 +63,9 @@ def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slice", default="1", help="slice size: 1/4, 0.25, 25%%, or memory such as 20GiB")
     parser.add_argument("--model", default="", help="only sessions on this GPU model (needed for a memory size)")
     parser.add_argument("--percentile", type=float, default=95.0, help="served without waiting this %% of the time")
+    parser.add_argument("--max-wait", type=float, default=30.0, help="replay: the longest wait allowed (s)")
+    parser.add_argument("--per-node", type=int, default=8, help="replay: GPUs per node of the planned pool")
+    parser.add_argument("--no-replay", action="store_true", help="only the concurrency bound, no admission replay")
     parser.add_argument("--svg", metavar="FILE", default="", help="write the GPUs-needed chart to FILE")
 
 
@@ -122,13 +126,26 @@ def run_capacity(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
         store, _ = _load(args)
         records = store.records(start, end)
         card = next((r.gpu_memory_mib for r in records if r.gpu_model == args.model and r.gpu_memory_mib), 0)
-        plan = plan_capacity(
-            records, start, end, parse_slice(args.slice, card), percentile=args.percentile, model=args.model
-        )
+        fraction = parse_slice(args.slice, card)
+        plan = plan_capacity(records, start, end, fraction, percentile=args.percentile, model=args.model)
+        replayed = None
+        if not args.no_replay:
+            replayed = plan_by_replay(
+                records,
+                start,
+                end,
+                fraction,
+                model=args.model,
+                max_wait_seconds=args.max_wait,
+                percentile=args.percentile,
+                gpus_per_node=args.per_node,
+            )
     except (ReportError, ConfigError) as e:
         print(f"elastic-gpu capacity: {e.message}", file=sys.stderr)
         return 2
     out.write(plan.sentence() + "\n")
+    if replayed is not None:
+        out.write(replayed.sentence() + "\n")
     if args.svg:
         Path(args.svg).write_text(capacity_svg(plan))
         out.write(f"wrote {args.svg}\n")

@@ -14,8 +14,10 @@ for all users. Query parameters:
     only this user's records;
 ``format``
     ``json`` (default), ``csv``, ``xlsx`` or ``svg`` (a stacked GPU-hours chart); records: json or csv;
-``slice``, ``model``, ``percentile``
-    capacity: slice size (1/4, 0.25, 25%, 20GiB), GPU model, percentile (default 95).
+``slice``, ``model``, ``percentile``, ``max_wait``, ``per_node``, ``replay``
+    capacity: slice size (1/4, 0.25, 25%, 20GiB), GPU model, percentile (default 95); the replay
+    through admission (``replay=0`` skips it) looks for the smallest pool of ``per_node`` GPUs
+    per node (8) whose percentile wait is at most ``max_wait`` seconds (30).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from quotas import ConfigError
 from .capacity import parse_slice, plan_capacity
 from .meter import UsageMeter
 from .plot import capacity_svg, held_busy_svg, usage_svg
+from .replay import plan_by_replay
 from .report import GROUP_KEYS, ReportError, parse_time, records_csv, report_csv, report_xlsx, usage_report
 
 DEFAULT_DAYS = 30
@@ -171,11 +174,35 @@ class CapacityHandler(UsageAPIHandler):
         records = await self.records(start, end, None)
         card = next((r.gpu_memory_mib for r in records if r.gpu_model == model and r.gpu_memory_mib), 0)
         fraction = parse_slice(self.get_argument("slice", "1"), card)
-        plan = plan_capacity(records, start, end, fraction, now=time.time(), percentile=percentile, model=model)
+        now = time.time()
+        plan = plan_capacity(records, start, end, fraction, now=now, percentile=percentile, model=model)
         if fmt == "svg":
             self.send(fmt, capacity_svg(plan), "gpu-capacity")
-        else:
-            self.send(fmt, json.dumps({**plan.to_dict(), "answer": plan.sentence()}), "gpu-capacity")
+            return
+        body: dict[str, Any] = {**plan.to_dict(), "answer": plan.sentence()}
+        if self.get_argument("replay", "1") != "0":
+            try:
+                max_wait = float(self.get_argument("max_wait", "30"))
+                per_node = int(self.get_argument("per_node", "8"))
+            except ValueError:
+                raise ReportError("max_wait must be seconds (e.g. 30) and per_node a whole number of GPUs.") from None
+            try:
+                replayed = await asyncio.to_thread(
+                    plan_by_replay,
+                    records,
+                    start,
+                    end,
+                    fraction,
+                    model=model,
+                    max_wait_seconds=max_wait,
+                    percentile=percentile,
+                    gpus_per_node=per_node,
+                    now=now,
+                )
+                body["admission"] = replayed.to_dict()
+            except ReportError as e:  # e.g. several models and none chosen: the bound still answers
+                body["admission"] = {"error": e.message}
+        self.send(fmt, json.dumps(body), "gpu-capacity")
 
 
 TEMPLATES = Path(__file__).parent / "templates"

@@ -132,6 +132,18 @@ class ReplayPlan:
     tried: dict[int, float]  # GPUs -> the percentile wait (s) there
     lower_bound: CapacityPlan
 
+    def sentence(self) -> str:
+        if self.gpus_needed is None:
+            return (
+                f"Replayed through admission, no pool up to {max(self.tried)} {self.model} GPUs keeps the "
+                f"p{self.percentile:g} wait within {self.max_wait_seconds:g} s."
+            )
+        return (
+            f"Replayed through admission ({self.gpus_per_node} GPUs per node), {self.gpus_needed} {self.model} GPUs "
+            f"keep the p{self.percentile:g} wait within {self.max_wait_seconds:g} s "
+            f"(the concurrency bound was {self.lower_bound.gpus_needed_percentile})."
+        )
+
     def to_dict(self) -> dict:
         return {
             "gpus_needed": self.gpus_needed,
@@ -141,6 +153,7 @@ class ReplayPlan:
             "model": self.model,
             "slice_fraction": self.slice_fraction,
             "tried": {str(k): (v if math.isfinite(v) else None) for k, v in sorted(self.tried.items())},
+            "answer": self.sentence(),
         }
 
 
@@ -155,9 +168,9 @@ def plan_by_replay(
     percentile: float = 95.0,
     gpus_per_node: int = 8,
     now: float | None = None,
-    max_gpus: int = 1024,
 ) -> ReplayPlan:
-    """Replay with 1, 2, ... GPUs (from the concurrency lower bound) until the wait fits."""
+    """Replay with N, N+1, ... GPUs from the concurrency bound N until the wait fits, at most up to
+    a whole card for every concurrent session's GPU plus one node (where nothing waits for a slice)."""
     now = end if now is None else now
     records = [
         r for r in records if (not model or r.gpu_model == model) and min(end, r.end(now)) > max(start, r.granted_at)
@@ -176,6 +189,8 @@ def plan_by_replay(
     if memory <= 0:
         raise ReportError(f"the memory of a {model} card is not recorded; cannot size its slices.")
     lower = plan_capacity(records, start, end, slice_fraction, now=now, percentile=percentile, model=model)
+    whole = plan_capacity(records, start, end, 1.0, now=now, model=model)
+    max_gpus = max(whole.gpus_needed_peak, lower.gpus_needed_percentile) + gpus_per_node
     tried: dict[int, float] = {}
     n = max(1, lower.gpus_needed_percentile)
     while n <= max_gpus:

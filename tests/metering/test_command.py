@@ -75,6 +75,9 @@ def test_capacity_answers_in_a_sentence(hub_config):
     )
     assert run_capacity(args, out) == 0
     assert "need 1 GPUs at their peak" in out.getvalue()
+    assert "Replayed through admission (8 GPUs per node), 1 H100-80GB GPUs keep the p95 wait within 30 s" in (
+        out.getvalue()
+    )
 
 
 def test_bad_input_is_one_sentence_and_exit_status_2(hub_config, capsys):

@@ -77,6 +77,7 @@ def test_a_gpu_kernel_is_recorded_and_each_user_reads_only_their_own_usage(stack
     assert status == 200 and svg.startswith("<svg") and ">alice</text>" in svg
     status, plan = hub.api("GET", "/gpu/capacity?slice=1/4&model=H100-80GB")
     assert status == 200 and plan["sessions"] == 1 and plan["gpus_needed_peak"] == 1, plan
+    assert plan["admission"]["gpus_needed"] == 1, plan  # replayed through the admission core
     status, bad = hub.api("GET", "/gpu/usage?by=team")
     assert status == 400 and "cannot group usage by 'team'" in bad["message"]
 
