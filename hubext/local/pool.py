@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from ..backends import GoneCallback, PoolBackend
 from .inventory import detect_nvml_gpus, nvml_activity, shim_library
 from .launcher import LocalKernelLauncher
 from .ledger import LEDGER_FILE, Ledger
-from .processes import process_alive, process_start_time, slice_processes, stop_slice
+from .processes import process_alive, process_start_time, signal_all, slice_processes, stop_slice
 
 
 class LocalPool(PoolBackend):
@@ -296,6 +297,8 @@ class LocalPool(PoolBackend):
         if allocation_id in self._kill_tasks:
             return
         leaders = (leader,) if leader else ()
+        if grace_seconds > 0:  # the first SIGTERM now, as the caller returns; the rest in the background
+            signal_all(slice_processes(allocation_id, leaders), signal.SIGTERM)
         task = asyncio.ensure_future(stop_slice(allocation_id, leaders, grace_seconds))
         self._kill_tasks[allocation_id] = task
 

@@ -145,7 +145,8 @@ def slice_processes(allocation_id: str = "", leaders: Iterable[int] = ()) -> set
     return found - spare
 
 
-def _signal_all(pids: Iterable[int], sig: int) -> None:
+def signal_all(pids: Iterable[int], sig: int) -> None:
+    """Send ``sig`` to each of ``pids`` (gone ones are skipped)."""
     for pid in pids:
         try:
             os.kill(pid, sig)
@@ -163,14 +164,14 @@ async def stop_slice(
     deadline = time.monotonic() + grace_seconds
     pids = slice_processes(allocation_id, leaders)
     if grace_seconds > 0 and pids:
-        _signal_all(pids, signal.SIGTERM)
+        signal_all(pids, signal.SIGTERM)
         while pids and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
             pids = slice_processes(allocation_id, leaders)
-            _signal_all(pids, signal.SIGTERM)  # a child forked after the first round
+            signal_all(pids, signal.SIGTERM)  # a child forked after the first round
     deadline = time.monotonic() + kill_wait_seconds
     while pids:
-        _signal_all(pids, signal.SIGKILL)
+        signal_all(pids, signal.SIGKILL)
         if time.monotonic() >= deadline:
             return False
         await asyncio.sleep(0.05)
