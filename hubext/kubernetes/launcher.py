@@ -12,11 +12,11 @@ A kernel keeps its slice across restarts: a restart creates the next generation'
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import time
 from typing import Any
 
+from kubernetes_asyncio.client.rest import ApiException
+from kubespawner.clients import load_config, shared_client
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 
 from quotas import Allocation
@@ -33,10 +33,12 @@ from .objects import (
     make_kernel_pod,
     make_kernel_secret,
     owner_references,
+    path_under_mounts,
     server_working_dir,
     shared_server_volumes,
     volume_sharing_problem,
 )
+from .status import api_message, apply_pod_status, notebook_status, record_from_pod, server_identity
 
 #: z2jh's tolerations of its dedicated user node pools (the key in both spellings z2jh uses)
 Z2JH_USER_TOLERATIONS = [
@@ -44,17 +46,6 @@ Z2JH_USER_TOLERATIONS = [
     for key in ("hub.jupyter.org/dedicated", "hub.jupyter.org_dedicated")
 ]
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
-#: container waiting reasons that will not resolve by waiting
-_FATAL_WAITING = {
-    "ErrImagePull",
-    "ImagePullBackOff",
-    "InvalidImageName",
-    "CreateContainerConfigError",
-    "CreateContainerError",
-    "RunContainerError",
-    "CrashLoopBackOff",
-}
 
 
 class KubernetesKernelLauncher(KernelLauncher):
@@ -235,14 +226,10 @@ class KubernetesKernelLauncher(KernelLauncher):
 
     @property
     def core(self):
-        from kubespawner.clients import shared_client
-
         return shared_client("CoreV1Api")
 
     @property
     def networking(self):
-        from kubespawner.clients import shared_client
-
         return shared_client("NetworkingV1Api")
 
     def _ns(self, server_namespace: str = "") -> str:
@@ -257,8 +244,6 @@ class KubernetesKernelLauncher(KernelLauncher):
     # ---- ledger ------------------------------------------------------------------------
 
     async def start(self) -> list[KernelRecord]:
-        from kubespawner.clients import load_config
-
         load_config()
         selector = f"{C.KIND}=kernel,{C.MANAGED}=true"
         ns = self._ns()
@@ -289,42 +274,17 @@ class KubernetesKernelLauncher(KernelLauncher):
         return records
 
     def _record_from_pod(self, kid: str, pod: Any) -> KernelRecord | None:
-        meta = pod.metadata
-        ann = meta.annotations or {}
-        allocation = C.allocation_from_metadata(meta.labels, ann)
-        if allocation is None:
-            return None
-        try:
-            ports = json.loads(ann.get(C.A_PORTS, "{}"))
-            section = json.loads(ann.get(C.A_SECTION, "{}"))
-        except ValueError:
-            ports, section = {}, {}
-        record = KernelRecord(
-            id=kid,
-            user=allocation.owner.user,
-            server_name=ann.get(C.A_SERVER_NAME, ""),
-            size=ann.get(C.A_SIZE, ""),
-            allocation_id=allocation.id,
-            section=section,
-            ports={k: int(v) for k, v in ports.items() if k in C.PORT_NAMES},
-            signature_scheme=ann.get(C.A_SIGNATURE_SCHEME, "hmac-sha256"),
-            server_identity=ann.get(C.A_SERVER_IDENTITY, ""),
-            holder=meta.name,
-            namespace=meta.namespace,
-            generation=int(ann.get(C.A_GENERATION, "0")),
-            created_at=float(ann.get(C.A_KERNEL_CREATED_AT, "0") or 0),
-            jupyter_kernel_id=ann.get(C.A_JUPYTER_KERNEL_ID, ""),
-            cwd=(pod.spec.containers[0].working_dir or "") if pod.spec and pod.spec.containers else "",
-        )
-        record.set_allocation(allocation)
-        self._apply_pod_status(record, pod)
+        record = record_from_pod(kid, pod)
+        if record is not None:
+            self._apply_pod_status(record, pod)
         return record
+
+    def _apply_pod_status(self, record: KernelRecord, pod: Any) -> None:
+        apply_pod_status(record, pod, self._unschedulable_since, self.unschedulable_grace_seconds)
 
     # ---- the user's server ---------------------------------------------------------------
 
     async def server_ref(self, spawner: Any) -> ServerRef:
-        from kubernetes_asyncio.client.rest import ApiException
-
         pod_name = getattr(spawner, "pod_name", "")
         namespace = getattr(spawner, "namespace", "") or self._ns()
         ref = ServerRef(user=spawner.user.name, name=spawner.name or "", pod_name=pod_name, namespace=namespace)
@@ -340,15 +300,13 @@ class KubernetesKernelLauncher(KernelLauncher):
                         f"The server pod {pod_name} of {spawner.user.name} does not exist; start the server again.", 409
                     ) from None
                 raise
-            ref.identity = _server_identity(pod)
+            ref.identity = server_identity(pod)
             ref.pod_uid = pod.metadata.uid or ""
             ref.pod_labels = dict(pod.metadata.labels or {})
             ref.pod = pod
         return ref
 
     async def server_alive(self, record: KernelRecord, spawner: Any | None) -> bool:
-        from kubernetes_asyncio.client.rest import ApiException
-
         if spawner is None or not spawner.active:
             return False
         if spawner.pending:
@@ -364,13 +322,13 @@ class KubernetesKernelLauncher(KernelLauncher):
             if e.status == 404:
                 return False
             raise
-        if record.server_identity and _server_identity(pod) != record.server_identity:
+        if record.server_identity and server_identity(pod) != record.server_identity:
             return False
         if pod.metadata.deletion_timestamp is not None:
             return False
         if (pod.status.phase if pod.status else "") in ("Succeeded", "Failed"):
             return False
-        notebook = _notebook_status(pod)
+        notebook = notebook_status(pod)
         # a server container that is not running (exited, restarting) has lost its kernels
         return notebook is None or notebook.state is None or notebook.state.running is not None
 
@@ -392,14 +350,14 @@ class KubernetesKernelLauncher(KernelLauncher):
             return [], [], ""
         volumes, mounts = shared_server_volumes(source_pod, tuple(self.shared_volume_kinds))
         home = server_working_dir(source_pod)
-        return volumes, mounts, home if _under(home, mounts) else ""
+        return volumes, mounts, home if path_under_mounts(home, mounts) else ""
 
     def _pod(
         self, record: KernelRecord, allocation: Allocation, server: ServerRef | None, source_pod: Any = None
     ) -> Any:
         settings = dict(server.gpu_settings) if server else {}
         volumes, mounts, home = self._shared(source_pod if source_pod is not None else (server and server.pod))
-        cwd = record.cwd if _under(record.cwd, mounts) else home
+        cwd = record.cwd if path_under_mounts(record.cwd, mounts) else home
         labels = {k: v for k, v in (server.pod_labels if server else {}).items() if k in self.inherited_server_labels}
         pod = make_kernel_pod(
             record,
@@ -441,12 +399,10 @@ class KubernetesKernelLauncher(KernelLauncher):
 
     async def _claim_access_modes(self, claim: str, namespace: str) -> list[str] | None:
         """The access modes of a PersistentVolumeClaim (None when it cannot be read)."""
-        from kubernetes_asyncio.client.rest import ApiException
-
         try:
             pvc = await self._call(self.core.read_namespaced_persistent_volume_claim(claim, namespace))
         except ApiException as e:
-            self.log.warning("Cannot read PersistentVolumeClaim %s/%s: %s", namespace, claim, _api_message(e))
+            self.log.warning("Cannot read PersistentVolumeClaim %s/%s: %s", namespace, claim, api_message(e))
             return None
         return list((pvc.status.access_modes if pvc.status else None) or pvc.spec.access_modes or [])
 
@@ -470,8 +426,6 @@ class KubernetesKernelLauncher(KernelLauncher):
     # ---- lifecycle -------------------------------------------------------------------------
 
     async def launch(self, record: KernelRecord, allocation: Allocation, key: str, server: ServerRef) -> None:
-        from kubernetes_asyncio.client.rest import ApiException
-
         record.namespace = self._ns(server.namespace)
         record.ports = self.pod_ports(record.generation)
         record.server_identity = server.identity
@@ -505,7 +459,7 @@ class KubernetesKernelLauncher(KernelLauncher):
             await self._call(self.core.create_namespaced_pod(record.namespace, pod))
         except ApiException as e:
             await self._cleanup(record.namespace, created)
-            raise LaunchError(f"The GPU kernel pod could not be created: {_api_message(e)}", 500) from None
+            raise LaunchError(f"The GPU kernel pod could not be created: {api_message(e)}", 500) from None
         except LaunchError:
             await self._cleanup(record.namespace, created)
             raise
@@ -522,8 +476,6 @@ class KubernetesKernelLauncher(KernelLauncher):
         self.log.info("GPU kernel %s of %s: pod %s/%s created", record.id, record.user, record.namespace, record.holder)
 
     async def _cleanup(self, namespace: str, created: list[tuple[str, str]]) -> None:
-        from kubernetes_asyncio.client.rest import ApiException
-
         for kind, name in reversed(created):
             try:
                 if kind == "secret":
@@ -537,8 +489,6 @@ class KubernetesKernelLauncher(KernelLauncher):
                     self.log.warning("Could not delete %s %s/%s: %s", kind, namespace, name, e)
 
     async def _delete_pod(self, name: str, namespace: str) -> None:
-        from kubernetes_asyncio.client.rest import ApiException
-
         try:
             await self._call(
                 self.core.delete_namespaced_pod(name, namespace, grace_period_seconds=self.delete_grace_seconds)
@@ -548,8 +498,6 @@ class KubernetesKernelLauncher(KernelLauncher):
                 raise
 
     async def restart(self, record: KernelRecord, allocation: Allocation, server: ServerRef | None) -> None:
-        from kubernetes_asyncio.client.rest import ApiException
-
         old = record.holder
         record.generation += 1
         record.ports = self.pod_ports(record.generation)
@@ -568,61 +516,14 @@ class KubernetesKernelLauncher(KernelLauncher):
             await self._call(self.core.create_namespaced_pod(record.namespace, pod))
         except ApiException as e:
             record.generation -= 1
-            raise LaunchError(f"The GPU kernel pod could not be re-created: {_api_message(e)}", 500) from None
+            raise LaunchError(f"The GPU kernel pod could not be re-created: {api_message(e)}", 500) from None
         record.holder = kernel_pod_name(record)
         record.state, record.reason = "pending", "waiting for the restarted kernel pod to start"
         if old and old != record.holder:  # only now: the allocation always has a live holder
             await self._delete_pod(old, record.namespace)
         self.log.info("GPU kernel %s of %s restarted: pod %s (was %s)", record.id, record.user, record.holder, old)
 
-    def _apply_pod_status(self, record: KernelRecord, pod: Any) -> None:
-        record.activity = C.gpu_activity((pod.metadata.annotations or {}).get(C.A_GPU_ACTIVITY))
-        status = pod.status
-        phase = status.phase if status else "Pending"
-        record.ip = (status.pod_ip if status else "") or ""
-        if pod.metadata.deletion_timestamp is not None:
-            record.state, record.reason = "stopped", "the kernel pod is being deleted"
-            return
-        if phase == "Running":
-            record.state, record.reason = "running", ""
-            self._unschedulable_since.pop(record.id, None)
-            return
-        term = None
-        for cs in (status.container_statuses or []) if status else []:
-            state = cs.state
-            if state and state.waiting and state.waiting.reason in _FATAL_WAITING:
-                record.state = "failed"
-                record.reason = (
-                    f"the kernel container cannot start: {state.waiting.reason}: {state.waiting.message or ''}".strip(
-                        ": "
-                    )
-                )
-                return
-            if state and state.terminated:
-                term = state.terminated
-        if phase in ("Succeeded", "Failed"):
-            code = term.exit_code if term else (0 if phase == "Succeeded" else 1)
-            record.exit_code = code
-            if phase == "Succeeded":
-                record.state, record.reason = "stopped", "the kernel process exited"
-            else:
-                detail = (term.message or term.reason) if term else (status.message or status.reason or "")
-                record.state = "failed"
-                record.reason = f"the kernel pod failed (exit code {code}){': ' + detail if detail else ''}"
-            return
-        for cond in (status.conditions or []) if status else []:
-            if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
-                since = self._unschedulable_since.setdefault(record.id, time.monotonic())
-                if time.monotonic() - since >= self.unschedulable_grace_seconds:
-                    record.state = "failed"
-                    record.reason = f"the kernel pod cannot be scheduled: {cond.message or 'Unschedulable'}"
-                    return
-        record.state = "pending"
-        record.reason = (status.reason or status.message or "waiting for the kernel pod to start") if status else ""
-
     async def refresh(self, record: KernelRecord) -> None:
-        from kubernetes_asyncio.client.rest import ApiException
-
         if record.state not in ("pending", "running") or not record.holder:
             return
         try:
@@ -635,8 +536,6 @@ class KubernetesKernelLauncher(KernelLauncher):
         self._apply_pod_status(record, pod)
 
     async def delete(self, record: KernelRecord) -> None:
-        from kubernetes_asyncio.client.rest import ApiException
-
         ns = record.namespace or self._ns()
         if record.holder:
             await self._delete_pod(record.holder, ns)
@@ -647,7 +546,7 @@ class KubernetesKernelLauncher(KernelLauncher):
                 if pod.metadata.name != record.holder:
                     await self._delete_pod(pod.metadata.name, ns)
         except ApiException as e:
-            self.log.warning("Could not list pods of GPU kernel %s: %s", record.id, _api_message(e))
+            self.log.warning("Could not list pods of GPU kernel %s: %s", record.id, api_message(e))
         await self._cleanup(
             ns,
             [("secret", kernel_base_name(record) + "-key")]
@@ -655,8 +554,6 @@ class KubernetesKernelLauncher(KernelLauncher):
         )
 
     async def sweep(self, known: set[str]) -> list[str]:
-        from kubernetes_asyncio.client.rest import ApiException
-
         ns = self._ns()
         swept: set[str] = set()
         pods = await self._call(self.core.list_namespaced_pod(ns, label_selector=f"{C.KIND}=kernel,{C.MANAGED}=true"))
@@ -680,39 +577,5 @@ class KubernetesKernelLauncher(KernelLauncher):
                         await self._cleanup(ns, [("networkpolicy", obj.metadata.name)])
                         swept.add(obj.metadata.labels.get(C.KERNEL_ID))
         except ApiException as e:
-            self.log.warning("Could not sweep GPU kernel secrets/policies in %s: %s", ns, _api_message(e))
+            self.log.warning("Could not sweep GPU kernel secrets/policies in %s: %s", ns, api_message(e))
         return sorted(swept)
-
-
-def _under(path: str, mounts: list) -> bool:
-    """Whether ``path`` is at or below one of ``mounts``' mount paths."""
-    if not path:
-        return False
-    path = os.path.normpath(path)
-    return any(
-        os.path.commonpath([path, os.path.normpath(m.mount_path)]) == os.path.normpath(m.mount_path) for m in mounts
-    )
-
-
-def _notebook_status(pod: Any) -> Any | None:
-    """The container status of a server pod's notebook container (KubeSpawner names it 'notebook')."""
-    statuses = (pod.status.container_statuses if pod.status else None) or []
-    return next((c for c in statuses if c.name == "notebook"), statuses[0] if statuses else None)
-
-
-def _server_identity(pod: Any) -> str:
-    """A server pod's uid and its notebook container's restart count: a kernel belongs to one run
-    of the server process (a restarted container has lost its kernels)."""
-    notebook = _notebook_status(pod)
-    restarts = notebook.restart_count if notebook is not None else 0
-    return f"{pod.metadata.uid}/{restarts or 0}"
-
-
-def _api_message(e: Exception) -> str:
-    body = getattr(e, "body", None)
-    if body:
-        try:
-            return json.loads(body).get("message") or str(body)
-        except (ValueError, AttributeError, TypeError):
-            return str(body)[:300]
-    return str(getattr(e, "reason", "") or e)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import os
 from importlib import resources
 
 from kubernetes_asyncio.client import models as k8s
@@ -454,3 +455,13 @@ def apply_gpu_to_pod(
     container.resources = resources
     annotations[C.A_BACKEND] = backend
     annotations[C.A_SECTION] = json.dumps(section, sort_keys=True)
+
+
+def path_under_mounts(path: str, mounts: list) -> bool:
+    """Whether ``path`` is at or below one of ``mounts``' mount paths."""
+    if not path:
+        return False
+    path = os.path.normpath(path)
+    return any(
+        os.path.commonpath([path, os.path.normpath(m.mount_path)]) == os.path.normpath(m.mount_path) for m in mounts
+    )

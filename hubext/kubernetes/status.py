@@ -1,0 +1,129 @@
+"""What a kernel pod and a server pod say about a GPU kernel: pure functions over Kubernetes objects."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from .. import contract as C
+from ..kernels import KernelRecord
+
+#: container waiting reasons that will not resolve by waiting
+FATAL_WAITING = {
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+    "CrashLoopBackOff",
+}
+
+
+def record_from_pod(kid: str, pod: Any) -> KernelRecord | None:
+    """The broker's record of kernel ``kid`` rebuilt from its pod (None: not ours, or damaged).
+
+    The caller applies the pod's status (:func:`apply_pod_status`)."""
+    meta = pod.metadata
+    ann = meta.annotations or {}
+    allocation = C.allocation_from_metadata(meta.labels, ann)
+    if allocation is None:
+        return None
+    try:
+        ports = json.loads(ann.get(C.A_PORTS, "{}"))
+        section = json.loads(ann.get(C.A_SECTION, "{}"))
+    except ValueError:
+        ports, section = {}, {}
+    record = KernelRecord(
+        id=kid,
+        user=allocation.owner.user,
+        server_name=ann.get(C.A_SERVER_NAME, ""),
+        size=ann.get(C.A_SIZE, ""),
+        allocation_id=allocation.id,
+        section=section,
+        ports={k: int(v) for k, v in ports.items() if k in C.PORT_NAMES},
+        signature_scheme=ann.get(C.A_SIGNATURE_SCHEME, "hmac-sha256"),
+        server_identity=ann.get(C.A_SERVER_IDENTITY, ""),
+        holder=meta.name,
+        namespace=meta.namespace,
+        generation=int(ann.get(C.A_GENERATION, "0")),
+        created_at=float(ann.get(C.A_KERNEL_CREATED_AT, "0") or 0),
+        jupyter_kernel_id=ann.get(C.A_JUPYTER_KERNEL_ID, ""),
+        cwd=(pod.spec.containers[0].working_dir or "") if pod.spec and pod.spec.containers else "",
+    )
+    record.set_allocation(allocation)
+    return record
+
+
+def apply_pod_status(
+    record: KernelRecord, pod: Any, unschedulable_since: dict[str, float], unschedulable_grace_seconds: float
+) -> None:
+    """Set ``record``'s state, reason, ip, exit code and GPU activity from its pod.
+
+    ``unschedulable_since`` remembers since when each kernel's pod is Unschedulable."""
+    record.activity = C.gpu_activity((pod.metadata.annotations or {}).get(C.A_GPU_ACTIVITY))
+    status = pod.status
+    phase = status.phase if status else "Pending"
+    record.ip = (status.pod_ip if status else "") or ""
+    if pod.metadata.deletion_timestamp is not None:
+        record.state, record.reason = "stopped", "the kernel pod is being deleted"
+        return
+    if phase == "Running":
+        record.state, record.reason = "running", ""
+        unschedulable_since.pop(record.id, None)
+        return
+    term = None
+    for cs in (status.container_statuses or []) if status else []:
+        state = cs.state
+        if state and state.waiting and state.waiting.reason in FATAL_WAITING:
+            record.state = "failed"
+            record.reason = (
+                f"the kernel container cannot start: {state.waiting.reason}: {state.waiting.message or ''}".strip(": ")
+            )
+            return
+        if state and state.terminated:
+            term = state.terminated
+    if phase in ("Succeeded", "Failed"):
+        code = term.exit_code if term else (0 if phase == "Succeeded" else 1)
+        record.exit_code = code
+        if phase == "Succeeded":
+            record.state, record.reason = "stopped", "the kernel process exited"
+        else:
+            detail = (term.message or term.reason) if term else (status.message or status.reason or "")
+            record.state = "failed"
+            record.reason = f"the kernel pod failed (exit code {code}){': ' + detail if detail else ''}"
+        return
+    for cond in (status.conditions or []) if status else []:
+        if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
+            since = unschedulable_since.setdefault(record.id, time.monotonic())
+            if time.monotonic() - since >= unschedulable_grace_seconds:
+                record.state = "failed"
+                record.reason = f"the kernel pod cannot be scheduled: {cond.message or 'Unschedulable'}"
+                return
+    record.state = "pending"
+    record.reason = (status.reason or status.message or "waiting for the kernel pod to start") if status else ""
+
+
+def notebook_status(pod: Any) -> Any | None:
+    """The container status of a server pod's notebook container (KubeSpawner names it 'notebook')."""
+    statuses = (pod.status.container_statuses if pod.status else None) or []
+    return next((c for c in statuses if c.name == "notebook"), statuses[0] if statuses else None)
+
+
+def server_identity(pod: Any) -> str:
+    """A server pod's uid and its notebook container's restart count: a kernel belongs to one run
+    of the server process (a restarted container has lost its kernels)."""
+    notebook = notebook_status(pod)
+    restarts = notebook.restart_count if notebook is not None else 0
+    return f"{pod.metadata.uid}/{restarts or 0}"
+
+
+def api_message(e: Exception) -> str:
+    body = getattr(e, "body", None)
+    if body:
+        try:
+            return json.loads(body).get("message") or str(body)
+        except (ValueError, AttributeError, TypeError):
+            return str(body)[:300]
+    return str(getattr(e, "reason", "") or e)
