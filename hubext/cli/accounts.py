@@ -304,6 +304,15 @@ def prepare_mode(config_dir: Path, mode: str, reason: str) -> list[str]:
         return [f"mode: the authenticator and spawner jupyterhub_config.py names ({reason})"]
     lines = [f"mode: first-use login (hub-only accounts), because {reason}"]
     if root:
+        from .base import CONFIG_FILE
+
+        if "HubUserGPUSpawner.run_as_account" not in (config_dir / CONFIG_FILE).read_text():
+            raise CLIError(
+                f"{config_dir / CONFIG_FILE} (written by an older elastic-gpu) runs every user's server as the hub's "
+                f"own account, which would be root. Add `c.HubUserGPUSpawner.run_as_account = {TEAM_ACCOUNT!r}` to "
+                "it, or write a fresh config with `elastic-gpu init --force` (data/ is kept), or run `elastic-gpu up` "
+                "as a normal user"
+            )
         account = ensure_team_account(data / "home")
         home = data / "home"
         home.mkdir(exist_ok=True)

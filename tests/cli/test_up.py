@@ -220,6 +220,17 @@ def test_a_second_up_on_a_running_hub_says_so_and_leaves_it_alone(hub):
     assert status == 200, "bob's server is no longer reachable through the proxy"
 
 
+def test_the_cli_token_reads_the_pool_and_the_sizes_but_has_no_rights_on_kernels(hub):
+    token = (hub.config_dir / "data" / "cli-token").read_text().strip()
+    for path in ("/gpu/pool", "/gpu/quota", "/gpu/kernel-sizes"):
+        status, body = hub.api("GET", path, token)
+        assert status == 200, (path, body)
+    status, body = hub.api("GET", f"/gpu/kernels?user={ALICE}", token)
+    assert status == 403, f"the CLI token lists alice's GPU kernels: {body}"
+    status, body = hub.api("POST", "/gpu/kernels", token, {"user": ALICE, "name": "gpu-10g"})
+    assert status == 403, f"the CLI token starts GPU kernels for alice: {body}"
+
+
 def test_gpu_pages_and_api_are_for_admins_only(hub):
     for path in ("/gpu/pool", "/gpu/quota"):
         status, _ = hub.api("GET", path, hub.tokens[ALICE])

@@ -16,11 +16,13 @@ import json
 import os
 import pwd
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.cli.uphub import UpHub, cli, reachable_dir, remove_dir
+from tests.cli.uphub import UpHub, cli, cli_command, reachable_dir, remove_dir
+from tests.hubrunner import free_port
 
 pytestmark = [
     pytest.mark.timeout(300),
@@ -137,3 +139,31 @@ def test_the_hubs_state_is_readable_by_the_hub_alone(hub):
             continue
         info = path.stat()
         assert info.st_uid == 0 and stat.S_IMODE(info.st_mode) & 0o077 == 0, f"{name}: {oct(info.st_mode)}"
+
+
+def test_up_as_root_refuses_a_config_that_would_run_servers_as_root():
+    root = reachable_dir("egpu-sec-old-")
+    config_dir = root / "elastic-gpu"
+    try:
+        init = cli("init", "--config-dir", str(config_dir), "--simulate-gpus", "1xT4", "--authenticator", "firstuse")
+        assert init.returncode == 0, init.stderr
+        hub_config = config_dir / "jupyterhub_config.py"
+        lines = hub_config.read_text().splitlines()
+        hub_config.write_text("\n".join(line for line in lines if "run_as_account" not in line) + "\n")  # an old config
+        up = subprocess.Popen(
+            cli_command() + ["up", "--config-dir", str(config_dir), "--port", str(free_port())],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            out, _ = up.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            up.terminate()
+            out, _ = up.communicate(timeout=60)
+            raise AssertionError(f"`elastic-gpu up` started a hub that runs servers as root:\n{out}") from None
+        assert up.returncode == 1, out
+        assert "runs every user's server as the hub's own account, which would be root" in out, out
+        assert "c.HubUserGPUSpawner.run_as_account = 'elastic-gpu'" in out, out
+    finally:
+        remove_dir(root)
