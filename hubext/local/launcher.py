@@ -244,7 +244,9 @@ class LocalKernelLauncher(KernelLauncher):
         env.update(self.environment)
         return env
 
-    def _write_connection_file(self, record: KernelRecord, key: str | None) -> None:
+    def _write_connection_file(
+        self, record: KernelRecord, key: str | None, ports: dict[str, int] | None = None
+    ) -> None:
         """The kernel's connection file: 0600, owned by the kernel's account, in a hub-owned directory."""
         kdir = self.kernel_dir(record.id)
         kdir.mkdir(parents=True, exist_ok=True)
@@ -258,7 +260,7 @@ class LocalKernelLauncher(KernelLauncher):
             "signature_scheme": record.signature_scheme,
             "key": key,
             "kernel_name": record.kernel_name,
-            **record.ports,
+            **(record.ports if ports is None else ports),
         }
         tmp = str(conn) + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -346,16 +348,16 @@ class LocalKernelLauncher(KernelLauncher):
             return ports  # type: ignore[return-value]
         return None
 
-    async def _await_ports(self, record: KernelRecord, pid: int) -> None:
-        """With kernel_binds_ports: wait until the kernel has bound its ports (it wrote them back)."""
+    async def _await_ports(self, record: KernelRecord, pid: int, ports: dict[str, int]) -> dict[str, int]:
+        """The kernel's ports: ``ports`` as written, or with kernel_binds_ports those it bound and
+        wrote back (waiting until it has)."""
         if not self.kernel_binds_ports:
-            return
+            return ports
         deadline = time.monotonic() + self.ready_timeout_seconds
         while True:
-            ports = self._bound_ports(record)
-            if ports is not None:
-                record.ports = ports
-                return
+            bound = self._bound_ports(record)
+            if bound is not None:
+                return bound
             proc = self._procs.get(record.id)
             if (proc is not None and proc.returncode is not None) or not process_alive(pid):
                 raise LaunchError("The GPU kernel process exited before it was ready" + (self._log_hint(record) or "."))
@@ -382,7 +384,7 @@ class LocalKernelLauncher(KernelLauncher):
             await self._remove_files(record)
             raise LaunchError(f"The GPU kernel's files could not be written: {e}") from None
         record.holder = str(pid)
-        await self._await_ports(record, pid)  # on failure the broker deletes the kernel (holder set)
+        record.ports = await self._await_ports(record, pid, record.ports)  # on failure the broker deletes it
         record.state, record.reason = "running", ""
         self.log.info(
             "GPU kernel %s of %s started: pid %d on %s:%d",
@@ -394,19 +396,23 @@ class LocalKernelLauncher(KernelLauncher):
         )
 
     async def restart(self, record: KernelRecord, allocation: Allocation, server: ServerRef | None) -> None:
+        """A new process in the same slice; the record changes (ports, holder, generation) only once
+        it holds its ports, so a reader never sees a half-restarted kernel."""
         old_pid = int(record.holder) if record.holder.isdigit() else 0
-        record.ports = self._initial_ports()
-        record.generation += 1
-        record.exit_code = None
-        self._write_connection_file(record, None)
+        old_proc = self._procs.get(record.id)
+        ports = self._initial_ports()
+        self._write_connection_file(record, None, ports)
         pid = await self._spawn(record, allocation)
-        record.holder = str(pid)
         try:
-            await self._await_ports(record, pid)
+            ports = await self._await_ports(record, pid, ports)
         except LaunchError:
             await self._terminate(pid)
-            record.holder = str(old_pid) if old_pid else record.holder
+            if old_proc is not None:
+                self._procs[record.id] = old_proc
             raise
+        record.ports, record.holder = ports, str(pid)
+        record.generation += 1
+        record.exit_code = None
         record.state, record.reason = "running", ""
         if old_pid:
             task = asyncio.ensure_future(self._terminate(old_pid))
