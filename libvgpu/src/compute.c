@@ -12,6 +12,11 @@
  * is measured, not guessed: every SAMPLE_NS one process asks NVML for the container's SM
  * utilisation over the window and divides the GPU time it implies by the launches admitted
  * in that window. Kernels of any length and graphs of any size are limited the same way.
+ *
+ * While the cost is not known (a cold start, or after idle) launches are not let through at
+ * a guessed rate: each one is measured on its stream with a pair of events and waited for
+ * before the next, so no backlog can build up, and the first measurement sets the cost and
+ * charges the bucket at once (a 200 ms graph is held to the limit from its first launch).
  */
 #define _GNU_SOURCE
 #include "vgpu.h"
@@ -125,7 +130,9 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
         /* the GPU idled in this window: little was left queued. Below NVML's resolution
          * (1 %) the work is not known to be zero: count it as half a percent. */
         uint64_t est = (busy > window_ns / 200 ? busy : window_ns / 200) / n;
-        cost = !old || est < old / 4 ? est : (old + est) / 2;
+        if (!old) cost = est;
+        else if (window_ns < 4 * old) cost = old; /* launches of this size may not have run yet */
+        else cost = est < old / 2 ? old / 2 : (old + est) / 2; /* down at most twofold */
     }
     atomic_store(&c->cost_ns, cost ? cost : 1);
     vgpu_debug("gpu %d: %.1f%% busy (GPU %.1f%%) over %.1f ms, %llu launches: %.1f us per launch",
@@ -133,7 +140,59 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
                (cost ? cost : 1) / 1e3);
 }
 
-void vgpu_compute_gate(int dev) {
+/* ---- measuring a launch with events (cost unknown) ---------------------------------------- */
+
+static __thread int probing_dev = -1;
+static __thread CUevent probe_start, probe_end;
+static __thread CUstream probe_stream;
+
+/* Records a start event on s before the launch; 1 if this launch is to be measured. */
+static int probe_begin(int dev, CUstream s) {
+    cuEventCreate_fn create = REAL(cuEventCreate);
+    cuEventRecord_fn record = REAL(cuEventRecord);
+    if (!create || !record || !REAL(cuEventSynchronize) || !REAL(cuEventElapsedTime) ||
+        !REAL(cuEventDestroy_v2))
+        return 0;
+    if (create(&probe_start, 0) != CUDA_SUCCESS) return 0;
+    if (create(&probe_end, 0) != CUDA_SUCCESS) {
+        REAL(cuEventDestroy_v2)(probe_start);
+        return 0;
+    }
+    if (record(probe_start, s) != CUDA_SUCCESS) {
+        REAL(cuEventDestroy_v2)(probe_start);
+        REAL(cuEventDestroy_v2)(probe_end);
+        return 0;
+    }
+    probe_stream = s;
+    probing_dev = dev;
+    return 1;
+}
+
+/* After the launch: waits for it, and charges what it took. */
+static __attribute__((noinline)) void probe_finish(CUresult launched) {
+    int dev = probing_dev;
+    probing_dev = -1;
+    float ms = 0;
+    if (launched == CUDA_SUCCESS && REAL(cuEventRecord)(probe_end, probe_stream) == CUDA_SUCCESS &&
+        REAL(cuEventSynchronize)(probe_end) == CUDA_SUCCESS &&
+        REAL(cuEventElapsedTime)(&ms, probe_start, probe_end) == CUDA_SUCCESS && ms > 0) {
+        struct vgpu_compute *c = &vgpu.reg->compute[dev];
+        uint64_t ns = (uint64_t)((double)ms * 1e6), unknown = 0;
+        if (atomic_compare_exchange_strong(&c->cost_ns, &unknown, ns ? ns : 1))
+            vgpu_debug("gpu %d: a launch measured %.3f ms", dev, (double)ms);
+        atomic_fetch_sub(&c->tokens_ns, (int64_t)ns); /* it ran: paid for, whatever the cost */
+        uint64_t never = 0;
+        atomic_compare_exchange_strong(&c->refill_ns, &never, vgpu_mono_ns());
+    }
+    REAL(cuEventDestroy_v2)(probe_start);
+    REAL(cuEventDestroy_v2)(probe_end);
+}
+
+static inline void probe_done(CUresult launched) {
+    if (VGPU_UNLIKELY(probing_dev >= 0)) probe_finish(launched);
+}
+
+void vgpu_compute_gate(int dev, CUstream s) {
     uint32_t pct = vgpu.cfg.cores_percent[dev];
     struct vgpu_compute *c = &vgpu.reg->compute[dev];
     uint64_t now = vgpu_mono_ns();
@@ -144,11 +203,17 @@ void vgpu_compute_gate(int dev) {
     if (now - last >= SAMPLE_NS) sample(dev, pct, c, last, now, prev_gate);
 
     uint64_t cost = atomic_load_explicit(&c->cost_ns, memory_order_relaxed);
-    if (!cost) { /* not measured yet: a few launches per window, so no backlog builds up */
+    if (!cost) { /* not measured yet: measure this launch, or a few launches per window */
+        int64_t t = atomic_load(&c->tokens_ns);
+        if (t < 0) { /* a measured launch left a debt: sleep it off first */
+            uint64_t wait = (uint64_t)(-t) * 100 / pct;
+            vgpu_sleep_ns(wait < MAX_SLEEP_NS ? wait : MAX_SLEEP_NS);
+        }
+        if (probe_begin(dev, s)) return;
         if (in_window > PROBE_LAUNCHES) {
             last = atomic_load(&c->sample_ns);
-            uint64_t t = vgpu_mono_ns();
-            if (last + SAMPLE_NS > t) vgpu_sleep_ns(last + SAMPLE_NS - t);
+            uint64_t t2 = vgpu_mono_ns();
+            if (last + SAMPLE_NS > t2) vgpu_sleep_ns(last + SAMPLE_NS - t2);
         }
         return;
     }
@@ -170,15 +235,15 @@ void vgpu_compute_gate(int dev) {
 
 /* ---- the launch hooks ------------------------------------------------------------------ */
 
-static __attribute__((noinline)) void gate_slow(void) {
+static __attribute__((noinline)) void gate_slow(CUstream s) {
     CUdevice dev;
     vgpu_current_device(&dev);
     if (dev < 0 || dev >= VGPU_MAX_DEV) return;
     if (vgpu.features & VGPU_F_PRIORITY) vgpu_priority_gate(dev);
-    if (vgpu.cfg.cores_percent[dev]) vgpu_compute_gate(dev);
+    if (vgpu.cfg.cores_percent[dev]) vgpu_compute_gate(dev, s);
 }
 
-static inline CUresult gate(int id) {
+static inline CUresult gate(int id, CUstream s) {
     if (VGPU_UNLIKELY(!atomic_load_explicit(&vgpu_cuda_go, memory_order_acquire))) {
         CUresult rc = vgpu_not_ready();
         if (rc != CUDA_SUCCESS) return rc;
@@ -188,7 +253,7 @@ static inline CUresult gate(int id) {
     unsigned f = vgpu.features;
     if (f & VGPU_F_REGION) {
         stamp_activity();
-        if (f & (VGPU_F_COMPUTE | VGPU_F_PRIORITY)) gate_slow();
+        if (f & (VGPU_F_COMPUTE | VGPU_F_PRIORITY)) gate_slow(s);
     }
     return CUDA_SUCCESS;
 }
@@ -197,41 +262,51 @@ VGPU_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int 
                                     unsigned int gz, unsigned int bx, unsigned int by,
                                     unsigned int bz, unsigned int shmem, CUstream s, void **p,
                                     void **e) {
-    CUresult rc = gate(H_cuLaunchKernel);
+    CUresult rc = gate(H_cuLaunchKernel, s);
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
-    return REAL(cuLaunchKernel)(f, gx, gy, gz, bx, by, bz, shmem, s, p, e);
+    rc = REAL(cuLaunchKernel)(f, gx, gy, gz, bx, by, bz, shmem, s, p, e);
+    probe_done(rc);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy,
                                          unsigned int gz, unsigned int bx, unsigned int by,
                                          unsigned int bz, unsigned int shmem, CUstream s,
                                          void **p, void **e) {
-    CUresult rc = gate(H_cuLaunchKernel_ptsz);
+    CUresult rc = gate(H_cuLaunchKernel_ptsz, s);
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
-    return REAL(cuLaunchKernel_ptsz)(f, gx, gy, gz, bx, by, bz, shmem, s, p, e);
+    rc = REAL(cuLaunchKernel_ptsz)(f, gx, gy, gz, bx, by, bz, shmem, s, p, e);
+    probe_done(rc);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **p,
                                       void **e) {
-    CUresult rc = gate(H_cuLaunchKernelEx);
+    CUresult rc = gate(H_cuLaunchKernelEx, cfg ? cfg->hStream : NULL);
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
-    return REAL(cuLaunchKernelEx)(cfg, f, p, e);
+    rc = REAL(cuLaunchKernelEx)(cfg, f, p, e);
+    probe_done(rc);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **p,
                                            void **e) {
-    CUresult rc = gate(H_cuLaunchKernelEx_ptsz);
+    CUresult rc = gate(H_cuLaunchKernelEx_ptsz, cfg ? cfg->hStream : NULL);
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
-    return REAL(cuLaunchKernelEx_ptsz)(cfg, f, p, e);
+    rc = REAL(cuLaunchKernelEx_ptsz)(cfg, f, p, e);
+    probe_done(rc);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy,
                                                unsigned int gz, unsigned int bx, unsigned int by,
                                                unsigned int bz, unsigned int shmem, CUstream s,
                                                void **p) {
-    CUresult rc = gate(H_cuLaunchCooperativeKernel);
+    CUresult rc = gate(H_cuLaunchCooperativeKernel, s);
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
-    return REAL(cuLaunchCooperativeKernel)(f, gx, gy, gz, bx, by, bz, shmem, s, p);
+    rc = REAL(cuLaunchCooperativeKernel)(f, gx, gy, gz, bx, by, bz, shmem, s, p);
+    probe_done(rc);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx,
@@ -239,23 +314,27 @@ VGPU_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int g
                                                     unsigned int bx, unsigned int by,
                                                     unsigned int bz, unsigned int shmem,
                                                     CUstream s, void **p) {
-    CUresult rc = gate(H_cuLaunchCooperativeKernel_ptsz);
+    CUresult rc = gate(H_cuLaunchCooperativeKernel_ptsz, s);
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
-    return REAL(cuLaunchCooperativeKernel_ptsz)(f, gx, gy, gz, bx, by, bz, shmem, s, p);
+    rc = REAL(cuLaunchCooperativeKernel_ptsz)(f, gx, gy, gz, bx, by, bz, shmem, s, p);
+    probe_done(rc);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
-    CUresult rc = gate(H_cuGraphLaunch);
+    CUresult rc = gate(H_cuGraphLaunch, s);
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
     rc = REAL(cuGraphLaunch)(g, s);
+    probe_done(rc);
     vgpu_graph_launched(); /* its memory nodes may have taken memory */
     return rc;
 }
 
 VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
-    CUresult rc = gate(H_cuGraphLaunch_ptsz);
+    CUresult rc = gate(H_cuGraphLaunch_ptsz, s);
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
     rc = REAL(cuGraphLaunch_ptsz)(g, s);
+    probe_done(rc);
     vgpu_graph_launched();
     return rc;
 }
@@ -263,19 +342,25 @@ VGPU_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
 /* The legacy launch API: work like any other launch. (Launches from device code, dynamic
  * parallelism, never pass through the host; their parent kernel's launch is gated.) */
 VGPU_EXPORT CUresult cuLaunch(CUfunction f) {
-    CUresult rc = gate(H_cuLaunch);
+    CUresult rc = gate(H_cuLaunch, NULL);
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
-    return REAL(cuLaunch)(f);
+    rc = REAL(cuLaunch)(f);
+    probe_done(rc);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) {
-    CUresult rc = gate(H_cuLaunchGrid);
+    CUresult rc = gate(H_cuLaunchGrid, NULL);
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
-    return REAL(cuLaunchGrid)(f, w, h);
+    rc = REAL(cuLaunchGrid)(f, w, h);
+    probe_done(rc);
+    return rc;
 }
 
 VGPU_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
-    CUresult rc = gate(H_cuLaunchGridAsync);
+    CUresult rc = gate(H_cuLaunchGridAsync, s);
     if (VGPU_UNLIKELY(rc != CUDA_SUCCESS)) return rc;
-    return REAL(cuLaunchGridAsync)(f, w, h, s);
+    rc = REAL(cuLaunchGridAsync)(f, w, h, s);
+    probe_done(rc);
+    return rc;
 }

@@ -28,6 +28,7 @@ typedef struct CUgraphNode_st *CUgraphNode;
 typedef struct CUgraphExec_st *CUgraphExec;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUkern_st *CUkernel;
+typedef struct CUevent_st *CUevent;
 
 #define CUDA_SUCCESS 0
 #define CUDA_ERROR_INVALID_VALUE 1
@@ -226,6 +227,11 @@ typedef CUresult (*cuLaunchCooperativeKernel_fn)(CUfunction, unsigned int, unsig
                                                  unsigned int, unsigned int, CUstream, void **);
 typedef CUresult (*cuGraphLaunch_fn)(CUgraphExec, CUstream);
 typedef CUresult (*cuLaunch_fn)(CUfunction);
+typedef CUresult (*cuEventCreate_fn)(CUevent *, unsigned int);
+typedef CUresult (*cuEventRecord_fn)(CUevent, CUstream);
+typedef CUresult (*cuEventSynchronize_fn)(CUevent);
+typedef CUresult (*cuEventElapsedTime_fn)(float *, CUevent, CUevent);
+typedef CUresult (*cuEventDestroy_v2_fn)(CUevent);
 typedef CUresult (*cuLaunchGrid_fn)(CUfunction, int, int);
 typedef CUresult (*cuLaunchGridAsync_fn)(CUfunction, int, int, CUstream);
 /* per-thread default stream variants have the same signatures */

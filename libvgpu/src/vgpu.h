@@ -205,6 +205,8 @@ enum vgpu_hook_id {
     /* resolved for the shim's own use */
     H_cuDeviceGetCount, H_cuDeviceGetUuid, H_cuCtxGetDevice, H_cuCtxGetCurrent,
     H_cuCtxPushCurrent_v2, H_cuCtxPopCurrent_v2, H_cuDeviceGetMemPool, H_cuMemPoolGetAttribute, H_cuDeviceGetGraphMemAttribute,
+    H_cuEventCreate, H_cuEventRecord, H_cuEventSynchronize, H_cuEventElapsedTime,
+    H_cuEventDestroy_v2,
     H_cuArrayGetMemoryRequirements, H_cuMipmappedArrayGetMemoryRequirements,
     /* NVML */
     H_nvmlDeviceGetMemoryInfo, H_nvmlDeviceGetMemoryInfo_v2,
@@ -316,7 +318,7 @@ uint64_t vgpu_limit(int dev);
 uint64_t vgpu_container_used(int dev);
 
 /* compute.c / priority.c */
-void vgpu_compute_gate(int dev);
+void vgpu_compute_gate(int dev, CUstream s);
 void vgpu_priority_gate(int dev);
 
 /* nvml.c */

@@ -831,6 +831,48 @@ EXPORT CUresult cuGraphDestroy(CUgraph g) {
     return CUDA_SUCCESS;
 }
 
+/* Events: an event completes when this process's work queued before it has run. */
+struct devent {
+    uint64_t t;
+    int recorded;
+};
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
+    (void)flags;
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    *e = (CUevent)calloc(1, sizeof(struct devent));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
+    (void)s;
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    uint64_t now = dbl_now();
+    pthread_mutex_lock(&local);
+    ((struct devent *)e)->t = last_end > now ? last_end : now;
+    ((struct devent *)e)->recorded = 1;
+    pthread_mutex_unlock(&local);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventSynchronize(CUevent e) {
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    dbl_sleep_until(((struct devent *)e)->t);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventQuery(CUevent e) {
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    return dbl_now() >= ((struct devent *)e)->t ? CUDA_SUCCESS : 600; /* NOT_READY */
+}
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+    struct devent *x = (struct devent *)a, *y = (struct devent *)b;
+    if (!ms || !x || !y || !x->recorded || !y->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    if (dbl_now() < x->t || dbl_now() < y->t) return 600; /* NOT_READY */
+    *ms = (float)((double)((int64_t)y->t - (int64_t)x->t) / 1e6);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventDestroy_v2(CUevent e) {
+    free(e);
+    return CUDA_SUCCESS;
+}
+
 EXPORT CUresult cuCtxSynchronize(void) {
     pthread_mutex_lock(&local);
     uint64_t t = last_end;
@@ -902,6 +944,12 @@ static const struct {
     P("cuCtxPopCurrent", 4000, 0, cuCtxPopCurrent_v2),
     P("cuCtxGetDevice", 2000, 0, cuCtxGetDevice),
     P("cuCtxSynchronize", 2000, 0, cuCtxSynchronize),
+    P("cuEventCreate", 2000, 0, cuEventCreate),
+    P("cuEventRecord", 2000, 0, cuEventRecord),
+    P("cuEventSynchronize", 2000, 0, cuEventSynchronize),
+    P("cuEventQuery", 2000, 0, cuEventQuery),
+    P("cuEventElapsedTime", 2000, 0, cuEventElapsedTime),
+    P("cuEventDestroy", 4000, 0, cuEventDestroy_v2),
     P("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain),
     P("cuDevicePrimaryCtxRelease", 11000, 0, cuDevicePrimaryCtxRelease_v2),
     P("cuDevicePrimaryCtxReset", 11000, 0, cuDevicePrimaryCtxReset_v2),

@@ -1,0 +1,45 @@
+"""The cores limiter without multi-second transients: within 1 s of a cold start, and of a
+resume after idle, a container's share of the simulated GPU is within ±5 points of its limit,
+for kernels and for 200 ms graphs, inside a pid namespace too; a short burst of tiny kernels
+after a pause is not throttled to a probe rate."""
+
+from __future__ import annotations
+
+import pytest
+
+LIMIT = 30
+
+
+def utils(result) -> list[float]:
+    assert result.returncode == 0, result.stderr
+    return [float(kv["util"]) for kv in result.all("util")]
+
+
+# util:WARM:MEASURE:US:KIND  (graphs: 4 nodes of US/4 each)
+CASES = {"kernels": "500:kernel", "graphs-200ms": "200000:graph"}
+
+
+@pytest.mark.parametrize("work", list(CASES.values()), ids=list(CASES))
+@pytest.mark.parametrize("in_pidns", [False, True], ids=["host", "pidns"])
+def test_the_share_is_within_5_points_1s_after_a_cold_start(node, pidns, work, in_pidns):
+    box = node.container("c", f"cores_percent={LIMIT}")
+    r = box.run("init", "ctx", f"util:1:2:{work}", pidns=in_pidns and pidns)
+    (measured,) = utils(r)
+    assert LIMIT - 5 <= measured <= LIMIT + 5
+
+
+@pytest.mark.parametrize("work", list(CASES.values()), ids=list(CASES))
+def test_the_share_is_within_5_points_1s_after_idle(node, work):
+    box = node.container("c", f"cores_percent={LIMIT}")
+    r = box.run("init", "ctx", "util:1:1:500:kernel", "sleep:3500", f"util:1:2:{work}")
+    measured = utils(r)[-1]
+    assert LIMIT - 5 <= measured <= LIMIT + 5
+
+
+def test_tiny_kernels_after_a_pause_are_not_throttled(node):
+    box = node.container("c", f"cores_percent={LIMIT}")
+    r = box.run("init", "ctx", "util:0.5:0.5:500:kernel", "sleep:3500", "burst:100:10")
+    assert r.rcs("burst") == [0]
+    # 100 launches of 10 us: 1 ms of GPU time, well inside the bucket; a probe rate of a few
+    # launches per 50 ms window would take 300 ms
+    assert r.num("burst", "ms") < 120
