@@ -14,11 +14,15 @@ and compares with the allocation that pod holds:
   entry in the card's node region; native backend only): the shim was bypassed.
 
 A finding must persist for ``confirm_checks`` consecutive checks (a process between its first
-allocation and the shim's registration is not a finding). Each episode is counted once in
-``elastic_gpu_enforcement_violations_total{reason}``, recorded once as a Kubernetes Event (on the
-pod, or on the Node for a process of no known pod), and with ``action = 'kill'`` the offending
-processes are killed with SIGKILL: for ``over-limit`` the largest users first until the rest fits,
-for ``unregistered`` the process. ``no-shim`` is reported only: its memory is still bounded by the
+allocation and the shim's registration is not a finding). Each confirmed finding is counted in
+``elastic_gpu_enforcement_violations_total{reason}``, recorded as a Kubernetes Event (on the
+pod, or on the Node for a process of no known pod) and logged, naming the user and the
+allocation. ``action = 'kill'`` (the default) kills the offending processes with SIGKILL: for
+``over-limit`` the largest users first until the rest fits, for ``unregistered`` the process;
+with the default interval (2 s) and confirmation (2 checks) that is within 10 s of the
+violation, and every time it happens: after a kill the episode starts over, so a hog restarted
+under the same allocation is confirmed and killed again. ``no-shim`` is reported only (once per
+episode, as is everything in ``report`` mode): its memory is still bounded by the
 ``over-limit`` check.
 
 :func:`evaluate` is pure (plain data in, findings out); :class:`Backstop` keeps the episode state
@@ -216,16 +220,19 @@ class Backstop(LoggingConfigurable):
     )
     action = Enum(
         ["report", "kill"],
-        default_value="report",
+        default_value="kill",
         config=True,
-        help="""What to do about a violation: 'report' (an Event and a metric) or 'kill' (also
-        SIGKILL the offending processes; needs hostPID and the KILL capability). Default: 'report'.""",
+        help="""What to do about a violation: 'kill' (SIGKILL the offending processes, every time
+        the violation is confirmed, with an Event, a metric and a log line naming the user and
+        the allocation; needs hostPID and the KILL capability) or 'report' (the Event, metric and
+        log line only, once per episode). Default: 'kill'.""",
     )
     interval_seconds = Float(
-        5.0,
+        2.0,
         min=0.1,
         config=True,
-        help="Seconds between two checks of every shared card. Default: 5.",
+        help="""Seconds between two checks of every shared card. With confirm_checks, how soon a
+        violation is acted on: within (confirm_checks + 1) x interval_seconds. Default: 2.""",
     )
     confirm_checks = Integer(
         2,
@@ -287,6 +294,10 @@ class Backstop(LoggingConfigurable):
             if ep.acted or ep.seen < self.confirm_checks:
                 continue
             ep.acted = True
+            if self.action == "kill" and to_kill(finding, self.tolerance_bytes):
+                # killed: whatever stays over the slice afterwards (a respawned hog, a process
+                # that survived) is a new violation, confirmed and acted on again
+                del self._episodes[key]
             actions.count(finding)
             outcome = "Reported only (Backstop.action is 'report')."
             if self.action == "kill":
@@ -309,8 +320,10 @@ class Backstop(LoggingConfigurable):
                     parts.append("Reported only (nothing to kill for this kind of finding).")
                 outcome = " ".join(parts)
             message = describe(finding, self.tolerance_bytes, outcome)
-            log = self.log.warning
-            log("Backstop %s on %s: %s", finding.reason, finding.pod or "node", message)
+            who = f"user {finding.user}, " if finding.user else ""
+            what = f"allocation {finding.allocation_id}" if finding.allocation_id else "no allocation"
+            self.log.warning("Backstop %s on %s (%s%s): %s", finding.reason, finding.pod or "node",
+                             who, what, message)
             await actions.record(finding, message)
             acted.append(finding)
         return acted
