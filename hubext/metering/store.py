@@ -20,6 +20,7 @@ idempotent (a replayed batch changes nothing):
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -29,13 +30,44 @@ import alembic.command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, and_, create_engine, insert, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, create_engine, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
 from .record import UNRECORDED, UsageRecord
 from .schema import VERSION_TABLE, usage
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+ACTIVITY_COLUMNS = (
+    "busy_seconds",
+    "activity_seconds",
+    "memory_used_peak_mib",
+    "memory_used_mean_mib",
+    "activity_samples",
+)
+
+
+def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+_KIND_ORDER = {"granted": 0, "activity": 1, "released": 2}
+
+
+def _by_kind(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Events regrouped by kind between reconciliations (see :meth:`UsageStore.apply`)."""
+    out: list[Mapping[str, Any]] = []
+    segment: list[Mapping[str, Any]] = []
+    for event in events:
+        if event["event"] == "reconcile":
+            out += sorted(segment, key=lambda e: _KIND_ORDER.get(e["event"], 3))
+            out.append(event)
+            segment = []
+        else:
+            segment.append(event)
+    return out + sorted(segment, key=lambda e: _KIND_ORDER.get(e["event"], 3))
 
 
 class StoreError(Exception):
@@ -100,62 +132,66 @@ class UsageStore:
     # ---- writes -------------------------------------------------------------------------------
 
     def apply(self, events: Iterable[Mapping[str, Any]]) -> None:
-        """Apply events in order, in one transaction (all or nothing)."""
+        """Apply events in one transaction (all or nothing), written together by kind: between two
+        reconciliations, grants, then activity, then releases, each kind in its order (one query
+        for the grants, executemany for the rest). That is the order the hub produces them in for
+        any one allocation (grant, activity, release), so the result is that of applying them one
+        by one; a reconciliation sees everything before it and nothing after."""
         with self.engine.begin() as db:
-            for event in events:
-                kind = event["event"]
+            for kind, run in itertools.groupby(_by_kind(events), key=lambda e: e["event"]):
+                run = list(run)
                 if kind == "granted":
-                    self._insert(db, event["record"])
+                    self._insert(db, [e["record"] for e in run])
                 elif kind == "released":
                     db.execute(
                         update(usage)
-                        .where(usage.c.id == event["id"], usage.c.released_at.is_(None))
+                        .where(usage.c.id == bindparam("b_id"), usage.c.released_at.is_(None))
                         .values(
-                            released_at=event["at"],
-                            release_cause=event["cause"],
-                            release_why=event.get("why", ""),
-                            last_seen=event["at"],
-                        )
+                            released_at=bindparam("b_at"),
+                            release_cause=bindparam("b_cause"),
+                            release_why=bindparam("b_why"),
+                            last_seen=bindparam("b_at"),
+                        ),
+                        [
+                            {"b_id": e["id"], "b_at": e["at"], "b_cause": e["cause"], "b_why": e.get("why", "")}
+                            for e in run
+                        ],
                     )
                 elif kind == "activity":
                     db.execute(
                         update(usage)
-                        .where(usage.c.id == event["id"])
-                        .values(
-                            busy_seconds=event["busy_seconds"],
-                            activity_seconds=event["activity_seconds"],
-                            memory_used_peak_mib=event["memory_used_peak_mib"],
-                            memory_used_mean_mib=event["memory_used_mean_mib"],
-                            activity_samples=event["activity_samples"],
-                        )
+                        .where(usage.c.id == bindparam("b_id"))
+                        .values({c: bindparam(f"b_{c}") for c in ACTIVITY_COLUMNS}),
+                        [{"b_id": e["id"], **{f"b_{c}": e[c] for c in ACTIVITY_COLUMNS}} for e in run],
                     )
                 elif kind == "reconcile":
-                    self._reconcile(db, event["at"], event["live"])
+                    for event in run:
+                        self._reconcile(db, event["at"], event["live"])
                 else:
                     raise ValueError(f"unknown usage event {kind!r}")
 
     @staticmethod
-    def _insert(db: Connection, record: Mapping[str, Any]) -> None:
-        if db.execute(select(usage.c.id).where(usage.c.id == record["id"])).first() is None:
-            db.execute(insert(usage).values(**record))
+    def _insert(db: Connection, records: list[Mapping[str, Any]]) -> None:
+        """Insert the records whose id is not stored yet (the first of a repeated id wins)."""
+        new: dict[str, Mapping[str, Any]] = {}
+        for record in records:
+            new.setdefault(record["id"], record)
+        for chunk in _chunks(list(new), 500):
+            for row in db.execute(select(usage.c.id).where(usage.c.id.in_(chunk))):
+                new.pop(row.id, None)
+        if new:
+            db.execute(insert(usage), list(new.values()))
 
     def _reconcile(self, db: Connection, at: float, live: list[Mapping[str, Any]]) -> None:
         live_ids = {r["id"] for r in live}
-        for record in live:
-            self._insert(db, record)
-        if live_ids:
-            db.execute(
-                update(usage).where(usage.c.id.in_(live_ids), usage.c.released_at.is_(None)).values(last_seen=at)
-            )
-        gone = [
-            row.id
-            for row in db.execute(select(usage.c.id).where(usage.c.released_at.is_(None)))
-            if row.id not in live_ids
-        ]
-        for record_id in gone:
+        self._insert(db, list(live))
+        open_ids = {row.id for row in db.execute(select(usage.c.id).where(usage.c.released_at.is_(None)))}
+        for chunk in _chunks(sorted(live_ids & open_ids), 500):
+            db.execute(update(usage).where(usage.c.id.in_(chunk)).values(last_seen=at))
+        for chunk in _chunks(sorted(open_ids - live_ids), 500):
             db.execute(
                 update(usage)
-                .where(usage.c.id == record_id, usage.c.released_at.is_(None))
+                .where(usage.c.id.in_(chunk), usage.c.released_at.is_(None))
                 .values(
                     released_at=usage.c.last_seen,
                     release_cause=UNRECORDED,

@@ -132,3 +132,36 @@ def test_an_unknown_event_is_refused_and_nothing_of_its_batch_is_written(tmp_pat
     with pytest.raises(ValueError, match="unknown usage event 'bogus'"):
         store.apply([{"event": "granted", "record": record("a")}, {"event": "bogus"}])
     assert store.records() == []
+
+
+def test_a_batch_gives_the_same_records_as_its_events_one_by_one(tmp_path):
+    activity = {
+        "event": "activity",
+        "id": "a",
+        "busy_seconds": 30.0,
+        "activity_seconds": 60.0,
+        "memory_used_peak_mib": 900,
+        "memory_used_mean_mib": 500.0,
+        "activity_samples": 2,
+    }
+    events = [
+        {"event": "granted", "record": record("a", granted_at=100.0)},
+        {"event": "granted", "record": record("b", granted_at=110.0)},
+        {"event": "released", "id": "b", "at": 150.0, "cause": "stopped"},
+        {"event": "reconcile", "at": 160.0, "live": [record("a", granted_at=100.0)]},
+        activity,
+        {"event": "granted", "record": record("c", granted_at=170.0)},  # after the reconciliation: stays open
+        {"event": "released", "id": "a", "at": 200.0, "cause": "culled"},
+        {"event": "released", "id": "a", "at": 300.0, "cause": "stopped"},
+    ]
+    one_by_one = UsageStore(f"sqlite:///{tmp_path / 'one.sqlite'}")
+    batched = UsageStore(f"sqlite:///{tmp_path / 'batch.sqlite'}")
+    for store in (one_by_one, batched):
+        store.upgrade()
+    for event in events:
+        one_by_one.apply([event])
+    batched.apply(events)
+    assert batched.records() == one_by_one.records()
+    by_id = {r.id: r for r in batched.records()}
+    assert (by_id["a"].release_cause, by_id["a"].busy_seconds) == ("culled", 30.0)
+    assert by_id["c"].released_at is None and by_id["b"].release_cause == "stopped"
