@@ -10,6 +10,13 @@ same comparison against the bare double (calls that cost nothing but the double'
 bookkeeping) and the absolute nanoseconds the shim adds are printed too.
 
     python bench/shim_overhead.py [--calls N] [--reps R] [--launch-ns 2000] [--alloc-ns 5000]
+    python bench/shim_overhead.py --gpu [--calls N] [--reps R]
+
+``--gpu`` measures on the real driver instead (an NVIDIA GPU and PyTorch needed; ``./dev
+gpu-check`` runs it): tiny PyTorch kernels (one cuLaunchKernel each, as a notebook issues them)
+and the driver's own cuMemAlloc/cuMemFree of 2 MiB through ctypes, with and without the shim
+(memory limit, container region), interleaved; the last line is then
+``gpu launch_ratio=<n> alloc_ratio=<n>`` (target launch_ratio <= 1.02).
 
 The last line is ``shim launch_ratio=<n> alloc_ratio=<n>``: time per call with the shim divided
 by time per call without it (1.00 = free; the target is launch_ratio <= 1.05 with no cores
@@ -19,7 +26,10 @@ limit).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -48,6 +58,62 @@ def measure(node: Node, calls: int, reps: int) -> dict[str, dict[str, float]]:
     }
 
 
+GPU_SCRIPT = """
+import ctypes, json, sys, time
+import torch
+cuda = ctypes.CDLL("libcuda.so.1")
+n = int(sys.argv[1])
+x = torch.zeros(16, device="cuda")
+for _ in range(1000):  # warm up: modules loaded, allocator primed
+    x.add_(1)
+torch.cuda.synchronize()
+t0 = time.perf_counter()
+for _ in range(n):
+    x.add_(1)
+torch.cuda.synchronize()
+launch = (time.perf_counter() - t0) / n * 1e9
+ptr = ctypes.c_uint64()
+m = max(1, n // 10)
+t0 = time.perf_counter()
+for _ in range(m):
+    if cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(2 << 20)) or cuda.cuMemFree_v2(ptr):
+        raise SystemExit("cuMemAlloc_v2/cuMemFree_v2 failed")
+alloc = (time.perf_counter() - t0) / m * 1e9
+print(json.dumps({"launch_ns": launch, "alloc_ns": alloc}))
+"""
+
+
+def measure_gpu(calls: int, reps: int) -> dict[str, dict[str, float]]:
+    """Medians on the real driver, with and without the shim (memory limit + region)."""
+    import libvgpu
+
+    shim = libvgpu.library_path()
+    runs: dict[str, dict[str, list[float]]] = {
+        name: {"launch_ns": [], "alloc_ns": []} for name in ("without", "with")
+    }
+    with tempfile.TemporaryDirectory(prefix="shim-gpu-bench-") as tmp:
+        conf = Path(tmp) / "limits.conf"
+        conf.write_text(f"memory_mib=65536\ncontainer_region={tmp}/container.region\n")
+        base = {k: v for k, v in os.environ.items() if not k.startswith("LIBVGPU_")}
+        base.pop("LD_PRELOAD", None)
+        for _ in range(reps):
+            for name in ("without", "with"):
+                env = dict(base)
+                if name == "with":
+                    env.update(LD_PRELOAD=shim, LIBVGPU_CONFIG=str(conf))
+                proc = subprocess.run([sys.executable, "-c", GPU_SCRIPT, str(calls)], env=env,
+                                      capture_output=True, text=True, timeout=300)
+                if proc.returncode != 0:
+                    raise SystemExit(f"GPU bench run failed ({name}): {proc.stderr[-2000:]}")
+                out = json.loads(proc.stdout.strip().splitlines()[-1])
+                for key in ("launch_ns", "alloc_ns"):
+                    runs[name][key].append(out[key])
+    return {
+        name: {key: statistics.median(values) for key, values in series.items()}
+        for name, series in runs.items()
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--calls", type=int, default=50_000, help="calls per run (default 50000)")
@@ -56,9 +122,21 @@ def main(argv: list[str] | None = None) -> int:
                         help="CPU time a launch costs in the modelled driver, ns (2000)")
     parser.add_argument("--alloc-ns", type=int, default=5000,
                         help="CPU time an allocation or a free costs in the modelled driver (5000)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="measure on the real driver with PyTorch instead of the double")
     args = parser.parse_args(argv)
     if args.calls < 1 or args.reps < 1:
         parser.error("--calls and --reps must be at least 1")
+    if args.gpu:
+        m = measure_gpu(args.calls, args.reps)
+        print(f"real driver, calls per run: {args.calls} launches, {max(1, args.calls // 10)} "
+              f"alloc+free pairs; interleaved runs per side: {args.reps} (medians)")
+        for side in ("without", "with"):
+            print(f"  {side:7} shim: {m[side]['launch_ns']:10.0f} ns per launch "
+                  f"{m[side]['alloc_ns']:10.0f} ns per alloc+free pair")
+        print(f"gpu launch_ratio={m['with']['launch_ns'] / m['without']['launch_ns']:.3f} "
+              f"alloc_ratio={m['with']['alloc_ns'] / m['without']['alloc_ns']:.3f}")
+        return 0
 
     with tempfile.TemporaryDirectory(prefix="shim-bench-") as tmp:
         build = build_all(Path(tmp) / "build")
