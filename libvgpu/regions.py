@@ -208,8 +208,15 @@ class Activity:
         return sum(self.memory_used_bytes) // (1 << 20)
 
 
+#: a time stamped further ahead than this was forged (or the clock jumped): not trusted
+FUTURE_SLACK_SECONDS = 60.0
+
+
 def _seconds(ns: int) -> float | None:
-    return ns / 1e9 if ns else None
+    """A CLOCK_REALTIME stamp in seconds; None for 0 (never) and for stamps in the future."""
+    if not ns or ns / 1e9 > time.time() + FUTURE_SLACK_SECONDS:
+        return None
+    return ns / 1e9
 
 
 def _u32(buf: bytes, off: int) -> int:

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from libvgpu.regions import LAYOUT, RegionError, read_container_region
+from libvgpu.regions import LAYOUT, RegionError, read_container_region, read_node_regions
 
 MiB = 1 << 20
 
@@ -118,3 +118,17 @@ def test_the_shipped_shim_has_no_test_hook_that_holds_the_lock(node):
     assert r.rcs("alloc") == [0]
     assert "holding the accounting lock" not in r.stderr
     assert time.monotonic() - started < 3
+
+
+def test_readers_do_not_trust_launch_times_in_the_future(node):
+    box = node.container("c", "name=c", node_regions=True)
+    box.start("init", "ctx", "launch:1:10", "wait")
+    (region,) = node.node_dir.glob("GPU-*.region")
+    (gpu,) = read_node_regions(node.node_dir).values()
+    (entry,) = gpu.containers
+    assert entry.last_launch_at is not None
+    with open(region, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:  # what the container can write
+        off = 256 + entry.index * LAYOUT["entry.size"] + LAYOUT["entry.last_launch_ns"]
+        m[off:off + 8] = struct.pack("<Q", 2_082_758_400 * 10**9)  # 2036
+    (gpu,) = read_node_regions(node.node_dir).values()
+    assert gpu.containers[0].last_launch_at is None  # not "active until 2036"
