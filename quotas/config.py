@@ -27,7 +27,7 @@ from .tree import Limits, NamespaceQuota, QuotaTree, WorkspaceQuota
 CONFIG_KEYS = (
     "priority_classes", "default_priority_class", "placement", "workspaces", "preemption", "queue",
 )
-QUEUE_KEYS = ("reserve_after_seconds",)
+QUEUE_KEYS = ("reserve_after_seconds", "reserve_spots")
 CLASS_KEYS = ("value", "preempt", "borrow")
 PLACEMENT_KEYS = ("node", "gpu")
 PREEMPTION_KEYS = ("max_candidate_nodes",)
@@ -255,6 +255,7 @@ def load_config(data: Mapping | None) -> AdmissionConfig:
         placement=placement,
         max_preemption_nodes=max_nodes,
         reserve_after_seconds=None if reserve_after is None else float(reserve_after),
+        reserve_spots=_int(queue.get("reserve_spots", 1), "queue.reserve_spots"),
     )
     return AdmissionConfig(policy=policy, quotas=_load_workspaces(data.get("workspaces")))
 

@@ -58,6 +58,9 @@ class Policy:
     #: seconds the head of a priority class may wait for capacity before the queue reserves
     #: capacity for it (None: never; see quotas.queue)
     reserve_after_seconds: float | None = RESERVE_AFTER_SECONDS
+    #: on how many nodes at once capacity is reserved for an overdue head (the first to
+    #: clear wins; more spots: shorter waits for the head, less capacity for the others)
+    reserve_spots: int = 1
 
     def priority_class(self, name: str | None) -> PriorityClass:
         """The class of a request (``None`` -> the default); InvalidRequest if unknown."""

@@ -49,6 +49,8 @@ class Reservation:
     host_memory_mib: int
     blockers: frozenset[str]
     made_at: float
+    #: further (node, cards) held for it, next best first
+    also: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(eq=False)
@@ -78,13 +80,20 @@ class Step:
 class AdmissionQueue:
     """Waiting requests, in priority then arrival order, with reservations for overdue heads."""
 
-    def __init__(self, reserve_after_seconds: float | None = RESERVE_AFTER_SECONDS) -> None:
+    def __init__(
+        self,
+        reserve_after_seconds: float | None = RESERVE_AFTER_SECONDS,
+        reserve_spots: int = 1,
+    ) -> None:
         if reserve_after_seconds is not None and reserve_after_seconds < 0:
             raise ValueError(
                 f"reserve_after_seconds must be 0 or more (or None: never reserve), got "
                 f"{reserve_after_seconds!r}"
             )
+        if isinstance(reserve_spots, bool) or not isinstance(reserve_spots, int) or reserve_spots < 1:
+            raise ValueError(f"reserve_spots must be a whole number >= 1, got {reserve_spots!r}")
         self.reserve_after_seconds = reserve_after_seconds
+        self.reserve_spots = reserve_spots
         self._waiting: list[Waiting] = []
         self._seq = itertools.count()
 
@@ -134,22 +143,26 @@ class AdmissionQueue:
                 if not head or not isinstance(d.error, PoolFull):
                     continue  # only a head waiting for capacity (not quota) reserves
                 bound = self.reserve_after_seconds
-                if w.reservation is None and bound is not None and now - w.enqueued_at >= bound:
-                    w.reservation = reserve(state, w.request, now)
+                if bound is not None and now - w.enqueued_at >= bound:
+                    if w.reservation is None:
+                        w.reservation = reserve(state, w.request, now, self.reserve_spots)
                 if w.reservation is not None:
                     hold(w.reservation)
         return steps
 
 
-def reserve(state: AdmissionState, request: GPURequest, now: float) -> Reservation | None:
-    """The node and cards where ``request`` waits for the fewest allocations to leave."""
+def reserve(
+    state: AdmissionState, request: GPURequest, now: float, spots: int = 1
+) -> Reservation | None:
+    """The node and cards where ``request`` waits for the fewest allocations to leave, and up
+    to ``spots - 1`` next-best ones on other nodes (the first of them to clear wins)."""
     ix = state._index
     group = request.model.lower() if request.model else ANY
     whole = request.whole
     m = 0 if whole else request.memory_mib
     c = 0 if whole else request.cores_percent
     k, cpu, hmem = request.count, request.cpu_millicores, request.host_memory_mib
-    best: tuple | None = None
+    options: list[tuple] = []
     for ni in ix.capable_nodes(m, c, k, whole, group):
         if ix.cpu_static[ni] < cpu or ix.hmem_static[ni] < hmem:
             continue
@@ -170,19 +183,24 @@ def reserve(state: AdmissionState, request: GPURequest, now: float) -> Reservati
         blockers = {aid for gi in chosen if _in_way(ix, gi, m, c, whole) for aid in ix.on[gi]}
         if ix.cpu_free[ni] < cpu or ix.hmem_free[ni] < hmem:
             blockers |= {aid for aid in ix.node_allocs[ni] if not aid.startswith(HOLD)}
-        key = (len(blockers), sum(f for _, f, _ in cards[:k]), ni)
-        if best is None or key < best[0]:
-            best = (key, ni, chosen, blockers)
-    if best is None:
+        options.append(((len(blockers), sum(f for _, f, _ in cards[:k]), ni), ni, chosen, blockers))
+    options.sort(key=lambda o: o[0])
+
+    def uuids(cards: list[int]) -> tuple[str, ...]:
+        return tuple(ix.gpus[gi].uuid for gi in cards)
+
+    if not options:
         return None
-    _, ni, chosen, blockers = best
+    _, ni, chosen, blockers = options[0]
+
     return Reservation(
         node=ix.node_names[ni],
-        cards=tuple(ix.gpus[gi].uuid for gi in chosen),
+        cards=uuids(chosen),
         cpu_millicores=cpu,
         host_memory_mib=hmem,
         blockers=frozenset(blockers),
         made_at=now,
+        also=tuple((ix.node_names[o[1]], uuids(o[2])) for o in options[1:spots]),
     )
 
 
@@ -205,16 +223,17 @@ def _holds(state: AdmissionState) -> Iterator:
     no = (False,) * ix.n_pred  # never a preemption victim
 
     def hold(r: Reservation) -> None:
-        uuids = tuple(u for u in r.cards if u in ix.gi_of)
-        if not uuids and r.node not in ix.ni_of:
-            return  # the inventory changed under it
-        a = Allocation(
-            id=f"{HOLD}{len(placed)}", owner=Owner(HOLD), node=r.node, gpu_uuids=uuids,
-            memory_mib=0, cores_percent=0, priority_class="", whole=True,
-            cpu_millicores=r.cpu_millicores, host_memory_mib=r.host_memory_mib,
-        )
-        ix.apply(a, no, 1)
-        placed.append(a)
+        for node, cards in ((r.node, r.cards), *r.also):
+            uuids = tuple(u for u in cards if u in ix.gi_of)
+            if not uuids and node not in ix.ni_of:
+                continue  # the inventory changed under it
+            a = Allocation(
+                id=f"{HOLD}{len(placed)}", owner=Owner(HOLD), node=node, gpu_uuids=uuids,
+                memory_mib=0, cores_percent=0, priority_class="", whole=True,
+                cpu_millicores=r.cpu_millicores, host_memory_mib=r.host_memory_mib,
+            )
+            ix.apply(a, no, 1)
+            placed.append(a)
 
     try:
         yield hold

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from quotas import GPU, Node
+from quotas import GPU, ConfigError, Node
 from quotas.queue import AdmissionQueue
 
 from .builders import alloc, config, pool, req, state
@@ -108,11 +108,31 @@ def test_a_head_waiting_on_its_quota_reserves_nothing():
     assert steps == {"over": "wait", "fits": "grant"} and head.reservation is None
 
 
-def test_the_bound_must_not_be_negative():
+def test_the_bound_must_not_be_negative_and_spots_at_least_one():
     with pytest.raises(ValueError, match="reserve_after_seconds must be 0 or more"):
         AdmissionQueue(reserve_after_seconds=-1)
+    with pytest.raises(ValueError, match="reserve_spots must be a whole number >= 1, got 0"):
+        AdmissionQueue(reserve_spots=0)
+
+
+def test_with_two_spots_the_head_holds_capacity_on_two_nodes_and_takes_the_first_to_clear():
+    st = state(pool(*(Node(n, (GPU(f"{n}-gpu0", "H100", 80 * 1024),)) for n in "ab")),
+               allocations=[alloc("x", "a-gpu0", 40, node_name="a"),
+                            alloc("y", "b-gpu0", 40, node_name="b")])
+    q = AdmissionQueue(reserve_after_seconds=0, reserve_spots=2)
+    big = q.push(req(**BIG, rid="big"), 100, 0.0)
+    q.push(req(memory_gib=20, rid="small"), 100, 0.0)
+    kinds = {s.waiting.request.request_id: s.decision.kind for s in q.pump(st, 0.0)}
+    assert kinds == {"big": "wait", "small": "wait"}  # both cards are held
+    assert {big.reservation.node, *(n for n, _ in big.reservation.also)} == {"a", "b"}
+    st.remove("y")  # b clears first although a was the first spot
+    kinds = {s.waiting.request.request_id: s.decision.kind for s in q.pump(st, 1.0)}
+    assert kinds == {"big": "grant", "small": "grant"} and st.allocations["big"].node == "b"
 
 
 def test_config_reads_the_reservation_bound():
     assert config(queue={"reserve_after_seconds": 30}).policy.reserve_after_seconds == 30
     assert config(queue={"reserve_after_seconds": None}).policy.reserve_after_seconds is None
+    assert config(queue={"reserve_spots": 3}).policy.reserve_spots == 3
+    with pytest.raises(ConfigError, match="queue.reserve_after_seconds: must be a number of seconds"):
+        config(queue={"reserve_after_seconds": "1m"})
