@@ -100,6 +100,11 @@ class KubeEmulator:
             emulators in parallel test processes rarely share addresses).
         images: image table entries (fnmatch pattern -> ``images.Image``) on top of
             ``images.DEFAULT_IMAGES``; an image no entry matches fails to pull.
+        node_mounts: host paths bind-mounted (read-write) into every container, as a
+            container runtime injects a node's devices (``/dev/nvidia*``): e.g. the state of a
+            GPU test double that every process on the node shares. ``"/path"`` mounts at the
+            same path, ``"/host/path:/container/path"`` elsewhere (``"/proc:/run/host-proc"``:
+            the host's process view, as a GPU driver has it).
         pod_env: extra environment for every pod process (below the pod's own env).
         history_size: watch events kept per resource type; older resourceVersions get 410.
         bookmark_interval: seconds between BOOKMARK events on watches that allow them.
@@ -110,7 +115,7 @@ class KubeEmulator:
     def __init__(self, nodes: Iterable[NodeSpec | Mapping[str, Any] | str] | None = None, *,
                  namespaces: Iterable[str] = (), port: int = 0,
                  data_dir: str | Path | None = None, pod_network: str = "127.64.0.0/10",
-                 images: Mapping[str, Image] | None = None,
+                 images: Mapping[str, Image] | None = None, node_mounts: Sequence[str] = (),
                  pod_env: Mapping[str, str] | None = None, history_size: int = 5000,
                  bookmark_interval: float = 5.0, restart_backoff_seconds: float = 10.0,
                  scheduler_names: Sequence[str] = ("default-scheduler",),
@@ -121,6 +126,8 @@ class KubeEmulator:
         self._data_dir_arg = Path(data_dir) if data_dir else None
         self.pod_network = pod_network
         self.images: dict[str, Image] = dict(images or {})  # the test's entries win
+        self.node_mounts: tuple[tuple[str, str], ...] = tuple(
+            (str(p).split(":", 1)[0], str(p).split(":", 1)[-1]) for p in node_mounts)
         for pattern, image in DEFAULT_IMAGES.items():
             self.images.setdefault(pattern, image)
         self.pod_env = dict(pod_env or {})

@@ -835,7 +835,8 @@ class PodRuntime:
         })
         argv = [expand(a, env) for a in (container.get("command") or [])
                 + (container.get("args") or [])]
-        mounts = self._mounts(pod, container)
+        mounts = [{"source": src, "target": dst} for src, dst in self.emu.node_mounts]
+        mounts += self._mounts(pod, container)
         mounts.append({"source": str(self.hosts_path), "target": "/etc/hosts"})
         shim = self.kubelet.netshim
         files = []

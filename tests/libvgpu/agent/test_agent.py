@@ -37,12 +37,14 @@ import libvgpu
 from hubext import contract as L
 from quotas import Allocation, Owner, load_pool
 from tests.kubeemu import KubeEmulator, NodeSpec
+from tests.kubeemu.images import Image
 from tests.libvgpu.harness import CFLAGS, Build, cc
 
 REPO = Path(__file__).resolve().parents[3]
 DOUBLE = REPO / "tests" / "libvgpu" / "double"
 NODE = "gpu-node-1"
 NS = "jhub"
+HOST_PROC = "/run/host-proc"  # where GPU pods see the host's /proc (node_mounts)
 MIB = 1 << 20
 GPU0 = "GPU-d00b1e00-7369-6d2d-6770-750000000000"
 GPU1 = "GPU-d00b1e00-7369-6d2d-6770-750000000001"
@@ -171,7 +173,8 @@ def start_agent(node: Node, config: str, *extra: str) -> None:
     wait_for(up, 30, "the agent's metrics endpoint")
 
 
-def gpu_pod(node: Node, name: str, allocation: Allocation, command: list[str], env: dict[str, str]) -> dict:
+def gpu_pod(node: Node, name: str, allocation: Allocation, command: list[str], env: dict[str, str],
+            bypass_shim: bool = False) -> dict:
     """A pod written by the spawner's own apply_gpu_to_pod (native backend)."""
     from kubernetes_asyncio.client import ApiClient
     from kubernetes_asyncio.client import models as k8s
@@ -192,16 +195,11 @@ def gpu_pod(node: Node, name: str, allocation: Allocation, command: list[str], e
     )
     apply_gpu_to_pod(pod, allocation, backend="native", section={}, priority_value=100,
                      priority_class_name="elastic-gpu-default", runtime_class="", host_dir=str(node.host_dir))
-    # The emulator runs pods without mount namespaces: it maps mount paths in command, args and
-    # env, not inside files. Map the region paths of the limits file the way the pod's mounts
-    # would (hostPath <host dir>/regions, a private emptyDir), so the shim writes where a real
-    # pod's shim would.
-    private = node.root / "pods" / name
-    private.mkdir(parents=True, exist_ok=True)
-    limits = pod.metadata.annotations[L.A_LIMITS]
-    assert "node_region_dir=/var/run/libvgpu/node\n" in limits, limits
-    pod.metadata.annotations[L.A_LIMITS] = limits.replace(
-        "/var/run/libvgpu/node", str(node.host_dir / "regions")).replace("/var/run/libvgpu/", f"{private}/")
+    if bypass_shim:
+        # The kubelet really mounts the node's /etc/ld.so.preload: a program that bypasses the
+        # shim (a static binary, its own loader) is a container without that mount.
+        [c] = pod.spec.containers
+        c.volume_mounts = [m for m in c.volume_mounts if m.mount_path != "/etc/ld.so.preload"]
 
     async def serialise() -> dict:
         async with ApiClient() as api:
@@ -216,13 +214,14 @@ def allocation(alloc_id: str, user: str, memory_mib: int) -> Allocation:
                       kind="kernel", created_at=time.time())
 
 
-def run_pod(node: Node, name: str, alloc: Allocation, steps: list[str], env: dict[str, str]) -> int:
+def run_pod(node: Node, name: str, alloc: Allocation, steps: list[str], env: dict[str, str],
+            bypass_shim: bool = False) -> int:
     """Start a pod whose program waits until the test wrote its cgroup file (no race with the
     agent's checks), then runs the probe with ``steps``."""
     go = node.root / f"{name}.go"
     command = ["/bin/sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.02; done; exec "$0" "$@"',
                str(node.build.probe), *steps]
-    node.emu.create(gpu_pod(node, name, alloc, command, env), "pods", NS)
+    node.emu.create(gpu_pod(node, name, alloc, command, env, bypass_shim), "pods", NS)
     node.emu.wait_for_pod_phase(name, "Running", NS, timeout=20)
     pid = wait_for(lambda: node.emu.pod_pid(name, NS), 10, f"the process of {name}")
     uid = node.emu.get("pods", name, NS)["metadata"]["uid"]
@@ -255,8 +254,13 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     emu = KubeEmulator(
         nodes=[NodeSpec(NODE, labels={"nvidia.com/gpu.present": "true"})],
         namespaces=[NS],
-        pod_env=gpu_env,
+        pod_env={**gpu_env, "CUDA_DOUBLE_HOST_PROC": HOST_PROC},
         restart_backoff_seconds=1.0,
+        # the GPU double's state (one "device" every process shares) and, as a driver has it,
+        # the host's process view: the double reports host pids, as NVML does
+        node_mounts=[str(root), f"/proc:{HOST_PROC}"],
+        # the probe and the doubles live in pytest's private (0700) tmp dir: the image runs as root
+        images={"jupyter/gpu*": Image()},
     )
     emu.start()
     emu.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
@@ -285,10 +289,11 @@ Backstop:
         )
         wait_for(lambda: emu.get("nodes", NODE)["metadata"].get("annotations", {}).get(L.NODE_GPUS_ANNOTATION),
                  15, "the inventory annotation")
-        shim = "/usr/local/lib/elastic-gpu/libvgpu.so"  # the emulator maps mount paths into the pod root
+        shim = "/usr/local/lib/elastic-gpu/libvgpu.so"  # the pod's hostPath mount of the node's lib dir
         run_pod(n, "pod-a", allocation("a-ok", "alice", 1024),
                 ["init", "ctx", "alloc:300M", "launch:3:100", "wait"], {"LD_PRELOAD": shim})
-        run_pod(n, "pod-b", allocation("b-over", "bob", 256), ["init", "ctx", "alloc:1G", "wait"], {})
+        run_pod(n, "pod-b", allocation("b-over", "bob", 256), ["init", "ctx", "alloc:1G", "wait"], {},
+                bypass_shim=True)
         stray = subprocess.Popen([str(build.probe), "init", "ctx", "alloc:512M", "wait"],
                                  env={**clean_env(), **gpu_env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)

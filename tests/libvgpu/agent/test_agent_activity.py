@@ -26,8 +26,11 @@ from hubext import contract as L
 from libvgpu.agent.activity import ActivityPublisher, PodActivity, needs_patch
 from libvgpu.agent.pods import PodInfo
 from libvgpu.regions import read_node_regions
+from tests.kubeemu import KubeEmulator, NodeSpec
+from tests.kubeemu.images import Image
 from tests.libvgpu.agent.test_agent import (
     GPU0,
+    HOST_PROC,
     MIB,
     NODE,
     NS,
@@ -39,9 +42,8 @@ from tests.libvgpu.agent.test_agent import (
     start_agent,
     wait_for,
 )
-from tests.kubeemu import KubeEmulator, NodeSpec
 
-SHIM = "/usr/local/lib/elastic-gpu/libvgpu.so"  # the emulator maps mount paths into the pod root
+SHIM = "/usr/local/lib/elastic-gpu/libvgpu.so"  # the pod's hostPath mount of the node's lib dir
 
 
 def activity_of(node: Node, pod: str) -> dict | None:
@@ -68,7 +70,9 @@ def anode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     }
     (root / "xid").write_text("")
     emu = KubeEmulator(nodes=[NodeSpec(NODE, labels={"nvidia.com/gpu.present": "true"})], namespaces=[NS],
-                       pod_env=gpu_env, restart_backoff_seconds=1.0)
+                       pod_env={**gpu_env, "CUDA_DOUBLE_HOST_PROC": HOST_PROC}, restart_backoff_seconds=1.0,
+                       node_mounts=[str(root), f"/proc:{HOST_PROC}"],  # see test_agent.node
+                       images={"jupyter/gpu*": Image()})  # root: the probe is in a 0700 tmp dir
     emu.start()
     emu.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                 "metadata": {"name": "elastic-gpu-default"}, "value": 100},
