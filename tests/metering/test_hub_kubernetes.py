@@ -1,10 +1,15 @@
 """Kubernetes mode (through the API emulator): a GPU kernel pod's slice is recorded from grant
-to release in the hub's database, and the record outlives the pod."""
+to release in the hub's database with the activity the node agent annotates on the pod, and the
+record outlives the pod."""
 
 from __future__ import annotations
 
+import time
+
+from hubext import contract as C
 from hubext.metering.store import UsageStore
-from tests.kernelprovider.helpers import kube_stack
+from libvgpu.agent.activity import PodActivity
+from tests.kernelprovider.helpers import NAMESPACE, kube_stack
 
 SPEC = "elastic-gpu-gpu-10g"
 
@@ -26,6 +31,19 @@ def test_a_kernel_pods_slice_is_recorded_and_outlives_the_pod(tmp_path):
             "gpu-node-1",
             10240,
         )
+        # the node agent publishes the pod's GPU activity; the meter samples it (every 30 s by default)
+        status, body = hub.api("GET", "/gpu/kernels?user=alice")
+        assert status == 200, body
+        pod = body["kernels"][0]["holder"]
+        value = PodActivity(last_launch=time.time(), memory_used_mib=2048).annotation(time.time())
+        st["api"].patch_namespaced_pod(pod, NAMESPACE, {"metadata": {"annotations": {C.A_GPU_ACTIVITY: value}}})
+
+        def sampled() -> list:
+            return [r for r in store.records() if r.id == record.id and r.activity_samples >= 1]
+
+        (busy,) = hub.wait_for(sampled, timeout=75, what="an activity sample of the kernel pod")
+        assert busy.memory_used_peak_mib == 2048 and busy.busy_seconds > 0
+
         status, body = alice.api("DELETE", f"/sessions/{session['id']}")
         assert status == 204, body
 
@@ -35,7 +53,7 @@ def test_a_kernel_pods_slice_is_recorded_and_outlives_the_pod(tmp_path):
         hub.wait_for(closed, timeout=60, what="the record closed with cause 'stopped'")
 
         def pod_gone() -> bool:
-            pods = st["api"].list_namespaced_pod("jhub").items
+            pods = st["api"].list_namespaced_pod(NAMESPACE).items
             return not [p for p in pods if record.id in str(p.metadata.annotations or {})]
 
         hub.wait_for(pod_gone, timeout=60, what="the kernel pod to be deleted")
