@@ -74,7 +74,7 @@ import json, sys, time
 from culler.app import GPUCuller
 from culler.activity import GPUTimeCheck
 
-library, t0 = sys.argv[1], float(sys.argv[2])
+library = sys.argv[1]
 probe = GPUTimeCheck(library)
 nv = probe._init()
 uuid = nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(0))
@@ -89,7 +89,7 @@ def records():  # both records say "a launch just now", every time: one is real 
         for name in ("busy", "liar")
     ]
 
-deadline = time.time() + 3
+deadline = time.time() + 4
 while time.time() < deadline:
     culler._parse(records())
     culler.sample_gpu_time()
@@ -147,9 +147,8 @@ def test_a_record_rewritten_without_gpu_work_is_not_activity_where_nvml_can_tell
     try:
         lines = [busy.stdout.readline() for _ in range(3)]  # init, ctx, ready
         assert "ready" in lines[-1], lines
-        t0 = time.time()
         out = subprocess.run(
-            [sys.executable, "-c", NVML_CHECK, str(lib / "libnvidia-ml.so.1"), str(t0)],
+            [sys.executable, "-c", NVML_CHECK, str(lib / "libnvidia-ml.so.1")],
             env={**env, "PYTHONPATH": str(REPO)},
             capture_output=True,
             text=True,
@@ -157,8 +156,10 @@ def test_a_record_rewritten_without_gpu_work_is_not_activity_where_nvml_can_tell
         )
         assert out.returncode == 0, out.stderr
         believed = json.loads(out.stdout.splitlines()[-1])
-        assert believed["busy"] >= time.time() - 2, f"the slice that launches kernels must stay busy: {believed}"
-        assert believed["liar"] <= t0 + 1, f"a record rewritten without GPU work was believed: {believed}"
+        now = time.time()
+        assert believed["busy"] >= now - 2, f"the slice that launches kernels must stay busy: {believed}"
+        # believed no later than NVML's first look (plus one sample period), seconds before the end
+        assert believed["liar"] <= now - 3, f"a record rewritten without GPU work was believed: {believed}"
     finally:
         for proc in (busy, liar):
             proc.kill()
