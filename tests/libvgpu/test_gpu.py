@@ -155,3 +155,141 @@ def test_low_priority_stalls_while_high_priority_runs(shim, tmp_path):
     after = [s for s in stamps if t2 + 1.0 <= s <= t2 + 2.0]
     assert len(before) > 20 and len(after) > 20
     assert len(during) <= len(before) / 20  # stalled while the high-priority one ran
+
+
+# ---- added for issue 13 (written without a GPU: first run them with ./dev gpu-check) --------
+
+
+def _over_the_slice(shim: str, env: dict[str, str], alloc_conf: str) -> dict:
+    """Allocates 256 MiB tensors until PyTorch raises OOM; returns what it got."""
+    full = {**env, "PYTORCH_CUDA_ALLOC_CONF": alloc_conf}
+    return result(python(shim, full, """
+        import json, torch
+        held, oom = [], False
+        try:
+            for _ in range(64):
+                held.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+        except torch.cuda.OutOfMemoryError:
+            oom = True
+        free, total = torch.cuda.mem_get_info()
+        print(json.dumps({"got": len(held) * (256 << 20), "oom": oom, "total": total}))
+    """))
+
+
+@pytest.mark.parametrize("alloc_conf", ["expandable_segments:True", "backend:cudaMallocAsync"])
+def test_pytorch_allocator_backends_are_held_to_the_slice(shim, tmp_path, alloc_conf):
+    env = container(tmp_path, "c", "memory_mib=4096")
+    out = _over_the_slice(shim, env, alloc_conf)
+    assert out["oom"] and out["total"] == 4 * GiB
+    assert 2 * GiB <= out["got"] <= 4 * GiB  # the context (~0.5 GiB) counts too
+
+
+def test_a_cudamallocasync_pool_counts_what_it_keeps_until_emptied(shim, tmp_path):
+    env = container(tmp_path, "c", "memory_mib=4096")
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "backend:cudaMallocAsync"
+    out = result(python(shim, env, """
+        import ctypes, json, torch
+        cuda = ctypes.CDLL("libcuda.so.1")
+        x = torch.empty(3 << 30, dtype=torch.uint8, device="cuda")
+        del x  # back into PyTorch's pool: the release threshold is UINT64_MAX, it stays reserved
+        torch.cuda.synchronize()
+        ptr = ctypes.c_uint64()
+        kept = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(2 << 30))
+        torch.cuda.empty_cache()  # cudaMemPoolTrimTo(pool, 0)
+        emptied = cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(2 << 30))
+        print(json.dumps({"kept": kept, "emptied": emptied}))
+    """))
+    assert out == {"kept": 2, "emptied": 0}  # CUDA_ERROR_OUT_OF_MEMORY while the pool kept it
+
+
+def test_mem_get_info_and_nvidia_smi_show_the_slice(shim, tmp_path):
+    import shutil
+
+    if not shutil.which("nvidia-smi"):
+        pytest.skip("nvidia-smi is not installed")
+    env = container(tmp_path, "c", "memory_mib=4096")
+    full = {**os.environ, **env, "LD_PRELOAD": shim}
+    smi = subprocess.run(["nvidia-smi", "--id=0", "--query-gpu=memory.total",
+                          "--format=csv,noheader,nounits"], env=full, capture_output=True,
+                         text=True, timeout=60)
+    assert smi.returncode == 0, smi.stderr
+    assert int(smi.stdout.strip()) == 4096
+
+
+def test_context_memory_is_counted_as_the_driver_reports_it(shim, tmp_path):
+    import pynvml
+
+    from libvgpu.regions import read_container_region
+
+    env = container(tmp_path, "c", "memory_mib=8192")
+    proc = python(shim, env, """
+        import sys, time, torch
+        x = torch.ones(1, device="cuda") + 1  # a context, and a module loaded lazily
+        torch.cuda.synchronize()
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        driver = {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+        counted = read_container_region(tmp_path / "c" / "container.region")
+        (p,) = counted.processes
+        assert p.host_pid == proc.pid
+        # what the shim counts for the process is what the driver says it uses (2 MiB pages)
+        assert abs(p.memory_bytes[0] - driver[proc.pid]) <= 64 << 20
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+GRAPHS = """
+    import time, torch
+    a = torch.randn(8192, 8192, device="cuda")
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            b = a @ a
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range({matmuls}):
+            b = a @ a
+    torch.cuda.synchronize()
+    print("ready", flush=True)
+    end = time.monotonic() + {seconds}
+    while time.monotonic() < end:
+        g.replay()
+        torch.cuda.synchronize()
+    print('{{"done": 1}}')
+"""
+
+
+def test_graphs_are_held_to_the_cores_limit_from_a_cold_start(shim, tmp_path):
+    env = container(tmp_path, "c", "cores_percent=30")
+    proc = python(shim, env, GRAPHS.format(matmuls=40, seconds=5))  # graphs of ~0.1-0.3 s
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(1)  # within 1 s of the first replay
+    measured = device_utilisation(3)
+    result(proc)
+    assert 25 <= measured <= 35, measured
+
+
+def test_the_cores_limit_holds_inside_a_pid_namespace(shim, tmp_path):
+    from .harness import pid_namespaces_unavailable
+
+    why = pid_namespaces_unavailable()
+    if why:
+        pytest.skip(why)
+    env = container(tmp_path, "c", "cores_percent=30")
+    full = {**os.environ, **env, "LD_PRELOAD": shim, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    user = [] if os.geteuid() == 0 else ["-U", "-r"]
+    proc = subprocess.Popen(["unshare", *user, "-p", "-f", "--kill-child", "--mount-proc",
+                             sys.executable, "-c", textwrap.dedent(MATMULS.format(seconds=12))],
+                            env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(3)
+    measured = device_utilisation(6)
+    result(proc)
+    assert 25 <= measured <= 35, measured
