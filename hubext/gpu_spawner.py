@@ -14,6 +14,7 @@ A profile with no ``gpu`` section is a CPU notebook. Memory and cores are per GP
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -112,8 +113,16 @@ def check_forged_options(profile: Mapping[str, Any], user_options: Mapping[str, 
             )
 
 
-def request_from_section(section: Mapping[str, Any], owner: Owner, request_id: str, kind: str) -> GPURequest:
-    """The admission request for a validated ``gpu`` section (a profile's or a kernel size's)."""
+def request_from_section(
+    section: Mapping[str, Any],
+    owner: Owner,
+    request_id: str,
+    kind: str,
+    cpu_millicores: int = 0,
+    host_memory_mib: int = 0,
+) -> GPURequest:
+    """The admission request for a validated ``gpu`` section (a profile's or a kernel size's),
+    with the node CPU and host memory the server or kernel asks for (0: none)."""
     return GPURequest(
         owner=owner,
         memory_mib=section.get("memory_mib", 0),
@@ -124,7 +133,17 @@ def request_from_section(section: Mapping[str, Any], owner: Owner, request_id: s
         whole=section.get("whole", False),
         request_id=request_id,
         kind=kind,
+        cpu_millicores=cpu_millicores,
+        host_memory_mib=host_memory_mib,
     )
+
+
+def node_resources(spawner: Any) -> tuple[int, int]:
+    """(CPU millicores, host memory MiB) a spawner's server asks of its node, as Kubernetes
+    counts it: the guarantee, else the limit (a limit alone is also the request); 0 if unset."""
+    cpu = getattr(spawner, "cpu_guarantee", None) or getattr(spawner, "cpu_limit", None) or 0
+    mem = getattr(spawner, "mem_guarantee", None) or getattr(spawner, "mem_limit", None) or 0
+    return math.ceil(float(cpu) * 1000), math.ceil(int(mem) / (1024 * 1024))
 
 
 class GPUSpawnerMixin(LoggingConfigurable):
@@ -198,7 +217,9 @@ class GPUSpawnerMixin(LoggingConfigurable):
     def gpu_request(self, section: Mapping[str, Any]) -> GPURequest:
         server = self.name or ""
         request_id = f"nb-{self.user.name}-{server or 'default'}-{secrets.token_hex(3)}"
-        return request_from_section(section, self.gpu_owner(), request_id, kind="notebook")
+        cpu, memory = node_resources(self)
+        return request_from_section(section, self.gpu_owner(), request_id, kind="notebook",
+                                    cpu_millicores=cpu, host_memory_mib=memory)
 
     def _gpu_wait_seconds(self) -> float:
         if self.gpu_max_wait_seconds > 0:
