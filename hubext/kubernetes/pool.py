@@ -12,19 +12,63 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from datetime import datetime, timezone
+from decimal import Decimal, InvalidOperation
+from typing import Any
 
 from kubernetes_asyncio.client import models as k8s
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner.clients import load_config, shared_client
 from kubespawner.reflector import ResourceReflector
-from traitlets import Float, List, Unicode
+from traitlets import Bool, Float, List, Unicode
 
 from quotas import Allocation, ConfigError, Node, Pool, load_pool
 
 from .. import contract as C
 from ..backends import GoneCallback, PoolBackend
 from .launcher import KubernetesKernelLauncher
+
+_SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+           "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+           "Pi": 2**50, "Ei": 2**60}
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+
+
+def quantity(value: Any) -> Decimal | None:
+    """A Kubernetes quantity ("500m", "2", "64Gi", "1e9") as a number; None if malformed."""
+    match = _QUANTITY.match(str(value).strip())
+    if not match:
+        return None
+    try:
+        return Decimal(match.group(1)) * _SUFFIX[match.group(2) or ""]
+    except InvalidOperation:
+        return None
+
+
+def cpu_and_memory(resources: Mapping[str, Any] | None) -> tuple[int, int]:
+    """(CPU millicores, memory MiB) of a resources mapping (``{"cpu": "2", "memory": "4Gi"}``),
+    rounded up; what is absent or malformed counts 0."""
+    cpu = quantity((resources or {}).get("cpu", 0)) or Decimal(0)
+    memory = quantity((resources or {}).get("memory", 0)) or Decimal(0)
+    return int(-(-cpu * 1000 // 1)), int(-(-memory // 2**20))
+
+
+def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """What a pod (API JSON) asks of its node, as the scheduler counts it: the containers' requests
+    in sum, or the largest init container's if more."""
+    spec = pod.get("spec") or {}
+
+    def each(key: str) -> Iterable[tuple[int, int]]:
+        for c in spec.get(key) or []:
+            yield cpu_and_memory((c.get("resources") or {}).get("requests"))
+
+    total = [sum(x) for x in zip(*each("containers"), strict=False)] or [0, 0]
+    for cpu, memory in each("initContainers"):
+        total = [max(total[0], cpu), max(total[1], memory)]
+    return total[0], total[1]
 
 
 class ManagedPodReflector(ResourceReflector):
@@ -59,6 +103,13 @@ class KubernetesPool(PoolBackend):
         1.0, config=True, help="Seconds between checks for allocations whose pod is gone. Default: 1."
     )
     k8s_api_request_timeout = Float(10.0, config=True, help="Seconds to wait for one Kubernetes API call.")
+    count_other_pods = Bool(
+        True,
+        config=True,
+        help="""Count the CPU and memory requests of pods outside the GPU ledger on each GPU node
+        (listing pods in all namespaces, else in the pool's namespace if the hub may not), so a
+        slice is not granted where its pod could not be scheduled. Default: True.""",
+    )
 
     def _default_namespace(self) -> str:
         return os.environ.get("POD_NAMESPACE", "default")
@@ -102,10 +153,55 @@ class KubernetesPool(PoolBackend):
                 continue
             try:
                 gpus = json.loads(raw)
-                nodes.extend(load_pool([{"name": name, "gpus": gpus}]).nodes)
+                found = load_pool([{"name": name, "gpus": gpus}]).nodes[0]
             except (ValueError, ConfigError) as e:
                 self.log.error("Node %s: ignoring its GPU annotation %s: %s", name, C.NODE_GPUS_ANNOTATION, e)
+                continue
+            allocatable = (node.status.allocatable if node.status else None) or {}
+            cpu, memory = cpu_and_memory(allocatable)
+            nodes.append(replace(found, cpu_millicores=cpu if "cpu" in allocatable else None,
+                                 host_memory_mib=memory if "memory" in allocatable else None))
+        if self.count_other_pods and nodes:
+            others = await self._requested_by_others({n.name for n in nodes})
+            nodes = [replace(n, cpu_requested_millicores=others.get(n.name, (0, 0))[0],
+                             host_memory_requested_mib=others.get(n.name, (0, 0))[1]) for n in nodes]
         return Pool(nodes=tuple(nodes))
+
+    async def _requested_by_others(self, names: set[str]) -> dict[str, tuple[int, int]]:
+        """Per node: CPU and memory requested by running pods that hold no allocation (the ledger's
+        own pods are counted by their allocations)."""
+        selector = "status.phase!=Succeeded,status.phase!=Failed"
+        try:
+            result = await asyncio.wait_for(
+                self.api.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False),
+                self.k8s_api_request_timeout,
+            )
+        except ApiException as e:
+            if e.status != 403:
+                raise
+            if not getattr(self, "_warned_pods", False):
+                self._warned_pods = True
+                self.log.warning(
+                    "The hub may not list pods in all namespaces; counting only the CPU and memory "
+                    "requests of pods in %s on GPU nodes (grant it 'list pods' cluster-wide to count all)",
+                    self.namespace,
+                )
+            result = await asyncio.wait_for(
+                self.api.list_namespaced_pod(self.namespace, field_selector=selector, _preload_content=False),
+                self.k8s_api_request_timeout,
+            )
+        pods = json.loads(await result.read()).get("items", [])
+        used: dict[str, list[int]] = {}
+        for pod in pods:
+            node = (pod.get("spec") or {}).get("nodeName")
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            if node not in names or labels.get(C.MANAGED) == "true":
+                continue
+            cpu, memory = pod_requests(pod)
+            entry = used.setdefault(node, [0, 0])
+            entry[0] += cpu
+            entry[1] += memory
+        return {node: (cpu, memory) for node, (cpu, memory) in used.items()}
 
     def _live(self) -> dict[str, Allocation]:
         live: dict[str, Allocation] = {}
@@ -115,7 +211,9 @@ class KubernetesPool(PoolBackend):
                 continue
             allocation = C.allocation_from_metadata(meta.get("labels"), meta.get("annotations"))
             if allocation is not None:
-                live[allocation.id] = allocation
+                # the node CPU and memory it holds: what its pod asks of the node
+                cpu, memory = pod_requests(pod)
+                live[allocation.id] = replace(allocation, cpu_millicores=cpu, host_memory_mib=memory)
         return live
 
     async def allocations(self) -> list[Allocation]:
