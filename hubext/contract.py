@@ -211,6 +211,8 @@ def allocation_to_dict(allocation: Allocation) -> dict[str, Any]:
         "borrowed": allocation.borrowed,
         "kind": allocation.kind,
         "created_at": allocation.created_at,
+        "cpu_millicores": allocation.cpu_millicores,
+        "host_memory_mib": allocation.host_memory_mib,
     }
 
 
@@ -228,6 +230,8 @@ def allocation_from_dict(data: Mapping[str, Any]) -> Allocation:
         borrowed=bool(data.get("borrowed", False)),
         kind=data.get("kind", "notebook"),
         created_at=float(data.get("created_at", 0.0)),
+        cpu_millicores=int(data.get("cpu_millicores", 0)),
+        host_memory_mib=int(data.get("host_memory_mib", 0)),
     )
 
 

@@ -19,6 +19,20 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def machine_resources() -> tuple[int | None, int | None]:
+    """(CPU millicores, memory MiB) this machine gives its processes: the CPUs this process may
+    run on and the physical memory; None for what cannot be read."""
+    try:
+        cpus: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count()
+    try:
+        memory: int | None = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // MIB
+    except (ValueError, OSError, AttributeError):
+        memory = None
+    return (cpus * 1000 if cpus else None), (memory or None)
+
+
 def detect_nvml_gpus() -> list[GPU]:
     """The GPUs NVML reports, in index order; [] when there is no driver or no GPU."""
     try:

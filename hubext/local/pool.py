@@ -21,6 +21,7 @@ import asyncio
 import os
 import shutil
 import signal
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from quotas import Allocation, ConfigError, Node, Pool, parse_simulated
 
 from .. import contract as C
 from ..backends import GoneCallback, PoolBackend
-from .inventory import detect_nvml_gpus, nvml_activity, shim_library
+from .inventory import detect_nvml_gpus, machine_resources, nvml_activity, shim_library
 from .launcher import LocalKernelLauncher
 from .ledger import LEDGER_FILE, Ledger
 from .processes import process_alive, process_start_time, signal_all, slice_processes, stop_slice
@@ -142,7 +143,7 @@ class LocalPool(PoolBackend):
             except ConfigError as e:
                 raise ConfigError(f"LocalPool.simulate_gpus: {e}") from None
             self.simulated = True
-            return pool
+            return self._with_machine(pool)
         gpus = detect_nvml_gpus()
         if not gpus:
             self.log.warning(
@@ -150,7 +151,13 @@ class LocalPool(PoolBackend):
                 "the pool is empty (set simulate_gpus, e.g. '2xH100-80GB', to try the flow without a GPU)."
             )
         self.simulated = False
-        return Pool(nodes=(Node(self.node_name, tuple(gpus)),))
+        return self._with_machine(Pool(nodes=(Node(self.node_name, tuple(gpus)),)))
+
+    def _with_machine(self, pool: Pool) -> Pool:
+        """The machine's CPUs and memory on its one node (simulated GPUs or not): admission never
+        grants servers more than the machine has in all."""
+        cpu, memory = machine_resources()
+        return Pool(nodes=tuple(replace(n, cpu_millicores=cpu, host_memory_mib=memory) for n in pool.nodes))
 
     def _drop_stale(self) -> None:
         """Drop allocations whose process is gone or that never got one (hub stopped mid-spawn)."""
