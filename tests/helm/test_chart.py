@@ -417,6 +417,8 @@ def test_service_monitor_scrapes_the_metrics_services(rendered):
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert sm["spec"]["endpoints"][0]["port"] == "metrics"
     assert sm["spec"]["endpoints"][0]["interval"] == "15s"
+    # the per-allocation series' pod/namespace are the GPU pod's, not the agent's
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True
     exprs = {e["key"]: set(e["values"]) for e in sm["spec"]["selector"]["matchExpressions"]}
     selected = [
         s for s in tools.find(docs, "Service") if all(s["metadata"]["labels"].get(k) in v for k, v in exprs.items())

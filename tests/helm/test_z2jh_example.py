@@ -102,7 +102,7 @@ def test_hub_extra_config_configures_the_hub(z2jh):
     assert c.KubernetesKernelLauncher.service_account == "elastic-gpu-user"
     roles = c.JupyterHub.load_roles
     roles = roles.get_value([]) if hasattr(roles, "get_value") else roles
-    assert any(r["services"] == ["elastic-gpu-culler"] for r in roles)
+    assert any(r.get("services") == ["elastic-gpu-culler"] for r in roles)
     assert not any(s.get("name") == "gpu-culler" for s in c.JupyterHub.get("services", []))
 
 
@@ -202,3 +202,25 @@ def test_docs_name_every_example_file():
     text = DOC.read_text()
     for f in [*tools.EXAMPLES, Z2JH_VALUES]:
         assert str(Path(f).relative_to(tools.REPO)) in text, f"docs/helm.md does not mention {f.name}"
+
+
+def test_kernel_image_is_pre_pulled_and_kernels_run_as_the_singleuser_uid(z2jh):
+    """z2jh's image puller pulls prePuller.extraImages on every node, like the singleuser image."""
+    from traitlets.config import Config
+
+    pytest.importorskip("hubext.hubconfig", exc_type=ImportError)
+    c = Config()
+    exec(compile(_extra_config(z2jh), "hub.extraConfig", "exec"), {"c": c, "get_config": lambda: c})
+    image = z2jh["prePuller"]["extraImages"]["elastic-gpu-kernel"]
+    assert c.KubernetesKernelLauncher.image == f"{image['name']}:{image['tag']}"
+    assert c.KubernetesKernelLauncher.uid == z2jh["singleuser"].get("uid", 1000)
+    assert c.KubernetesKernelLauncher.fs_gid == z2jh["singleuser"].get("fsGid", 100)
+
+
+def test_z2jhs_server_culler_outlives_our_kernel_timeouts(z2jh):
+    values = yaml.safe_load((tools.CHART / "examples" / "z2jh-integration.yaml").read_text())
+    config = (values.get("culler") or {}).get("config", {}).get("GPUCuller", {})
+    timeouts = [config.get("idle_timeout_seconds", 3600)] + [
+        p.get("idle_timeout_seconds", 0) for p in config.get("priority_class_policies", {}).values()
+    ]
+    assert not z2jh["cull"]["enabled"] or z2jh["cull"]["timeout"] > max(timeouts)
