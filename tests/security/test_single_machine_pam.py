@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="PAM mode runs servers as their users, which needs root"),
 ]
 
-USER, PASSWORD = "egpu-pam-ann", "ann-password-1"
+USER, PASSWORD = f"egpu-pam-{os.getpid()}", "ann-password-1"  # one account per test run
 QUARTER = "h100-80gb-quarter"
 
 
