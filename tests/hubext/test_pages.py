@@ -62,9 +62,7 @@ def need_chromium() -> None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    with local_stack(
-        tmp_path_factory.mktemp("hub-pages"), admission=ADMISSION, sizes=SIZES, extra_config=EXTRA
-    ) as st:
+    with local_stack(tmp_path_factory.mktemp("hub-pages"), admission=ADMISSION, sizes=SIZES, extra_config=EXTRA) as st:
         yield st
 
 
