@@ -17,6 +17,10 @@ WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 900, 420, 70, 190, 40, 50
 _STEPS = (3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 7 * 86400, 30 * 86400)
 
 
+def _num(value: float) -> str:
+    return f"{value:.2g}" if 0 < value < 0.01 else f"{value:.2f}"
+
+
 def _bucket_seconds(span: float, max_buckets: int) -> int:
     for step in _STEPS:
         if span / step <= max_buckets:
@@ -107,11 +111,14 @@ def usage_svg(
         if "other" in names:
             stack.append(sum(v for n, v in values.items() if n not in top))
         stacks.append((a, b, stack))
-    y_max = _nice_max(max((sum(s) for _, _, s in stacks), default=0.0))
+    top_bar = max((sum(s) for _, _, s in stacks), default=0.0)
+    unit, factor = ("GPU-hours", 1.0) if top_bar >= 0.05 or top_bar == 0 else ("GPU-seconds", 3600.0)
+    stacks = [(a, b, [v * factor for v in stack]) for a, b, stack in stacks]
+    y_max = _nice_max(top_bar * factor)
     hours = step / 3600
     out = _frame(
-        f"GPU-hours by {', '.join(keys) or 'total'} ({hours:g} h bars)",
-        "GPU-hours (card-equivalents)",
+        f"{unit} by {', '.join(keys) or 'total'} ({hours:g} h bars)",
+        f"{unit} (card-equivalents)",
         y_max,
         start,
         end,
@@ -129,7 +136,7 @@ def usage_svg(
             y = TOP + plot_h - plot_h * base / y_max - h
             out.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{PALETTE[i % len(PALETTE)]}">'
-                f"<title>{escape(names[i])}: {v:.2f} GPU-hours</title></rect>"
+                f"<title>{escape(names[i])}: {v:.2f} {unit}</title></rect>"
             )
             base += v
     out += _legend(names)
@@ -199,9 +206,9 @@ def held_busy_svg(report: Report, max_rows: int = 15) -> str:
             if w > 0:
                 out.append(
                     f'<rect class="egpu-{part}" x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row_h - 6}" '
-                    f'fill="{colour}"><title>{escape(name)}: {row[key]:.2f} GPU-hours {part}</title></rect>'
+                    f'fill="{colour}"><title>{escape(name)}: {_num(row[key])} GPU-hours {part}</title></rect>'
                 )
                 x += w
-        out.append(f'<text x="{x + 6:.1f}" y="{y + 13}">{row["gpu_hours"]:.2f}</text>')
+        out.append(f'<text x="{x + 6:.1f}" y="{y + 13}">{_num(row["gpu_hours"])}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
