@@ -6,9 +6,12 @@ waiting, the order, the clock and the I/O through a :class:`~hubext.backends.Poo
 Every decision is taken here, under one lock, in queue order: a caller that may not wait
 (``allocate(queue=False)``) is decided in the same pass as everyone else.
 
-Queue order is priority (higher first), then arrival. It is best-effort FIFO, as Kueue's
-default: a later request that fits is granted even while an earlier, bigger one waits, so
-one large request cannot block a card for everyone; the earlier one keeps its place.
+Queue order is priority (higher first), then arrival (``quotas.queue.AdmissionQueue``, pure).
+It is best-effort FIFO, as Kueue's default: a later request that fits is granted even while an
+earlier, bigger one waits, so one large request cannot block a card for everyone; the earlier
+one keeps its place. So that small requests cannot pass a large one for ever, the head of a
+priority class that waited ``queue.reserve_after_seconds`` gets capacity reserved: later
+requests are not placed on the cards it waits for.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from quotas import (
     PoolFull,
     load_config,
 )
+from quotas.queue import AdmissionQueue, Waiting
 
 from .backends import POOL_ENTRY_POINTS, PoolBackend, ReleaseCause
 
@@ -62,6 +66,8 @@ class Waiter:
     server_name: str = ""
     position: int | None = None
     enqueued_at: float = field(default_factory=time.monotonic)
+    #: its place in the admission queue (order, and capacity reserved once it is overdue)
+    entry: Waiting | None = None
 
 
 class GPUAllocator(SingletonConfigurable):
@@ -117,6 +123,7 @@ class GPUAllocator(SingletonConfigurable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.state: AdmissionState | None = None
+        self._queue: AdmissionQueue | None = None
         self._waiters: list[Waiter] = []
         self._seq = itertools.count()
         self._lock = asyncio.Lock()
@@ -180,6 +187,8 @@ class GPUAllocator(SingletonConfigurable):
         pool = await self.backend.inventory()
         ledger = await self.backend.allocations()
         self.state = AdmissionState(self.config_data, pool)
+        policy = self.config_data.policy
+        self._queue = AdmissionQueue(policy.reserve_after_seconds, policy.reserve_spots)
         for allocation in ledger:
             self.state.add(allocation)
         self.log.info(
@@ -232,11 +241,13 @@ class GPUAllocator(SingletonConfigurable):
         )
         async with self._lock:
             self._waiters.append(waiter)
+            waiter.entry = self._queue.push(request, waiter.priority_value, time.time())
+            waiter.entry.extra["waiter"] = waiter
         await self._pump()  # decides this request in queue order, with everyone else's
         if not queue:
             async with self._lock:
                 if not waiter.future.done():
-                    self._waiters.remove(waiter)
+                    self._drop(waiter)
                     raise waiter.error or PoolFull(waiter.reason)
             return waiter.future.result()
         try:
@@ -245,7 +256,7 @@ class GPUAllocator(SingletonConfigurable):
             async with self._lock:
                 if waiter.future.done():  # granted in the last instant: keep it
                     return waiter.future.result()
-                self._waiters.remove(waiter)
+                self._drop(waiter)
             waited = int(time.monotonic() - waiter.enqueued_at)
             raise PoolFull(
                 f"{waiter.reason} Waited {waited} s in the GPU queue; try again later or pick a smaller profile."
@@ -253,7 +264,7 @@ class GPUAllocator(SingletonConfigurable):
         except asyncio.CancelledError:
             async with self._lock:
                 if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+                    self._drop(waiter)
                 elif waiter.future.done() and not waiter.future.cancelled():
                     await self._forget(waiter.future.result().id, "request cancelled", ReleaseCause.CANCELLED)
             raise
@@ -280,7 +291,7 @@ class GPUAllocator(SingletonConfigurable):
             waiter = next((w for w in self._waiters if w.request.request_id == request_id), None)
             if waiter is None or waiter.future.done():
                 return False
-            self._waiters.remove(waiter)
+            self._drop(waiter)
             why = f" It waited because: {waiter.reason}" if waiter.reason else ""
             waiter.future.set_exception(
                 AdmissionError(f"The GPU request was cancelled by {by} while it waited in the queue.{why}", 409)
@@ -308,6 +319,8 @@ class GPUAllocator(SingletonConfigurable):
                 "position": w.position,
                 "reason": w.reason,
                 "waiting_seconds": round(time.monotonic() - w.enqueued_at, 1),
+                # the node capacity is held on for it (it waited past queue.reserve_after_seconds)
+                "reserved_node": w.entry.reservation.node if w.entry and w.entry.reservation else None,
             }
             for w in self._ordered()
         ]
@@ -317,14 +330,26 @@ class GPUAllocator(SingletonConfigurable):
     def _ordered(self) -> list[Waiter]:
         return sorted(self._waiters, key=lambda w: (-w.priority_value, w.seq))
 
+    def _drop(self, waiter: Waiter) -> None:
+        """Take a waiter out of line (granted, refused, timed out or cancelled)."""
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
+        if waiter.entry is not None and self._queue is not None:
+            self._queue.discard(waiter.entry)
+
     async def _forget(self, allocation_id: str, why: str, cause: ReleaseCause) -> Allocation | None:
         allocation = self.state.remove(allocation_id)
         if allocation is None:
             return None
+        await self._released(allocation, why, cause)
+        return allocation
+
+    async def _released(self, allocation: Allocation, why: str, cause: ReleaseCause) -> None:
+        """The I/O of a release the state already recorded: the backend, the log, the listeners."""
+        allocation_id = allocation.id
         await self.backend.forget(allocation_id)
         self.log.info("GPU released: %s (%s, %s) %s", allocation_id, allocation.owner.user, allocation.kind, why)
         self._notify("released", allocation, why, cause)
-        return allocation
 
     def _notify(self, event: str, allocation: Allocation, why: str, cause: ReleaseCause | None) -> None:
         for listener in list(self.listeners):
@@ -337,15 +362,17 @@ class GPUAllocator(SingletonConfigurable):
         await self.release(allocation_id, why, ReleaseCause.HOLDER_GONE)
 
     async def _pump(self) -> None:
-        """Grant what fits, in queue order; tell the others where they stand."""
+        """Grant what fits, in queue order (``quotas.queue``: capacity is reserved for the head of
+        a priority class once it waited ``queue.reserve_after_seconds``); tell the others where
+        they stand."""
         async with self._lock:
-            now = time.time()
-            ahead = 0
-            for waiter in self._ordered():
+            for waiter in list(self._waiters):
                 if waiter.future.done():
-                    self._waiters.remove(waiter)
-                    continue
-                decision = self.state.decide(waiter.request, now=now)
+                    self._drop(waiter)
+            # decides everyone in order; grants are already recorded in the state (victims gone)
+            steps = self._queue.pump(self.state, time.time())
+            for step in steps:
+                waiter, decision = step.waiting.extra["waiter"], step.decision
                 if decision.granted:
                     for victim in decision.victims:
                         reason = (
@@ -354,11 +381,10 @@ class GPUAllocator(SingletonConfigurable):
                         )
                         self.log.warning("GPU preemption: %s (%s) %s", victim.id, victim.owner.user, reason)
                         await self.backend.evict(victim, reason)
-                        await self._forget(victim.id, reason, ReleaseCause.PREEMPTED)
+                        await self._released(victim, reason, ReleaseCause.PREEMPTED)
                     allocation = decision.allocation
-                    self.state.add(allocation)
                     await self.backend.record(allocation)
-                    self._waiters.remove(waiter)
+                    self._drop(waiter)
                     self.log.info(
                         "GPU granted: %s to %s on %s %s (%d MiB, %d %% each)%s",
                         allocation.id,
@@ -374,12 +400,12 @@ class GPUAllocator(SingletonConfigurable):
                     continue
                 if decision.kind == "reject" or getattr(decision.error, "own_only", False):
                     # refused, or blocked only by the requester's own slices: waiting cannot help
-                    self._waiters.remove(waiter)
+                    self._drop(waiter)
                     waiter.future.set_exception(decision.error or AdmissionError(decision.reason))
                     continue
                 waiter.error = decision.error
+                ahead = step.waiting.position
                 if waiter.position != ahead or waiter.reason != decision.reason:
                     waiter.position, waiter.reason = ahead, decision.reason
                     if waiter.progress:
                         waiter.progress(decision.reason, ahead)
-                ahead += 1
