@@ -74,6 +74,8 @@ class HubClient:
         #: (user, server name) -> (token, monotonic time it expires)
         self._server_tokens: dict[tuple[str, str], tuple[str, float]] = {}
         self._token_locks: dict[tuple[str, str], asyncio.Lock] = {}
+        #: servers the broker said are not running (when last asked for their token)
+        self._servers_gone: set[tuple[str, str]] = set()
 
     def close(self) -> None:
         self.http.close()
@@ -181,10 +183,14 @@ class HubClient:
             resp = await self._fetch("POST", url, {"user": user, "server_name": server_name})
             body = self._json(resp) if resp is not None and resp.code == 200 else None
             if not isinstance(body, Mapping) or not isinstance(body.get("token"), str):
+                self._server_tokens.pop(key, None)
+                if resp is not None and resp.code == 404:  # the server is not running
+                    self._servers_gone.add(key)
+                    return None
                 why = "no answer" if resp is None else f"HTTP {resp.code} {_snippet(resp)}"
                 self.log.warning("No token for the server of %s (%r) from the broker: %s", user, server_name, why)
-                self._server_tokens.pop(key, None)
                 return None
+            self._servers_gone.discard(key)
             expires_in = body.get("expires_in")
             lifetime = float(expires_in) if isinstance(expires_in, int | float) else 2 * self.token_margin_seconds
             self._server_tokens[key] = (body["token"], time.monotonic() + lifetime)
@@ -205,6 +211,8 @@ class HubClient:
     async def server_kernels(self, user: str, server_name: str, server_url: str = "") -> ServerKernels:
         url = self.server_base(user, server_name, server_url) + "api/kernels"
         resp = await self._server_fetch(user, server_name, "GET", url)
+        if resp is None and (user, server_name) in self._servers_gone:
+            return ServerKernels("gone", {}, "the server is not running")
         if resp is None:
             return ServerKernels("unknown", {}, "no answer")
         if resp.code == 200:
@@ -234,7 +242,7 @@ class HubClient:
         url = self.server_base(user, server_name, server_url) + f"api/kernels/{quote(kernel_id, safe='')}"
         resp = await self._server_fetch(user, server_name, "DELETE", url, timeout=max(self.request_timeout, 30.0))
         if resp is None:
-            return "failed"
+            return "gone" if (user, server_name) in self._servers_gone else "failed"
         if resp.code in (200, 204):
             return "deleted"
         if resp.code in SERVER_GONE:
