@@ -142,9 +142,11 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
 
 /* ---- measuring a launch with events (cost unknown) ---------------------------------------- */
 
-static __thread int probing_dev = -1;
-static __thread CUevent probe_start, probe_end;
-static __thread CUstream probe_stream;
+#define TLS __attribute__((tls_model("initial-exec"))) __thread
+static TLS int probing_dev = -1;
+static TLS CUevent probe_start, probe_end;
+static TLS CUstream probe_stream;
+static _Atomic int probes_active; /* any thread measuring a launch: the fast path's only check */
 
 /* Records a start event on s before the launch; 1 if this launch is to be measured. */
 static int probe_begin(int dev, CUstream s) {
@@ -165,13 +167,16 @@ static int probe_begin(int dev, CUstream s) {
     }
     probe_stream = s;
     probing_dev = dev;
+    atomic_fetch_add(&probes_active, 1);
     return 1;
 }
 
 /* After the launch: waits for it, and charges what it took. */
 static __attribute__((noinline)) void probe_finish(CUresult launched) {
     int dev = probing_dev;
+    if (dev < 0) return; /* another thread's probe */
     probing_dev = -1;
+    atomic_fetch_sub(&probes_active, 1);
     float ms = 0;
     if (launched == CUDA_SUCCESS && REAL(cuEventRecord)(probe_end, probe_stream) == CUDA_SUCCESS &&
         REAL(cuEventSynchronize)(probe_end) == CUDA_SUCCESS &&
@@ -189,7 +194,8 @@ static __attribute__((noinline)) void probe_finish(CUresult launched) {
 }
 
 static inline void probe_done(CUresult launched) {
-    if (VGPU_UNLIKELY(probing_dev >= 0)) probe_finish(launched);
+    if (VGPU_UNLIKELY(atomic_load_explicit(&probes_active, memory_order_relaxed)))
+        probe_finish(launched);
 }
 
 void vgpu_compute_gate(int dev, CUstream s) {

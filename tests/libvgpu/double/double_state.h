@@ -107,12 +107,12 @@ static inline void dbl_sleep_until(uint64_t t) {
     }
 }
 
-static inline void dbl_burn(uint64_t ns) {
+static inline void dbl_burn(uint64_t ns) { /* CPU time of this thread: as a driver call costs */
     if (!ns) return;
     struct timespec a, b;
-    clock_gettime(CLOCK_MONOTONIC, &a);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
     do {
-        clock_gettime(CLOCK_MONOTONIC, &b);
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
     } while ((uint64_t)(b.tv_sec - a.tv_sec) * 1000000000ull + (uint64_t)b.tv_nsec -
                  (uint64_t)a.tv_nsec < ns);
 }
