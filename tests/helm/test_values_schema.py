@@ -145,3 +145,28 @@ def test_chart_renders_as_a_subchart_with_globals(tmp_path):
     """A parent chart passes `global`; the strict schema must still accept it."""
     proc = tools.template([_values_file(tmp_path, {"global": {"imageRegistry": "x"}})])
     assert proc.returncode == 0, proc.stderr
+
+
+def _keys_without_description(schema: dict, values: dict, root: dict, path: str = "") -> list[str]:
+    """Paths of values.yaml keys whose schema property has no description (free-form maps such
+    as nodeSelector or the admission config are described once, at their own key)."""
+    missing = []
+    for key, value in values.items():
+        prop = schema.get("properties", {}).get(key)
+        where = f"{path}.{key}" if path else key
+        if prop is None:
+            continue  # test_schema_covers_every_default_value catches unknown keys
+        if not prop.get("description"):
+            missing.append(where)
+        if "$ref" in prop:  # "#/definitions/<name>"
+            prop = {**root["definitions"][prop["$ref"].rsplit("/", 1)[1]], **prop}
+        if isinstance(value, dict) and "properties" in prop:
+            missing += _keys_without_description(prop, value, root, where)
+    return missing
+
+
+def test_every_values_key_has_a_description():
+    schema = json.loads((tools.CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((tools.CHART / "values.yaml").read_text())
+    missing = _keys_without_description(schema, values, schema)
+    assert not missing, f"values.schema.json has no description for: {', '.join(missing)}"
