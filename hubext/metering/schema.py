@@ -8,7 +8,7 @@ create these tables; this module only describes them for queries.
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Column, Float, Index, Integer, MetaData, String, Table, Text
+from sqlalchemy import Boolean, Column, Double, Index, Integer, MetaData, String, Table, Text
 
 #: alembic's version table of the usage store (JupyterHub's own is ``alembic_version``, in the same DB)
 VERSION_TABLE = "elastic_gpu_alembic_version"
@@ -33,16 +33,16 @@ usage = Table(
     Column("cores_percent", Integer, nullable=False),  # per GPU
     Column("whole", Boolean, nullable=False),
     Column("borrowed", Boolean, nullable=False),
-    Column("granted_at", Float, nullable=False),
-    Column("released_at", Float, nullable=True),  # NULL while held
+    Column("granted_at", Double, nullable=False),
+    Column("released_at", Double, nullable=True),  # NULL while held
     Column("release_cause", String(32), nullable=True),  # hubext.backends.ReleaseCause value, or 'unrecorded'
     Column("release_why", Text, nullable=True),
-    Column("last_seen", Float, nullable=False),  # last time the hub saw it held (closes it after a hub crash)
+    Column("last_seen", Double, nullable=False),  # last time the hub saw it held (closes it after a hub crash)
     # revision 0002: activity from the shim's activity file or the node agent's annotation
-    Column("busy_seconds", Float, nullable=True),  # NULL: no activity known
-    Column("activity_seconds", Float, nullable=True),  # seconds covered by activity samples
+    Column("busy_seconds", Double, nullable=True),  # NULL: no activity known
+    Column("activity_seconds", Double, nullable=True),  # seconds covered by activity samples
     Column("memory_used_peak_mib", Integer, nullable=True),
-    Column("memory_used_mean_mib", Float, nullable=True),
+    Column("memory_used_mean_mib", Double, nullable=True),
     Column("activity_samples", Integer, nullable=False, server_default="0"),
     Index("ix_elastic_gpu_usage_granted_at", "granted_at"),
     Index("ix_elastic_gpu_usage_released_at", "released_at"),

@@ -32,11 +32,11 @@ def upgrade() -> None:
         sa.Column("cores_percent", sa.Integer, nullable=False),
         sa.Column("whole", sa.Boolean, nullable=False),
         sa.Column("borrowed", sa.Boolean, nullable=False),
-        sa.Column("granted_at", sa.Float, nullable=False),
-        sa.Column("released_at", sa.Float, nullable=True),
+        sa.Column("granted_at", sa.Double, nullable=False),
+        sa.Column("released_at", sa.Double, nullable=True),
         sa.Column("release_cause", sa.String(32), nullable=True),
         sa.Column("release_why", sa.Text, nullable=True),
-        sa.Column("last_seen", sa.Float, nullable=False),
+        sa.Column("last_seen", sa.Double, nullable=False),
     )
     op.create_index("ix_elastic_gpu_usage_granted_at", "elastic_gpu_usage", ["granted_at"])
     op.create_index("ix_elastic_gpu_usage_released_at", "elastic_gpu_usage", ["released_at"])

@@ -16,10 +16,10 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("elastic_gpu_usage") as batch:
-        batch.add_column(sa.Column("busy_seconds", sa.Float, nullable=True))
-        batch.add_column(sa.Column("activity_seconds", sa.Float, nullable=True))
+        batch.add_column(sa.Column("busy_seconds", sa.Double, nullable=True))
+        batch.add_column(sa.Column("activity_seconds", sa.Double, nullable=True))
         batch.add_column(sa.Column("memory_used_peak_mib", sa.Integer, nullable=True))
-        batch.add_column(sa.Column("memory_used_mean_mib", sa.Float, nullable=True))
+        batch.add_column(sa.Column("memory_used_mean_mib", sa.Double, nullable=True))
         batch.add_column(sa.Column("activity_samples", sa.Integer, nullable=False, server_default="0"))
     op.create_index("ix_elastic_gpu_usage_user", "elastic_gpu_usage", ["user"])
 
