@@ -21,6 +21,9 @@ SCENARIOS = {
                 "launch:50:10", "sync"),
     "getproc": ("init", "ctx", "procaddr", "alloc:1M", "free", "launch:3:1", "fork:1M"),
     "threads": ("init", "ctx", "threads:8:200:1M", "info"),
+    "escapes": ("init", "ctx", "keeppool", "async:1M", "free", "async:1M", "trim", "vmmmap:2M",
+                "unmap", "graphmem:1M", "graphtrim", "nvmlprocs", "nvmlutil", "burst:20:10",
+                "info", "nvml"),
 }
 
 

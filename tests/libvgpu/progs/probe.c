@@ -519,6 +519,8 @@ static int step(char *arg) {
         rc = D.cuGraphAddMemAllocNode(&node, g, NULL, 0, &p);
         if (!rc) rc = D.cuGraphInstantiateWithFlags(&e, g, 0);
         if (!rc) rc = D.cuGraphLaunch(e, NULL);
+        if (!rc) D.cuGraphExecDestroy(e);
+        D.cuGraphDestroy(g);
         printf("graphmem rc=%d\n", rc);
     } else if (!strcmp(cmd, "graphtrim")) {
         rc = D.cuDeviceGraphMemTrim(0);
