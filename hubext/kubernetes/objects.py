@@ -434,6 +434,9 @@ def apply_gpu_to_pod(
             k8s.V1VolumeMount(name="elastic-gpu-region", mount_path="/var/run/libvgpu"),
         ]
     elif backend == "hami":
+        # HAMi's admission webhook hands only pods of the default scheduler to HAMi's scheduler;
+        # a GPU pod left with z2jh's user-scheduler would stay Pending
+        spec.scheduler_name = None
         limits["nvidia.com/gpu"] = str(count)
         if not allocation.whole:
             limits["nvidia.com/gpumem"] = str(allocation.memory_mib)

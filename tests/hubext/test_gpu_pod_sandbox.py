@@ -353,3 +353,13 @@ async def test_launch_refuses_a_home_it_cannot_mount_with_a_sentence(no_allocato
     with pytest.raises(LaunchError) as e:
         await launcher.check_volumes(kernel_record(), ALLOCATION, server_ref())
     assert "claim-alice" in e.value.message and "cpu-node-1" in e.value.message and "gpu-node-1" in e.value.message
+
+
+def test_hami_gpu_pod_leaves_z2jhs_user_scheduler_to_hamis_webhook():
+    """HAMi's webhook hands only default-scheduler pods to HAMi's scheduler: a GPU pod that keeps
+    z2jh's user-scheduler would stay Pending. CPU pods keep the user-scheduler."""
+    pod = gpu_notebook(notebook_pod(scheduler_name="jhub-user-scheduler"), backend="hami")
+    assert "schedulerName" not in pod["spec"]
+    for backend in ("native", "whole"):
+        pod = gpu_notebook(notebook_pod(scheduler_name="jhub-user-scheduler"), backend=backend)
+        assert pod["spec"]["schedulerName"] == "jhub-user-scheduler"
