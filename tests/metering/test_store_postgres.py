@@ -9,11 +9,13 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 
 import pytest
 from sqlalchemy import text
 
 from hubext.metering.record import UNRECORDED
+from hubext.metering.recorder import UsageRecorder
 from hubext.metering.store import UsageStore
 
 from .test_store import record
@@ -28,7 +30,7 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def postgres_url():
+def postgres():
     initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
     if not initdb or not pg_ctl:
         pytest.skip("PostgreSQL (initdb, pg_ctl) is not installed")
@@ -41,14 +43,20 @@ def postgres_url():
     subprocess.run([*as_server, initdb, "-D", data, "-A", "trust", "-U", "egpu"], check=True, capture_output=True)
     options = f"-p {port} -k {root} -c listen_addresses=''"
     subprocess.run([*as_server, pg_ctl, "-D", data, "-o", options, "-w", "-l", f"{root}/log", "start"], check=True)
+
+    def server(action: str) -> None:
+        args = ["-o", options, "-w", "-l", f"{root}/log"] if action == "start" else ["-m", "fast", "-w"]
+        subprocess.run([*as_server, pg_ctl, "-D", data, *args, action], check=True, capture_output=True)
+
     try:
-        yield f"postgresql+psycopg://egpu@/postgres?host={root}&port={port}"
+        yield f"postgresql+psycopg://egpu@/postgres?host={root}&port={port}", server
     finally:
         subprocess.run([*as_server, pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True)
         shutil.rmtree(root, ignore_errors=True)
 
 
-def test_the_store_migrates_and_records_on_postgresql(postgres_url):
+def test_the_store_migrates_and_records_on_postgresql(postgres):
+    postgres_url, _ = postgres
     store = UsageStore(postgres_url)
     assert store.revision() is None
     store.upgrade("0001")
@@ -79,3 +87,27 @@ def test_the_store_migrates_and_records_on_postgresql(postgres_url):
     assert (by_id["b"].released_at, by_id["b"].release_cause) == (1795600001.0, UNRECORDED)
     assert [r.id for r in store.records(users=["carol"])] == ["old"]
     store.close()
+
+
+def test_a_postgresql_outage_loses_no_event(postgres, tmp_path):
+    postgres_url, server = postgres
+    store = UsageStore(postgres_url)
+    recorder = UsageRecorder(store, tmp_path / "usage.spool", retry_interval=0.2)
+    recorder.start()
+    try:
+        server("stop")  # the database goes away
+        recorder.submit({"event": "granted", "record": record("outage", granted_at=1795700000.0)})
+        recorder.submit({"event": "released", "id": "outage", "at": 1795700600.0, "cause": "stopped"})
+        assert recorder.flush()
+        assert recorder.spool_pending and recorder.last_error
+        server("start")  # back: the writer replays the spool on its next try
+        assert recorder.flush()
+        deadline = time.monotonic() + 30
+        while recorder.spool_pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (r,) = [r for r in store.records() if r.id == "outage"]
+        assert (r.granted_at, r.released_at) == (1795700000.0, 1795700600.0)
+        assert recorder.last_error is None
+    finally:
+        recorder.stop()
+        store.close()
