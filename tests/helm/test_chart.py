@@ -245,6 +245,9 @@ def test_hub_rights_follow_the_user_namespace(rendered):
     namespaced = {scope for scope, *_ in grants if scope != "cluster"}
     assert namespaced == {"jupyter-users"}
     assert tools.one(docs, "ServiceAccount", "jhub-elastic-gpu-user")["metadata"]["namespace"] == "jupyter-users"
+    # z2jh's own Role covers only the hub's namespace: KubeSpawner's home claims there need ours
+    pvc = {v for scope, _, res, v in grants if res == "persistentvolumeclaims" and scope == "jupyter-users"}
+    assert pvc == {"get", "create", "delete"}
 
 
 def test_node_agent_may_only_patch_nodes_read_user_pods_and_create_events(default):
