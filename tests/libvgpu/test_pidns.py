@@ -58,3 +58,20 @@ def test_lazily_loaded_module_memory_is_trued_up_from_nvml(make_node, pidns, in_
     free = [int(kv["free"]) for kv in r.all("info")]
     assert free == [724 * MiB, 684 * MiB]  # the code loaded at first use counts too
     assert r.rcs("alloc") == [0, 2]
+
+
+def test_host_pids_are_told_apart_when_two_pods_start_at_once(make_node, pidns, tmp_path):
+    # contexts take 300 ms to create, as on a real card: both processes appear in NVML's list
+    # while the other is looking, so the list alone cannot tell which one is whose
+    node = make_node(CUDA_DOUBLE_CONTEXT_CREATE_MS=300)
+    go = tmp_path / "go"
+    boxes = [node.container(name, "memory_mib=1024") for name in ("a", "b")]
+    procs = [box.start("init", "ready", f"waitfile:{go}", "ctx", "alloc:8M", "wait",
+                       wait_for="ready", pidns=pidns) for box in boxes]
+    go.touch()
+    for box, proc in zip(boxes, procs, strict=True):
+        line = proc.stdout.readline()
+        while line and "waiting" not in line:
+            line = proc.stdout.readline()
+        (p,) = read_container_region(box.region).processes
+        assert p.host_pid == child_pid(proc.pid)

@@ -579,7 +579,9 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *out, CUdevice dev) {
     if (!out || dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&local);
     CUresult rc = CUDA_SUCCESS;
-    if (primary_refs[dev] == 0 && !(rc = charge(dev, dbl_env.context))) count_context(dev, 1);
+    int fresh = primary_refs[dev] == 0;
+    if (fresh && !(rc = charge(dev, dbl_env.context))) count_context(dev, 1);
+    if (!rc && fresh && dbl_env.context_create_ns) dbl_sleep_until(dbl_now() + dbl_env.context_create_ns);
     if (!rc) {
         primary_refs[dev]++;
         primary_ctx[dev].dev = dev;

@@ -21,6 +21,8 @@
  *   CUDA_DOUBLE_NO_PROCESS_UTIL=1  nvmlDeviceGetProcessUtilization answers NOT_SUPPORTED
  *   CUDA_DOUBLE_PROC_ALIASES=1 cuGetProcAddress returns internal entry points, not the
  *                              exported symbols (as a real driver may)
+ *   CUDA_DOUBLE_CONTEXT_CREATE_MS  how long creating a context takes after its memory is taken
+ *                              (real drivers: 100+ ms; the process is listed by NVML meanwhile)
  *   CUDA_DOUBLE_LAZY_MODULE_MIB memory a module takes when its first function is fetched
  *                              (CUDA_MODULE_LOADING=LAZY: the driver loads code on first use)
  *   CUDA_DOUBLE_HOST_PROC      a procfs of the host's pid namespace (the tests bind-mount the
@@ -83,7 +85,7 @@ struct dbl_state {
 
 struct dbl_env {
     int ndev;
-    uint64_t memory, context, module, lazy_module, kernel_ns, launch_cpu_ns, alloc_cpu_ns,
+    uint64_t memory, context, context_create_ns, module, lazy_module, kernel_ns, launch_cpu_ns, alloc_cpu_ns,
         util_window_ns;
     char host_proc[256];
     int queue, no_process_util, proc_aliases;
@@ -138,6 +140,7 @@ static void dbl_init(void) {
     e->context = dbl_env_u64("CUDA_DOUBLE_CONTEXT_MIB", 300) << 20;
     e->module = dbl_env_u64("CUDA_DOUBLE_MODULE_MIB", 0) << 20;
     e->lazy_module = dbl_env_u64("CUDA_DOUBLE_LAZY_MODULE_MIB", 0) << 20;
+    e->context_create_ns = dbl_env_u64("CUDA_DOUBLE_CONTEXT_CREATE_MS", 0) * 1000000ull;
     const char *hp = getenv("CUDA_DOUBLE_HOST_PROC");
     snprintf(e->host_proc, sizeof(e->host_proc), "%s", hp ? hp : "");
     e->kernel_ns = dbl_env_u64("CUDA_DOUBLE_KERNEL_US", 100) * 1000;

@@ -26,7 +26,7 @@
  *   timeline:SECONDS:US                    launch for SECONDS; print the gaps between launches
  *   threads:N:ROUNDS:SIZE                  N threads allocating, launching and freeing at once
  *   bench:N                                N launches, then N alloc+free pairs: CPU ns per op
- *   procaddr | errstr | devused[:dev] | fork:N | sleep:MS | ready | wait
+ *   procaddr | errstr | devused[:dev] | fork:N | sleep:MS | waitfile:PATH | ready | wait
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -655,6 +655,8 @@ static int step(char *arg) {
         printf("bench rc=%d launch_ns=%.1f alloc_ns=%.1f\n", rc, launch, alloc);
     } else if (!strcmp(cmd, "sleep")) {
         usleep((useconds_t)atoi(a[1]) * 1000);
+    } else if (!strcmp(cmd, "waitfile")) { /* a barrier: wait until the file exists */
+        while (access(a[1], F_OK) != 0) usleep(200);
     } else if (!strcmp(cmd, "ready")) {
         printf("ready\n");
     } else if (!strcmp(cmd, "wait")) {
