@@ -325,6 +325,28 @@ static __attribute__((noinline)) void *dlopen_checked(const char *file, int flag
     return lib >= 0 ? to_proxy(h, file, flags, lib) : h;
 }
 
+/* dlmopen into a namespace of its own: LD_PRELOAD does not reach there, so the driver (by
+ * name or identity) is handed out from the base namespace through its proxy instead. */
+typedef void *(*dlmopen_fn)(Lmid_t, const char *, int);
+VGPU_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int flags) {
+    static dlmopen_fn _Atomic real_ptr;
+    dlmopen_fn real = atomic_load(&real_ptr);
+    if (!real) {
+        real = (dlmopen_fn)dlsym(RTLD_NEXT, "dlmopen");
+        atomic_store(&real_ptr, real);
+    }
+    if (!real) return NULL;
+    if (lmid == LM_ID_BASE && file) return dlopen_checked(file, flags, __builtin_return_address(0));
+    void *h = real(lmid, file, flags);
+    if (!h || !file) return h;
+    int lib = driver_lib_of(file);
+    if (lib < 0) lib = driver_identity(h);
+    if (lib < 0) return h;
+    dlclose(h);
+    return dlopen_driver(lib == VGPU_LIB_CUDA ? "libcuda.so.1" : "libnvidia-ml.so.1",
+                         flags & ~RTLD_NOLOAD, lib);
+}
+
 VGPU_EXPORT void *dlopen(const char *file, int flags) {
     if (!file) return real_dlopen()(file, flags);
     int lib = driver_lib_of(file);

@@ -92,3 +92,11 @@ def test_zeroed_usage_counters_do_not_raise_the_limit(node):
     assert r.returncode == 0, r.stderr
     assert r.rcs("alloc") == [OOM, 0]
     assert int(r.one("info")["free"]) == 24 * MiB
+
+
+def test_the_driver_dlmopened_into_a_namespace_of_its_own_is_still_limited(node):
+    box = node.container("c", "memory_mib=1024")
+    r = box.run("init", "ctx", "alloc:600M", "alloc:600M", mode="dlopen",
+                env={"PROBE_DLMOPEN": "1"})
+    assert r.returncode == 0, r.stderr
+    assert r.rcs("alloc") == [0, OOM]

@@ -8,7 +8,8 @@
  *   dlopen   dlopen("libcuda.so.1") + dlsym on the handle, as PyTorch and ctypes do;
  *   getproc  dlopen + dlsym("cuGetProcAddress_v2") only, everything else through
  *            cuGetProcAddress (version 12040), as the CUDA 12 runtime does.
- * PROBE_CUDA_LIB names the library dlopen'ed as the driver (default libcuda.so.1).
+ * PROBE_CUDA_LIB names the library dlopen'ed as the driver (default libcuda.so.1);
+ * PROBE_DLMOPEN=1 loads it with dlmopen(LM_ID_NEWLM), where LD_PRELOAD does not reach.
  *
  * Steps (sizes take K/M/G suffixes):
  *   init | ctx[:dev] | release[:dev] | ctxcreate[:dev] | ctxdestroy | reset[:dev]
@@ -143,7 +144,10 @@ static void resolve(void) {
     if (!mode) mode = "link";
     if (strcmp(mode, "link") != 0) {
         const char *lib = getenv("PROBE_CUDA_LIB"); /* the driver under another name */
-        cuda_handle = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+        lib = lib && *lib ? lib : "libcuda.so.1";
+        const char *ns = getenv("PROBE_DLMOPEN"); /* the driver in a link-map namespace of its own */
+        cuda_handle = ns && *ns ? dlmopen(LM_ID_NEWLM, lib, RTLD_NOW | RTLD_LOCAL)
+                                : dlopen(lib, RTLD_NOW | RTLD_LOCAL);
         nvml_handle = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
         if (!cuda_handle || !nvml_handle) {
             printf("dlopen failed: %s\n", dlerror());
