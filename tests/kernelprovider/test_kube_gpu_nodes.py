@@ -77,6 +77,7 @@ def cluster(tmp_path_factory):
         (host_dir / "ld.so.preload").write_text("")
         (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
         prefix = work / "jupyter-prefix"
+        (prefix / "share" / "jupyter").mkdir(parents=True, exist_ok=True)
         singleuser = Path(sys.executable).parent / "jupyterhub-singleuser"
         profile = {
             "display_name": "1/8 H100",
@@ -93,11 +94,10 @@ def cluster(tmp_path_factory):
             c.KubernetesPool.namespace = {NAMESPACE!r}
             c.KubeSpawner.image = "quay.io/jupyter/base-notebook:emulated"
             c.KubeSpawner.cmd = [{str(singleuser)!r}]
-            c.KubeSpawner.args = ["--ServerApp.allow_root=True"]
             c.KubeSpawner.ip = "$(POD_IP)"
             c.KubeSpawner.environment = {{
                 "POD_IP": {{"valueFrom": {{"fieldRef": {{"fieldPath": "status.podIP"}}}}}},
-                "JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r},
+                "JUPYTER_PATH": "/opt/jupyter-kernelspecs",  # a volume: uid 1000 cannot read pytest's tmp dir
             }}
             c.KubeSpawner.start_timeout = 90
             c.KubeSpawner.http_timeout = 60
@@ -106,8 +106,14 @@ def cluster(tmp_path_factory):
             c.KubeSpawner.pvc_name_template = "claim-{{username}}"
             c.KubeSpawner.storage_capacity = "1Gi"
             c.KubeSpawner.storage_access_modes = ["ReadWriteOnce"]
-            c.KubeSpawner.volumes = [{{"name": "home", "persistentVolumeClaim": {{"claimName": "claim-{{username}}"}}}}]
-            c.KubeSpawner.volume_mounts = [{{"name": "home", "mountPath": "/home/jovyan"}}]
+            c.KubeSpawner.volumes = [
+                {{"name": "home", "persistentVolumeClaim": {{"claimName": "claim-{{username}}"}}}},
+                {{"name": "kernelspecs", "hostPath": {{"path": {str(prefix / "share" / "jupyter")!r}}}}},
+            ]
+            c.KubeSpawner.volume_mounts = [
+                {{"name": "home", "mountPath": "/home/jovyan"}},
+                {{"name": "kernelspecs", "mountPath": "/opt/jupyter-kernelspecs", "readOnly": True}},
+            ]
             c.KubeSpawner.working_dir = "/home/jovyan"
             c.KubeSpawner.uid = 1000  # z2jh's singleuser.uid and fsGid
             c.KubeSpawner.fs_gid = 100
