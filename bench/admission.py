@@ -1,12 +1,14 @@
 """Admission at cluster scale: latency of one decision with 1,000 nodes x 8 GPUs and 20,000 live
 allocations.
 
-    python bench/admission.py [--nodes 1000] [--allocations 20000] [--decisions 2000] [--seed 42]
+    python bench/admission.py [--nodes 1000] [--allocations 20000] [--decisions 2000] [--seed 42] [--placement fgd]
 
 The pool mixes H100-80GB, A100-40GB and oversubscribed L40S-48GB nodes plus some whole-card
 nodes; 24 workspaces with quotas; priority classes high (preempts), default, low (borrows) and
-lowest. The live allocations are placed by the admission core itself (binpack), so cards are
-as full as a busy cluster's. Then it times ``decide()`` for a varied stream of requests (small
+lowest; every node has 128 CPUs and 1 TiB of host memory (8 CPUs and 32 GiB of it requested by
+other pods) and every request asks for CPU and host memory too. The live allocations are placed
+by the admission core itself (``--placement``, default: the config's default), so cards are as
+full as a busy cluster's. Then it times ``decide()`` for a varied stream of requests (small
 and large slices, multi-GPU, whole cards, model filters, every class, so grants, preemptions,
 waits and rejects all occur); grants are applied and an old allocation stops after each, so the
 state keeps changing and stays near its size. Only ``decide()`` is timed.
@@ -62,11 +64,13 @@ def make_pool(n_nodes: int) -> Pool:
                 memory_oversub=oversub, mode=mode, index=gi)
             for gi in range(8)
         )
-        nodes.append(Node(f"node-{ni:04d}", gpus))
+        # CPU and host memory as on a typical 8-GPU server, part of it taken by other pods
+        nodes.append(Node(f"node-{ni:04d}", gpus, cpu_millicores=128_000, host_memory_mib=1024 * GIB,
+                          cpu_requested_millicores=8_000, host_memory_requested_mib=32 * GIB))
     return Pool(tuple(nodes))
 
 
-def make_config(n_workspaces: int = 24):
+def make_config(n_workspaces: int = 24, placement: str | None = None):
     workspaces = {}
     for w in range(n_workspaces):
         namespaces = {
@@ -78,7 +82,10 @@ def make_config(n_workspaces: int = 24):
             "limits": {"memory_mib": (2_000 if w % 6 == 0 else 60_000) * GIB},
             "namespaces": namespaces,
         }
-    return load_config({"priority_classes": CLASSES, "workspaces": workspaces})
+    data = {"priority_classes": CLASSES, "workspaces": workspaces}
+    if placement:
+        data["placement"] = {"node": placement, "gpu": placement}
+    return load_config(data)
 
 
 def random_owner(rng: random.Random) -> Owner:
@@ -96,6 +103,8 @@ def live_request(rng: random.Random, i: int) -> GPURequest:
         whole=rng.random() < 0.01,
         request_id=f"live-{i}",
         kind="kernel",
+        cpu_millicores=rng.choice([1_000, 2_000, 4_000]),
+        host_memory_mib=rng.choice([4, 8, 16]) * GIB,
     )
 
 
@@ -112,6 +121,8 @@ def probe_request(rng: random.Random, i: int) -> GPURequest:
         whole=rng.random() < 0.05,
         request_id=f"probe-{i}",
         kind="kernel",
+        cpu_millicores=rng.choice([0, 2_000, 8_000, 32_000]),
+        host_memory_mib=rng.choice([0, 16, 64, 256]) * GIB,
     )
 
 
@@ -128,11 +139,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--allocations", type=int, default=20_000)
     parser.add_argument("--decisions", type=int, default=2_000)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--placement", choices=["binpack", "spread", "fgd"], default=None,
+                        help="placement for nodes and cards (default: the admission config's default)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
 
     pool = make_pool(args.nodes)
-    config = make_config()
+    config = make_config(placement=args.placement)
     t0 = time.perf_counter()
     state = AdmissionState(config, pool)
     placed = tries = 0
@@ -150,7 +163,8 @@ def main(argv: list[str] | None = None) -> None:
     usage = state.usage()
     used = sum(g["memory_used_mib"] for g in usage["gpus"])
     total = sum(g["memory_capacity_mib"] for g in usage["gpus"])
-    print(f"pool: {len(pool.nodes)} nodes, {len(pool.all_gpus())} GPUs; "
+    print(f"placement: {config.placement.node}/{config.placement.gpu}; "
+          f"pool: {len(pool.nodes)} nodes, {len(pool.all_gpus())} GPUs; "
           f"{len(state.allocations)} live allocations ({used / total:.0%} of GPU memory in use)")
     print(f"setup: placed them with decide()+apply() in {fill_s:.1f} s; "
           f"a state rebuilt from the ledger in {rebuild_s:.2f} s")
