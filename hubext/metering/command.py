@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from sqlalchemy.engine import make_url
+
 from quotas import ConfigError
 
 from .capacity import parse_slice, plan_capacity
@@ -82,6 +84,12 @@ def _load(args: argparse.Namespace) -> tuple[UsageStore, PriceTable]:
         hub_db_url = config.JupyterHub.get("db_url", "") if "JupyterHub" in config else ""
     meter = UsageMeter(config=config) if config is not None else UsageMeter()
     db_url = args.db_url or meter.resolve_db_url(hub_db_url)
+    url = make_url(db_url)
+    if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).is_file():
+        raise ReportError(
+            f"there is no hub database at {url.database}; pass --db-url, or --config with the hub's "
+            "jupyterhub_config.py."
+        )
     return UsageStore(db_url), meter.price_table()
 
 

@@ -87,6 +87,10 @@ def test_bad_input_is_one_sentence_and_exit_status_2(hub_config, capsys):
     args = parse(add_usage_arguments, ["--config", str(hub_config.parent / "missing.py")])
     assert run_usage(args, io.StringIO()) == 2
     assert "does not exist; pass --config" in capsys.readouterr().err
+    args = parse(add_usage_arguments, ["--db-url", f"sqlite:///{hub_config.parent / 'nowhere.sqlite'}"])
+    assert run_usage(args, io.StringIO()) == 2
+    assert "there is no hub database at" in capsys.readouterr().err
+    assert not (hub_config.parent / "nowhere.sqlite").exists()  # reading creates nothing
     args = parse(add_capacity_arguments, ["--config", str(hub_config), "--slice", "20GiB"])
     assert run_capacity(args, io.StringIO()) == 2
     assert "the card's memory is unknown" in capsys.readouterr().err
