@@ -94,3 +94,12 @@ def test_bad_input_is_one_sentence_and_exit_status_2(hub_config, capsys):
     args = parse(add_capacity_arguments, ["--config", str(hub_config), "--slice", "20GiB"])
     assert run_capacity(args, io.StringIO()) == 2
     assert "the card's memory is unknown" in capsys.readouterr().err
+
+
+def test_help_of_both_commands_renders():
+    for add, words in ((add_usage_arguments, ("--by", "--csv", "--xlsx")), (add_capacity_arguments, ("--slice",))):
+        parser = argparse.ArgumentParser(prog="elastic-gpu")
+        add(parser)
+        text = parser.format_help()
+        assert all(w in text for w in words), text
+    assert "25%" in text and "served without waiting this % of the time" in text
