@@ -14,7 +14,6 @@ so the prices are the hub's. They return the exit status and print one sentence 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -37,7 +36,9 @@ CAPACITY_HELP = "how many GPUs the recorded demand needs at a slice size (e.g. -
 
 
 def _default_config() -> Path:
-    return Path(os.environ.get("ELASTIC_GPU_CONFIG_DIR") or Path.home() / ".elastic-gpu") / "jupyterhub_config.py"
+    from hubext.cli.base import default_config_dir  # the CLI's one rule (root: /var/lib/elastic-gpu)
+
+    return default_config_dir() / "jupyterhub_config.py"
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

@@ -161,3 +161,19 @@ def test_the_config_names_its_login_mode_and_why(tmp_path):
     c = load_hub_config(tmp_path / "jupyterhub_config.py")
     assert c.JupyterHub.authenticator_class == "pam"
     assert c.JupyterHub.spawner_class == "hubext.local.spawner.LocalGPUSpawner"
+
+
+def test_usage_and_capacity_are_elastic_gpu_commands(tmp_path):
+    """The metering reports are reached through the one CLI (not only as functions)."""
+    import subprocess
+    import sys
+
+    for cmd in ("usage", "capacity"):
+        result = subprocess.run(
+            [sys.executable, "-m", "hubext.cli", cmd, "--config", str(tmp_path / "missing.py")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 2, result
+        assert "does not exist; pass --config" in result.stderr and "Traceback" not in result.stderr
