@@ -62,7 +62,7 @@ def test_users_service_account_and_culler_token_match_our_chart(z2jh, ours):
     (service,) = z2jh["hub"]["services"]
     assert ref == {"name": "hub", "key": f"hub.services.{service}.apiToken"}
     assert env["JUPYTERHUB_SERVICE_NAME"]["value"] == service
-    assert f'"services": ["{service}"]' in _extra_config(z2jh)
+    assert f'culler.service_role("{service}"' in _extra_config(z2jh)
 
 
 def test_backend_and_prefix_in_hub_config_match_our_chart(z2jh, ours):
@@ -102,7 +102,9 @@ def test_hub_extra_config_configures_the_hub(z2jh):
     assert c.KubernetesKernelLauncher.service_account == "elastic-gpu-user"
     roles = c.JupyterHub.load_roles
     roles = roles.get_value([]) if hasattr(roles, "get_value") else roles
-    assert any(r.get("services") == ["elastic-gpu-culler"] for r in roles)
+    (culler_role,) = [r for r in roles if r.get("services") == ["elastic-gpu-culler"]]
+    # the culler's token never opens users' servers (it asks the broker for the user's own token)
+    assert not {"access:servers", "admin:servers"} & set(culler_role["scopes"])
     assert not any(s.get("name") == "gpu-culler" for s in c.JupyterHub.get("services", []))
 
 
