@@ -625,16 +625,25 @@ class PodRuntime:
         pgid = proc.pid
         pid1 = self.pid1
 
-        def kill_all() -> None:
-            if pid1:  # the pid namespace's init: everything in the container goes with it
+        async def kill_all() -> None:
+            # SIGKILL to the pid namespace's init takes everything in the container with it;
+            # the runtime then reaps it and exits (killing the runtime first would leave pid 1
+            # to the host's init, a zombie until that reaps it).
+            # Once the runtime has exited, pid 1 is reaped (its pid may be reused): hands off.
+            if proc.returncode is not None:
+                return
+            if pid1:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid1, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 3)
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
 
         if force:
-            if proc.returncode is None or pid1:
-                kill_all()
+            if proc.returncode is None:
+                await kill_all()
             if proc.returncode is None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(proc.wait(), 5)
@@ -647,7 +656,7 @@ class PodRuntime:
         while proc.returncode is None:
             remaining = (self.kill_at or loop.time()) - loop.time()
             if remaining <= 0:
-                kill_all()
+                await kill_all()
                 await proc.wait()
                 break
             with contextlib.suppress(asyncio.TimeoutError):
@@ -1288,7 +1297,8 @@ class Kubelet:
 
     def kill_all(self) -> None:
         for rt in list(self.runtimes.values()):
-            if rt.pid1:  # a container's init: its whole pid namespace goes with it
+            if rt.pid1 and rt.proc is not None and rt.proc.returncode is None:
+                # a running container's init: its whole pid namespace goes with it
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(rt.pid1, signal.SIGKILL)
         for pgid in list(self.pgids):
