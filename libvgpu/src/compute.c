@@ -15,8 +15,8 @@
  *
  * While the cost is not known (a cold start, or after idle) launches are not let through at
  * a guessed rate: each one is measured on its stream with a pair of events and waited for
- * before the next, so no backlog can build up, and the first measurement sets the cost and
- * charges the bucket at once (a 200 ms graph is held to the limit from its first launch).
+ * before the next, so no backlog can build up, and the first measurement sets the cost at
+ * once (a 200 ms graph is held to the limit from its second launch).
  */
 #define _GNU_SOURCE
 #include "vgpu.h"
@@ -56,7 +56,7 @@ static inline void stamp_activity(void) {
 #define PROBE_LAUNCHES 16           /* launches per window while the cost is not known yet */
 #define STALE_NS 3000000000ull      /* nobody launched for this long: measure afresh */
 #define MAX_WINDOW_NS 2000000000ull /* give up waiting for NVML samples after this long */
-#define MAX_SLEEP_NS 1000000000ull  /* one launch never waits longer than this */
+#define MAX_SLEEP_NS 10000000000ull /* one launch never waits longer than this */
 #define SATURATED_PERMILLE 970      /* a window this busy is "saturated" */
 
 static void restart(struct vgpu_compute *c) {
@@ -106,12 +106,15 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
     if (old) {
         int64_t delta = (int64_t)(n * old) - (int64_t)busy;
         if (delta > 0 && gpu_busy) delta = 0;
-        int64_t t = atomic_fetch_add(&c->tokens_ns, delta) + delta;
+        /* the correction is bounded, the launches' own charges are not forgiven: a debt
+         * that other processes of the container are sleeping off stays */
         int64_t floor = -(int64_t)(BURST_NS * pct / 100), cap = (int64_t)(BURST_NS * pct / 100);
-        while (t < floor && !atomic_compare_exchange_weak(&c->tokens_ns, &t, floor)) {
-        }
-        while (t > cap && !atomic_compare_exchange_weak(&c->tokens_ns, &t, cap)) {
-        }
+        int64_t t = atomic_load(&c->tokens_ns), want;
+        do {
+            want = t + delta;
+            if (delta < 0 && want < floor) want = t < floor ? t : floor;
+            if (delta > 0 && want > cap) want = t > cap ? t : cap;
+        } while (!atomic_compare_exchange_weak(&c->tokens_ns, &t, want));
     }
     int saturated = permille >= SATURATED_PERMILLE && pct <= 90;
     if (!n && !saturated) return;
@@ -130,8 +133,10 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
         /* the GPU idled in this window: little was left queued. Below NVML's resolution
          * (1 %) the work is not known to be zero: count it as half a percent. */
         uint64_t est = (busy > window_ns / 200 ? busy : window_ns / 200) / n;
+        uint64_t since_admit = now - atomic_load(&c->admit_ns);
         if (!old) cost = est;
-        else if (window_ns < 4 * old) cost = old; /* launches of this size may not have run yet */
+        else if (est < old && (window_ns < 4 * old || since_admit < 2 * old))
+            cost = old; /* launches of this size may not have run yet */
         else cost = est < old / 2 ? old / 2 : (old + est) / 2; /* down at most twofold */
     }
     atomic_store(&c->cost_ns, cost ? cost : 1);
@@ -185,7 +190,8 @@ static __attribute__((noinline)) void probe_finish(CUresult launched) {
         uint64_t ns = (uint64_t)((double)ms * 1e6), unknown = 0;
         if (atomic_compare_exchange_strong(&c->cost_ns, &unknown, ns ? ns : 1))
             vgpu_debug("gpu %d: a launch measured %.3f ms", dev, (double)ms);
-        atomic_fetch_sub(&c->tokens_ns, (int64_t)ns); /* it ran: paid for, whatever the cost */
+        /* not charged: a launch is paid for before it runs (the next one sleeps for its own
+         * cost), and this one ran at once as the bucket's first burst */
         uint64_t never = 0;
         atomic_compare_exchange_strong(&c->refill_ns, &never, vgpu_mono_ns());
     }
@@ -202,7 +208,6 @@ void vgpu_compute_gate(int dev, CUstream s) {
     uint32_t pct = vgpu.cfg.cores_percent[dev];
     struct vgpu_compute *c = &vgpu.reg->compute[dev];
     uint64_t now = vgpu_mono_ns();
-    uint64_t in_window = atomic_fetch_add_explicit(&c->launches, 1, memory_order_relaxed) + 1;
     uint64_t prev_gate = atomic_load_explicit(&c->gate_ns, memory_order_relaxed);
     if (now - prev_gate >= 1000000ull) atomic_store_explicit(&c->gate_ns, now, memory_order_relaxed);
     uint64_t last = atomic_load_explicit(&c->sample_ns, memory_order_relaxed);
@@ -210,6 +215,7 @@ void vgpu_compute_gate(int dev, CUstream s) {
 
     uint64_t cost = atomic_load_explicit(&c->cost_ns, memory_order_relaxed);
     if (!cost) { /* not measured yet: measure this launch, or a few launches per window */
+        uint64_t in_window = atomic_fetch_add_explicit(&c->launches, 1, memory_order_relaxed) + 1;
         int64_t t = atomic_load(&c->tokens_ns);
         if (t < 0) { /* a measured launch left a debt: sleep it off first */
             uint64_t wait = (uint64_t)(-t) * 100 / pct;
@@ -226,7 +232,9 @@ void vgpu_compute_gate(int dev, CUstream s) {
     uint64_t refill = atomic_load_explicit(&c->refill_ns, memory_order_relaxed);
     if (now > refill && atomic_compare_exchange_strong(&c->refill_ns, &refill, now)) {
         uint64_t gap = now - refill;
-        if (gap > BURST_NS) gap = BURST_NS;
+        /* idle time earns one burst at most; time spent paying off a debt earns all of it
+         * (a long debt sleep, of this process or another of the container, is its refill) */
+        if (gap > BURST_NS && atomic_load(&c->tokens_ns) >= 0) gap = BURST_NS;
         int64_t add = (int64_t)(gap * pct / 100), cap = (int64_t)(BURST_NS * pct / 100);
         int64_t t = atomic_fetch_add(&c->tokens_ns, add) + add;
         while (t > cap && !atomic_compare_exchange_weak(&c->tokens_ns, &t, cap)) {
@@ -237,6 +245,10 @@ void vgpu_compute_gate(int dev, CUstream s) {
         uint64_t wait = (uint64_t)(-t) * 100 / pct;
         vgpu_sleep_ns(wait < MAX_SLEEP_NS ? wait : MAX_SLEEP_NS);
     }
+    /* counted when it is let through: it runs in the window open now, not in one closed while
+     * it slept */
+    atomic_fetch_add_explicit(&c->launches, 1, memory_order_relaxed);
+    atomic_store_explicit(&c->admit_ns, vgpu_mono_ns(), memory_order_relaxed);
 }
 
 /* ---- the launch hooks ------------------------------------------------------------------ */

@@ -59,7 +59,8 @@ struct vgpu_compute {
     _Atomic uint32_t util_permille; /* the container's measured utilisation, last window */
     uint32_t pad0;
     _Atomic uint64_t gate_ns;    /* CLOCK_MONOTONIC of a recent launch (1 ms resolution) */
-    uint64_t pad1[8];
+    _Atomic uint64_t admit_ns;   /* CLOCK_MONOTONIC when the last launch was let through */
+    uint64_t pad1[7];
 };
 
 /* One process of the container (320 bytes). pid == 0: free. Liveness: the owner holds an

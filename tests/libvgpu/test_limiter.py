@@ -47,3 +47,19 @@ def test_tiny_kernels_after_a_pause_are_not_throttled(node):
     # 100 launches of 10 us: 1 ms of GPU time, well inside the bucket; a probe rate of a few
     # launches per 50 ms window would take 300 ms
     assert r.num("burst", "ms") < 120
+
+
+def test_long_kernels_are_held_within_5_points_from_a_cold_start(node):
+    box = node.container("c", f"cores_percent={LIMIT}")
+    (measured,) = utils(box.run("init", "ctx", "util:1:2:50000:kernel"))  # 50 ms kernels
+    assert LIMIT - 5 <= measured <= LIMIT + 5
+
+
+def test_two_processes_share_the_limit_from_a_cold_start_with_big_graphs(node):
+    box = node.container("c", f"cores_percent={LIMIT}")
+    first = box.start("init", "ctx", "ready", "util:1:3:200000:graph:all", wait_for="ready")
+    second = box.run("init", "ctx", "util:1:3:200000:graph:all")
+    out, _ = first.communicate(timeout=60)
+    both = [utils(second)[0], float(out.split("util=")[1].split()[0])]
+    for measured in both:  # each sees the container's total on the card
+        assert LIMIT - 5 <= measured <= LIMIT + 5
