@@ -288,10 +288,12 @@ class VictimSearch:
         a = self.ask
         if not (a.cpu or a.hmem) or not (allocation.cpu_millicores or allocation.host_memory_mib):
             return False
-        ni = self.ix.node_index(allocation)
-        if ni is None or self.ix.node_fits(ni, a.cpu, a.hmem):
+        ix = self.ix
+        ni = ix.node_index(allocation)
+        if ni is None or ix.node_fits(ni, a.cpu, a.hmem):
             return False
-        return self.ix.node_fits(ni, a.cpu, a.hmem, self._trial([allocation]).freed)
+        return (ix.cpu_free[ni] + allocation.cpu_millicores >= a.cpu
+                and ix.hmem_free[ni] + allocation.host_memory_mib >= a.hmem)
 
     def _node_single_victims(self) -> list[str]:
         """Eligible allocations whose removal alone gives a short node the CPU and memory."""
@@ -299,8 +301,15 @@ class VictimSearch:
         if not (a.cpu or a.hmem):
             return []
         found = []
+        if a.whole:
+            room = ix.empty.get(a.group, {})
+        else:
+            max_m, max_c = ix.max_m.get(a.group, {}), ix.max_c.get(a.group, {})
         for ni in range(len(ix.node_names)):
             if ix.node_fits(ni, a.cpu, a.hmem):
+                continue
+            # only where the cards already fit: there CPU or memory is all that is short
+            if (room.get(ni, 0) < a.k) if a.whole else (max_m.get(ni, 0) < a.m or max_c.get(ni, 0) < a.c):
                 continue
             for aid, v in ix.node_allocs[ni].items():
                 if self._may_evict(aid) and self._frees_node(v):
@@ -478,7 +487,8 @@ class VictimSearch:
             for _, victims in per_card[: a.k]:
                 for v in victims:
                     chosen[v.id] = v
-            if a.cpu or a.hmem:  # ... plus what frees the node's CPU and host memory
+            if (a.cpu or a.hmem) and not self.ix.node_fits(ni, a.cpu, a.hmem):
+                # ... plus what frees the node's CPU and host memory
                 t = self._trial(list(chosen.values()))
                 for v in self._node_victims(ni, t):
                     if self.ix.node_fits(ni, a.cpu, a.hmem, t.freed):
