@@ -42,7 +42,7 @@ from quotas import (
 )
 from quotas.queue import AdmissionQueue, Waiting
 
-from .backends import POOL_ENTRY_POINTS, PoolBackend, ReleaseCause
+from .backends import POOL_ENTRY_POINTS, ClaimConflict, PoolBackend, ReleaseCause
 
 #: progress callback: (message, position in queue or None)
 ProgressCallback = Callable[[str, "int | None"], None]
@@ -161,6 +161,8 @@ class GPUAllocator(SingletonConfigurable):
     async def _start(self) -> None:
         self.config_data = self.load_admission_config()
         last_error: list[Exception] = []
+
+        self.backend.capacity_changed = self._capacity_changed
 
         async def backend_started() -> bool:
             try:
@@ -358,13 +360,34 @@ class GPUAllocator(SingletonConfigurable):
             except Exception:  # a broken listener must not break allocation
                 self.log.exception("GPU allocator listener failed on %s", event)
 
+    async def _capacity_changed(self) -> None:
+        """Another claimant took or gave back capacity: re-read the pool, decide the waiters again."""
+        if self.state is not None:
+            await self.refresh_inventory()
+
     async def _holder_gone(self, allocation_id: str, why: str) -> None:
         await self.release(allocation_id, why, ReleaseCause.HOLDER_GONE)
 
     async def _pump(self) -> None:
         """Grant what fits, in queue order (``quotas.queue``: capacity is reserved for the head of
         a priority class once it waited ``queue.reserve_after_seconds``); tell the others where
-        they stand."""
+        they stand.
+
+        A grant the pool's shared ledger refuses (``ClaimConflict``: another hub claimed the
+        capacity first) is taken back and its request stays in line; the pool is then re-read
+        and the queue decided again, as long as re-reading changed what this hub may use."""
+        for _ in range(5):
+            if not await self._pump_once():
+                return
+            async with self._lock:
+                before = self.state.pool
+                self.state.set_pool(await self.backend.inventory())
+                if self.state.pool == before:
+                    return
+
+    async def _pump_once(self) -> bool:
+        """One pass over the queue; True when a grant was refused by the pool's shared ledger."""
+        conflicted = False
         async with self._lock:
             for waiter in list(self._waiters):
                 if waiter.future.done():
@@ -383,7 +406,18 @@ class GPUAllocator(SingletonConfigurable):
                         await self.backend.evict(victim, reason)
                         await self._released(victim, reason, ReleaseCause.PREEMPTED)
                     allocation = decision.allocation
-                    await self.backend.record(allocation)
+                    try:
+                        await self.backend.record(allocation)
+                    except ClaimConflict as e:
+                        # another hub holds it: take the grant back; the request keeps its place
+                        self.state.remove(allocation.id)
+                        self._queue.requeue(step.waiting)
+                        self.log.info("GPU grant %s to %s taken back: %s", allocation.id,
+                                      allocation.owner.user, e.message)
+                        conflicted = True
+                        waiter.reason = f"Another hub holds the GPU capacity this request needs ({e.message})"
+                        waiter.error = PoolFull(waiter.reason)
+                        continue
                     self._drop(waiter)
                     self.log.info(
                         "GPU granted: %s to %s on %s %s (%d MiB, %d %% each)%s",
@@ -409,3 +443,4 @@ class GPUAllocator(SingletonConfigurable):
                     waiter.position, waiter.reason = ahead, decision.reason
                     if waiter.progress:
                         waiter.progress(decision.reason, ahead)
+        return conflicted

@@ -57,6 +57,16 @@ class LaunchError(Exception):
         self.status = status
 
 
+class ClaimConflict(Exception):
+    """``PoolBackend.record`` could not take the claim: another hub holds the capacity (the
+    cluster-wide ledger refused it). ``message`` says which card and why. The allocator takes
+    the grant back; the request waits, or is refused if it may not wait."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 @dataclass
 class ServerRef:
     """The user's server a kernel belongs to (its lifetime bounds the kernel's)."""
@@ -186,6 +196,10 @@ class PoolBackend(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
     #: True when the inventory is simulated (no real GPU); pages and the spawn form say so.
     simulated: bool = False
 
+    #: set by the allocator before ``start``: a backend calls it when the capacity this hub may use
+    #: changed without a node coming or going (another hub took or released cards)
+    capacity_changed: Callable[[], Awaitable[None]] | None = None
+
     @abstractmethod
     async def start(self, on_gone: GoneCallback) -> None:
         """Connect, and begin noticing holders that disappear (``on_gone(allocation_id, why)``).
@@ -202,7 +216,10 @@ class PoolBackend(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
 
     @abstractmethod
     async def record(self, allocation: Allocation) -> None:
-        """Persist a newly granted allocation (before its holder exists). Called by ``GPUAllocator``."""
+        """Persist a newly granted allocation (before its holder exists). Called by ``GPUAllocator``.
+
+        Raises :class:`ClaimConflict` (and records nothing) when a ledger shared with other
+        hubs refuses it."""
 
     @abstractmethod
     async def bind(self, allocation_id: str, holder: str) -> None:
@@ -225,6 +242,11 @@ class PoolBackend(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
 
     def events(self, limit: int = 20) -> list[dict[str, Any]]:
         """Recent preemptions, newest first (the admin page); [] where the mode keeps them elsewhere."""
+        return []
+
+    def held_elsewhere(self) -> list[dict[str, Any]]:
+        """Slices other hubs hold on this pool's cards ({hub, node, gpu_uuids, memory_mib,
+        cores_percent, whole, allocation_id}); [] where the mode shares no cards (the admin page)."""
         return []
 
     def activity(self) -> dict[str, dict[str, int]]:

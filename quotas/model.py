@@ -86,6 +86,11 @@ class GPU:
     mode: Mode = Mode.SHARED
     mig_profiles: tuple[str, ...] = ()
     index: int = 0
+    #: memory, compute and whole-card holds of claimants outside this ledger (other hubs): the
+    #: card has that much less room, counted neither against quotas nor as preemption victims
+    held_memory_mib: int = 0
+    held_cores_percent: int = 0
+    held_whole: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """The inventory format that :func:`quotas.load_pool` reads back."""

@@ -110,9 +110,15 @@ class CardIndex:
         # dynamic card state
         self.cpu_free = list(self.cpu_static)
         self.hmem_free = list(self.hmem_static)
+        # what claimants outside the ledger hold (GPU.held_*): never free, never a victim
         self.used_m = [0] * n_gpus
         self.used_c = [0] * n_gpus
         self.nalloc = [0] * n_gpus
+        for gi, g in enumerate(self.gpus):
+            if g.held_whole or g.held_memory_mib > 0 or g.held_cores_percent > 0:
+                self.used_m[gi] = self.cap_m[gi] if g.held_whole else min(self.cap_m[gi], g.held_memory_mib)
+                self.used_c[gi] = self.cap_c[gi] if g.held_whole else min(self.cap_c[gi], g.held_cores_percent)
+                self.nalloc[gi] = 1
         #: per card: allocation id -> (memory, cores) it charges on that card
         self.on: list[dict[str, tuple[int, int]]] = [{} for _ in range(n_gpus)]
         #: per node: allocations holding one of its cards

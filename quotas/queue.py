@@ -103,6 +103,12 @@ class AdmissionQueue:
         self._waiting.append(w)
         return w
 
+    def requeue(self, waiting: Waiting) -> None:
+        """Put back a request that ``pump`` granted but whose grant could not be carried out (the
+        caller took it back from the state); it keeps its place in line."""
+        if waiting not in self._waiting:
+            self._waiting.append(waiting)
+
     def discard(self, waiting: Waiting) -> bool:
         """Take a request out of line (it gave up); False if it was not in line."""
         try:

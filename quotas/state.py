@@ -519,6 +519,8 @@ class AdmissionState:
         # the requester's allocations lie within each of its levels, so anything more is others'
         total = len(self._allocs) if key is None else self._ledger.usage(key).allocations
         others = total > kernels + notebooks
+        if key is None and not others:  # cards held by claimants outside this ledger (other hubs)
+            others = any(g.held_whole or g.held_memory_mib or g.held_cores_percent for g in self._index.gpus)
         return msg.holdings(kernels, notebooks), others
 
     def _asked_total(self, request: GPURequest, group: str, res: str) -> int:

@@ -25,10 +25,11 @@ from kubespawner.clients import load_config, shared_client
 from kubespawner.reflector import ResourceReflector
 from traitlets import Bool, Float, List, Unicode
 
-from quotas import Allocation, ConfigError, Node, Pool, load_pool
+from quotas import GPU, Allocation, ConfigError, Node, Pool, load_pool
 
 from .. import contract as C
 from ..backends import GoneCallback, PoolBackend
+from .claims import Claim, ClaimsLedger, valid_hub_id, without
 from .launcher import KubernetesKernelLauncher
 
 _SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
@@ -111,6 +112,27 @@ class KubernetesPool(PoolBackend):
         slice is not granted where its pod could not be scheduled. Default: True.""",
     )
 
+    claims_namespace = Unicode(
+        "",
+        config=True,
+        help="""Namespace of the cluster-wide ledger of GPU claims, shared by every hub that
+        slices the same nodes (one ConfigMap per GPU node; the hub needs get, list, create and
+        update on configmaps there). Each grant is then claimed there by compare-and-swap before
+        it is handed out, and other hubs' claims reduce what this hub may place. Empty (the
+        default): this hub is the only one slicing its nodes and keeps no shared ledger.""",
+    )
+    hub_id = Unicode(
+        config=True,
+        help="""This hub's name in the claims ledger (letters, digits, '-', '_', '.'; unique among
+        the hubs sharing claims_namespace). Default: the pool's namespace.""",
+    )
+    claims_ttl_seconds = Float(
+        60.0,
+        config=True,
+        help="""Seconds after which the claims of a hub that stopped renewing them are dropped by
+        any other hub (each hub renews every third of it). Default: 60.""",
+    )
+
     def _default_namespace(self) -> str:
         return os.environ.get("POD_NAMESPACE", "default")
 
@@ -122,6 +144,12 @@ class KubernetesPool(PoolBackend):
         self._seen: set[str] = set()
         self._task: asyncio.Task | None = None
         self._on_gone: GoneCallback | None = None
+        #: the cluster-wide claims ledger (None when claims_namespace is empty)
+        self.claims: ClaimsLedger | None = None
+        #: every card as the inventory reads it, before other hubs' claims (what a claim is checked on)
+        self._physical: dict[str, GPU] = {}
+        self._others_seen: frozenset[Claim] = frozenset()
+        self._claims_adopted = False
 
     @property
     def api(self):
@@ -130,6 +158,16 @@ class KubernetesPool(PoolBackend):
     async def start(self, on_gone: GoneCallback) -> None:
         load_config()
         self._on_gone = on_gone
+        if self.claims_namespace and self.claims is None:
+            hub_id = self.hub_id or self.namespace
+            if not valid_hub_id(hub_id):
+                raise ConfigError(
+                    f"KubernetesPool.hub_id {hub_id!r} cannot name a claims entry; use letters, "
+                    "digits, '-', '_' and '.' (at most 200)."
+                )
+            self.claims = ClaimsLedger(self.api, self.claims_namespace, hub_id, self.claims_ttl_seconds,
+                                       self.k8s_api_request_timeout, self.log)
+            await self.claims.refresh()  # this hub's own entries are renewed once allocations() is read
         self.reflector = ManagedPodReflector(parent=self, namespace=self.namespace)
         await self.reflector.start()
         self._task = asyncio.ensure_future(self._reconcile_forever())
@@ -165,6 +203,12 @@ class KubernetesPool(PoolBackend):
             others = await self._requested_by_others({n.name for n in nodes})
             nodes = [replace(n, cpu_requested_millicores=others.get(n.name, (0, 0))[0],
                              host_memory_requested_mib=others.get(n.name, (0, 0))[1]) for n in nodes]
+        self._physical = {gpu.uuid: gpu for node in nodes for gpu in node.gpus}
+        if self.claims is not None:
+            await self.claims.refresh()
+            held = self.claims.others()
+            self._others_seen = frozenset(held)
+            nodes = without(nodes, held)
         return Pool(nodes=tuple(nodes))
 
     async def _requested_by_others(self, names: set[str]) -> dict[str, tuple[int, int]]:
@@ -219,16 +263,52 @@ class KubernetesPool(PoolBackend):
     async def allocations(self) -> list[Allocation]:
         live = self._live()
         self._seen.update(live)
+        if self.claims is not None:
+            # after a restart: what runs is claimed again (and what no longer runs is dropped)
+            self.claims.mine = {a.id: self._claim(a) for a in live.values()}
+            await self.claims.sync()
+            self._claims_adopted = True
         return list(live.values())
 
+    def _claim(self, allocation: Allocation) -> Claim:
+        return Claim(self.claims.hub_id if self.claims else "", allocation.id, allocation.node,
+                     tuple(allocation.gpu_uuids), allocation.memory_mib, allocation.cores_percent,
+                     allocation.whole)
+
     async def record(self, allocation: Allocation) -> None:
-        """Nothing to write: the pod's labels and annotations will be the record."""
+        """Claim the slice in the cluster-wide ledger (raises ClaimConflict when another hub holds
+        it); nothing else to write: the pod's labels and annotations will be the record."""
+        if self.claims is not None:
+            await self.claims.take(self._claim(allocation), self._physical)
 
     async def bind(self, allocation_id: str, holder: str) -> None:
         """Nothing to write: the holder pod carries the allocation id."""
 
     async def forget(self, allocation_id: str) -> None:
         self._seen.discard(allocation_id)
+        if self.claims is not None:
+            await self.claims.drop(allocation_id)
+
+    def held_elsewhere(self) -> list[dict[str, Any]]:
+        if self.claims is None:
+            return []
+        return [
+            {"hub": c.hub, "node": c.node, "allocation_id": c.allocation_id, "gpu_uuids": list(c.gpu_uuids),
+             "memory_mib": c.memory_mib, "cores_percent": c.cores_percent, "whole": c.whole}
+            for c in sorted(self.claims.others(), key=lambda c: (c.node, c.hub, c.allocation_id))
+        ]
+
+    async def _sync_claims(self) -> None:
+        """Renew this hub's claims, drop expired ones, and tell the allocator when what other
+        hubs hold changed (so waiters are decided on the capacity left)."""
+        if self.claims is None or not self._claims_adopted:
+            return
+        await self.claims.sync()
+        held = frozenset(self.claims.others())
+        if held != self._others_seen:
+            self._others_seen = held
+            if self.capacity_changed is not None:
+                await self.capacity_changed()
 
     async def evict(self, allocation: Allocation, reason: str) -> None:
         for key, pod in list((self.reflector.resources if self.reflector else {}).items()):
@@ -276,5 +356,6 @@ class KubernetesPool(PoolBackend):
                     self._seen.discard(allocation_id)
                     if self._on_gone:
                         await self._on_gone(allocation_id, "its pod is gone")
+                await self._sync_claims()
             except Exception:
                 self.log.exception("GPU ledger reconciliation failed; retrying")

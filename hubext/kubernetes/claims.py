@@ -1,0 +1,298 @@
+"""The cluster-wide ledger of GPU claims: one ConfigMap per GPU node, changed by compare-and-swap.
+
+Every hub that slices a node's cards writes its claims on that node into one ConfigMap
+(``elastic-gpu-claims.<node>`` in a namespace all hubs share), under its own key
+``hub.<hub id>``: ``{"renewed_at": <unix time>, "claims": {<allocation id>: {"gpus": [...],
+"memory_mib": .., "cores_percent": .., "whole": ..}}}``. A claim is taken by replacing the
+object with the ``resourceVersion`` last read (the API server refuses a stale one with 409
+Conflict); on a conflict the object is read again and the check repeated, so of two hubs
+racing for the last slice exactly one write lands and the other sees the winner's claim.
+
+The check is the physical one: on every card of the claim, all hubs' claims together stay
+within the card's memory and compute capacity, and a whole-card claim shares its card with
+nothing. A hub renews its key; any hub drops the key of a hub that did not renew for
+``ttl`` seconds (so a hub that died leaves nothing behind after the others' next sync).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from logging import Logger
+from typing import Any
+
+from kubernetes_asyncio.client.rest import ApiException
+
+from quotas import GPU, Node
+from quotas.placement import capacity
+
+from .. import contract as C
+from ..backends import ClaimConflict
+
+#: label of every claims object (the hubs list them by it)
+CLAIMS_LABEL = C.PREFIX + "gpu-claims"
+#: key prefix of one hub's entry in a claims object
+HUB_KEY = "hub."
+_HUB_ID = re.compile(r"^[-._a-zA-Z0-9]{1,200}$")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One allocation's hold on cards of one node (memory and cores per card)."""
+
+    hub: str
+    allocation_id: str
+    node: str
+    gpu_uuids: tuple[str, ...]
+    memory_mib: int
+    cores_percent: int
+    whole: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpus": list(self.gpu_uuids), "memory_mib": self.memory_mib,
+                "cores_percent": self.cores_percent, "whole": self.whole}
+
+
+def valid_hub_id(hub_id: str) -> bool:
+    """Whether ``hub_id`` can be part of a ConfigMap key (letters, digits, '-', '_', '.')."""
+    return bool(_HUB_ID.match(hub_id))
+
+
+def object_name(node: str) -> str:
+    """The claims object of a node (node names are DNS subdomains, so this is one too)."""
+    return f"elastic-gpu-claims.{node}"[:253]
+
+
+def parse(obj: Mapping[str, Any] | None, node: str) -> dict[str, tuple[float, list[Claim]]]:
+    """Per hub: (renewed_at, claims) from a claims object; malformed entries are skipped."""
+    hubs: dict[str, tuple[float, list[Claim]]] = {}
+    for key, raw in ((obj or {}).get("data") or {}).items():
+        if not key.startswith(HUB_KEY):
+            continue
+        hub = key[len(HUB_KEY):]
+        try:
+            entry = json.loads(raw)
+            claims = [
+                Claim(hub, str(aid), node, tuple(str(u) for u in c["gpus"]), int(c["memory_mib"]),
+                      int(c["cores_percent"]), bool(c.get("whole")))
+                for aid, c in (entry.get("claims") or {}).items()
+            ]
+            hubs[hub] = (float(entry.get("renewed_at", 0)), claims)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return hubs
+
+
+def overbooked(gpus: Mapping[str, GPU], claims: list[Claim], new: Claim) -> str | None:
+    """A sentence naming the first card of claim ``new`` that ``claims`` (``new`` among them)
+    together overbook; None if all fit."""
+    for uuid in new.gpu_uuids:
+        on = [c for c in claims if uuid in c.gpu_uuids]
+        whole = [c for c in on if c.whole and c != new]
+        if whole:
+            holders = ", ".join(sorted({c.hub for c in whole}))
+            return f"GPU {uuid} is held whole by hub {holders}."
+        if new.whole and len(on) > 1:
+            holders = ", ".join(sorted({c.hub for c in on if c != new}))
+            return f"GPU {uuid} holds slices of hub {holders}, so it cannot be given out whole."
+        gpu = gpus.get(uuid)
+        if gpu is None:
+            continue
+        memory, cores = sum(c.memory_mib for c in on), sum(c.cores_percent for c in on)
+        cap_m, cap_c = capacity(gpu.memory_mib * gpu.memory_oversub), capacity(100 * gpu.cores_oversub)
+        if memory > cap_m or cores > cap_c:
+            hubs = ", ".join(sorted({c.hub for c in on}))
+            return (f"GPU {uuid} has no room left: hubs {hubs} together claim {memory} of {cap_m} MiB "
+                    f"and {cores} of {cap_c} % of its compute.")
+    return None
+
+
+class ClaimsLedger:
+    """This hub's side of the cluster-wide ledger (see the module docstring). Not thread-safe;
+    one asyncio loop."""
+
+    def __init__(self, api: Any, namespace: str, hub_id: str, ttl_seconds: float, timeout: float,
+                 log: Logger) -> None:
+        self.api, self.namespace, self.hub_id = api, namespace, hub_id
+        self.ttl, self.timeout, self.log = ttl_seconds, timeout, log
+        #: the last claims object seen per node (what a compare-and-swap starts from)
+        self._objects: dict[str, dict[str, Any]] = {}
+        #: this hub's claims by allocation id
+        self.mine: dict[str, Claim] = {}
+        self._renewed: dict[str, float] = {}
+        self._lock = asyncio.Lock()
+
+    # ---- reading ------------------------------------------------------------------------
+
+    async def _call(self, method: Callable, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        response = await asyncio.wait_for(method(*args, _preload_content=False, **kwargs), self.timeout)
+        body = await response.read()
+        if response.status >= 300:  # without preloading, the client does not raise on an error status
+            try:
+                reason = json.loads(body).get("message") or response.reason
+            except ValueError:
+                reason = response.reason
+            raise ApiException(status=response.status, reason=reason)
+        return json.loads(body)
+
+    async def _read(self, node: str) -> dict[str, Any]:
+        try:
+            return await self._call(self.api.read_namespaced_config_map, object_name(node), self.namespace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            return {"metadata": {}, "data": {}}  # no resourceVersion: the write creates it
+
+    async def refresh(self) -> None:
+        """Read every claims object (one list call)."""
+        async with self._lock:
+            await self._refresh()
+
+    async def _refresh(self) -> None:
+        result = await self._call(self.api.list_namespaced_config_map, self.namespace,
+                                  label_selector=f"{CLAIMS_LABEL}=true")
+        objects = {}
+        for obj in result.get("items", []):
+            node = ((obj.get("metadata") or {}).get("annotations") or {}).get(CLAIMS_LABEL)
+            if node:
+                objects[node] = obj
+        self._objects = objects
+
+    def others(self, now: float | None = None) -> list[Claim]:
+        """Live claims of other hubs (as last read), on every node."""
+        now = time.time() if now is None else now
+        found = []
+        for node, obj in self._objects.items():
+            for hub, (renewed_at, claims) in parse(obj, node).items():
+                if hub != self.hub_id and now - renewed_at <= self.ttl:
+                    found.extend(claims)
+        return found
+
+    # ---- writing ------------------------------------------------------------------------
+
+    def _body(self, node: str, obj: Mapping[str, Any], hubs: dict[str, tuple[float, list[Claim]]]) -> dict:
+        meta: dict[str, Any] = {"name": object_name(node), "namespace": self.namespace,
+                                "labels": {CLAIMS_LABEL: "true"}, "annotations": {CLAIMS_LABEL: node}}
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            meta["resourceVersion"] = version
+        data = {
+            HUB_KEY + hub: json.dumps({"renewed_at": renewed_at,
+                                       "claims": {c.allocation_id: c.to_json() for c in claims}},
+                                      sort_keys=True)
+            for hub, (renewed_at, claims) in sorted(hubs.items()) if claims
+        }
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+    async def _swap(self, node: str, check: Callable[[list[Claim]], None] | None = None,
+                    force: bool = False) -> bool:
+        """Write this hub's claims on ``node`` (and drop expired hubs) by compare-and-swap; ``check``
+        sees every live claim after the change and raises ClaimConflict to refuse it. Returns
+        whether it wrote."""
+        for _ in range(50):
+            obj = self._objects.get(node)
+            cached = obj is not None
+            if obj is None:
+                obj = self._objects[node] = await self._read(node)
+            now = time.time()
+            hubs = parse(obj, node)
+            live = {h: v for h, v in hubs.items() if h != self.hub_id and now - v[0] <= self.ttl}
+            mine = [c for c in self.mine.values() if c.node == node]
+            if check is not None:
+                try:
+                    check([c for _, claims in live.values() for c in claims] + mine)
+                except ClaimConflict:
+                    if not cached:
+                        raise
+                    self._objects.pop(node, None)  # refused on what we last saw: read it fresh first
+                    continue
+            new = dict(live)
+            new[self.hub_id] = (now, mine)
+            old_mine = hubs.get(self.hub_id, (0.0, []))[1]
+            if not force and live.keys() == hubs.keys() - {self.hub_id} and sorted(
+                    old_mine, key=lambda c: c.allocation_id) == sorted(mine, key=lambda c: c.allocation_id):
+                return False  # nothing to change (renewal is forced by the caller when due)
+            body = self._body(node, obj, new)
+            exists = bool((obj.get("metadata") or {}).get("resourceVersion"))
+            try:
+                if exists:
+                    written = await self._call(self.api.replace_namespaced_config_map,
+                                               object_name(node), self.namespace, body)
+                else:
+                    written = await self._call(self.api.create_namespaced_config_map, self.namespace, body)
+            except ApiException as e:
+                if e.status in (404, 409):  # someone else wrote (or deleted) it first: read again
+                    self._objects.pop(node, None)
+                    continue
+                raise
+            self._objects[node] = written
+            self._renewed[node] = now
+            return True
+        raise ClaimConflict(f"The claims on node {node} changed 50 times while this hub tried to write; "
+                            "try again.")
+
+    async def take(self, claim: Claim, gpus: Mapping[str, GPU]) -> None:
+        """Add ``claim`` to the cluster ledger, or raise ClaimConflict (nothing written)."""
+
+        def check(claims: list[Claim]) -> None:
+            why = overbooked(gpus, claims, claim)
+            if why:
+                raise ClaimConflict(why)
+
+        async with self._lock:
+            self.mine[claim.allocation_id] = claim
+            try:
+                await self._swap(claim.node, check, force=True)
+            except BaseException:
+                self.mine.pop(claim.allocation_id, None)
+                raise
+
+    async def drop(self, allocation_id: str) -> None:
+        """Release this hub's claim of an allocation (idempotent)."""
+        async with self._lock:
+            claim = self.mine.pop(allocation_id, None)
+            if claim is not None:
+                await self._swap(claim.node)
+
+    async def sync(self) -> None:
+        """Re-read every claims object, renew this hub's entries that are due, and drop the
+        entries of hubs that stopped renewing (and this hub's stale ones)."""
+        async with self._lock:
+            await self._refresh()
+            now = time.time()
+            nodes = set(self._objects) | {c.node for c in self.mine.values()}
+            for node in sorted(nodes):
+                due = now - self._renewed.get(node, 0.0) >= self.ttl / 3
+                mine_here = any(c.node == node for c in self.mine.values())
+                try:
+                    await self._swap(node, force=due and mine_here)
+                except ApiException as e:
+                    self.log.warning("Could not update the GPU claims of node %s: %s", node, e.reason)
+
+
+def without(nodes: list[Node], others: list[Claim]) -> list[Node]:
+    """The nodes as this hub may use them: each card carries what other hubs hold of it
+    (``GPU.held_*``), so the admission core leaves that room alone without counting it against
+    any quota or offering it to preemption, and a request that fits the card still waits."""
+    held: dict[str, list[Claim]] = {}
+    for claim in others:
+        for uuid in claim.gpu_uuids:
+            held.setdefault(uuid, []).append(claim)
+    if not held:
+        return nodes
+    result = []
+    for node in nodes:
+        gpus = []
+        for gpu in node.gpus:
+            claims = held.get(gpu.uuid)
+            if claims:
+                gpu = replace(gpu, held_whole=any(c.whole for c in claims),
+                              held_memory_mib=sum(c.memory_mib for c in claims if not c.whole),
+                              held_cores_percent=sum(c.cores_percent for c in claims if not c.whole))
+            gpus.append(gpu)
+        result.append(replace(node, gpus=tuple(gpus)))
+    return result

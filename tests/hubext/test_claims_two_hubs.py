@@ -1,0 +1,210 @@
+"""Two hubs share one GPU node through the cluster-wide claims ledger (the Kubernetes API emulator).
+
+Each hub is a real ``GPUAllocator`` with a real ``KubernetesPool`` in its own namespace (two
+JupyterHub processes would add only their start-up time: the spawner's part is the allocator
+call and a pod). Both race 100 GPU requests each on one node with two cards; what the cards
+carry is checked from the pods of both namespaces and from the claims objects, never from
+either hub's view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+
+from traitlets.config import Config
+
+from hubext import contract as C
+from hubext.allocator import GPUAllocator
+from hubext.backends import ClaimConflict
+from hubext.kubernetes.claims import CLAIMS_LABEL
+from quotas import Allocation, GPURequest, Owner, PoolFull
+from tests.kubeemu.fixtures import kube_emulator, kube_namespace  # noqa: F401
+
+CARD_MIB = 40960
+SIZES = [(4096, 10), (8192, 25), (10240, 25), (20480, 50)]
+
+
+def _namespace(emu, prefix: str) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    emu.create({"metadata": {"name": name}}, "namespaces")
+    return name
+
+
+def _node(emu, tag: str) -> tuple[str, list[str]]:
+    node = f"gpu-claims-{tag}"
+    uuids = [f"GPU-{tag}-{i}" for i in range(2)]
+    gpus = [{"uuid": u, "model": "A100-40GB", "memory_mib": CARD_MIB, "index": i} for i, u in enumerate(uuids)]
+    emu.add_node(node, labels={C.NODE_GPU_LABEL: "true", "claims-test": tag},
+                 annotations={C.NODE_GPUS_ANNOTATION: json.dumps(gpus)},
+                 allocatable={"cpu": "64", "memory": "512Gi"})
+    return node, uuids
+
+
+def _hub(namespace: str, claims_namespace: str, tag: str, ttl: float = 30.0) -> GPUAllocator:
+    c = Config()
+    c.GPUAllocator.pool_backend_class = "kubernetes"
+    c.KubernetesPool.namespace = namespace
+    c.KubernetesPool.claims_namespace = claims_namespace
+    c.KubernetesPool.node_label_selector = f"claims-test={tag}"
+    c.KubernetesPool.reconcile_interval_seconds = 0.1
+    c.KubernetesPool.claims_ttl_seconds = ttl
+    return GPUAllocator(config=c)
+
+
+def _over(emu, namespaces: list[str], claims_namespace: str) -> tuple[list[str], set[str]]:
+    """What overbooks a card, counted from the pods and from the claims objects; and the cards
+    on which both hubs' pods run at this moment."""
+    problems: list[str] = []
+    held: dict[str, list[tuple[str, int, int, bool]]] = {}
+    for ns in namespaces:
+        for pod in emu.list("pods", ns, label_selector=f"{C.MANAGED}=true"):
+            a = C.allocation_from_metadata(pod["metadata"].get("labels"), pod["metadata"].get("annotations"))
+            for u in a.gpu_uuids:
+                held.setdefault(u, []).append((ns, a.memory_mib, a.cores_percent, a.whole))
+    shared = set()
+    for u, on in held.items():
+        if len({ns for ns, *_ in on}) > 1:
+            shared.add(u)
+        if any(w for *_, w in on) and len(on) > 1:
+            problems.append(f"pods: {u} whole and shared: {on}")
+        elif sum(m for _, m, _, w in on if not w) > CARD_MIB or sum(c for _, _, c, w in on if not w) > 100:
+            problems.append(f"pods: {u} over capacity: {on}")
+    claimed: dict[str, list[tuple[int, int, bool]]] = {}
+    for cm in emu.list("configmaps", claims_namespace, label_selector=f"{CLAIMS_LABEL}=true"):
+        for raw in (cm.get("data") or {}).values():
+            for claim in json.loads(raw)["claims"].values():
+                for u in claim["gpus"]:
+                    claimed.setdefault(u, []).append((claim["memory_mib"], claim["cores_percent"], claim["whole"]))
+    for u, on in claimed.items():
+        if any(w for *_, w in on) and len(on) > 1:
+            problems.append(f"claims: {u} whole and shared: {on}")
+        elif sum(m for m, _, w in on if not w) > CARD_MIB or sum(c for _, c, w in on if not w) > 100:
+            problems.append(f"claims: {u} over capacity: {on}")
+    return problems, shared
+
+
+async def _use(emu, hub: GPUAllocator, namespace: str, request: GPURequest, rng: random.Random) -> Allocation:
+    """What a spawner does: take a slice, run a pod holding it a moment, stop the pod, release."""
+    allocation = await hub.allocate(request, timeout=20)
+    pod = f"p-{allocation.id}"[:63].lower()
+    emu.create({"metadata": {"name": pod, "labels": C.allocation_labels(allocation),
+                             "annotations": C.allocation_annotations(allocation)},
+                "spec": {"nodeName": allocation.node,
+                         "containers": [{"name": "main", "image": "registry.invalid/none:1"}]}},
+               "pods", namespace)
+    await asyncio.sleep(rng.uniform(0.0, 0.03))
+    emu.delete("pods", pod, namespace, grace_period_seconds=0)
+    await hub.release(allocation.id)
+    return allocation
+
+
+async def test_two_hubs_racing_for_one_node_never_overbook_a_card_and_a_dead_hub_leaves_no_claim(
+    kube_emulator,  # noqa: F811
+):
+    emu, tag = kube_emulator, uuid.uuid4().hex[:6]
+    node, uuids = _node(emu, tag)
+    ns_a, ns_b, ns_claims = _namespace(emu, "hub-a"), _namespace(emu, "hub-b"), _namespace(emu, "claims")
+    hub_a, hub_b = _hub(ns_a, ns_claims, tag, ttl=3.0), _hub(ns_b, ns_claims, tag, ttl=3.0)
+    rng = random.Random(15)
+    try:
+        await asyncio.gather(hub_a.ensure_started(), hub_b.ensure_started())
+        requests = []
+        for i in range(200):
+            hub, ns = (hub_a, ns_a) if i % 2 == 0 else (hub_b, ns_b)
+            whole = i % 25 == 7
+            memory, cores = rng.choice(SIZES)
+            request = GPURequest(owner=Owner(user=f"u{i % 7}"), memory_mib=memory, cores_percent=cores,
+                                 whole=whole, request_id=f"r{i}")
+            requests.append(_use(emu, hub, ns, request, rng))
+        problems: list[str] = []
+        shared_seen: set[str] = set()
+        samples = 0
+        done = asyncio.Event()
+
+        async def watch() -> None:
+            nonlocal samples
+            while not done.is_set():
+                found, shared = _over(emu, [ns_a, ns_b], ns_claims)
+                problems.extend(found)
+                shared_seen.update(shared)
+                samples += 1
+                await asyncio.sleep(0.005)
+
+        watcher = asyncio.ensure_future(watch())
+        granted = await asyncio.gather(*requests)
+        done.set()
+        await watcher
+        assert problems == []
+        assert len(granted) == 200 and hub_a.queue() == [] and hub_b.queue() == []
+        assert samples > 20 and shared_seen, "both hubs should have shared a card at some moment"
+        assert {a.node for a in granted} == {node}
+
+        # the last slice: hub B holds one card whole and 30 GiB of the other; A may not take 20 GiB
+        big = await hub_b.allocate(GPURequest(owner=Owner("b"), memory_mib=30720, cores_percent=50))
+        whole = await hub_b.allocate(GPURequest(owner=Owner("b"), memory_mib=0, cores_percent=0, whole=True))
+        assert {big.gpu_uuids[0], whole.gpu_uuids[0]} == set(uuids)
+        try:
+            await hub_a.allocate(GPURequest(owner=Owner("a"), memory_mib=20480, cores_percent=10), queue=False)
+            raise AssertionError("hub A was granted a slice hub B holds")
+        except PoolFull as e:
+            assert "GPU" in e.message or "memory" in e.message
+        assert {c["hub"] for c in hub_a.backend.held_elsewhere()} == {ns_b}
+
+        # hub B dies (no release, no more renewal): A's reconcile drops its claims after the TTL
+        await hub_b.backend.stop()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while loop.time() < deadline:
+            left = [k for cm in emu.list("configmaps", ns_claims, label_selector=f"{CLAIMS_LABEL}=true")
+                    for k in (cm.get("data") or {}) if ns_b in k]
+            if not left:
+                break
+            await asyncio.sleep(0.1)
+        assert left == []
+        # and the capacity is A's again: a whole card for A, without waiting for B
+        got = await hub_a.allocate(GPURequest(owner=Owner("a"), memory_mib=0, cores_percent=0, whole=True),
+                                   timeout=5)
+        assert got.whole
+    finally:
+        await hub_a.backend.stop()
+        await hub_b.backend.stop()
+        emu.remove_node(node)
+        for ns in (ns_a, ns_b, ns_claims):
+            emu.delete("namespaces", ns, None)
+
+
+async def test_a_claim_that_would_overbook_a_card_is_refused_with_the_card_and_the_hubs(
+    kube_emulator,  # noqa: F811
+):
+    emu, tag = kube_emulator, uuid.uuid4().hex[:6]
+    node, uuids = _node(emu, tag)
+    ns_a, ns_b, ns_claims = _namespace(emu, "hub-a"), _namespace(emu, "hub-b"), _namespace(emu, "claims")
+    hub_a, hub_b = _hub(ns_a, ns_claims, tag), _hub(ns_b, ns_claims, tag)
+    try:
+        await asyncio.gather(hub_a.ensure_started(), hub_b.ensure_started())
+        # both decide on a fresh view: B's grant is claimed first; A's stale view still shows room
+        await hub_a.backend.inventory()
+        b = await hub_b.allocate(GPURequest(owner=Owner("b"), memory_mib=0, cores_percent=0, whole=True))
+        stale = Allocation(id="a-1", owner=Owner("a"), node=node, gpu_uuids=b.gpu_uuids, memory_mib=1024,
+                           cores_percent=10, priority_class="default")
+        try:
+            await hub_a.backend.record(stale)
+            raise AssertionError("a claim on a card held whole elsewhere was taken")
+        except ClaimConflict as e:
+            assert e.message == f"GPU {b.gpu_uuids[0]} is held whole by hub {ns_b}."
+        # the other card is free: A's claim there lands
+        other = next(u for u in uuids if u not in b.gpu_uuids)
+        await hub_a.backend.record(Allocation(id="a-2", owner=Owner("a"), node=node, gpu_uuids=(other,),
+                                              memory_mib=1024, cores_percent=10, priority_class="default"))
+        [cm] = emu.list("configmaps", ns_claims, label_selector=f"{CLAIMS_LABEL}=true")
+        assert set(cm["data"]) == {f"hub.{ns_a}", f"hub.{ns_b}"}
+        assert set(json.loads(cm["data"][f"hub.{ns_a}"])["claims"]) == {"a-2"}
+    finally:
+        await hub_a.backend.stop()
+        await hub_b.backend.stop()
+        emu.remove_node(node)
+        for ns in (ns_a, ns_b, ns_claims):
+            emu.delete("namespaces", ns, None)
