@@ -173,20 +173,23 @@ class CardIndex:
             for g, gl in self.wgpus[ni].items():
                 self.max_whole_cards[g] = max(self.max_whole_cards.get(g, 0), len(gl))
         self._shape_memo: dict[tuple[str, int, int], int] = {}
-        self._whole_memo: dict[tuple[str, int], int] = {}
+        self._whole_memo: dict[tuple[str, int, int, int], int] = {}
         self._node_memo: dict[tuple, list[int]] = {}
 
-    def min_whole_memory(self, group: str, k: int) -> int:
+    def min_whole_memory(self, group: str, k: int, cpu: int = 0, hmem: int = 0) -> int:
         """The least memory k whole cards of ``group`` on one node can have (what the quota
-        charges at least); 0 if no node has k such cards."""
-        key = (group, k)
+        charges at least), on nodes that could ever give ``cpu`` and ``hmem``; 0 if no node has
+        k such cards."""
+        key = (group, k, cpu, hmem)
         hit = self._whole_memo.get(key)
         if hit is None:
             sums = [
                 sum(sorted(self.gpus[gi].memory_mib for gi in wg[group])[:k])
-                for wg in self.wgpus
-                if len(wg.get(group, ())) >= k
+                for ni, wg in enumerate(self.wgpus)
+                if len(wg.get(group, ())) >= k and self.cpu_static[ni] >= cpu and self.hmem_static[ni] >= hmem
             ]
+            if len(self._whole_memo) > 4096:
+                self._whole_memo.clear()
             hit = self._whole_memo[key] = min(sums, default=0)
         return hit
 

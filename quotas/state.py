@@ -302,7 +302,7 @@ class AdmissionState:
             if not whole:
                 return m * k, c * k, k
             if cards is None:  # the least it can cost
-                return ix.min_whole_memory(group, k), 100 * k, k
+                return ix.min_whole_memory(group, k, request.cpu_millicores, request.host_memory_mib), 100 * k, k
             return sum(ix.gpus[gi].memory_mib for gi in cards), 100 * k, k
 
         # a request above a level's whole quota can never fit
