@@ -381,7 +381,7 @@ class GPUAllocator(SingletonConfigurable):
                 return
             async with self._lock:
                 before = self.state.pool
-                self.state.set_pool(await self.backend.inventory())
+                self.state.set_pool(await self.backend.claimed_inventory() or await self.backend.inventory())
                 if self.state.pool == before:
                     return
 

@@ -210,6 +210,12 @@ class PoolBackend(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
     async def inventory(self) -> Pool:
         """The GPUs that can be allocated now. Called by ``GPUAllocator`` at start and on refresh."""
 
+    async def claimed_inventory(self) -> Pool | None:
+        """The inventory as last read, with what other claimants hold now: cheap (no listing of
+        nodes), for the allocator to decide again after a :class:`ClaimConflict`. None where
+        the mode shares no cards (the allocator then reads ``inventory()``)."""
+        return None
+
     @abstractmethod
     async def allocations(self) -> list[Allocation]:
         """The ledger: allocations whose holder still exists. Called once by ``GPUAllocator._start``."""

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from logging import Logger
@@ -53,8 +55,12 @@ class Claim:
     whole: bool
 
     def to_json(self) -> dict[str, Any]:
-        return {"gpus": list(self.gpu_uuids), "memory_mib": self.memory_mib,
-                "cores_percent": self.cores_percent, "whole": self.whole}
+        return {
+            "gpus": list(self.gpu_uuids),
+            "memory_mib": self.memory_mib,
+            "cores_percent": self.cores_percent,
+            "whole": self.whole,
+        }
 
 
 def valid_hub_id(hub_id: str) -> bool:
@@ -73,12 +79,19 @@ def parse(obj: Mapping[str, Any] | None, node: str) -> dict[str, tuple[float, li
     for key, raw in ((obj or {}).get("data") or {}).items():
         if not key.startswith(HUB_KEY):
             continue
-        hub = key[len(HUB_KEY):]
+        hub = key[len(HUB_KEY) :]
         try:
             entry = json.loads(raw)
             claims = [
-                Claim(hub, str(aid), node, tuple(str(u) for u in c["gpus"]), int(c["memory_mib"]),
-                      int(c["cores_percent"]), bool(c.get("whole")))
+                Claim(
+                    hub,
+                    str(aid),
+                    node,
+                    tuple(str(u) for u in c["gpus"]),
+                    int(c["memory_mib"]),
+                    int(c["cores_percent"]),
+                    bool(c.get("whole")),
+                )
                 for aid, c in (entry.get("claims") or {}).items()
             ]
             hubs[hub] = (float(entry.get("renewed_at", 0)), claims)
@@ -106,8 +119,10 @@ def overbooked(gpus: Mapping[str, GPU], claims: list[Claim], new: Claim) -> str 
         cap_m, cap_c = capacity(gpu.memory_mib * gpu.memory_oversub), capacity(100 * gpu.cores_oversub)
         if memory > cap_m or cores > cap_c:
             hubs = ", ".join(sorted({c.hub for c in on}))
-            return (f"GPU {uuid} has no room left: hubs {hubs} together claim {memory} of {cap_m} MiB "
-                    f"and {cores} of {cap_c} % of its compute.")
+            return (
+                f"GPU {uuid} has no room left: hubs {hubs} together claim {memory} of {cap_m} MiB "
+                f"and {cores} of {cap_c} % of its compute."
+            )
     return None
 
 
@@ -115,8 +130,7 @@ class ClaimsLedger:
     """This hub's side of the cluster-wide ledger (see the module docstring). Not thread-safe;
     one asyncio loop."""
 
-    def __init__(self, api: Any, namespace: str, hub_id: str, ttl_seconds: float, timeout: float,
-                 log: Logger) -> None:
+    def __init__(self, api: Any, namespace: str, hub_id: str, ttl_seconds: float, timeout: float, log: Logger) -> None:
         self.api, self.namespace, self.hub_id = api, namespace, hub_id
         self.ttl, self.timeout, self.log = ttl_seconds, timeout, log
         #: the last claims object seen per node (what a compare-and-swap starts from)
@@ -125,6 +139,8 @@ class ClaimsLedger:
         self.mine: dict[str, Claim] = {}
         self._renewed: dict[str, float] = {}
         self._lock = asyncio.Lock()
+        #: what the writes met: 'written', 'stale' (409/404: read again), 'refused' (ClaimConflict)
+        self.stats: Counter[str] = Counter()
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -153,8 +169,9 @@ class ClaimsLedger:
             await self._refresh()
 
     async def _refresh(self) -> None:
-        result = await self._call(self.api.list_namespaced_config_map, self.namespace,
-                                  label_selector=f"{CLAIMS_LABEL}=true")
+        result = await self._call(
+            self.api.list_namespaced_config_map, self.namespace, label_selector=f"{CLAIMS_LABEL}=true"
+        )
         objects = {}
         for obj in result.get("items", []):
             node = ((obj.get("metadata") or {}).get("annotations") or {}).get(CLAIMS_LABEL)
@@ -175,25 +192,29 @@ class ClaimsLedger:
     # ---- writing ------------------------------------------------------------------------
 
     def _body(self, node: str, obj: Mapping[str, Any], hubs: dict[str, tuple[float, list[Claim]]]) -> dict:
-        meta: dict[str, Any] = {"name": object_name(node), "namespace": self.namespace,
-                                "labels": {CLAIMS_LABEL: "true"}, "annotations": {CLAIMS_LABEL: node}}
+        meta: dict[str, Any] = {
+            "name": object_name(node),
+            "namespace": self.namespace,
+            "labels": {CLAIMS_LABEL: "true"},
+            "annotations": {CLAIMS_LABEL: node},
+        }
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if version:
             meta["resourceVersion"] = version
         data = {
-            HUB_KEY + hub: json.dumps({"renewed_at": renewed_at,
-                                       "claims": {c.allocation_id: c.to_json() for c in claims}},
-                                      sort_keys=True)
-            for hub, (renewed_at, claims) in sorted(hubs.items()) if claims
+            HUB_KEY + hub: json.dumps(
+                {"renewed_at": renewed_at, "claims": {c.allocation_id: c.to_json() for c in claims}}, sort_keys=True
+            )
+            for hub, (renewed_at, claims) in sorted(hubs.items())
+            if claims
         }
         return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
 
-    async def _swap(self, node: str, check: Callable[[list[Claim]], None] | None = None,
-                    force: bool = False) -> bool:
+    async def _swap(self, node: str, check: Callable[[list[Claim]], None] | None = None, force: bool = False) -> bool:
         """Write this hub's claims on ``node`` (and drop expired hubs) by compare-and-swap; ``check``
         sees every live claim after the change and raises ClaimConflict to refuse it. Returns
         whether it wrote."""
-        for _ in range(50):
+        for attempt in range(50):
             obj = self._objects.get(node)
             cached = obj is not None
             if obj is None:
@@ -207,33 +228,41 @@ class ClaimsLedger:
                     check([c for _, claims in live.values() for c in claims] + mine)
                 except ClaimConflict:
                     if not cached:
+                        self.stats["refused"] += 1
                         raise
                     self._objects.pop(node, None)  # refused on what we last saw: read it fresh first
                     continue
             new = dict(live)
             new[self.hub_id] = (now, mine)
             old_mine = hubs.get(self.hub_id, (0.0, []))[1]
-            if not force and live.keys() == hubs.keys() - {self.hub_id} and sorted(
-                    old_mine, key=lambda c: c.allocation_id) == sorted(mine, key=lambda c: c.allocation_id):
+            if (
+                not force
+                and live.keys() == hubs.keys() - {self.hub_id}
+                and sorted(old_mine, key=lambda c: c.allocation_id) == sorted(mine, key=lambda c: c.allocation_id)
+            ):
                 return False  # nothing to change (renewal is forced by the caller when due)
             body = self._body(node, obj, new)
             exists = bool((obj.get("metadata") or {}).get("resourceVersion"))
             try:
                 if exists:
-                    written = await self._call(self.api.replace_namespaced_config_map,
-                                               object_name(node), self.namespace, body)
+                    written = await self._call(
+                        self.api.replace_namespaced_config_map, object_name(node), self.namespace, body
+                    )
                 else:
                     written = await self._call(self.api.create_namespaced_config_map, self.namespace, body)
             except ApiException as e:
                 if e.status in (404, 409):  # someone else wrote (or deleted) it first: read again
                     self._objects.pop(node, None)
+                    self.stats["stale"] += 1
+                    # a random pause, so two hubs that keep colliding fall out of step
+                    await asyncio.sleep(random.uniform(0, 0.001 * min(attempt, 20)))
                     continue
                 raise
             self._objects[node] = written
             self._renewed[node] = now
+            self.stats["written"] += 1
             return True
-        raise ClaimConflict(f"The claims on node {node} changed 50 times while this hub tried to write; "
-                            "try again.")
+        raise ClaimConflict(f"The claims on node {node} changed 50 times while this hub tried to write; try again.")
 
     async def take(self, claim: Claim, gpus: Mapping[str, GPU]) -> None:
         """Add ``claim`` to the cluster ledger, or raise ClaimConflict (nothing written)."""
@@ -252,11 +281,10 @@ class ClaimsLedger:
                 raise
 
     async def drop(self, allocation_id: str) -> None:
-        """Release this hub's claim of an allocation (idempotent)."""
-        async with self._lock:
-            claim = self.mine.pop(allocation_id, None)
-            if claim is not None:
-                await self._swap(claim.node)
+        """Release this hub's claim of an allocation (idempotent). Nothing is written now: the
+        release reaches the ledger with this hub's next claim on that node or its next
+        :meth:`sync`, whichever comes first (half the writes, so hubs collide less)."""
+        self.mine.pop(allocation_id, None)
 
     async def sync(self) -> None:
         """Re-read every claims object, renew this hub's entries that are due, and drop the
@@ -270,8 +298,8 @@ class ClaimsLedger:
                 mine_here = any(c.node == node for c in self.mine.values())
                 try:
                     await self._swap(node, force=due and mine_here)
-                except ApiException as e:
-                    self.log.warning("Could not update the GPU claims of node %s: %s", node, e.reason)
+                except (ApiException, ClaimConflict, asyncio.TimeoutError) as e:
+                    self.log.warning("Could not update the GPU claims of node %s: %s", node, e)
 
 
 def without(nodes: list[Node], others: list[Claim]) -> list[Node]:
@@ -290,9 +318,12 @@ def without(nodes: list[Node], others: list[Claim]) -> list[Node]:
         for gpu in node.gpus:
             claims = held.get(gpu.uuid)
             if claims:
-                gpu = replace(gpu, held_whole=any(c.whole for c in claims),
-                              held_memory_mib=sum(c.memory_mib for c in claims if not c.whole),
-                              held_cores_percent=sum(c.cores_percent for c in claims if not c.whole))
+                gpu = replace(
+                    gpu,
+                    held_whole=any(c.whole for c in claims),
+                    held_memory_mib=sum(c.memory_mib for c in claims if not c.whole),
+                    held_cores_percent=sum(c.cores_percent for c in claims if not c.whole),
+                )
             gpus.append(gpu)
         result.append(replace(node, gpus=tuple(gpus)))
     return result

@@ -149,6 +149,7 @@ class KubernetesPool(PoolBackend):
         #: every card as the inventory reads it, before other hubs' claims (what a claim is checked on)
         self._physical: dict[str, GPU] = {}
         self._others_seen: frozenset[Claim] = frozenset()
+        self._physical_nodes: list[Node] = []
         self._claims_adopted = False
 
     @property
@@ -204,6 +205,7 @@ class KubernetesPool(PoolBackend):
             nodes = [replace(n, cpu_requested_millicores=others.get(n.name, (0, 0))[0],
                              host_memory_requested_mib=others.get(n.name, (0, 0))[1]) for n in nodes]
         self._physical = {gpu.uuid: gpu for node in nodes for gpu in node.gpus}
+        self._physical_nodes = nodes
         if self.claims is not None:
             await self.claims.refresh()
             held = self.claims.others()
@@ -288,6 +290,13 @@ class KubernetesPool(PoolBackend):
         self._seen.discard(allocation_id)
         if self.claims is not None:
             await self.claims.drop(allocation_id)
+
+    async def claimed_inventory(self) -> Pool | None:
+        if self.claims is None or not self._physical_nodes:
+            return None
+        held = self.claims.others()  # the node a claim was refused on was read just now
+        self._others_seen = frozenset(held)
+        return Pool(nodes=tuple(without(self._physical_nodes, held)))
 
     def held_elsewhere(self) -> list[dict[str, Any]]:
         if self.claims is None:

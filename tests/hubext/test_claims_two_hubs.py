@@ -37,9 +37,12 @@ def _node(emu, tag: str) -> tuple[str, list[str]]:
     node = f"gpu-claims-{tag}"
     uuids = [f"GPU-{tag}-{i}" for i in range(2)]
     gpus = [{"uuid": u, "model": "A100-40GB", "memory_mib": CARD_MIB, "index": i} for i, u in enumerate(uuids)]
-    emu.add_node(node, labels={C.NODE_GPU_LABEL: "true", "claims-test": tag},
-                 annotations={C.NODE_GPUS_ANNOTATION: json.dumps(gpus)},
-                 allocatable={"cpu": "64", "memory": "512Gi"})
+    emu.add_node(
+        node,
+        labels={C.NODE_GPU_LABEL: "true", "claims-test": tag},
+        annotations={C.NODE_GPUS_ANNOTATION: json.dumps(gpus)},
+        allocatable={"cpu": "64", "memory": "512Gi"},
+    )
     return node, uuids
 
 
@@ -90,11 +93,18 @@ async def _use(emu, hub: GPUAllocator, namespace: str, request: GPURequest, rng:
     """What a spawner does: take a slice, run a pod holding it a moment, stop the pod, release."""
     allocation = await hub.allocate(request, timeout=20)
     pod = f"p-{allocation.id}"[:63].lower()
-    emu.create({"metadata": {"name": pod, "labels": C.allocation_labels(allocation),
-                             "annotations": C.allocation_annotations(allocation)},
-                "spec": {"nodeName": allocation.node,
-                         "containers": [{"name": "main", "image": "registry.invalid/none:1"}]}},
-               "pods", namespace)
+    emu.create(
+        {
+            "metadata": {
+                "name": pod,
+                "labels": C.allocation_labels(allocation),
+                "annotations": C.allocation_annotations(allocation),
+            },
+            "spec": {"nodeName": allocation.node, "containers": [{"name": "main", "image": "registry.invalid/none:1"}]},
+        },
+        "pods",
+        namespace,
+    )
     await asyncio.sleep(rng.uniform(0.0, 0.03))
     emu.delete("pods", pod, namespace, grace_period_seconds=0)
     await hub.release(allocation.id)
@@ -116,8 +126,9 @@ async def test_two_hubs_racing_for_one_node_never_overbook_a_card_and_a_dead_hub
             hub, ns = (hub_a, ns_a) if i % 2 == 0 else (hub_b, ns_b)
             whole = i % 25 == 7
             memory, cores = rng.choice(SIZES)
-            request = GPURequest(owner=Owner(user=f"u{i % 7}"), memory_mib=memory, cores_percent=cores,
-                                 whole=whole, request_id=f"r{i}")
+            request = GPURequest(
+                owner=Owner(user=f"u{i % 7}"), memory_mib=memory, cores_percent=cores, whole=whole, request_id=f"r{i}"
+            )
             requests.append(_use(emu, hub, ns, request, rng))
         problems: list[str] = []
         shared_seen: set[str] = set()
@@ -158,15 +169,18 @@ async def test_two_hubs_racing_for_one_node_never_overbook_a_card_and_a_dead_hub
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10
         while loop.time() < deadline:
-            left = [k for cm in emu.list("configmaps", ns_claims, label_selector=f"{CLAIMS_LABEL}=true")
-                    for k in (cm.get("data") or {}) if ns_b in k]
+            left = [
+                k
+                for cm in emu.list("configmaps", ns_claims, label_selector=f"{CLAIMS_LABEL}=true")
+                for k in (cm.get("data") or {})
+                if ns_b in k
+            ]
             if not left:
                 break
             await asyncio.sleep(0.1)
         assert left == []
         # and the capacity is A's again: a whole card for A, without waiting for B
-        got = await hub_a.allocate(GPURequest(owner=Owner("a"), memory_mib=0, cores_percent=0, whole=True),
-                                   timeout=5)
+        got = await hub_a.allocate(GPURequest(owner=Owner("a"), memory_mib=0, cores_percent=0, whole=True), timeout=5)
         assert got.whole
     finally:
         await hub_a.backend.stop()
@@ -188,8 +202,15 @@ async def test_a_claim_that_would_overbook_a_card_is_refused_with_the_card_and_t
         # both decide on a fresh view: B's grant is claimed first; A's stale view still shows room
         await hub_a.backend.inventory()
         b = await hub_b.allocate(GPURequest(owner=Owner("b"), memory_mib=0, cores_percent=0, whole=True))
-        stale = Allocation(id="a-1", owner=Owner("a"), node=node, gpu_uuids=b.gpu_uuids, memory_mib=1024,
-                           cores_percent=10, priority_class="default")
+        stale = Allocation(
+            id="a-1",
+            owner=Owner("a"),
+            node=node,
+            gpu_uuids=b.gpu_uuids,
+            memory_mib=1024,
+            cores_percent=10,
+            priority_class="default",
+        )
         try:
             await hub_a.backend.record(stale)
             raise AssertionError("a claim on a card held whole elsewhere was taken")
@@ -197,8 +218,17 @@ async def test_a_claim_that_would_overbook_a_card_is_refused_with_the_card_and_t
             assert e.message == f"GPU {b.gpu_uuids[0]} is held whole by hub {ns_b}."
         # the other card is free: A's claim there lands
         other = next(u for u in uuids if u not in b.gpu_uuids)
-        await hub_a.backend.record(Allocation(id="a-2", owner=Owner("a"), node=node, gpu_uuids=(other,),
-                                              memory_mib=1024, cores_percent=10, priority_class="default"))
+        await hub_a.backend.record(
+            Allocation(
+                id="a-2",
+                owner=Owner("a"),
+                node=node,
+                gpu_uuids=(other,),
+                memory_mib=1024,
+                cores_percent=10,
+                priority_class="default",
+            )
+        )
         [cm] = emu.list("configmaps", ns_claims, label_selector=f"{CLAIMS_LABEL}=true")
         assert set(cm["data"]) == {f"hub.{ns_a}", f"hub.{ns_b}"}
         assert set(json.loads(cm["data"][f"hub.{ns_a}"])["claims"]) == {"a-2"}
