@@ -45,8 +45,12 @@ def pool_view(
     source: str = "hub",
     now: float | None = None,
     holders: Mapping[str, Mapping[str, str]] | None = None,
+    elsewhere: Iterable[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The pool: every GPU with its slices (owner, size, age), use against capacity and activity.
+
+    ``elsewhere``: slices other hubs hold on these cards (``PoolBackend.held_elsewhere()``);
+    each card lists them under ``held_elsewhere`` and counts them as used.
 
     ``holders``: allocation id -> {server_name, kernel_id} where the hub knows what holds a
     slice (the admin page's stop buttons need them).
@@ -58,6 +62,10 @@ def pool_view(
     activity = activity or {}
     holders = holders or {}
     allocations = list(allocations)
+    foreign: dict[str, list[Mapping[str, Any]]] = {}
+    for held in elsewhere:
+        for uuid in held["gpu_uuids"]:
+            foreign.setdefault(uuid, []).append(held)
     by_gpu: dict[str, list[Mapping[str, Any]]] = {}
     for a in allocations:
         for uuid in a["gpu_uuids"]:
@@ -94,6 +102,16 @@ def pool_view(
                         "kernel_id": holders.get(a["id"], {}).get("kernel_id", ""),
                     }
                 )
+            held_elsewhere = []
+            for h in foreign.get(gpu["uuid"], []):
+                memory = capacity_memory if h.get("whole") else h["memory_mib"]
+                cores = capacity_cores if h.get("whole") else h["cores_percent"]
+                used_memory += memory
+                used_cores += cores
+                held_elsewhere.append(
+                    {"hub": h["hub"], "allocation_id": h["allocation_id"], "memory_mib": memory,
+                     "cores_percent": cores, "whole": bool(h.get("whole"))}
+                )
             act = dict(activity.get(gpu["uuid"], {}))
             gpus.append(
                 {
@@ -106,6 +124,7 @@ def pool_view(
                     "utilization_percent": act.get("utilization_percent"),
                     "memory_in_use_mib": act.get("memory_used_mib"),
                     "slices": slices,
+                    "held_elsewhere": held_elsewhere,
                 }
             )
             totals["gpus"] += 1
@@ -155,6 +174,7 @@ async def hub_pool_view(allocator: GPUAllocator, users: Iterable[Any] = ()) -> d
         queue=allocator.queue(),
         events=events,
         holders=holders,
+        elsewhere=backend.held_elsewhere(),
     )
 
 
@@ -234,6 +254,10 @@ class GPUAdminPageHandler(BaseHandler):
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 
 
+#: the bar colour of slices other hubs hold
+ELSEWHERE_COLOUR = "#adb5bd"
+
+
 def gpu_bars(pool: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per GPU: bar segments (x, width in %, colour, label) for memory and compute, one colour per user."""
     users = sorted({s["user"] for n in pool["nodes"] for g in n["gpus"] for s in g["slices"]})
@@ -259,6 +283,17 @@ def gpu_bars(pool: Mapping[str, Any]) -> list[dict[str, Any]]:
                         }
                     )
                     x = min(100.0, x + width)
+                for h in gpu.get("held_elsewhere", ()):
+                    width = 100.0 * h[resource] / capacity if capacity else 0.0
+                    segs.append(
+                        {
+                            "x": round(x, 2),
+                            "width": round(min(width, 100.0 - x), 2),
+                            "colour": ELSEWHERE_COLOUR,
+                            "label": f"held by hub {h['hub']}: {_fmt(resource, h[resource])}",
+                        }
+                    )
+                    x = min(100.0, x + width)
                 rows[resource] = segs
             util = gpu.get("utilization_percent")
             out.append(
@@ -270,6 +305,10 @@ def gpu_bars(pool: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "utilization": util,
                     "legend": [
                         {"user": u, "colour": colour[u]} for u in users if any(s["user"] == u for s in gpu["slices"])
+                    ]
+                    + [
+                        {"user": f"held by hub {hub}", "colour": ELSEWHERE_COLOUR}
+                        for hub in sorted({h["hub"] for h in gpu.get("held_elsewhere", ())})
                     ],
                 }
             )

@@ -17,6 +17,7 @@ import uuid
 from traitlets.config import Config
 
 from hubext import contract as C
+from hubext.admin import gpu_bars, hub_pool_view
 from hubext.allocator import GPUAllocator
 from hubext.backends import ClaimConflict
 from hubext.kubernetes.claims import CLAIMS_LABEL
@@ -59,7 +60,7 @@ def _hub(namespace: str, claims_namespace: str, tag: str, ttl: float = 30.0) -> 
 
 def _over(emu, namespaces: list[str], claims_namespace: str) -> tuple[list[str], set[str]]:
     """What overbooks a card, counted from the pods and from the claims objects; and the cards
-    on which both hubs' pods run at this moment."""
+    both hubs use at this moment (their pods or their claims)."""
     problems: list[str] = []
     held: dict[str, list[tuple[str, int, int, bool]]] = {}
     for ns in namespaces:
@@ -76,11 +77,14 @@ def _over(emu, namespaces: list[str], claims_namespace: str) -> tuple[list[str],
         elif sum(m for _, m, _, w in on if not w) > CARD_MIB or sum(c for _, _, c, w in on if not w) > 100:
             problems.append(f"pods: {u} over capacity: {on}")
     claimed: dict[str, list[tuple[int, int, bool]]] = {}
+    hubs_on: dict[str, set[str]] = {}
     for cm in emu.list("configmaps", claims_namespace, label_selector=f"{CLAIMS_LABEL}=true"):
-        for raw in (cm.get("data") or {}).values():
+        for key, raw in (cm.get("data") or {}).items():
             for claim in json.loads(raw)["claims"].values():
                 for u in claim["gpus"]:
                     claimed.setdefault(u, []).append((claim["memory_mib"], claim["cores_percent"], claim["whole"]))
+                    hubs_on.setdefault(u, set()).add(key)
+    shared.update(u for u, keys in hubs_on.items() if len(keys) > 1)
     for u, on in claimed.items():
         if any(w for *_, w in on) and len(on) > 1:
             problems.append(f"claims: {u} whole and shared: {on}")
@@ -90,7 +94,9 @@ def _over(emu, namespaces: list[str], claims_namespace: str) -> tuple[list[str],
 
 
 async def _use(emu, hub: GPUAllocator, namespace: str, request: GPURequest, rng: random.Random) -> Allocation:
-    """What a spawner does: take a slice, run a pod holding it a moment, stop the pod, release."""
+    """What a spawner does: take a slice, run a pod holding it a moment, stop the pod, release.
+    Requests arrive within half a second (a burst), so both hubs queue and hold slices at once."""
+    await asyncio.sleep(rng.uniform(0.0, 0.5))
     allocation = await hub.allocate(request, timeout=20)
     pod = f"p-{allocation.id}"[:63].lower()
     emu.create(
@@ -105,7 +111,7 @@ async def _use(emu, hub: GPUAllocator, namespace: str, request: GPURequest, rng:
         "pods",
         namespace,
     )
-    await asyncio.sleep(rng.uniform(0.0, 0.03))
+    await asyncio.sleep(rng.uniform(0.01, 0.06))
     emu.delete("pods", pod, namespace, grace_period_seconds=0)
     await hub.release(allocation.id)
     return allocation
@@ -149,6 +155,9 @@ async def test_two_hubs_racing_for_one_node_never_overbook_a_card_and_a_dead_hub
         done.set()
         await watcher
         assert problems == []
+        # the race really raced: writes met a newer object (409) or a claim was refused and decided again
+        raced = hub_a.backend.claims.stats + hub_b.backend.claims.stats
+        assert raced["stale"] + raced["refused"] > 0, raced
         assert len(granted) == 200 and hub_a.queue() == [] and hub_b.queue() == []
         assert samples > 20 and shared_seen, "both hubs should have shared a card at some moment"
         assert {a.node for a in granted} == {node}
@@ -163,6 +172,15 @@ async def test_two_hubs_racing_for_one_node_never_overbook_a_card_and_a_dead_hub
         except PoolFull as e:
             assert "GPU" in e.message or "memory" in e.message
         assert {c["hub"] for c in hub_a.backend.held_elsewhere()} == {ns_b}
+        # A's admin page shows B's slices as held by hub B, counted as used, never as A's slices
+        view = await hub_pool_view(hub_a)
+        cards = {g["uuid"]: g for n in view["nodes"] for g in n["gpus"]}
+        held = cards[big.gpu_uuids[0]]["held_elsewhere"]
+        assert [(h["hub"], h["memory_mib"], h["whole"]) for h in held] == [(ns_b, 30720, False)]
+        assert cards[whole.gpu_uuids[0]]["used_memory_mib"] == CARD_MIB
+        assert all(g["slices"] == [] for g in cards.values())
+        labels = [seg["label"] for bar in gpu_bars(view) for seg in bar["memory"]]
+        assert f"held by hub {ns_b}: 30.0 GiB" in labels
 
         # hub B dies (no release, no more renewal): A's reconcile drops its claims after the TTL
         await hub_b.backend.stop()
