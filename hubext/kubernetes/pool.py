@@ -157,15 +157,15 @@ class KubernetesPool(PoolBackend):
         return shared_client("CoreV1Api")
 
     async def start(self, on_gone: GoneCallback) -> None:
+        hub_id = self.hub_id or self.namespace
+        if self.claims_namespace and not valid_hub_id(hub_id):
+            raise ConfigError(
+                f"KubernetesPool.hub_id {hub_id!r} cannot name a claims entry; use letters, "
+                "digits, '-', '_' and '.' (at most 200)."
+            )
         load_config()
         self._on_gone = on_gone
         if self.claims_namespace and self.claims is None:
-            hub_id = self.hub_id or self.namespace
-            if not valid_hub_id(hub_id):
-                raise ConfigError(
-                    f"KubernetesPool.hub_id {hub_id!r} cannot name a claims entry; use letters, "
-                    "digits, '-', '_' and '.' (at most 200)."
-                )
             self.claims = ClaimsLedger(self.api, self.claims_namespace, hub_id, self.claims_ttl_seconds,
                                        self.k8s_api_request_timeout, self.log)
             await self.claims.refresh()  # this hub's own entries are renewed once allocations() is read
