@@ -256,3 +256,58 @@ async def test_a_claim_that_would_overbook_a_card_is_refused_with_the_card_and_t
         emu.remove_node(node)
         for ns in (ns_a, ns_b, ns_claims):
             emu.delete("namespaces", ns, None)
+
+
+async def test_a_restarted_hub_claims_again_what_its_pods_hold_and_a_gone_pod_frees_its_claim(
+    kube_emulator,  # noqa: F811
+):
+    emu, tag = kube_emulator, uuid.uuid4().hex[:6]
+    node, uuids = _node(emu, tag)
+    ns_a, ns_claims = _namespace(emu, "hub-a"), _namespace(emu, "claims")
+    first = _hub(ns_a, ns_claims, tag)
+    second = None
+
+    def claimed() -> set[str]:
+        return {
+            aid
+            for cm in emu.list("configmaps", ns_claims, label_selector=f"{CLAIMS_LABEL}=true")
+            for raw in (cm.get("data") or {}).values()
+            for aid in json.loads(raw)["claims"]
+        }
+
+    try:
+        allocation = await first.allocate(GPURequest(owner=Owner("a"), memory_mib=8192, cores_percent=20))
+        pod = f"p-{allocation.id}"[:63].lower()
+        emu.create(
+            {
+                "metadata": {
+                    "name": pod,
+                    "labels": C.allocation_labels(allocation),
+                    "annotations": C.allocation_annotations(allocation),
+                },
+                "spec": {"nodeName": node, "containers": [{"name": "main", "image": "registry.invalid/none:1"}]},
+            },
+            "pods",
+            ns_a,
+        )
+        # the hub process ends without releasing; its successor rebuilds the ledger from the pods
+        await first.backend.stop()
+        second = _hub(ns_a, ns_claims, tag)
+        await second.ensure_started()
+        assert second.get(allocation.id) is not None
+        assert second.backend.claims.mine.keys() == {allocation.id}
+        assert claimed() == {allocation.id}
+        # the pod goes: the allocation is released and its claim leaves the ledger
+        emu.delete("pods", pod, ns_a, grace_period_seconds=0)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while claimed() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert claimed() == set() and second.get(allocation.id) is None
+    finally:
+        await first.backend.stop()
+        if second is not None:
+            await second.backend.stop()
+        emu.remove_node(node)
+        for ns in (ns_a, ns_claims):
+            emu.delete("namespaces", ns, None)
