@@ -361,9 +361,17 @@ class GPUAllocator(SingletonConfigurable):
                 self.log.exception("GPU allocator listener failed on %s", event)
 
     async def _capacity_changed(self) -> None:
-        """Another claimant took or gave back capacity: re-read the pool, decide the waiters again."""
-        if self.state is not None:
+        """Another claimant took or gave back capacity: decide the waiters again on what is left
+        (the pool's claimed inventory: no listing of nodes or pods; the full one if it has none)."""
+        if self.state is None:
+            return
+        pool = await self.backend.claimed_inventory()
+        if pool is None:
             await self.refresh_inventory()
+            return
+        async with self._lock:
+            self.state.set_pool(pool)
+        await self._pump()
 
     async def _holder_gone(self, allocation_id: str, why: str) -> None:
         await self.release(allocation_id, why, ReleaseCause.HOLDER_GONE)
