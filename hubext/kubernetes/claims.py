@@ -22,7 +22,7 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from logging import Logger
 from typing import Any
@@ -141,6 +141,9 @@ class ClaimsLedger:
         self._lock = asyncio.Lock()
         #: what the writes met: 'written', 'stale' (409/404: read again), 'refused' (ClaimConflict)
         self.stats: Counter[str] = Counter()
+        #: allocation ids that have a pod anywhere in the cluster, as last listed (None: unknown,
+        #: then a silent hub's claims go after the TTL whatever runs)
+        self.running: set[str] | None = None
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -179,15 +182,43 @@ class ClaimsLedger:
                 objects[node] = obj
         self._objects = objects
 
+    def _others_live(
+        self, hubs: dict[str, tuple[float, list[Claim]]], now: float
+    ) -> dict[str, tuple[float, list[Claim]]]:
+        """Other hubs' entries that still hold: renewed within the TTL; or, for a hub that went
+        silent, its claims whose allocation still has a pod (``running``), renewed on its behalf
+        (the pods are the truth: a dead hub's running notebooks still use the cards)."""
+        live = {}
+        for hub, (renewed_at, claims) in hubs.items():
+            if hub == self.hub_id:
+                continue
+            if now - renewed_at <= self.ttl:
+                live[hub] = (renewed_at, claims)
+            elif self.running is not None:
+                kept = [c for c in claims if c.allocation_id in self.running]
+                if kept:
+                    live[hub] = (now, kept)
+        return live
+
+    def silent_hubs(self, now: float | None = None) -> set[str]:
+        """Other hubs whose entries (as last read) were not renewed within the TTL."""
+        now = time.time() if now is None else now
+        return {
+            hub
+            for node, obj in self._objects.items()
+            for hub, (renewed_at, _) in parse(obj, node).items()
+            if hub != self.hub_id and now - renewed_at > self.ttl
+        }
+
     def others(self, now: float | None = None) -> list[Claim]:
         """Live claims of other hubs (as last read), on every node."""
         now = time.time() if now is None else now
-        found = []
-        for node, obj in self._objects.items():
-            for hub, (renewed_at, claims) in parse(obj, node).items():
-                if hub != self.hub_id and now - renewed_at <= self.ttl:
-                    found.extend(claims)
-        return found
+        return [
+            c
+            for node, obj in self._objects.items()
+            for _, claims in self._others_live(parse(obj, node), now).values()
+            for c in claims
+        ]
 
     # ---- writing ------------------------------------------------------------------------
 
@@ -221,7 +252,7 @@ class ClaimsLedger:
                 obj = self._objects[node] = await self._read(node)
             now = time.time()
             hubs = parse(obj, node)
-            live = {h: v for h, v in hubs.items() if h != self.hub_id and now - v[0] <= self.ttl}
+            live = self._others_live(hubs, now)
             mine = [c for c in self.mine.values() if c.node == node]
             if check is not None:
                 try:
@@ -237,6 +268,7 @@ class ClaimsLedger:
             old_mine = hubs.get(self.hub_id, (0.0, []))[1]
             if (
                 not force
+                and all(hubs.get(h) == v for h, v in live.items())
                 and live.keys() == hubs.keys() - {self.hub_id}
                 and sorted(old_mine, key=lambda c: c.allocation_id) == sorted(mine, key=lambda c: c.allocation_id)
             ):
@@ -286,11 +318,14 @@ class ClaimsLedger:
         :meth:`sync`, whichever comes first (half the writes, so hubs collide less)."""
         self.mine.pop(allocation_id, None)
 
-    async def sync(self) -> None:
+    async def sync(self, running: Callable[[], Awaitable[set[str] | None]] | None = None) -> None:
         """Re-read every claims object, renew this hub's entries that are due, and drop the
-        entries of hubs that stopped renewing (and this hub's stale ones)."""
+        entries of hubs that stopped renewing (and this hub's stale ones). ``running`` lists
+        the allocations that have pods; it is asked only when some hub went silent."""
         async with self._lock:
             await self._refresh()
+            if running is not None and self.silent_hubs():
+                self.running = await running()
             now = time.time()
             nodes = set(self._objects) | {c.node for c in self.mine.values()}
             for node in sorted(nodes):

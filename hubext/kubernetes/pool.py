@@ -307,12 +307,37 @@ class KubernetesPool(PoolBackend):
             for c in sorted(self.claims.others(), key=lambda c: (c.node, c.hub, c.allocation_id))
         ]
 
+    async def _running_allocations(self) -> set[str] | None:
+        """Allocation ids whose pods run anywhere in the cluster (any hub's); None when the hub
+        may not list pods in all namespaces."""
+        try:
+            response = await asyncio.wait_for(
+                self.api.list_pod_for_all_namespaces(label_selector=f"{C.MANAGED}=true", _preload_content=False),
+                self.k8s_api_request_timeout,
+            )
+        except (ApiException, asyncio.TimeoutError) as e:
+            self.log.warning("Cannot list GPU pods in all namespaces (%s): claims of silent hubs expire by TTL", e)
+            return None
+        if response.status >= 300:  # not raised without preloading
+            self.log.warning("Cannot list GPU pods in all namespaces (HTTP %s): claims of silent hubs expire by TTL",
+                             response.status)
+            return None
+        running = set()
+        for pod in json.loads(await response.read()).get("items", []):
+            meta = pod.get("metadata") or {}
+            if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
+            allocation_id = (meta.get("annotations") or {}).get(C.ALLOCATION_ID)
+            if allocation_id:
+                running.add(allocation_id)
+        return running
+
     async def _sync_claims(self) -> None:
         """Renew this hub's claims, drop expired ones, and tell the allocator when what other
         hubs hold changed (so waiters are decided on the capacity left)."""
         if self.claims is None or not self._claims_adopted:
             return
-        await self.claims.sync()
+        await self.claims.sync(self._running_allocations)
         held = frozenset(self.claims.others())
         if held != self._others_seen:
             self._others_seen = held

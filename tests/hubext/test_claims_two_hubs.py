@@ -93,6 +93,35 @@ def _over(emu, namespaces: list[str], claims_namespace: str) -> tuple[list[str],
     return problems, shared
 
 
+def _pod(emu, allocation: Allocation, namespace: str) -> str:
+    """The pod a spawner would start for ``allocation`` (labelled and annotated as ours)."""
+    pod = f"p-{allocation.id}"[:63].lower()
+    emu.create(
+        {
+            "metadata": {
+                "name": pod,
+                "labels": C.allocation_labels(allocation),
+                "annotations": C.allocation_annotations(allocation),
+            },
+            "spec": {"nodeName": allocation.node, "containers": [{"name": "main", "image": "registry.invalid/none:1"}]},
+        },
+        "pods",
+        namespace,
+    )
+    return pod
+
+
+def _claims_of(emu, claims_namespace: str, hub: str) -> set[str]:
+    """The allocation ids ``hub`` holds in the claims objects."""
+    return {
+        aid
+        for cm in emu.list("configmaps", claims_namespace, label_selector=f"{CLAIMS_LABEL}=true")
+        for key, raw in (cm.get("data") or {}).items()
+        if key == f"hub.{hub}"
+        for aid in json.loads(raw)["claims"]
+    }
+
+
 async def _use(emu, hub: GPUAllocator, namespace: str, request: GPURequest, rng: random.Random) -> Allocation:
     """What a spawner does: take a slice, run a pod holding it a moment, stop the pod, release.
     Requests arrive within half a second (a burst), so both hubs queue and hold slices at once."""
@@ -182,24 +211,27 @@ async def test_two_hubs_racing_for_one_node_never_overbook_a_card_and_a_dead_hub
         labels = [seg["label"] for bar in gpu_bars(view) for seg in bar["memory"]]
         assert f"held by hub {ns_b}: 30.0 GiB" in labels
 
-        # hub B dies (no release, no more renewal): A's reconcile drops its claims after the TTL
+        # hub B dies (no release, no more renewal) while its 30 GiB notebook pod still runs
+        held_pod = _pod(emu, big, ns_b)
         await hub_b.backend.stop()
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while loop.time() < deadline:
-            left = [
-                k
-                for cm in emu.list("configmaps", ns_claims, label_selector=f"{CLAIMS_LABEL}=true")
-                for k in (cm.get("data") or {})
-                if ns_b in k
-            ]
-            if not left:
-                break
-            await asyncio.sleep(0.1)
-        assert left == []
-        # and the capacity is A's again: a whole card for A, without waiting for B
+
+        async def b_claims_become(expected: set[str]) -> set[str]:
+            deadline = loop.time() + 15
+            while True:
+                left = _claims_of(emu, ns_claims, ns_b)
+                if left == expected or loop.time() > deadline:
+                    return left
+                await asyncio.sleep(0.1)
+
+        # after the TTL, A's reconcile drops B's claims without a pod; the running pod keeps its own
+        assert await b_claims_become({big.id}) == {big.id}
+        # so the card B held whole is A's again, and A never gets the card B's pod still uses
         got = await hub_a.allocate(GPURequest(owner=Owner("a"), memory_mib=0, cores_percent=0, whole=True), timeout=5)
-        assert got.whole
+        assert got.gpu_uuids == whole.gpu_uuids
+        # the pod ends: its claim goes too
+        emu.delete("pods", held_pod, ns_b, grace_period_seconds=0)
+        assert await b_claims_become(set()) == set()
     finally:
         await hub_a.backend.stop()
         await hub_b.backend.stop()
