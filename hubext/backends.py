@@ -173,6 +173,11 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
 
         Called by ``GPUBroker.reconcile``."""
 
+    def node_resources(self) -> tuple[int, int]:
+        """What one kernel asks of its node: (CPU millicores, host memory MiB), so admission places
+        it where they fit. Called by ``GPUBroker`` for every kernel request. Default: (0, 0)."""
+        return 0, 0
+
     async def stop(self) -> None:
         """Release connections. Called by ``GPUBroker.stop``."""
 

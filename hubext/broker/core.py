@@ -281,7 +281,10 @@ class GPUBroker(SingletonConfigurable):
 
     def _request(self, record: KernelRecord, owner: Owner) -> GPURequest:
         request_id = f"kernel-{record.user}-{record.id[:8]}-{record.generation}"
-        return request_from_section(record.section, owner, request_id, kind="kernel")
+        cpu, memory = self.launcher.node_resources() if self.launcher is not None else (0, 0)
+        return request_from_section(
+            record.section, owner, request_id, kind="kernel", cpu_millicores=cpu, host_memory_mib=memory
+        )
 
     # ---- the operations --------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ from ..backends import KernelLauncher, LaunchError, ServerRef
 from ..kernels import KernelRecord
 from .objects import (
     apply_gpu_to_pod,
+    cpu_and_memory,
     kernel_base_name,
     kernel_pod_name,
     kernel_ports,
@@ -217,6 +218,10 @@ class KubernetesKernelLauncher(KernelLauncher):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._unschedulable_since: dict[str, float] = {}
+
+    def node_resources(self) -> tuple[int, int]:
+        """The kernel container's CPU and memory requests, so admission places it where they fit."""
+        return cpu_and_memory({"cpu": self.cpu_request or 0, "memory": self.memory_request or 0})
 
     def pod_ports(self, generation: int) -> dict[str, int]:
         """The ZMQ ports of a kernel pod of this generation (two alternating sets)."""

@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from kubernetes_asyncio.client import models as k8s
@@ -31,30 +29,7 @@ from .. import contract as C
 from ..backends import GoneCallback, PoolBackend
 from .claims import Claim, ClaimsLedger, valid_hub_id, without
 from .launcher import KubernetesKernelLauncher
-
-_SUFFIX = {"": 1, "m": Decimal("0.001"), "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-           "P": 10**15, "E": 10**18, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
-           "Pi": 2**50, "Ei": 2**60}
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-
-
-def quantity(value: Any) -> Decimal | None:
-    """A Kubernetes quantity ("500m", "2", "64Gi", "1e9") as a number; None if malformed."""
-    match = _QUANTITY.match(str(value).strip())
-    if not match:
-        return None
-    try:
-        return Decimal(match.group(1)) * _SUFFIX[match.group(2) or ""]
-    except InvalidOperation:
-        return None
-
-
-def cpu_and_memory(resources: Mapping[str, Any] | None) -> tuple[int, int]:
-    """(CPU millicores, memory MiB) of a resources mapping (``{"cpu": "2", "memory": "4Gi"}``),
-    rounded up; what is absent or malformed counts 0."""
-    cpu = quantity((resources or {}).get("cpu", 0)) or Decimal(0)
-    memory = quantity((resources or {}).get("memory", 0)) or Decimal(0)
-    return int(-(-cpu * 1000 // 1)), int(-(-memory // 2**20))
+from .objects import cpu_and_memory
 
 
 def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
@@ -166,8 +141,9 @@ class KubernetesPool(PoolBackend):
         load_config()
         self._on_gone = on_gone
         if self.claims_namespace and self.claims is None:
-            self.claims = ClaimsLedger(self.api, self.claims_namespace, hub_id, self.claims_ttl_seconds,
-                                       self.k8s_api_request_timeout, self.log)
+            self.claims = ClaimsLedger(
+                self.api, self.claims_namespace, hub_id, self.claims_ttl_seconds, self.k8s_api_request_timeout, self.log
+            )
             await self.claims.refresh()  # this hub's own entries are renewed once allocations() is read
         self.reflector = ManagedPodReflector(parent=self, namespace=self.namespace)
         await self.reflector.start()
@@ -198,12 +174,23 @@ class KubernetesPool(PoolBackend):
                 continue
             allocatable = (node.status.allocatable if node.status else None) or {}
             cpu, memory = cpu_and_memory(allocatable)
-            nodes.append(replace(found, cpu_millicores=cpu if "cpu" in allocatable else None,
-                                 host_memory_mib=memory if "memory" in allocatable else None))
+            nodes.append(
+                replace(
+                    found,
+                    cpu_millicores=cpu if "cpu" in allocatable else None,
+                    host_memory_mib=memory if "memory" in allocatable else None,
+                )
+            )
         if self.count_other_pods and nodes:
             others = await self._requested_by_others({n.name for n in nodes})
-            nodes = [replace(n, cpu_requested_millicores=others.get(n.name, (0, 0))[0],
-                             host_memory_requested_mib=others.get(n.name, (0, 0))[1]) for n in nodes]
+            nodes = [
+                replace(
+                    n,
+                    cpu_requested_millicores=others.get(n.name, (0, 0))[0],
+                    host_memory_requested_mib=others.get(n.name, (0, 0))[1],
+                )
+                for n in nodes
+            ]
         self._physical = {gpu.uuid: gpu for node in nodes for gpu in node.gpus}
         self._physical_nodes = nodes
         if self.claims is not None:
@@ -273,9 +260,15 @@ class KubernetesPool(PoolBackend):
         return list(live.values())
 
     def _claim(self, allocation: Allocation) -> Claim:
-        return Claim(self.claims.hub_id if self.claims else "", allocation.id, allocation.node,
-                     tuple(allocation.gpu_uuids), allocation.memory_mib, allocation.cores_percent,
-                     allocation.whole)
+        return Claim(
+            self.claims.hub_id if self.claims else "",
+            allocation.id,
+            allocation.node,
+            tuple(allocation.gpu_uuids),
+            allocation.memory_mib,
+            allocation.cores_percent,
+            allocation.whole,
+        )
 
     async def record(self, allocation: Allocation) -> None:
         """Claim the slice in the cluster-wide ledger (raises ClaimConflict when another hub holds
@@ -302,8 +295,15 @@ class KubernetesPool(PoolBackend):
         if self.claims is None:
             return []
         return [
-            {"hub": c.hub, "node": c.node, "allocation_id": c.allocation_id, "gpu_uuids": list(c.gpu_uuids),
-             "memory_mib": c.memory_mib, "cores_percent": c.cores_percent, "whole": c.whole}
+            {
+                "hub": c.hub,
+                "node": c.node,
+                "allocation_id": c.allocation_id,
+                "gpu_uuids": list(c.gpu_uuids),
+                "memory_mib": c.memory_mib,
+                "cores_percent": c.cores_percent,
+                "whole": c.whole,
+            }
             for c in sorted(self.claims.others(), key=lambda c: (c.node, c.hub, c.allocation_id))
         ]
 
@@ -319,8 +319,9 @@ class KubernetesPool(PoolBackend):
             self.log.warning("Cannot list GPU pods in all namespaces (%s): claims of silent hubs expire by TTL", e)
             return None
         if response.status >= 300:  # not raised without preloading
-            self.log.warning("Cannot list GPU pods in all namespaces (HTTP %s): claims of silent hubs expire by TTL",
-                             response.status)
+            self.log.warning(
+                "Cannot list GPU pods in all namespaces (HTTP %s): claims of silent hubs expire by TTL", response.status
+            )
             return None
         running = set()
         for pod in json.loads(await response.read()).get("items", []):

@@ -336,3 +336,19 @@ def test_broker_configure_wires_handlers_scopes_and_server_tokens():
     assert c.Spawner.server_token_scopes == sorted(
         ["access:servers!server", "users:activity!user", "read:users:name!user", "custom:elastic-gpu:kernels!user"]
     )
+
+
+def test_a_kernel_request_asks_for_the_kernel_pods_cpu_and_memory(no_allocator):
+    """Admission places a kernel pod where its CPU and memory requests fit (kube-scheduler would
+    otherwise leave it Pending while it holds its slice)."""
+    from hubext.broker import GPUBroker
+    from quotas import Owner as QOwner
+
+    launcher = KubernetesKernelLauncher(namespace="jhub", cpu_request="500m", memory_request="1Gi")
+    assert launcher.node_resources() == (500, 1024)
+    broker = GPUBroker()
+    broker.launcher = launcher
+    record = KernelRecord(id="f" * 32, user="u", server_name="", size="s", allocation_id="", section={"memory_mib": 1})
+    request = broker._request(record, QOwner(user="u"))
+    assert (request.cpu_millicores, request.host_memory_mib) == (500, 1024)
+    GPUBroker.clear_instance()
