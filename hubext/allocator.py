@@ -423,7 +423,7 @@ class GPUAllocator(SingletonConfigurable):
                         self.log.info("GPU grant %s to %s taken back: %s", allocation.id,
                                       allocation.owner.user, e.message)
                         conflicted = True
-                        waiter.reason = f"Another hub holds the GPU capacity this request needs ({e.message})"
+                        waiter.reason = f"The GPU chosen for this request could not be claimed: {e.message}"
                         waiter.error = PoolFull(waiter.reason)
                         continue
                     self._drop(waiter)

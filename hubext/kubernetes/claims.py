@@ -283,6 +283,11 @@ class ClaimsLedger:
                 else:
                     written = await self._call(self.api.create_namespaced_config_map, self.namespace, body)
             except ApiException as e:
+                if e.status == 404 and not exists:  # a create in a namespace that is not there
+                    raise ClaimConflict(
+                        f"The GPU claims namespace {self.namespace!r} does not exist; create it (the chart "
+                        "does) or set KubernetesPool.claims_namespace to an existing namespace."
+                    ) from None
                 if e.status in (404, 409):  # someone else wrote (or deleted) it first: read again
                     self._objects.pop(node, None)
                     self.stats["stale"] += 1

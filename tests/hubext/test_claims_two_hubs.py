@@ -14,6 +14,7 @@ import json
 import random
 import uuid
 
+import pytest
 from traitlets.config import Config
 
 from hubext import contract as C
@@ -343,3 +344,18 @@ async def test_a_restarted_hub_claims_again_what_its_pods_hold_and_a_gone_pod_fr
         emu.remove_node(node)
         for ns in (ns_a, ns_claims):
             emu.delete("namespaces", ns, None)
+
+
+async def test_a_missing_claims_namespace_refuses_the_grant_with_a_sentence(kube_emulator):  # noqa: F811
+    emu, tag = kube_emulator, uuid.uuid4().hex[:6]
+    node, _ = _node(emu, tag)
+    ns_a = _namespace(emu, "hub-a")
+    hub_a = _hub(ns_a, f"no-such-{tag}", tag)
+    try:
+        with pytest.raises(PoolFull, match=f"The GPU claims namespace 'no-such-{tag}' does not exist"):
+            await hub_a.allocate(GPURequest(owner=Owner("a"), memory_mib=1024, cores_percent=10), queue=False)
+        assert hub_a.state.allocations == {}
+    finally:
+        await hub_a.backend.stop()
+        emu.remove_node(node)
+        emu.delete("namespaces", ns_a, None)
