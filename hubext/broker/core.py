@@ -36,6 +36,7 @@ from quotas import AdmissionError, Allocation, GPURequest, Owner
 from ..allocator import GPUAllocator
 from ..backends import KernelLauncher, LaunchError, ReleaseCause, ServerRef
 from ..gpu_spawner import request_from_section, validate_gpu_section
+from ..hubstart import when_hub_is_up
 from ..kernels import KernelRecord
 from .sizes import SIGNATURE_SCHEMES, BrokerError, validate_sizes
 
@@ -541,26 +542,14 @@ class GPUBroker(SingletonConfigurable):
 def start_with_hub(hub_start_timeout: float = 600.0) -> None:
     """Start the broker as soon as the hub is up (call from jupyterhub_config.py).
 
-    JupyterHub has no start-up hook for extra handlers; without this the broker starts on its
-    first request, so kernels orphaned while the hub was down would wait for that request.
-    A failed start is retried with backoff here, and again by every request until it succeeds.
+    Without this the broker starts on its first request, so kernels orphaned while the hub was
+    down would wait for that request. A failed start is retried with backoff here, and again by
+    every request until it succeeds.
     """
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return  # not inside the hub (e.g. `jupyterhub --generate-config`)
 
-    async def wait_and_start() -> None:
-        from jupyterhub.app import JupyterHub
+    async def start(app: Any) -> None:
         from jupyterhub.utils import exponential_backoff
 
-        def hub_up() -> bool:
-            return JupyterHub.initialized() and getattr(JupyterHub.instance(), "http_server", None) is not None
-
-        await exponential_backoff(
-            hub_up, "the hub did not start", start_wait=0.1, max_wait=1, timeout=hub_start_timeout
-        )
-        app = JupyterHub.instance()
         broker = GPUBroker.instance(config=app.config, log=app.log)
 
         async def broker_started() -> bool:
@@ -578,9 +567,4 @@ def start_with_hub(hub_start_timeout: float = 600.0) -> None:
         except asyncio.TimeoutError:
             app.log.error("GPU broker failed to start; it will retry on its next request")
 
-    task = loop.create_task(wait_and_start())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
-
-
-_background: set[asyncio.Task] = set()
+    when_hub_is_up(start, hub_start_timeout)

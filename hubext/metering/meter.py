@@ -25,6 +25,7 @@ from traitlets.config import SingletonConfigurable
 from quotas import Allocation, ConfigError
 
 from ..backends import ReleaseCause
+from ..hubstart import when_hub_is_up
 from .activity import ActivityTotals, read_activity
 from .metrics import UsageMetrics
 from .prices import PriceTable, load_prices
@@ -259,24 +260,10 @@ class UsageMeter(SingletonConfigurable):
 
 def start_with_hub(hub_start_timeout: float = 600.0) -> None:
     """Start the meter as soon as the hub is up (called from jupyterhub_config.py by configure_hub)."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        return  # not inside the hub (e.g. `jupyterhub --generate-config`)
 
-    async def wait_and_start() -> None:
-        from jupyterhub.app import JupyterHub
-        from jupyterhub.utils import exponential_backoff
-
+    async def start(app: Any) -> None:
         from ..allocator import GPUAllocator
 
-        def hub_up() -> bool:
-            return JupyterHub.initialized() and getattr(JupyterHub.instance(), "http_server", None) is not None
-
-        await exponential_backoff(
-            hub_up, "the hub did not start", start_wait=0.1, max_wait=1, timeout=hub_start_timeout
-        )
-        app = JupyterHub.instance()
         meter = UsageMeter.instance(config=app.config, log=app.log)
         if not meter.enabled:
             return
@@ -291,4 +278,4 @@ def start_with_hub(hub_start_timeout: float = 600.0) -> None:
         meter.start_sampler()
         app.log.info("GPU usage meter recording to %s", meter.store.engine.url.render_as_string(hide_password=True))
 
-    loop.create_task(wait_and_start())
+    when_hub_is_up(start, hub_start_timeout)
