@@ -24,8 +24,11 @@ from tests.security.helpers import pid_alive, used_mib, wait_until
 CLAIM_SECONDS = 4
 
 
-def alice_kernel_processes() -> list[int]:
+def alice_kernel_processes(data_dir: Path) -> list[int]:
+    """alice's GPU kernel processes of the hub whose data is in ``data_dir`` (other tests' hubs may
+    run kernels of an 'alice' too: those are not this test's)."""
     found = []
+    marker = f"LIBVGPU_CONFIG={data_dir}/".encode()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -33,7 +36,12 @@ def alice_kernel_processes() -> list[int]:
             env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(v.startswith(b"ELASTIC_GPU_ALLOCATION_ID=kernel-alice-") for v in env) and pid_alive(int(entry.name)):
+        ours = any(v.startswith(marker) for v in env)
+        if (
+            ours
+            and any(v.startswith(b"ELASTIC_GPU_ALLOCATION_ID=kernel-alice-") for v in env)
+            and pid_alive(int(entry.name))
+        ):
             found.append(int(entry.name))
     return found
 
@@ -76,12 +84,13 @@ def crashing_hub(tmp_path):
         yield hub, flag, prefix
     finally:
         hub.stop()
-        for pid in alice_kernel_processes():  # whatever the test left behind
+        for pid in alice_kernel_processes(tmp_path / "data"):  # whatever the test left behind
             os.kill(pid, signal.SIGKILL)
 
 
 def test_a_kernel_whose_start_answer_was_lost_is_not_left_running(crashing_hub):
     hub, flag, prefix = crashing_hub
+    data_dir = prefix.parent / "data"
     token = hub.user_token("alice")
     install_kernelspecs(hub, hub.admin_token, prefix)
     start_server(hub, "alice", token)
@@ -90,10 +99,10 @@ def test_a_kernel_whose_start_answer_was_lost_is_not_left_running(crashing_hub):
     status, body = alice.start_session(SPEC)
     assert status >= 500, f"the kernel start succeeded although the hub died answering it: {status} {body}"
     hub.proc.wait(30)
-    assert alice_kernel_processes(), "the crash came too early: no kernel was started"
+    assert alice_kernel_processes(data_dir), "the crash came too early: no kernel was started"
     hub.start()
     wait_until(
-        lambda: not alice_kernel_processes() and used_mib(hub) == 0,
+        lambda: not alice_kernel_processes(data_dir) and used_mib(hub) == 0,
         CLAIM_SECONDS + 30,
         "the orphaned kernel's process and slice to be gone",
         log=hub.log_tail,
