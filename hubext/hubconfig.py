@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 from typing import Any
+
+from jupyterhub.utils import random_port
 
 MODES = ("local", "kubernetes")
 
@@ -76,7 +77,7 @@ def configure_hub(
             culler_service.service_spec(
                 name="gpu-culler",
                 api_token=token,
-                port=culler_port or _free_port(),
+                port=culler_port or random_port(),
                 proxy_url=proxy_url,
                 args=culler_args,
             )
@@ -84,9 +85,3 @@ def configure_hub(
         c.JupyterHub.load_roles = list(c.JupyterHub.get("load_roles", [])) + [
             culler_service.service_role("gpu-culler", list(broker.CUSTOM_SCOPES))
         ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

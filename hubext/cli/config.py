@@ -12,11 +12,12 @@ import os
 import pprint
 import pwd
 import secrets
-import socket
 from datetime import datetime
 from pathlib import Path
 from string import Template
 from typing import Any
+
+from jupyterhub.utils import random_port
 
 from .accounts import TEAM_ACCOUNT, harden_hub_state
 from .base import ADMISSION_FILE, CONFIG_FILE, DEFAULT_SIMULATED, TOKEN_FILE, CLIError
@@ -164,12 +165,6 @@ def default_admin() -> str:
     return "admin" if not name or name == "root" else name
 
 
-def free_port(ip: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((ip, 0))
-        return s.getsockname()[1]
-
-
 def hub_config_text(
     *,
     authenticator: str,
@@ -251,8 +246,8 @@ def init_config(
                 simulate=simulate,
                 profiles=default_profiles(gpus),
                 kernel_sizes=default_kernel_sizes(gpus),
-                hub_port=free_port(),
-                proxy_api_port=free_port(),
+                hub_port=random_port(),
+                proxy_api_port=random_port(),
             )
         )
         written.append(str(hub_config))
