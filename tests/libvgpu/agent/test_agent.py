@@ -345,7 +345,8 @@ def test_inventory_is_republished_when_the_annotation_changes(node):
             meta["annotations"][L.NODE_GPUS_ANNOTATION])) == 2
 
     wait_for(repaired, 10, "the agent to republish its inventory")
-    assert "GPU inventory republished" in node.log()
+    # the agent logs the event after its patch has landed: the line follows the patch, not with it
+    wait_for(lambda: "GPU inventory republished" in node.log(), 5, "the agent to log the republication")
 
 
 # ---- the shim on the host ------------------------------------------------------------------------
