@@ -80,6 +80,10 @@ def build_all(root: Path, *, asan: bool = False, defines: dict[str, str] | None 
     for src, soname in (("cuda_double.c", "libcuda.so.1"), ("nvml_double.c", "libnvidia-ml.so.1")):
         cc(*CFLAGS, "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions",
            f"-Wl,-soname,{soname}", "-o", b.lib_dir / soname, dbl / src)
+    # a driver before 570: no checkpoint API (what suspend must refuse to half-do)
+    (b.lib_dir / "old-driver").mkdir(exist_ok=True)
+    cc(*CFLAGS, "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions", "-DDBL_NO_CHECKPOINT",
+       "-Wl,-soname,libcuda.so.1", "-o", b.lib_dir / "old-driver" / "libcuda.so.1", dbl / "cuda_double.c")
     cc(*CFLAGS, *san, "-o", b.probe, progs / "probe.c", "-Wl,--no-as-needed",
        b.lib_dir / "libcuda.so.1", b.lib_dir / "libnvidia-ml.so.1", "-ldl")
     if not asan:

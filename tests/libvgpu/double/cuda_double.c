@@ -12,6 +12,12 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+#ifdef DBL_NO_CHECKPOINT /* a driver before 570 (CUDA 12.8): no checkpoint API at all */
+#define DBL_DRIVER_VERSION 12040
+#else
+#define DBL_DRIVER_VERSION 12080
+#endif
+
 static int initialised;
 
 struct dctx {
@@ -51,16 +57,18 @@ static uint64_t graph_reserved[DBL_MAX_DEV];
 
 /* ---- memory ------------------------------------------------------------------------------ */
 
+static void cp_gate(void);
+static struct dbl_pid *cp_running_self_locked(void);
+
 static CUresult charge(int dev, uint64_t bytes) {
-    dbl_lock();
-    struct dbl_pid *p = dbl_pid_locked(dbl_self());
-    struct dbl_dev *d = &dbl->dev[dev];
+    struct dbl_pid *p = cp_running_self_locked(); /* takes the lock once this process may run */
+    struct dbl_dev *d = &dbl->dev[dbl_phys(p, dev)];
     if (!p || bytes > d->total || d->used > d->total - bytes) {
         dbl_unlock();
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     d->used += bytes;
-    p->used[dev] += bytes;
+    p->used[dbl_phys(p, dev)] += bytes;
     dbl_unlock();
     return CUDA_SUCCESS;
 }
@@ -68,13 +76,14 @@ static CUresult charge(int dev, uint64_t bytes) {
 static void count_context(int dev, int delta) {
     dbl_lock();
     struct dbl_pid *p = dbl_pid_locked(dbl_self());
-    if (p) p->contexts[dev] += (uint32_t)delta;
+    if (p) p->contexts[dbl_phys(p, dev)] += (uint32_t)delta;
     dbl_unlock();
 }
 
 static void uncharge(int dev, uint64_t bytes) {
     dbl_lock();
     struct dbl_pid *p = dbl_pid_locked(dbl_self());
+    dev = dbl_phys(p, dev);
     struct dbl_dev *d = &dbl->dev[dev];
     d->used -= bytes < d->used ? bytes : d->used;
     if (p) p->used[dev] -= bytes < p->used[dev] ? bytes : p->used[dev];
@@ -123,6 +132,7 @@ static uint64_t new_addr(uint64_t size) {
 
 static CUresult need_ctx(void) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    cp_gate(); /* a locked or checkpointed process's calls block until it is unlocked */
     return current ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
@@ -456,8 +466,7 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     CUresult rc = need_ctx();
     if (rc) return rc;
     dbl_lock();
-    dbl_pid_locked(dbl_self());
-    struct dbl_dev *d = &dbl->dev[current->dev];
+    struct dbl_dev *d = &dbl->dev[dbl_phys(dbl_pid_locked(dbl_self()), current->dev)];
     *free_bytes = d->total - d->used;
     *total = d->total;
     dbl_unlock();
@@ -473,7 +482,7 @@ EXPORT CUresult cuInit(unsigned flags) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDriverGetVersion(int *v) {
-    *v = 12040;
+    *v = DBL_DRIVER_VERSION;
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetCount(int *n) {
@@ -694,7 +703,8 @@ static CUresult run(uint64_t ns, int count) {
         pthread_mutex_unlock(&local);
         dbl_sleep_until(wait_until); /* the queue is full: the launch blocks, as a driver's does */
         dbl_lock();
-        struct dbl_dev *d = &dbl->dev[dev];
+        /* restored onto another device: its work runs there */
+        struct dbl_dev *d = &dbl->dev[dbl->remapped ? dbl_phys(dbl_pid_locked(dbl_self()), dev) : dev];
         uint64_t now = dbl_now();
         uint64_t start = d->busy_until > now ? d->busy_until : now;
         struct dbl_kernel *r = &d->ring[d->head % DBL_RING];
@@ -908,6 +918,8 @@ EXPORT unsigned long long cuDoubleDeviceUsed(int dev) {
     return u;
 }
 
+#include "checkpoint.c"
+
 /* ---- cuGetProcAddress ------------------------------------------------------------------- */
 
 /* With CUDA_DOUBLE_PROC_ALIASES=1 these two are handed out instead of the exported symbols,
@@ -1002,6 +1014,14 @@ static const struct {
     P("cuGraphLaunch", 10000, 1, cuGraphLaunch_ptsz),
     P("cuGetProcAddress", 11030, 0, cuGetProcAddress),
     P("cuGetProcAddress", 12000, 0, cuGetProcAddress_v2),
+#ifndef DBL_NO_CHECKPOINT
+    P("cuCheckpointProcessGetRestoreThreadId", 12080, 0, cuCheckpointProcessGetRestoreThreadId),
+    P("cuCheckpointProcessGetState", 12080, 0, cuCheckpointProcessGetState),
+    P("cuCheckpointProcessLock", 12080, 0, cuCheckpointProcessLock),
+    P("cuCheckpointProcessCheckpoint", 12080, 0, cuCheckpointProcessCheckpoint),
+    P("cuCheckpointProcessRestore", 12080, 0, cuCheckpointProcessRestore),
+    P("cuCheckpointProcessUnlock", 12080, 0, cuCheckpointProcessUnlock),
+#endif
 #undef P
 };
 

@@ -25,6 +25,12 @@
  *                              (real drivers: 100+ ms; the process is listed by NVML meanwhile)
  *   CUDA_DOUBLE_LAZY_MODULE_MIB memory a module takes when its first function is fetched
  *                              (CUDA_MODULE_LOADING=LAZY: the driver loads code on first use)
+ *   CUDA_DOUBLE_CHECKPOINT     'unsupported': the checkpoint API answers CUDA_ERROR_NOT_SUPPORTED
+ *                              (a driver or GPU that has the symbols but cannot checkpoint);
+ *                              the old driver without them is a separate build (DBL_NO_CHECKPOINT)
+ *   CUDA_DOUBLE_CHECKPOINT_FAIL 'checkpoint' or 'restore': that step fails (the host copy could
+ *                              not be made / the GPU could not be re-acquired), see checkpoint.c
+ *   CUDA_DOUBLE_CHECKPOINT_GIB_S  copy bandwidth of checkpoint and restore (0: instantaneous)
  *   CUDA_DOUBLE_HOST_PROC      a procfs of the host's pid namespace (the tests bind-mount the
  *                              host's /proc there before entering a new pid namespace): the
  *                              double then knows each process by its host pid, as the kernel
@@ -72,6 +78,12 @@ struct dbl_pid {
     uint32_t pad;
     uint64_t used[DBL_MAX_DEV];
     uint32_t contexts[DBL_MAX_DEV]; /* listed by NVML while it has a context or memory */
+    /* the checkpoint API (checkpoint.c): the process's state, what it holds in host memory
+     * while checkpointed, and where each of its devices lives since a remapping restore */
+    uint32_t cp_state;
+    uint32_t cp_map[DBL_MAX_DEV]; /* physical device + 1; 0: the device itself */
+    uint64_t host[DBL_MAX_DEV];
+    uint32_t host_contexts[DBL_MAX_DEV];
 };
 
 struct dbl_state {
@@ -81,6 +93,8 @@ struct dbl_state {
     uint64_t next_addr;
     struct dbl_dev dev[DBL_MAX_DEV];
     struct dbl_pid pids[DBL_PIDS];
+    uint32_t cp_busy;  /* processes not in CU_PROCESS_STATE_RUNNING (their calls block) */
+    uint32_t remapped; /* a process was restored onto other devices: map devices from now on */
 };
 
 struct dbl_env {
@@ -89,6 +103,8 @@ struct dbl_env {
         util_window_ns;
     char host_proc[256];
     int queue, no_process_util, proc_aliases;
+    int cp_unsupported, cp_fail; /* cp_fail: 1 checkpoint, 2 restore */
+    uint64_t cp_bytes_per_s;
 };
 
 static struct dbl_state *dbl;
@@ -152,6 +168,11 @@ static void dbl_init(void) {
     e->util_window_ns = dbl_env_u64("CUDA_DOUBLE_UTIL_WINDOW_MS", 100) * 1000000ull;
     e->no_process_util = dbl_env_u64("CUDA_DOUBLE_NO_PROCESS_UTIL", 0) != 0;
     e->proc_aliases = dbl_env_u64("CUDA_DOUBLE_PROC_ALIASES", 0) != 0;
+    const char *cp = getenv("CUDA_DOUBLE_CHECKPOINT"), *fail = getenv("CUDA_DOUBLE_CHECKPOINT_FAIL");
+    e->cp_unsupported = cp && strcmp(cp, "unsupported") == 0;
+    e->cp_fail = !fail ? 0 : strcmp(fail, "checkpoint") == 0 ? 1 : strcmp(fail, "restore") == 0 ? 2 : 0;
+    const char *gib_s = getenv("CUDA_DOUBLE_CHECKPOINT_GIB_S");
+    e->cp_bytes_per_s = gib_s ? (uint64_t)(strtod(gib_s, NULL) * 1073741824.0) : 0;
 
     char path[4096];
     const char *p = getenv("CUDA_DOUBLE_STATE");
@@ -226,6 +247,7 @@ static struct dbl_pid *dbl_pid_locked(int pid) {
                 r->used[d] = 0;
                 r->contexts[d] = 0;
             }
+            if (r->cp_state && dbl->cp_busy) dbl->cp_busy--;
             r->pid = 0;
         }
         if (!r->pid && !free_slot) free_slot = r;
@@ -234,6 +256,11 @@ static struct dbl_pid *dbl_pid_locked(int pid) {
     memset(free_slot, 0, sizeof(*free_slot));
     free_slot->pid = pid;
     return free_slot;
+}
+
+/* The physical device behind a process's device (lock held): itself unless restored elsewhere. */
+static inline int dbl_phys(const struct dbl_pid *p, int dev) {
+    return p && p->cp_map[dev] ? (int)p->cp_map[dev] - 1 : dev;
 }
 
 /* Busy ns of pid (0: anyone) on dev within [t0, t1] (lock held). */
