@@ -200,18 +200,18 @@ def build_parser() -> argparse.ArgumentParser:
     p_quota.set_defaults(func=cmd_quota)
 
     from hubext.metering.command import (
-        CAPACITY_HELP,
+        SIMULATE_HELP,
         USAGE_HELP,
-        add_capacity_arguments,
+        add_simulate_arguments,
         add_usage_arguments,
-        run_capacity,
+        run_simulate,
         run_usage,
     )
 
     p_usage = sub.add_parser("usage", help=USAGE_HELP, description=USAGE_HELP)
     add_usage_arguments(p_usage)
     p_usage.set_defaults(func=run_usage)
-    p_capacity = sub.add_parser("capacity", help=CAPACITY_HELP, description=CAPACITY_HELP)
-    add_capacity_arguments(p_capacity)
-    p_capacity.set_defaults(func=run_capacity)
+    p_simulate = sub.add_parser("simulate", help=SIMULATE_HELP, description=SIMULATE_HELP)
+    add_simulate_arguments(p_simulate)
+    p_simulate.set_defaults(func=run_simulate)
     return parser

@@ -9,12 +9,15 @@ is not sampled: its record stays unmetered rather than counted idle.
 
 An interval between two samples counts as *busy* when a kernel was launched in it (the last
 launch is later than the previous sample, or the launch counter grew), so busy seconds are
-exact to one sample interval. Memory used is sampled: peak and mean over the samples.
+exact to one sample interval. Memory used is sampled: peak and mean over the samples. The busy
+intervals are kept too, merged, as seconds from the grant (``busy_periods``, at most
+:data:`MAX_PERIODS`; beyond that the two closest are joined): capacity planning replays them as
+the session's bursts under another idle timeout.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hubext import contract as C
@@ -56,6 +59,14 @@ def read_activity(backend: PoolBackend, allocation_ids: list[str]) -> dict[str, 
     return {}
 
 
+#: most busy periods kept per record (a sample every 30 s alternating busy and idle for 33 h)
+MAX_PERIODS = 2000
+
+
+def format_periods(periods: list[list[float]]) -> str:
+    return ",".join(f"{round(a)}-{round(b)}" for a, b in periods)
+
+
 @dataclass
 class ActivityTotals:
     """The running totals of one allocation (restored from its record after a hub restart)."""
@@ -67,6 +78,14 @@ class ActivityTotals:
     memory_used_mean_mib: float = 0.0
     samples: int = 0
     launches: int | None = None
+    #: when the slice was granted (busy periods are seconds from then)
+    granted_at: float = 0.0
+    busy_periods: list[list[float]] = field(default_factory=list)
+
+    @classmethod
+    def at(cls, granted_at: float) -> ActivityTotals:
+        """The totals of a slice granted at ``granted_at`` (nothing sampled yet)."""
+        return cls(last_sample_at=granted_at, granted_at=granted_at)
 
     @classmethod
     def from_record(cls, record: UsageRecord) -> ActivityTotals:
@@ -77,6 +96,8 @@ class ActivityTotals:
             memory_used_peak_mib=record.memory_used_peak_mib or 0,
             memory_used_mean_mib=record.memory_used_mean_mib or 0.0,
             samples=record.activity_samples,
+            granted_at=record.granted_at,
+            busy_periods=[[float(x) for x in p.split("-")] for p in (record.busy_periods or "").split(",") if p],
         )
 
     def add(self, activity: dict[str, Any], now: float) -> None:
@@ -90,12 +111,23 @@ class ActivityTotals:
         self.activity_seconds += interval
         if launched:
             self.busy_seconds += interval
+            self._busy(self.last_sample_at - self.granted_at, now - self.granted_at)
         used = int(activity.get("memory_used_mib") or 0)
         self.memory_used_peak_mib = max(self.memory_used_peak_mib, used)
         self.memory_used_mean_mib = (self.memory_used_mean_mib * self.samples + used) / (self.samples + 1)
         self.samples += 1
         self.launches = launches
         self.last_sample_at = now
+
+    def _busy(self, start: float, end: float) -> None:
+        periods = self.busy_periods
+        if periods and start <= periods[-1][1] + 1e-6:
+            periods[-1][1] = max(periods[-1][1], end)
+        else:
+            periods.append([start, end])
+        if len(periods) > MAX_PERIODS:  # join the two closest periods
+            i = min(range(len(periods) - 1), key=lambda k: periods[k + 1][0] - periods[k][1])
+            periods[i : i + 2] = [[periods[i][0], periods[i + 1][1]]]
 
     def event(self, allocation_id: str) -> dict[str, Any]:
         """The store event that sets the record's activity columns to these totals."""
@@ -107,4 +139,5 @@ class ActivityTotals:
             "memory_used_peak_mib": self.memory_used_peak_mib,
             "memory_used_mean_mib": self.memory_used_mean_mib,
             "activity_samples": self.samples,
+            "busy_periods": format_periods(self.busy_periods),
         }

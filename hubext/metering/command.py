@@ -1,19 +1,17 @@
-"""``elastic-gpu usage`` and ``elastic-gpu capacity``: reports from the usage store, hub up or down.
-
-The CLI wires these in two lines each (it is being split into a package; see
-/tmp/notes/metering.md)::
-
-    p = sub.add_parser("usage", help=USAGE_HELP); add_usage_arguments(p); p.set_defaults(func=run_usage)
-    p = sub.add_parser("capacity", help=CAPACITY_HELP); add_capacity_arguments(p); p.set_defaults(func=run_capacity)
+"""``elastic-gpu usage`` and ``elastic-gpu simulate``: reports and capacity planning from the usage
+store, hub up or down (``hubext.cli.commands`` wires them as sub-commands).
 
 They read the database directly (``--db-url``, else the ``JupyterHub.db_url`` and
 ``UsageMeter`` settings of the hub config, ``<config dir>/jupyterhub_config.py`` by default),
-so the prices are the hub's. They return the exit status and print one sentence on bad input.
+so the prices are the hub's; ``simulate --sessions FILE`` reads a CSV of sessions instead.
+They return the exit status and print one sentence on bad input.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -23,16 +21,19 @@ from sqlalchemy.engine import make_url
 
 from quotas import ConfigError
 
-from .capacity import parse_slice, plan_capacity
 from .meter import UsageMeter
-from .plot import capacity_svg, usage_svg
+from .plot import scenarios_svg, usage_svg
 from .prices import PriceTable
-from .replay import plan_by_replay
+from .replay import Scenario, ScenarioResult, model_of, run_scenario, sessions_from_records, size_label
 from .report import GROUP_KEYS, ReportError, parse_time, records_csv, report_csv, report_xlsx, usage_report
+from .simulate import apply_setting, parse_scenario, sessions_from_csv
 from .store import UsageStore
 
 USAGE_HELP = "GPU usage and cost per user, workspace, namespace, model, day or month (CSV, JSON or a table)"
-CAPACITY_HELP = "how many GPUs the recorded demand needs at a slice size (e.g. --slice 1/4)"
+SIMULATE_HELP = (
+    "replay the recorded usage (or a CSV of sessions) with another pool size, profile mix, idle timeout or "
+    "placement: p95 wait and GPUs needed per scenario"
+)
 
 
 def _default_config() -> Path:
@@ -61,15 +62,36 @@ def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--svg", metavar="FILE", default="", help="write a stacked GPU-hours chart to FILE")
 
 
-def add_capacity_arguments(parser: argparse.ArgumentParser) -> None:
+def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     _common(parser)
-    parser.add_argument("--slice", default="1", help="slice size: 1/4, 0.25, 25%%, or memory such as 20GiB")
-    parser.add_argument("--model", default="", help="only sessions on this GPU model (needed for a memory size)")
-    parser.add_argument("--percentile", type=float, default=95.0, help="served without waiting this %% of the time")
-    parser.add_argument("--max-wait", type=float, default=30.0, help="replay: the longest wait allowed (s)")
-    parser.add_argument("--per-node", type=int, default=8, help="replay: GPUs per node of the planned pool")
-    parser.add_argument("--no-replay", action="store_true", help="only the concurrency bound, no admission replay")
-    parser.add_argument("--svg", metavar="FILE", default="", help="write the GPUs-needed chart to FILE")
+    parser.add_argument(
+        "--sessions",
+        metavar="CSV",
+        default="",
+        help="replay this CSV of sessions (start, end or duration_seconds, size[, count, user, id, bursts]; "
+        "or `elastic-gpu usage --records` output) instead of the recorded usage",
+    )
+    parser.add_argument("--model", default="", help="only sessions on this GPU model (the pool's model to plan)")
+    parser.add_argument("--card-memory", default="80GiB", help="--sessions: the planned card's memory (default 80GiB)")
+    base = parser.add_argument_group("the first scenario (each --scenario starts from it)")
+    base.add_argument("--slice", default="", help="slice size: 1/4, 0.25, 25%%, or memory such as 20GiB")
+    base.add_argument("--profiles", default="", help="the sizes offered, e.g. 1/8,1/4,1/2,1 (default: as asked)")
+    base.add_argument("--idle-timeout", default="", help="seconds an idle slice is held before it is culled")
+    base.add_argument("--placement", default="", help="binpack, spread or fgd, or node/gpu such as binpack/spread")
+    base.add_argument("--gpus", default="", help="a fixed pool size: answer its waits (default: the smallest pool)")
+    base.add_argument("--per-node", default="8", help="GPUs per node of the planned pool (default 8)")
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        default=[],
+        metavar="'NAME: KEY=VALUE ...'",
+        help="another scenario; keys: slice, profiles, idle_timeout, placement, gpus, per_node (repeat for more)",
+    )
+    parser.add_argument("--percentile", type=float, default=95.0, help="the wait percentile (default 95)")
+    parser.add_argument("--max-wait", type=float, default=30.0, help="the longest wait allowed (s, default 30)")
+    out = parser.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print the answers as JSON")
+    out.add_argument("--svg", metavar="FILE", default="", help="also write a chart of GPUs and waits per scenario")
 
 
 def _load(args: argparse.Namespace) -> tuple[UsageStore, PriceTable]:
@@ -128,37 +150,91 @@ def run_usage(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     return 0
 
 
-def run_capacity(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
-    """Print the capacity answer (and write --svg); 2 on bad input."""
+def _scenarios(args: argparse.Namespace, card_memory_mib: int) -> list[Scenario]:
+    changed = any((args.slice, args.profiles, args.idle_timeout, args.placement, args.gpus))
+    base = Scenario(name="baseline" if changed else "as recorded")
+    for key, value in (
+        ("slice", args.slice),
+        ("profiles", args.profiles),
+        ("idle_timeout", args.idle_timeout),
+        ("placement", args.placement),
+        ("gpus", args.gpus),
+        ("per_node", args.per_node),
+    ):
+        if value:
+            base = apply_setting(base, key, value, f"--{key.replace('_', '-')}", card_memory_mib)
+    return [base] + [parse_scenario(text, base, n, card_memory_mib) for n, text in enumerate(args.scenario, 2)]
+
+
+def run_simulate(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    """Replay the recorded usage (or --sessions) under each scenario; print GPUs and waits (2 on bad input)."""
     try:
-        start, end = _period(args)
-        store, _ = _load(args)
-        records = store.records(start, end)
-        card = next((r.gpu_memory_mib for r in records if r.gpu_model == args.model and r.gpu_memory_mib), 0)
-        fraction = parse_slice(args.slice, card)
-        plan = plan_capacity(records, start, end, fraction, percentile=args.percentile, model=args.model)
-        replayed = None
-        if not args.no_replay:
-            replayed = plan_by_replay(
-                records,
-                start,
-                end,
-                fraction,
-                model=args.model,
+        if args.sessions:
+            memory = _card_memory(args.card_memory)
+            try:
+                text = Path(args.sessions).read_text()
+            except OSError as e:
+                raise ReportError(f"cannot read the sessions CSV {args.sessions}: {e.strerror}.") from None
+            sessions, model = sessions_from_csv(text, memory), args.model or "GPU"
+        else:
+            start, end = _period(args)
+            store, _ = _load(args)
+            records = store.records(start, end)
+            model, memory = model_of(records, args.model)
+            sessions = sessions_from_records(records, start, end, model=model)
+        scenarios = _scenarios(args, memory)
+        results = [
+            run_scenario(
+                sessions,
+                scenario,
+                model=model,
+                memory_mib=memory,
                 max_wait_seconds=args.max_wait,
                 percentile=args.percentile,
-                gpus_per_node=args.per_node,
             )
+            for scenario in scenarios
+        ]
     except (ReportError, ConfigError) as e:
-        print(f"elastic-gpu capacity: {e.message}", file=sys.stderr)
+        print(f"elastic-gpu simulate: {e.message}", file=sys.stderr)
         return 2
-    out.write(plan.sentence() + "\n")
-    if replayed is not None:
-        out.write(replayed.sentence() + "\n")
+    if args.json:
+        out.write(json.dumps({"model": model, "results": [r.to_dict() for r in results]}, indent=2) + "\n")
+        return 0
+    out.write(_scenario_table(results, args.percentile))
+    for r in results:
+        out.write(r.sentence() + "\n")
     if args.svg:
-        Path(args.svg).write_text(capacity_svg(plan))
+        Path(args.svg).write_text(scenarios_svg(results, model))
         out.write(f"wrote {args.svg}\n")
     return 0
+
+
+def _card_memory(text: str) -> int:
+    m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*(GiB|MiB)\s*$", text, re.IGNORECASE)
+    if not m or float(m.group(1)) <= 0:
+        raise ReportError(f"--card-memory must be a memory size such as 80GiB or 40960MiB; got {text!r}.")
+    return round(float(m.group(1)) * (1024 if m.group(2).lower() == "gib" else 1))
+
+
+def _scenario_table(results: list[ScenarioResult], percentile: float) -> str:
+    header = ["scenario", "sizes", "idle timeout", "placement", "GPUs", f"p{percentile:g} wait (s)", "requests"]
+    rows = []
+    for r in results:
+        s = r.scenario
+        rows.append(
+            [
+                s.name,
+                ",".join(size_label(p) for p in sorted(s.profiles)) or "as asked",
+                "none" if s.idle_timeout_seconds is None else f"{s.idle_timeout_seconds:g} s",
+                f"{s.placement.node}/{s.placement.gpu}",
+                "-" if r.gpus is None else str(r.gpus) + ("" if s.gpus is None else " (fixed)"),
+                "-" if r.gpus is None else (f"{r.wait:.0f}" if r.wait != float("inf") else "never"),
+                str(r.requests),
+            ]
+        )
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
+    return "\n".join(lines) + "\n"
 
 
 def _table(report: Any) -> str:

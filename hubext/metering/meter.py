@@ -15,6 +15,7 @@ import asyncio
 import atexit
 import os
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from ..backends import ReleaseCause
 from ..hubstart import when_hub_is_up
 from .activity import ActivityTotals, read_activity
 from .metrics import UsageMetrics
-from .prices import PriceTable, load_prices
+from .prices import PriceTable, load_prices, load_prices_file
 from .record import UsageRecord
 from .recorder import UsageRecorder
 from .store import UsageStore
@@ -72,6 +73,14 @@ class UsageMeter(SingletonConfigurable):
         of a card's compute), e.g. {'H100-80GB': {'gpu_hour': 2.5}}. See docs/metering.md.""",
     )
     currency = Unicode("USD", config=True, help="The currency of `prices`. Default: USD.")
+    prices_file = Unicode(
+        "",
+        config=True,
+        help="""JSON file with the currency and the prices ({"currency": "EUR", "prices": {...}},
+        `prices`' format): the Helm chart's `metering` values, in its ConfigMap
+        (/etc/elastic-gpu/metering.json). When set it replaces `prices` and `currency`.
+        Default: empty (use `prices` and `currency`).""",
+    )
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -85,11 +94,15 @@ class UsageMeter(SingletonConfigurable):
         self._held: dict[str, list] = {}
         self._restored = False
         self._task: asyncio.Task | None = None
+        #: a user's JupyterHub group names (start_with_hub: from the hub's users); None: not recorded
+        self.groups_of: Callable[[str], Iterable[str]] | None = None
 
     # ---- set-up ---------------------------------------------------------------------------------
 
     def price_table(self) -> PriceTable:
         """The validated prices (ConfigError naming the bad key otherwise)."""
+        if self.prices_file:
+            return load_prices_file(self.prices_file)
         return load_prices(self.prices, self.currency)
 
     def resolve_db_url(self, hub_db_url: str = "") -> str:
@@ -157,7 +170,13 @@ class UsageMeter(SingletonConfigurable):
             gpu = state.pool.gpu(allocation.gpu_uuids[0])
             if gpu is not None:
                 model, memory = gpu.model, gpu.memory_mib
-        return UsageRecord.from_allocation(allocation, gpu_model=model, gpu_memory_mib=memory, at=at)
+        groups: Iterable[str] = ()
+        if self.groups_of is not None:
+            try:
+                groups = self.groups_of(allocation.owner.user)
+            except Exception as e:  # never lose the record for its groups
+                self.log.warning("GPU usage: cannot read the hub groups of %s: %s", allocation.owner.user, e)
+        return UsageRecord.from_allocation(allocation, gpu_model=model, gpu_memory_mib=memory, at=at, hub_groups=groups)
 
     def on_allocation_event(self, event: str, allocation: Allocation, why: str, cause: ReleaseCause | None) -> None:
         """The allocator's listener: queue a 'granted' or 'released' event (never waits)."""
@@ -166,7 +185,7 @@ class UsageMeter(SingletonConfigurable):
         now = time.time()
         if event == "granted":
             record = self.record_of(allocation, now)
-            self.totals[allocation.id] = ActivityTotals(last_sample_at=allocation.created_at or now)
+            self.totals[allocation.id] = ActivityTotals.at(allocation.created_at or now)
             self._held[allocation.id] = [record.namespace, record.workspace, record.share * record.count, now]
             self._submit({"event": "granted", "record": record.to_dict()})
         elif event == "released":
@@ -226,7 +245,8 @@ class UsageMeter(SingletonConfigurable):
             busy = 0.0
             if self._restored:  # activity totals continue those of the record (after a restart)
                 totals = self.totals.setdefault(
-                    allocation_id, ActivityTotals(last_sample_at=allocation.created_at or now)
+                    allocation_id,
+                    ActivityTotals.at(allocation.created_at or now),
                 )
                 before = totals.busy_seconds
                 if allocation_id in activity:
@@ -258,6 +278,19 @@ class UsageMeter(SingletonConfigurable):
             self._task = asyncio.ensure_future(self.run_sampler())
 
 
+def hub_groups(app: Any) -> Callable[[str], list[str]]:
+    """A user's group names from the hub's own users (``app.users``, JupyterHub's in-memory users:
+    the user of a slice being granted is there; their groups are the ORM relationship, loaded as
+    JupyterHub's own handlers load it). A user the hub has not loaded has no groups recorded."""
+
+    def groups_of(name: str) -> list[str]:
+        if name not in app.users:
+            return []
+        return sorted(g.name for g in app.users[name].groups)
+
+    return groups_of
+
+
 def start_with_hub(hub_start_timeout: float = 600.0) -> None:
     """Start the meter as soon as the hub is up (called from jupyterhub_config.py by configure_hub)."""
 
@@ -274,6 +307,7 @@ def start_with_hub(hub_start_timeout: float = 600.0) -> None:
         except Exception as e:
             app.log.error("GPU usage meter not started: %s", getattr(e, "message", e))
             return
+        meter.groups_of = hub_groups(app)
         meter.attach(GPUAllocator.instance(config=app.config, log=app.log))
         meter.start_sampler()
         app.log.info("GPU usage meter recording to %s", meter.store.engine.url.render_as_string(hide_password=True))

@@ -1,5 +1,5 @@
 """SVG charts for admins, written by hand (no plotting library): stacked GPU-hours over time by
-group, and GPUs needed over time from a capacity plan."""
+group, GPUs needed over time from a capacity plan, GPUs and waits per simulated scenario."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from xml.sax.saxutils import escape
 
 from .capacity import CapacityPlan
 from .record import UsageRecord
+from .replay import ScenarioResult
 from .report import Report, parse_group, usage_report
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
@@ -210,5 +211,41 @@ def held_busy_svg(report: Report, max_rows: int = 15) -> str:
                 )
                 x += w
         out.append(f'<text x="{x + 6:.1f}" y="{y + 13}">{_num(row["gpu_hours"])}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def scenarios_svg(results: Sequence[ScenarioResult], model: str = "") -> str:
+    """Horizontal bars per scenario: the GPUs needed (or the fixed pool), labelled with the wait there."""
+    label_w, bar_w, row_h = 220, 460, 26
+    height = 56 + row_h * max(1, len(results))
+    top = max((r.gpus or max(r.tried, default=0) for r in results), default=0)
+    scale = bar_w / top if top > 0 else 0.0
+    title = f"GPUs{' (' + model + ')' if model else ''} per scenario, and the wait there"
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" class="egpu-scenarios" width="{label_w + bar_w + 260}" '
+        f'height="{height}" font-family="sans-serif" font-size="11">',
+        f"<title>{escape(title)}</title>",
+        f'<rect width="{label_w + bar_w + 260}" height="{height}" fill="white"/>',
+        f'<text x="10" y="20" font-size="14" font-weight="bold">{escape(title)}</text>',
+    ]
+    for i, r in enumerate(results):
+        y = 36 + row_h * i
+        fixed = r.scenario.gpus is not None
+        gpus = r.gpus if r.gpus is not None else max(r.tried, default=0)
+        colour = PALETTE[1] if fixed else PALETTE[0] if r.gpus is not None else "#bab0ac"
+        wait = "never served" if not math.isfinite(r.wait) else f"{r.wait:.0f} s"
+        if r.gpus is None:
+            text = f"more than {gpus} GPUs"
+        elif fixed:
+            text = f"{gpus} GPUs (fixed): p{r.percentile:g} wait {wait}"
+        else:
+            text = f"{gpus} GPUs: p{r.percentile:g} wait {wait}"
+        out.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end">{escape(r.scenario.name[:32])}</text>')
+        out.append(
+            f'<rect class="egpu-scenario" x="{label_w}" y="{y}" width="{gpus * scale:.1f}" height="{row_h - 8}" '
+            f'fill="{colour}"><title>{escape(r.sentence())}</title></rect>'
+        )
+        out.append(f'<text x="{label_w + gpus * scale + 6:.1f}" y="{y + 15}">{escape(text)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"

@@ -1,8 +1,9 @@
 """Prices per GPU model: validated once, then applied to usage records (pure).
 
 Configured as ``c.UsageMeter.prices`` (a dict by pool model name, ``"*"`` for every other
-model) and ``c.UsageMeter.currency``; the Helm chart maps ``elasticGpu.metering.prices`` onto
-them. Each model's entry is a mapping with any of:
+model) and ``c.UsageMeter.currency``, or ``c.UsageMeter.prices_file``: the Helm chart's
+``metering`` values (``currency``, ``prices``) as JSON (:func:`load_prices_file`). Each
+model's entry is a mapping with any of:
 
 ``gpu_hour``
     the price of one whole card for one hour;
@@ -19,6 +20,7 @@ whole memory and compute at those prices).
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -107,3 +109,24 @@ def load_prices(prices: Mapping[str, Any] | None, currency: str = "USD", *, trai
             values[key] = float(value)
         models[model] = ModelPrice(**values)
     return PriceTable(models=models, currency=currency.strip())
+
+
+def load_prices_file(path: str) -> PriceTable:
+    """The prices of a JSON file ``{"currency": ..., "prices": {...}}`` (the Helm chart's
+    ``metering`` values, rendered into its ConfigMap); ConfigError naming the file and the key."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read the GPU prices file {path}: {e.strerror}.") from None
+    except ValueError as e:
+        raise ConfigError(f"the GPU prices file {path} is not valid JSON: {e}.") from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"the GPU prices file {path} must hold a mapping with currency and prices.")
+    unknown = sorted(set(data) - {"currency", "prices"})
+    if unknown:
+        raise ConfigError(f"{path}: metering: unknown key {unknown[0]!r}; the keys are currency and prices.")
+    try:
+        return load_prices(data.get("prices"), data.get("currency", "USD"), trait="metering")
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e.message}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -44,10 +45,21 @@ class UsageRecord:
     memory_used_peak_mib: int | None = None
     memory_used_mean_mib: float | None = None
     activity_samples: int = 0
+    #: the user's JupyterHub groups when the slice was granted (sorted, comma-separated; revision 0003)
+    hub_groups: str = ""
+    #: when it was busy: merged busy sample intervals as seconds from the grant, "0-30,90-150"
+    #: (None: no activity known; revision 0003). Capacity planning replays them as bursts.
+    busy_periods: str | None = None
 
     @classmethod
     def from_allocation(
-        cls, allocation: Allocation, *, gpu_model: str = "", gpu_memory_mib: int = 0, at: float | None = None
+        cls,
+        allocation: Allocation,
+        *,
+        gpu_model: str = "",
+        gpu_memory_mib: int = 0,
+        at: float | None = None,
+        hub_groups: Iterable[str] = (),
     ) -> UsageRecord:
         """A new (open) record of a granted allocation; ``at`` defaults to its ``created_at``."""
         granted = allocation.created_at or (at or 0.0)
@@ -69,6 +81,7 @@ class UsageRecord:
             borrowed=allocation.borrowed,
             granted_at=granted,
             last_seen=max(granted, at or granted),
+            hub_groups=",".join(sorted(set(hub_groups))),
         )
 
     @classmethod

@@ -14,7 +14,8 @@ counts until ``now``). For that part, of ``h`` hours, it adds:
   ``unpriced_gpu_hours`` instead.
 
 Groups: any of :data:`GROUP_KEYS`; ``day`` and ``month`` split a record at UTC day or month
-boundaries.
+boundaries; ``group`` is the user's JupyterHub groups when the slice was granted, as one key
+(``a,b`` for a member of both, empty for none), so a record counts once and the sums hold.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 from .prices import PriceTable
 from .record import UsageRecord
 
-GROUP_KEYS = ("user", "namespace", "workspace", "model", "kind", "node", "priority_class", "day", "month")
+GROUP_KEYS = ("user", "namespace", "workspace", "group", "model", "kind", "node", "priority_class", "day", "month")
 METRICS = (
     "sessions",
     "slice_hours",
@@ -42,7 +43,7 @@ METRICS = (
     "cost",
     "unpriced_gpu_hours",
 )
-_RECORD_KEYS = {"model": "gpu_model"}
+_RECORD_KEYS = {"model": "gpu_model", "group": "hub_groups"}
 
 
 class ReportError(ValueError):

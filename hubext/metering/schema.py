@@ -44,6 +44,9 @@ usage = Table(
     Column("memory_used_peak_mib", Integer, nullable=True),
     Column("memory_used_mean_mib", Double, nullable=True),
     Column("activity_samples", Integer, nullable=False, server_default="0"),
+    # revision 0003: the user's hub groups; when it was busy (for capacity replays with an idle timeout)
+    Column("hub_groups", Text, nullable=False, server_default=""),
+    Column("busy_periods", Text, nullable=True),  # "0-30,90-150": seconds from the grant; NULL: unknown
     Index("ix_elastic_gpu_usage_granted_at", "granted_at"),
     Index("ix_elastic_gpu_usage_released_at", "released_at"),
     Index("ix_elastic_gpu_usage_user", "user"),

@@ -45,6 +45,7 @@ ACTIVITY_COLUMNS = (
     "memory_used_peak_mib",
     "memory_used_mean_mib",
     "activity_samples",
+    "busy_periods",
 )
 
 
@@ -162,7 +163,8 @@ class UsageStore:
                         update(usage)
                         .where(usage.c.id == bindparam("b_id"))
                         .values({c: bindparam(f"b_{c}") for c in ACTIVITY_COLUMNS}),
-                        [{"b_id": e["id"], **{f"b_{c}": e[c] for c in ACTIVITY_COLUMNS}} for e in run],
+                        # an event spooled by an older hub lacks the newer columns
+                        [{"b_id": e["id"], **{f"b_{c}": e.get(c) for c in ACTIVITY_COLUMNS}} for e in run],
                     )
                 elif kind == "reconcile":
                     for event in run:
@@ -174,8 +176,9 @@ class UsageStore:
     def _insert(db: Connection, records: list[Mapping[str, Any]]) -> None:
         """Insert the records whose id is not stored yet (the first of a repeated id wins)."""
         new: dict[str, Mapping[str, Any]] = {}
-        for record in records:
-            new.setdefault(record["id"], record)
+        for record in records:  # through the dataclass: a record spooled by an older hub gets the new columns' defaults
+            if record["id"] not in new:
+                new[record["id"]] = UsageRecord.from_dict(record).to_dict()
         for chunk in _chunks(list(new), 500):
             for row in db.execute(select(usage.c.id).where(usage.c.id.in_(chunk))):
                 new.pop(row.id, None)

@@ -163,12 +163,12 @@ def test_the_config_names_its_login_mode_and_why(tmp_path):
     assert c.JupyterHub.spawner_class == "hubext.local.spawner.LocalGPUSpawner"
 
 
-def test_usage_and_capacity_are_elastic_gpu_commands(tmp_path):
+def test_usage_and_simulate_are_elastic_gpu_commands(tmp_path):
     """The metering reports are reached through the one CLI (not only as functions)."""
     import subprocess
     import sys
 
-    for cmd in ("usage", "capacity"):
+    for cmd in ("usage", "simulate"):
         result = subprocess.run(
             [sys.executable, "-m", "hubext.cli", cmd, "--config", str(tmp_path / "missing.py")],
             capture_output=True,

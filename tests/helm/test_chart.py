@@ -92,7 +92,7 @@ def test_manifests_have_unique_names(rendered):
 
 def _admission_config(docs: list[dict]) -> dict:
     cm = tools.one(docs, "ConfigMap", f"{tools.RELEASE}-elastic-gpu-admission")
-    assert set(cm["data"]) == {"config.yaml"}
+    assert set(cm["data"]) == {"config.yaml", "metering.json"}
     return yaml.safe_load(cm["data"]["config.yaml"])
 
 

@@ -63,6 +63,22 @@ BAD_VALUES = [
     ),
     ({"userNamespace": "Jupyter_Users"}, "/userNamespace", ""),
     ({"nodeAgent": {"hostLibDir": "var/lib/x"}}, "/nodeAgent/hostLibDir", "does not match"),
+    (
+        {"metering": {"prices": {"H100-80GB": {"gpu_hour": -1}}}},
+        "/metering/prices/H100-80GB/gpu_hour",
+        "minimum",
+    ),
+    (
+        {"metering": {"prices": {"H100-80GB": {"gpu_hour": "3 EUR"}}}},
+        "/metering/prices/H100-80GB/gpu_hour",
+        "want number",
+    ),
+    (
+        {"metering": {"prices": {"H100-80GB": {"per_hour": 3}}}},
+        "/metering/prices/H100-80GB",
+        "'per_hour' not allowed",
+    ),
+    ({"metering": {"currency": ""}}, "/metering/currency", "does not match"),
 ]
 
 

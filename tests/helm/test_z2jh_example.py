@@ -51,6 +51,27 @@ def test_hub_mounts_our_admission_configmap_where_the_allocator_reads_it(z2jh, o
     assert f'admission_config_file = "{path}"' in _extra_config(z2jh)
 
 
+def test_hub_reads_the_prices_of_our_chart_from_the_mounted_configmap(z2jh, ours, tmp_path):
+    """metering.json of our ConfigMap, where the hub config points c.UsageMeter.prices_file,
+    gives the UsageMeter the currency and prices of our values."""
+    from hubext.metering.meter import UsageMeter
+
+    volumes = {v["name"]: v for v in z2jh["hub"]["extraVolumes"]}
+    mounts = {m["name"]: m for m in z2jh["hub"]["extraVolumeMounts"]}
+    (name,) = [n for n, v in volumes.items() if "configMap" in v]
+    cm = tools.one(ours, "ConfigMap", volumes[name]["configMap"]["name"])
+    path = PurePosixPath(mounts[name]["mountPath"]) / "metering.json"
+    assert f'UsageMeter.prices_file = "{path}"' in _extra_config(z2jh)
+    local = tmp_path / "metering.json"
+    local.write_text(cm["data"]["metering.json"])
+    table = UsageMeter(prices_file=str(local)).price_table()
+    values = yaml.safe_load((tools.CHART / "examples" / "z2jh-integration.yaml").read_text())["metering"]
+    assert table.currency == values["currency"] == "EUR"
+    assert table.models["H100-80GB"].gpu_hour == 3.2
+    assert (table.models["A100-40GB"].memory_gib_hour, table.models["A100-40GB"].compute_hour) == (0.02, 0.9)
+    assert table.price_of("T4").gpu_hour == 1.0  # "*"
+
+
 def test_users_service_account_and_culler_token_match_our_chart(z2jh, ours):
     sa = tools.one(ours, "ServiceAccount", z2jh["singleuser"]["serviceAccountName"])
     assert sa["automountServiceAccountToken"] is False

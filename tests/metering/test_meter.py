@@ -118,6 +118,7 @@ async def test_activity_from_the_shims_record_gives_busy_seconds_and_memory(tmp_
         (r,) = meter.store.records()
         assert (r.busy_seconds, r.activity_seconds, r.activity_samples) == (60.0, 90.0, 3)
         assert (r.memory_used_peak_mib, r.memory_used_mean_mib) == (3000, 2000.0)
+        assert r.busy_periods == "0-30,60-90"  # seconds from the grant: what a replay takes as its bursts
         # Prometheus: a quarter card (20 of 80 GiB, 25 %) busy 60 s, held ~90 s until the last sample
         labels = {"namespace": "default", "workspace": "vision"}
         registry = meter.metrics.registry

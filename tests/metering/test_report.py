@@ -13,8 +13,16 @@ from hypothesis import strategies as st
 
 from hubext.metering import ReportError, load_prices, parse_slice, plan_capacity, report_csv, usage_report
 from hubext.metering.plot import capacity_svg, usage_svg
+from hubext.metering.prices import load_prices_file
 from hubext.metering.record import UsageRecord
-from hubext.metering.replay import plan_by_replay, replay
+from hubext.metering.replay import (
+    Scenario,
+    plan_by_replay,
+    replay,
+    requests_of,
+    sessions_from_records,
+    slice_profiles,
+)
 from hubext.metering.report import METRICS, parse_time, records_csv, report_xlsx
 from quotas import ConfigError
 
@@ -193,6 +201,25 @@ def test_a_bad_price_is_refused_with_a_sentence_naming_the_key(prices, currency,
         load_prices(prices, currency)
 
 
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"prices": {"H100-80GB": {"gpu_hour": -1}}}', r"metering.prices\['H100-80GB'\].gpu_hour must be a number"),
+        ('{"currency": "EUR", "price": {}}', r"metering: unknown key 'price'; the keys are currency and prices"),
+        ('{"prices": {"H100-80GB": {"gpu_hour": 2}', r"is not valid JSON"),
+    ],
+)
+def test_a_bad_prices_file_is_refused_naming_the_file_and_the_helm_key(tmp_path, content, message):
+    """The Helm chart's metering values reach the hub as a JSON file (c.UsageMeter.prices_file)."""
+    path = tmp_path / "metering.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message) as e:
+        load_prices_file(str(path))
+    assert str(path) in e.value.message
+    with pytest.raises(ConfigError, match="cannot read the GPU prices file"):
+        load_prices_file(str(tmp_path / "missing.json"))
+
+
 def test_bad_report_parameters_are_refused_with_what_is_allowed():
     with pytest.raises(ReportError, match="cannot group usage by 'team'; group by any of user, namespace"):
         usage_report(RECORDS, 0, H, ["team"])
@@ -246,6 +273,12 @@ def test_charts_are_svg_with_a_bar_per_group_and_the_plan_lines():
     assert ">peak 2</text>" in plan_svg and ">p95 2</text>" in plan_svg
 
 
+def replay_records(records, start, end, gpus, slice_fraction):
+    scenario = Scenario(profiles=slice_profiles(slice_fraction))
+    requests = requests_of(sessions_from_records(records, start, end), scenario)
+    return replay(requests, scenario, gpus=gpus, model="H100-80GB", memory_mib=81920)
+
+
 def test_replay_through_the_admission_core_counts_what_fragmentation_costs():
     # five sessions of 0.6 of a card at once; at 1/5 slices each needs 3 slices ON ONE card, so a
     # card holds one of them: the concurrency bound says 3 GPUs, placement needs 5
@@ -253,15 +286,18 @@ def test_replay_through_the_admission_core_counts_what_fragmentation_costs():
     assert plan_capacity(sessions, 0.0, 2 * H, 0.2).gpus_needed_peak == 3
     plan = plan_by_replay(sessions, 0.0, 2 * H, 0.2, max_wait_seconds=30)
     assert plan.gpus_needed == 5
-    assert plan.tried == {3: H, 4: H, 5: 0.0}  # p95 wait: the fifth session waits the hour out below 5
-    result = replay(sessions, 0.0, 2 * H, gpus=3, model="H100-80GB", memory_mib=81920, slice_fraction=0.2)
-    assert sorted(result.waits) == [0.0, 0.0, 0.0, H, H] and result.unserved == 0
+    # below 5 the replay stops as soon as one session is late (p95 of 5 allows none): too small
+    assert plan.tried[3] == plan.tried[4] == math.inf and plan.tried[5] == 0.0
+    result = replay_records(sessions, 0.0, 2 * H, gpus=3, slice_fraction=0.2)
+    assert sorted(result.waits["3/5"]) == [0.0, 0.0, 0.0, H, H] and result.unserved == {}
+    assert result.wait_percentile(95) == H
 
 
 def test_replay_of_the_hand_example_waits_for_a_whole_card_on_one_gpu():
-    result = replay(CAPACITY, 0.0, 10 * H, gpus=1, model="H100-80GB", memory_mib=81920, slice_fraction=0.25)
+    result = replay_records(CAPACITY, 0.0, 10 * H, gpus=1, slice_fraction=0.25)
     # a (1/4) and b (1/2) share the card; c (whole) waits from 3 h until b leaves at 6 h
-    assert sorted(result.waits) == [0.0, 0.0, 3 * H]
+    assert result.waits == {"1/4": [0.0], "1/2": [0.0], "whole": [3 * H]}
+    assert result.class_percentiles(95) == {"1/2": 0.0, "1/4": 0.0, "whole": 3 * H}
     assert plan_by_replay(CAPACITY, 0.0, 10 * H, 0.25).gpus_needed == 2
     with pytest.raises(ReportError, match="no recorded sessions"):
         plan_by_replay(CAPACITY, 20 * H, 30 * H, 0.25)

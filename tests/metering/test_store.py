@@ -41,9 +41,16 @@ def test_an_empty_database_is_migrated_to_head(tmp_path):
     store = UsageStore(f"sqlite:///{tmp_path / 'hub.sqlite'}")
     assert store.revision() is None
     store.upgrade()
-    assert store.revision() == head_revision() == "0002"
+    assert store.revision() == head_revision() == "0003"
     columns = {c["name"] for c in inspect(store.engine).get_columns("elastic_gpu_usage")}
-    assert {"busy_seconds", "memory_used_peak_mib", "release_cause", "last_seen"} <= columns
+    assert {
+        "busy_seconds",
+        "memory_used_peak_mib",
+        "release_cause",
+        "last_seen",
+        "hub_groups",
+        "busy_periods",
+    } <= columns
 
 
 def test_records_of_the_previous_schema_survive_the_upgrade(tmp_path):
@@ -59,10 +66,37 @@ def test_records_of_the_previous_schema_survive_the_upgrade(tmp_path):
             " 'GPU-1', 'A100-40GB', 40960, 1, 10240, 50, 0, 0, 100.0, 3700.0, 'stopped', 'kernel shut down', 3700.0)"
         )
     store.upgrade()
-    assert store.revision() == "0002"
+    assert store.revision() == head_revision()
     (old,) = store.records()
     assert (old.user, old.gpu_model, old.granted_at, old.released_at) == ("carol", "A100-40GB", 100.0, 3700.0)
     assert old.busy_seconds is None and old.activity_samples == 0
+    assert old.hub_groups == "" and old.busy_periods is None
+
+
+def test_records_of_the_0002_schema_survive_the_upgrade_and_old_spooled_events_still_apply(tmp_path):
+    """0002 -> 0003 (hub groups, busy periods): a row and a spool written by the 0002 code."""
+    path = tmp_path / "hub.sqlite"
+    store = UsageStore(f"sqlite:///{path}")
+    store.upgrade("0002")
+    with sqlite3.connect(path) as db:
+        db.execute(
+            "INSERT INTO elastic_gpu_usage (id, user, namespace, workspace, kind, priority_class, node, gpu_uuids,"
+            " gpu_model, gpu_memory_mib, count, memory_mib, cores_percent, whole, borrowed, granted_at, released_at,"
+            " release_cause, release_why, last_seen, busy_seconds, activity_seconds, memory_used_peak_mib,"
+            " memory_used_mean_mib, activity_samples) VALUES ('old', 'carol', 'default', 'nlp', 'kernel', '', 'n1',"
+            " 'GPU-1', 'A100-40GB', 40960, 1, 10240, 50, 0, 0, 100.0, 3700.0, 'stopped', 'done', 3700.0,"
+            " 60.0, 3600.0, 900, 500.0, 120)"
+        )
+    store.upgrade()
+    assert store.revision() == head_revision()
+    old_grant = record("spooled")
+    del old_grant["hub_groups"], old_grant["busy_periods"]  # an event the 0002 hub spooled
+    old_activity = {"event": "activity", "id": "spooled", "busy_seconds": 5.0, "activity_seconds": 30.0}
+    old_activity |= {"memory_used_peak_mib": 10, "memory_used_mean_mib": 10.0, "activity_samples": 1}
+    store.apply([{"event": "granted", "record": old_grant}, old_activity])
+    by_id = {r.id: r for r in store.records()}
+    assert (by_id["old"].busy_seconds, by_id["old"].hub_groups, by_id["old"].busy_periods) == (60.0, "", None)
+    assert (by_id["spooled"].busy_seconds, by_id["spooled"].hub_groups) == (5.0, "")
 
 
 def test_the_store_lives_beside_jupyterhubs_tables_without_touching_its_revision(tmp_path):

@@ -1,0 +1,114 @@
+"""Density: how many GPUs a notebook population needs with whole cards, with fractional slices,
+and with fractional slices whose kernels are culled when idle.
+
+    python bench/density.py [--seed 1] [--users 150] [--days 5] [--idle-timeout 600]
+
+A seeded generator writes a notebook trace: on each working day each user opens 0-3 sessions
+(starts between 08:00 and 17:00, log-normal lengths of about 2.5 h, 30 min to 9 h), each of one
+size class (1/8, 1/4, 1/2 of a card or a whole card), with short GPU bursts (log-normal, about
+90 s) separated by log-normal thinking gaps, so that the median session keeps its GPU busy
+about 20 % of the time (the trace's median is printed). The same trace is replayed by the
+replay engine of ``elastic-gpu simulate`` (:mod:`hubext.metering.replay`, through the real
+admission core, 8 GPUs per node) under three scenarios:
+
+- ``whole_card``: every session holds a whole card from start to end;
+- ``fractional``: every session holds a slice of its size class from start to end;
+- ``kernels_culled``: the same slices, released after ``--idle-timeout`` seconds without a
+  burst and asked for again at the next burst (a culled kernel restarted on demand).
+
+For each, the figure is the smallest pool whose 95th percentile wait is at most 30 s for every
+size class. The last line is ``density whole_card_gpus=<n> fractional_gpus=<n>
+kernels_culled_gpus=<n> ratio=<whole_card / kernels_culled>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hubext.metering.replay import Scenario, Session, run_scenario  # noqa: E402
+
+HOUR = 3600.0
+#: size classes (a share of one card) and their weights in the population
+SIZES = ((1 / 8, 30), (1 / 4, 35), (1 / 2, 20), (1.0, 15))
+PROFILES = tuple(size for size, _ in SIZES)
+CARD_MIB = 80 * 1024
+
+
+def notebook_trace(seed: int, users: int = 150, days: int = 5) -> list[Session]:
+    """Sessions of hours with short GPU bursts (module docstring); the same seed, the same trace."""
+    rng = random.Random(seed)
+    sizes, weights = zip(*SIZES, strict=True)
+    sessions = []
+    for user in range(users):
+        size = rng.choices(sizes, weights)[0]  # a user keeps to one size class
+        for day in range(days):
+            for n in range(rng.choices((0, 1, 2, 3), (15, 45, 30, 10))[0]):
+                start = day * 24 * HOUR + rng.uniform(8 * HOUR, 17 * HOUR)
+                duration = min(9 * HOUR, max(0.5 * HOUR, rng.lognormvariate(math.log(2.5 * HOUR), 0.6)))
+                # this session's thinking gaps: a median of ~5 min, so ~20 % busy at the median
+                gap_median = rng.lognormvariate(math.log(300.0), 0.5)
+                bursts, t = [], rng.uniform(0, 600)
+                while t < duration:
+                    length = min(duration - t, rng.lognormvariate(math.log(90.0), 0.5))
+                    bursts.append((t, length))
+                    t += length + rng.lognormvariate(math.log(gap_median), 0.8)
+                sessions.append(Session(f"u{user}-d{day}-{n}", start, duration, size, 1, tuple(bursts), f"u{user}"))
+    sessions.sort(key=lambda s: s.arrival)
+    return sessions
+
+
+def utilisation(session: Session) -> float:
+    return sum(length for _, length in session.bursts or ()) / session.duration
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=1, help="the trace generator's seed (default 1)")
+    parser.add_argument("--users", type=int, default=150, help="notebook users (default 150)")
+    parser.add_argument("--days", type=int, default=5, help="working days of the trace (default 5)")
+    parser.add_argument(
+        "--idle-timeout", type=float, default=600.0, help="kernels_culled: seconds idle before a cull (default 600)"
+    )
+    parser.add_argument("--max-wait", type=float, default=30.0, help="the p95 wait allowed per size class (s)")
+    args = parser.parse_args(argv)
+    sessions = notebook_trace(args.seed, args.users, args.days)
+    print(
+        f"trace seed={args.seed} users={args.users} days={args.days} sessions={len(sessions)} "
+        f"median_hours={statistics.median(s.duration for s in sessions) / HOUR:.2f} "
+        f"median_utilisation={statistics.median(utilisation(s) for s in sessions):.3f} "
+        f"bursts={sum(len(s.bursts or ()) for s in sessions)}"
+    )
+    scenarios = {
+        "whole_card": Scenario(name="whole_card", profiles=(1.0,)),
+        "fractional": Scenario(name="fractional", profiles=PROFILES),
+        "kernels_culled": Scenario(name="kernels_culled", profiles=PROFILES, idle_timeout_seconds=args.idle_timeout),
+    }
+    gpus = {}
+    for key, scenario in scenarios.items():
+        started = time.perf_counter()
+        result = run_scenario(
+            sessions, scenario, model="H100-80GB", memory_mib=CARD_MIB, max_wait_seconds=args.max_wait
+        )
+        gpus[key] = result.gpus
+        waits = " ".join(f"{k}={v:.0f}s" for k, v in result.class_waits.items())
+        print(
+            f"{key}: gpus={result.gpus} requests={result.requests} p95_wait_by_class: {waits} "
+            f"tried={len(result.tried)} seconds={time.perf_counter() - started:.1f}"
+        )
+    ratio = gpus["whole_card"] / gpus["kernels_culled"] if gpus["kernels_culled"] else math.inf
+    print(
+        f"density whole_card_gpus={gpus['whole_card']} fractional_gpus={gpus['fractional']} "
+        f"kernels_culled_gpus={gpus['kernels_culled']} ratio={ratio:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

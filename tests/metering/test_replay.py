@@ -1,0 +1,68 @@
+"""The replay engine of `elastic-gpu simulate` and bench/density.py: idle timeouts split a session
+into holds around its bursts, the placement policy is the admission core's, and the density
+benchmark's generated trace is what it claims (sessions of hours, ~20 % busy at the median)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import re
+import statistics
+
+from hubext.metering.replay import Scenario, Session, requests_of, run_scenario
+from quotas import Placement
+from tests.hubrunner import REPO
+
+
+def test_an_idle_timeout_splits_a_session_into_holds_around_its_bursts():
+    s = Session("s", 1000.0, 3600.0, 0.25, bursts=((0.0, 60.0), (300.0, 60.0), (2000.0, 100.0)))
+    # held from the start until 600 s after the burst ending at 360 s; culled; asked again at 2000 s
+    assert s.holds(600.0) == [(0.0, 960.0), (2000.0, 700.0)]
+    assert s.holds(None) == [(0.0, 3600.0)]
+    assert Session("idle", 0.0, 3600.0, 0.25, bursts=()).holds(600.0) == [(0.0, 600.0)]  # never used the GPU
+    assert Session("unknown", 0.0, 3600.0, 0.25).holds(600.0) == [(0.0, 3600.0)]  # no timeline: held throughout
+    requests = requests_of([s], Scenario(profiles=(0.5, 1.0), idle_timeout_seconds=600.0))
+    assert [(r.arrival, r.duration, r.label) for r in requests] == [(1000.0, 960.0, "1/2"), (3000.0, 700.0, "1/2")]
+
+
+def test_the_placement_policy_of_a_scenario_is_the_admission_cores():
+    """Two half-card sessions then a whole-card one on a 2-GPU node: binpack puts the halves on one
+    card and the whole card starts at once; spread puts them on both cards and it waits an hour."""
+    sessions = [Session("a", 0.0, 7200.0, 0.5), Session("b", 1.0, 3600.0, 0.5), Session("c", 2.0, 600.0, 1.0)]
+    waits = {}
+    for policy in ("binpack", "spread"):
+        scenario = Scenario(name=policy, placement=Placement(node=policy, gpu=policy), gpus=2, gpus_per_node=2)
+        result = run_scenario(sessions, scenario, model="H100-80GB", memory_mib=81920)
+        waits[policy] = result.class_waits
+    assert waits["binpack"] == {"1/2": 0.0, "whole": 0.0}
+    assert waits["spread"] == {"1/2": 0.0, "whole": 3599.0}  # until b leaves at 3601 s
+
+
+def _density():
+    spec = importlib.util.spec_from_file_location("density", REPO / "bench" / "density.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_density_trace_is_sessions_of_hours_about_20_percent_busy_and_seeded():
+    density = _density()
+    trace = density.notebook_trace(seed=7)
+    assert trace == density.notebook_trace(seed=7) and trace != density.notebook_trace(seed=8)
+    assert 1.5 < statistics.median(s.duration for s in trace) / 3600 < 4
+    assert 0.15 < statistics.median(density.utilisation(s) for s in trace) < 0.25
+    assert max(length for s in trace for _, length in s.bursts) < 0.5 * 3600  # bursts are short
+
+
+def test_the_density_bench_prints_its_line():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _density().main(["--users", "25", "--days", "1", "--seed", "3"])
+    line = out.getvalue().splitlines()[-1]
+    m = re.fullmatch(
+        r"density whole_card_gpus=(\d+) fractional_gpus=(\d+) kernels_culled_gpus=(\d+) ratio=([\d.]+)", line
+    )
+    assert m, line
+    whole, fractional, culled, ratio = int(m[1]), int(m[2]), int(m[3]), float(m[4])
+    assert whole >= fractional >= culled >= 1 and ratio == round(whole / culled, 2)
