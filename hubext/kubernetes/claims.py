@@ -12,6 +12,9 @@ The check is the physical one: on every card of the claim, all hubs' claims toge
 within the card's memory and compute capacity, and a whole-card claim shares its card with
 nothing. A hub renews its key; any hub drops the key of a hub that did not renew for
 ``ttl`` seconds (so a hub that died leaves nothing behind after the others' next sync).
+Each entry also names the namespace of its hub's pods (``"namespace"``): when a hub went
+silent, the others rebuild its claims from its pods that still run there (a dead hub's
+notebooks still use the cards, whatever its last write held).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from quotas.placement import capacity
 
 from .. import contract as C
 from ..backends import ClaimConflict
+from .rest import call_json
 
 #: label of every claims object (the hubs list them by it)
 CLAIMS_LABEL = C.PREFIX + "gpu-claims"
@@ -71,6 +75,19 @@ def valid_hub_id(hub_id: str) -> bool:
 def object_name(node: str) -> str:
     """The claims object of a node (node names are DNS subdomains, so this is one too)."""
     return f"elastic-gpu-claims.{node}"[:253]
+
+
+def namespaces(obj: Mapping[str, Any] | None) -> dict[str, str]:
+    """Per hub: the namespace of its pods, as its entry in a claims object names it."""
+    found = {}
+    for key, raw in ((obj or {}).get("data") or {}).items():
+        try:
+            namespace = json.loads(raw).get("namespace") if key.startswith(HUB_KEY) else None
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(namespace, str) and namespace:
+            found[key[len(HUB_KEY) :]] = namespace
+    return found
 
 
 def parse(obj: Mapping[str, Any] | None, node: str) -> dict[str, tuple[float, list[Claim]]]:
@@ -130,8 +147,19 @@ class ClaimsLedger:
     """This hub's side of the cluster-wide ledger (see the module docstring). Not thread-safe;
     one asyncio loop."""
 
-    def __init__(self, api: Any, namespace: str, hub_id: str, ttl_seconds: float, timeout: float, log: Logger) -> None:
+    def __init__(
+        self,
+        api: Any,
+        namespace: str,
+        hub_id: str,
+        ttl_seconds: float,
+        timeout: float,
+        log: Logger,
+        pod_namespace: str = "",
+    ) -> None:
         self.api, self.namespace, self.hub_id = api, namespace, hub_id
+        #: where this hub's pods live (written in its entry, for the others to check its pods)
+        self.pod_namespace = pod_namespace
         self.ttl, self.timeout, self.log = ttl_seconds, timeout, log
         #: the last claims object seen per node (what a compare-and-swap starts from)
         self._objects: dict[str, dict[str, Any]] = {}
@@ -141,22 +169,15 @@ class ClaimsLedger:
         self._lock = asyncio.Lock()
         #: what the writes met: 'written', 'stale' (409/404: read again), 'refused' (ClaimConflict)
         self.stats: Counter[str] = Counter()
-        #: allocation ids that have a pod anywhere in the cluster, as last listed (None: unknown,
-        #: then a silent hub's claims go after the TTL whatever runs)
-        self.running: set[str] | None = None
+        #: allocation id -> (namespace, claim with no hub) of every GPU pod running anywhere in the
+        #: cluster, as last listed (None: unknown, then a silent hub's claims go after the TTL
+        #: whatever runs)
+        self.running: dict[str, tuple[str, Claim]] | None = None
 
     # ---- reading ------------------------------------------------------------------------
 
     async def _call(self, method: Callable, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        response = await asyncio.wait_for(method(*args, _preload_content=False, **kwargs), self.timeout)
-        body = await response.read()
-        if response.status >= 300:  # without preloading, the client does not raise on an error status
-            try:
-                reason = json.loads(body).get("message") or response.reason
-            except ValueError:
-                reason = response.reason
-            raise ApiException(status=response.status, reason=reason)
-        return json.loads(body)
+        return await call_json(method, *args, timeout=self.timeout, **kwargs)
 
     async def _read(self, node: str) -> dict[str, Any]:
         try:
@@ -183,11 +204,12 @@ class ClaimsLedger:
         self._objects = objects
 
     def _others_live(
-        self, hubs: dict[str, tuple[float, list[Claim]]], now: float
+        self, hubs: dict[str, tuple[float, list[Claim]]], now: float, node: str, where: Mapping[str, str]
     ) -> dict[str, tuple[float, list[Claim]]]:
         """Other hubs' entries that still hold: renewed within the TTL; or, for a hub that went
-        silent, its claims whose allocation still has a pod (``running``), renewed on its behalf
-        (the pods are the truth: a dead hub's running notebooks still use the cards)."""
+        silent, what its pods on ``node`` that still run hold (``running``; ``where`` names each
+        hub's namespace), renewed on its behalf: the pods are the truth, and a dead hub's running
+        notebooks still use the cards, even those it had not yet claimed when it died."""
         live = {}
         for hub, (renewed_at, claims) in hubs.items():
             if hub == self.hub_id:
@@ -195,9 +217,16 @@ class ClaimsLedger:
             if now - renewed_at <= self.ttl:
                 live[hub] = (renewed_at, claims)
             elif self.running is not None:
-                kept = [c for c in claims if c.allocation_id in self.running]
+                if where.get(hub):
+                    kept = [
+                        replace(claim, hub=hub)
+                        for namespace, claim in self.running.values()
+                        if namespace == where[hub] and claim.node == node
+                    ]
+                else:  # an entry that does not name its namespace: keep what still has a pod
+                    kept = [c for c in claims if c.allocation_id in self.running]
                 if kept:
-                    live[hub] = (now, kept)
+                    live[hub] = (now, sorted(kept, key=lambda c: c.allocation_id))
         return live
 
     def silent_hubs(self, now: float | None = None) -> set[str]:
@@ -216,13 +245,15 @@ class ClaimsLedger:
         return [
             c
             for node, obj in self._objects.items()
-            for _, claims in self._others_live(parse(obj, node), now).values()
+            for _, claims in self._others_live(parse(obj, node), now, node, namespaces(obj)).values()
             for c in claims
         ]
 
     # ---- writing ------------------------------------------------------------------------
 
-    def _body(self, node: str, obj: Mapping[str, Any], hubs: dict[str, tuple[float, list[Claim]]]) -> dict:
+    def _body(
+        self, node: str, obj: Mapping[str, Any], hubs: dict[str, tuple[float, list[Claim]]], where: Mapping[str, str]
+    ) -> dict:
         meta: dict[str, Any] = {
             "name": object_name(node),
             "namespace": self.namespace,
@@ -232,9 +263,15 @@ class ClaimsLedger:
         version = (obj.get("metadata") or {}).get("resourceVersion")
         if version:
             meta["resourceVersion"] = version
+        where = {**where, self.hub_id: self.pod_namespace}
         data = {
             HUB_KEY + hub: json.dumps(
-                {"renewed_at": renewed_at, "claims": {c.allocation_id: c.to_json() for c in claims}}, sort_keys=True
+                {
+                    "renewed_at": renewed_at,
+                    "claims": {c.allocation_id: c.to_json() for c in claims},
+                    **({"namespace": where[hub]} if where.get(hub) else {}),
+                },
+                sort_keys=True,
             )
             for hub, (renewed_at, claims) in sorted(hubs.items())
             if claims
@@ -251,8 +288,8 @@ class ClaimsLedger:
             if obj is None:
                 obj = self._objects[node] = await self._read(node)
             now = time.time()
-            hubs = parse(obj, node)
-            live = self._others_live(hubs, now)
+            hubs, where = parse(obj, node), namespaces(obj)
+            live = self._others_live(hubs, now, node, where)
             mine = [c for c in self.mine.values() if c.node == node]
             if check is not None:
                 try:
@@ -273,7 +310,7 @@ class ClaimsLedger:
                 and sorted(old_mine, key=lambda c: c.allocation_id) == sorted(mine, key=lambda c: c.allocation_id)
             ):
                 return False  # nothing to change (renewal is forced by the caller when due)
-            body = self._body(node, obj, new)
+            body = self._body(node, obj, new, where)
             exists = bool((obj.get("metadata") or {}).get("resourceVersion"))
             try:
                 if exists:
@@ -323,7 +360,7 @@ class ClaimsLedger:
         :meth:`sync`, whichever comes first (half the writes, so hubs collide less)."""
         self.mine.pop(allocation_id, None)
 
-    async def sync(self, running: Callable[[], Awaitable[set[str] | None]] | None = None) -> None:
+    async def sync(self, running: Callable[[], Awaitable[dict[str, tuple[str, Claim]] | None]] | None = None) -> None:
         """Re-read every claims object, renew this hub's entries that are due, and drop the
         entries of hubs that stopped renewing (and this hub's stale ones). ``running`` lists
         the allocations that have pods; it is asked only when some hub went silent."""

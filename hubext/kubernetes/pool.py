@@ -30,6 +30,7 @@ from ..backends import GoneCallback, PoolBackend
 from .claims import Claim, ClaimsLedger, valid_hub_id, without
 from .launcher import KubernetesKernelLauncher
 from .objects import cpu_and_memory
+from .rest import call_json
 
 
 def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
@@ -142,7 +143,13 @@ class KubernetesPool(PoolBackend):
         self._on_gone = on_gone
         if self.claims_namespace and self.claims is None:
             self.claims = ClaimsLedger(
-                self.api, self.claims_namespace, hub_id, self.claims_ttl_seconds, self.k8s_api_request_timeout, self.log
+                self.api,
+                self.claims_namespace,
+                hub_id,
+                self.claims_ttl_seconds,
+                self.k8s_api_request_timeout,
+                self.log,
+                pod_namespace=self.namespace,
             )
             await self.claims.refresh()  # this hub's own entries are renewed once allocations() is read
         self.reflector = ManagedPodReflector(parent=self, namespace=self.namespace)
@@ -204,11 +211,9 @@ class KubernetesPool(PoolBackend):
         """Per node: CPU and memory requested by running pods that hold no allocation (the ledger's
         own pods are counted by their allocations)."""
         selector = "status.phase!=Succeeded,status.phase!=Failed"
+        timeout = self.k8s_api_request_timeout
         try:
-            result = await asyncio.wait_for(
-                self.api.list_pod_for_all_namespaces(field_selector=selector, _preload_content=False),
-                self.k8s_api_request_timeout,
-            )
+            result = await call_json(self.api.list_pod_for_all_namespaces, field_selector=selector, timeout=timeout)
         except ApiException as e:
             if e.status != 403:
                 raise
@@ -219,11 +224,10 @@ class KubernetesPool(PoolBackend):
                     "requests of pods in %s on GPU nodes (grant it 'list pods' cluster-wide to count all)",
                     self.namespace,
                 )
-            result = await asyncio.wait_for(
-                self.api.list_namespaced_pod(self.namespace, field_selector=selector, _preload_content=False),
-                self.k8s_api_request_timeout,
+            result = await call_json(
+                self.api.list_namespaced_pod, self.namespace, field_selector=selector, timeout=timeout
             )
-        pods = json.loads(await result.read()).get("items", [])
+        pods = result.get("items", [])
         used: dict[str, list[int]] = {}
         for pod in pods:
             node = (pod.get("spec") or {}).get("nodeName")
@@ -307,30 +311,26 @@ class KubernetesPool(PoolBackend):
             for c in sorted(self.claims.others(), key=lambda c: (c.node, c.hub, c.allocation_id))
         ]
 
-    async def _running_allocations(self) -> set[str] | None:
-        """Allocation ids whose pods run anywhere in the cluster (any hub's); None when the hub
-        may not list pods in all namespaces."""
+    async def _running_allocations(self) -> dict[str, tuple[str, Claim]] | None:
+        """Allocation id -> (namespace, what it holds) of the GPU pods that run anywhere in the
+        cluster (any hub's); None when the hub may not list pods in all namespaces."""
         try:
-            response = await asyncio.wait_for(
-                self.api.list_pod_for_all_namespaces(label_selector=f"{C.MANAGED}=true", _preload_content=False),
-                self.k8s_api_request_timeout,
+            result = await call_json(
+                self.api.list_pod_for_all_namespaces,
+                label_selector=f"{C.MANAGED}=true",
+                timeout=self.k8s_api_request_timeout,
             )
         except (ApiException, asyncio.TimeoutError) as e:
             self.log.warning("Cannot list GPU pods in all namespaces (%s): claims of silent hubs expire by TTL", e)
             return None
-        if response.status >= 300:  # not raised without preloading
-            self.log.warning(
-                "Cannot list GPU pods in all namespaces (HTTP %s): claims of silent hubs expire by TTL", response.status
-            )
-            return None
-        running = set()
-        for pod in json.loads(await response.read()).get("items", []):
+        running = {}
+        for pod in result.get("items", []):
             meta = pod.get("metadata") or {}
             if meta.get("deletionTimestamp") or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
                 continue
-            allocation_id = (meta.get("annotations") or {}).get(C.ALLOCATION_ID)
-            if allocation_id:
-                running.add(allocation_id)
+            allocation = C.allocation_from_metadata(meta.get("labels"), meta.get("annotations"))
+            if allocation is not None:
+                running[allocation.id] = (meta.get("namespace", ""), replace(self._claim(allocation), hub=""))
         return running
 
     async def _sync_claims(self) -> None:

@@ -230,8 +230,22 @@ async def test_two_hubs_racing_for_one_node_never_overbook_a_card_and_a_dead_hub
         # so the card B held whole is A's again, and A never gets the card B's pod still uses
         got = await hub_a.allocate(GPURequest(owner=Owner("a"), memory_mib=0, cores_percent=0, whole=True), timeout=5)
         assert got.gpu_uuids == whole.gpu_uuids
-        # the pod ends: its claim goes too
+        # a pod B created as it died, for a grant whose claim never reached the ledger, is claimed
+        # on B's behalf from the pod itself: the pods are the truth, not B's last write
+        late = Allocation(
+            id="late-b-1",
+            owner=Owner("b"),
+            node=node,
+            gpu_uuids=big.gpu_uuids,
+            memory_mib=4096,
+            cores_percent=10,
+            priority_class="default",
+        )
+        late_pod = _pod(emu, late, ns_b)
+        assert await b_claims_become({big.id, late.id}) == {big.id, late.id}
+        # the pods end: their claims go too
         emu.delete("pods", held_pod, ns_b, grace_period_seconds=0)
+        emu.delete("pods", late_pod, ns_b, grace_period_seconds=0)
         assert await b_claims_become(set()) == set()
     finally:
         await hub_a.backend.stop()

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import uuid
 
 from hubext import contract as C
@@ -72,3 +75,58 @@ def test_a_pod_asks_its_containers_in_sum_or_its_largest_init_container():
     }}
     assert pod_requests(pod) == (2000, 1024)
     assert pod_requests({"spec": {"containers": [{"resources": {"requests": {"cpu": "bad"}}}]}}) == (0, 0)
+
+
+_INVENTORY = """
+import asyncio, json, logging, sys
+from kubespawner.clients import load_config
+from hubext.kubernetes.pool import KubernetesPool
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+
+async def main():
+    load_config()
+    pool = KubernetesPool(namespace=sys.argv[1], node_label_selector=sys.argv[2])
+    pool.log = logging.getLogger("pool")
+    node = (await pool.inventory()).nodes[0]
+    print(json.dumps([node.cpu_requested_millicores, node.host_memory_requested_mib]))
+
+asyncio.run(main())
+"""
+
+
+def test_a_hub_that_may_not_list_pods_cluster_wide_counts_its_namespace_and_says_so(
+    kube_emulator, kube_namespace, tmp_path  # noqa: F811
+):
+    """The hub's service account may list pods in its namespace only (RBAC): the API server
+    answers the cluster-wide list with 403, and the pool counts its own namespace's pods."""
+    emu, ns = kube_emulator, kube_namespace
+    node = f"gpu-rbac-{uuid.uuid4().hex[:6]}"
+    gpus = [{"uuid": f"GPU-{node}", "model": "H100-80GB", "memory_mib": 81920, "index": 0}]
+    emu.add_node(node, labels={C.NODE_GPU_LABEL: "true", "rbac-test": node},
+                 annotations={C.NODE_GPUS_ANNOTATION: json.dumps(gpus)}, allocatable={"cpu": "8", "memory": "32Gi"})
+    rbac = "rbac.authorization.k8s.io/v1"
+    ref = {"apiGroup": "rbac.authorization.k8s.io"}
+    subjects = [{"kind": "ServiceAccount", "name": "hub", "namespace": ns}]
+    try:
+        emu.create({"apiVersion": rbac, "kind": "ClusterRole", "metadata": {"name": f"nodes-{ns}"},
+                    "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}]})
+        emu.create({"apiVersion": rbac, "kind": "ClusterRoleBinding", "metadata": {"name": f"nodes-{ns}"},
+                    "roleRef": {**ref, "kind": "ClusterRole", "name": f"nodes-{ns}"}, "subjects": subjects})
+        emu.create({"apiVersion": rbac, "kind": "Role", "metadata": {"name": "pods", "namespace": ns},
+                    "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]})
+        emu.create({"apiVersion": rbac, "kind": "RoleBinding", "metadata": {"name": "pods", "namespace": ns},
+                    "roleRef": {**ref, "kind": "Role", "name": "pods"}, "subjects": subjects})
+        emu.create(_pod("other", node, "1500m", "4Gi"), "pods", ns)
+        script = tmp_path / "inventory.py"
+        script.write_text(_INVENTORY)
+        kubeconfig = emu.kubeconfig_for(emu.service_account_token(ns, "hub"), ns)
+        done = subprocess.run([sys.executable, str(script), ns, f"rbac-test={node}"], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, **emu.env(kubeconfig)})
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == [1500, 4096]
+        assert (
+            "The hub may not list pods in all namespaces; counting only the CPU and memory requests "
+            f"of pods in {ns}" in done.stderr
+        )
+    finally:
+        emu.remove_node(node)

@@ -27,6 +27,7 @@ from .controllers import Controllers
 from .errors import ApiError
 from .images import DEFAULT_IMAGES, Image
 from .kubelet import Kubelet
+from .rbac import Authorizer
 from .resources import BY_KEY, ResourceType, by_plural
 from .scheduler import Scheduler, set_condition
 from .store import SYSTEM_NAMESPACES, Store, micro_time, rfc3339
@@ -137,6 +138,7 @@ class KubeEmulator:
         self.default_node_name = default_node_name
         self.keep_pod_dirs = keep_pod_dirs
         self.store = Store(history_size=history_size)
+        self.authorizer = Authorizer(self.store)
         self.requests: deque[tuple[str, str, str]] = deque(maxlen=10000)
         self.active_watches = 0
         self.port = 0
@@ -159,9 +161,21 @@ class KubeEmulator:
     def kubeconfig_path(self) -> str:
         return str(self.data_dir / "kubeconfig.yaml")
 
-    def env(self) -> dict[str, str]:
-        """Environment for a subprocess (a hub) that should use this cluster."""
-        return {"KUBECONFIG": self.kubeconfig_path}
+    def env(self, kubeconfig: str | None = None) -> dict[str, str]:
+        """Environment for a subprocess (a hub) that should use this cluster (as the admin, or
+        with ``kubeconfig`` from :meth:`kubeconfig_for`)."""
+        return {"KUBECONFIG": kubeconfig or self.kubeconfig_path}
+
+    def service_account_token(self, namespace: str, name: str) -> str:
+        """A bearer token of the service account ``namespace/name``: requests made with it are
+        authorized by the RBAC objects stored here (rbac.py)."""
+        return self.authorizer.issue(namespace, name)
+
+    def kubeconfig_for(self, token: str, namespace: str = "default") -> str:
+        """Write a kubeconfig that authenticates with ``token``; returns its path."""
+        path = self.data_dir / f"kubeconfig-{token[-12:]}.yaml"
+        self._write_kubeconfig(path, token, namespace)
+        return str(path)
 
     def start(self) -> KubeEmulator:
         if self._thread is not None:
@@ -254,17 +268,18 @@ class KubeEmulator:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _write_kubeconfig(self) -> None:
+    def _write_kubeconfig(self, path: str | Path | None = None, token: str = "kubeemu-token",
+                          namespace: str = "default") -> None:
         config = {
             "apiVersion": "v1", "kind": "Config", "preferences": {},
             "clusters": [{"name": "kubeemu", "cluster": {"server": self.url}}],
-            "users": [{"name": "kubeemu", "user": {"token": "kubeemu-token"}}],
+            "users": [{"name": "kubeemu", "user": {"token": token}}],
             "contexts": [{"name": "kubeemu", "context": {"cluster": "kubeemu",
                                                          "user": "kubeemu",
-                                                         "namespace": "default"}}],
+                                                         "namespace": namespace}}],
             "current-context": "kubeemu",
         }
-        Path(self.kubeconfig_path).write_text(yaml.safe_dump(config))
+        Path(path or self.kubeconfig_path).write_text(yaml.safe_dump(config))
 
     # ------------------------------------------------------------------ loop helpers
 

@@ -137,6 +137,11 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, ()),
     ResourceType("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True,
                  ("netpol",)),
+    ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True, ()),
+    ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True, ()),
+    ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False, ()),
+    ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
+                 False, ()),
 )
 
 BY_PATH: dict[tuple[str, str, str], ResourceType] = {

@@ -15,6 +15,7 @@ from . import errors as E
 from . import resources as R
 from .errors import ApiError
 from .podexec import ExecHandler
+from .rbac import request_verb
 
 if TYPE_CHECKING:
     from .emulator import KubeEmulator
@@ -163,6 +164,13 @@ class ResourceHandler(BaseHandler):
             raise E.unknown_route()
         if rt.namespaced and ns is None and name is not None:
             raise E.unknown_route()
+        if rt.plural == "namespaces" and name is not None:
+            ns = name  # a namespace is authorized in itself, as kube-apiserver does
+        verb = request_verb(self.request.method, name is not None, legacy_watch or self.flag("watch"))
+        self.emu.authorizer.check(self.request.headers.get("Authorization"), verb, group, rt.plural, sub,
+                                  ns, name)
+        if rt.plural == "namespaces":
+            ns = None
         return rt, ns, name, sub, legacy_watch
 
     async def get(self, group: str, version: str, rest: str = "") -> None:
