@@ -11,19 +11,26 @@ and compares with the allocation that pod holds:
 * ``unregistered`` — a process on a shared card that holds no slice of that card (no pod, or a
   pod without an allocation on it) and uses more than ``tolerance_mib``;
 * ``no-shim`` — an allocation's processes use a card but its shim never registered there (no
-  entry in the card's node region; native backend only): the shim was bypassed.
+  entry in the card's node region; native backend only): the shim was bypassed. On one
+  machine the hub sees it per process (a process of the allocation that holds no slot of the
+  allocation's container region: ``LD_PRELOAD`` unset, ``LIBVGPU_CONFIG`` repointed, a static
+  binary), and such a finding (``per_process``) is stopped like the others.
 
 A finding must persist for ``confirm_checks`` consecutive checks (a process between its first
 allocation and the shim's registration is not a finding). Each confirmed finding is counted in
 ``elastic_gpu_enforcement_violations_total{reason}``, recorded as a Kubernetes Event (on the
 pod, or on the Node for a process of no known pod) and logged, naming the user and the
 allocation. ``action = 'kill'`` (the default) kills the offending processes with SIGKILL: for
-``over-limit`` the largest users first until the rest fits, for ``unregistered`` the process;
+``over-limit`` the largest users first until the rest fits, for ``unregistered`` and a
+per-process ``no-shim`` the process;
 with the default interval (2 s) and confirmation (2 checks) that is within 10 s of the
 violation, and every time it happens: after a kill the episode starts over, so a hog restarted
 under the same allocation is confirmed and killed again. ``no-shim`` is reported only (once per
 episode, as is everything in ``report`` mode): its memory is still bounded by the
 ``over-limit`` check.
+
+The node agent runs it on Kubernetes (:mod:`libvgpu.agent.app`), the hub's local pool on one
+machine (:mod:`hubext.local.backstop`): the same policy, findings and log lines in both modes.
 
 :func:`evaluate` is pure (plain data in, findings out); :class:`Backstop` keeps the episode state
 and acts through :class:`Actions`, which the agent implements with NVML/Kubernetes/os.kill.
@@ -94,11 +101,12 @@ class Finding:
     pod_uid: str
     allocation_id: str
     user: str = ""
+    per_process: bool = False  # about processes[0] alone (one machine's no-shim)
 
     @property
     def key(self) -> tuple[str, str, str]:
         """What makes an episode: the same reason on the same card for the same allocation/pid."""
-        if self.reason == UNREGISTERED:
+        if self.reason == UNREGISTERED or self.per_process:
             return (self.reason, self.gpu_uuid, f"pid:{self.processes[0].pid}")
         return (self.reason, self.gpu_uuid, self.allocation_id)
 
@@ -147,7 +155,7 @@ def evaluate(
 
 def to_kill(finding: Finding, tolerance_bytes: int) -> list[Proc]:
     """The processes the kill policy ends for a finding (none for ``no-shim``)."""
-    if finding.reason == UNREGISTERED:
+    if finding.reason == UNREGISTERED or finding.per_process:
         return list(finding.processes)
     if finding.reason != OVER_LIMIT or finding.limit_bytes is None:
         return []
@@ -172,9 +180,18 @@ def describe(finding: Finding, tolerance_bytes: int, outcome: str) -> str:
                 f"GPU memory on {where}; the slice is {_mib(finding.limit_bytes)} "
                 f"(tolerance {_mib(tolerance_bytes)}).")
     elif finding.reason == UNREGISTERED:
-        owner = f"pod {finding.pod}, which holds no slice of this card" if finding.pod else "no pod of this node"
+        if finding.pod:
+            owner = f"pod {finding.pod}, which holds no slice of this card"
+        elif finding.allocation_id:
+            owner = f"allocation {finding.allocation_id}{who}, which holds no slice of this card"
+        else:
+            owner = "no pod of this node"
         text = (f"Process {procs} uses {_mib(finding.used_bytes)} of GPU memory on shared {where} but belongs "
                 f"to {owner}: no shim registered it.")
+    elif finding.per_process:
+        text = (f"Process {procs} of allocation {finding.allocation_id}{who} uses {_mib(finding.used_bytes)} on "
+                f"{where} without libvgpu: it holds no slot of the allocation's region (LD_PRELOAD unset, "
+                "LIBVGPU_CONFIG repointed or a static binary): the shim was bypassed.")
     else:
         text = (f"Processes {procs} of allocation {finding.allocation_id}{who} use {_mib(finding.used_bytes)} on "
                 f"{where}, but libvgpu never registered the container in the card's node region: the shim was "
@@ -294,6 +311,10 @@ class Backstop(LoggingConfigurable):
             if ep.acted or ep.seen < self.confirm_checks:
                 continue
             ep.acted = True
+            if self.action == "kill" and to_kill(finding, self.tolerance_bytes) and all(
+                    self.recently_killed(p.pid) for p in to_kill(finding, self.tolerance_bytes)):
+                del self._episodes[key]  # another finding of this check killed them already
+                continue
             if self.action == "kill" and to_kill(finding, self.tolerance_bytes):
                 # killed: whatever stays over the slice afterwards (a respawned hog, a process
                 # that survived) is a new violation, confirmed and acted on again
@@ -301,7 +322,7 @@ class Backstop(LoggingConfigurable):
             actions.count(finding)
             outcome = "Reported only (Backstop.action is 'report')."
             if self.action == "kill":
-                victims = to_kill(finding, self.tolerance_bytes)
+                victims = [p for p in to_kill(finding, self.tolerance_bytes) if not self.recently_killed(p.pid)]
                 done, failed = [], []
                 for proc in victims:
                     why = self._kill(proc.pid)

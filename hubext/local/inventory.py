@@ -33,15 +33,20 @@ def machine_resources() -> tuple[int | None, int | None]:
     return (cpus * 1000 if cpus else None), (memory or None)
 
 
-def detect_nvml_gpus() -> list[GPU]:
-    """The GPUs NVML reports, in index order; [] when there is no driver or no GPU."""
+def detect_nvml_gpus(library: str = "") -> list[GPU]:
+    """The GPUs NVML reports, in index order; [] when there is no driver or no GPU.
+    ``library``: the NVML library to load instead of the driver's libnvidia-ml.so.1."""
     try:
         import pynvml
     except ImportError:
         return []
     try:
+        if library:
+            import ctypes
+
+            pynvml.nvmlLib = ctypes.CDLL(library)  # OSError: not loadable
         pynvml.nvmlInit()
-    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...
+    except Exception:  # OSError, NVMLError_LibraryNotFound, DriverNotLoaded, ...
         return []
     gpus = []
     try:

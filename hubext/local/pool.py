@@ -25,12 +25,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from traitlets import Bool, Float, Unicode
+from traitlets import Bool, Float, Instance, Unicode
 
+from libvgpu.backstop import Backstop
+from libvgpu.regions import read_priority_table, write_priority_table
 from quotas import Allocation, ConfigError, Node, Pool, parse_simulated
 
 from .. import contract as C
 from ..backends import GoneCallback, PoolBackend
+from .backstop import LocalBackstop
 from .inventory import detect_nvml_gpus, machine_resources, nvml_activity, shim_library
 from .launcher import LocalKernelLauncher
 from .ledger import LEDGER_FILE, Ledger
@@ -81,6 +84,24 @@ class LocalPool(PoolBackend):
         built. Without it the limits file is still written but nothing enforces it. Default: True.""",
     )
 
+    backstop = Bool(
+        True,
+        config=True,
+        help="""Run the enforcement backstop on this machine's real GPUs (never on simulated
+        ones): what the driver reports per process is checked against each slice every
+        Backstop.interval_seconds, and an over-slice process, or one that bypasses the shim
+        (LD_PRELOAD unset, LIBVGPU_CONFIG repointed, a card its slice does not hold), is
+        killed (Backstop.action = 'kill', the default) or reported, with a log line naming the
+        user and the allocation. Configure it with c.Backstop.*. Default: True.""",
+    )
+    nvml_library = Unicode(
+        "",
+        config=True,
+        help="""Path of the NVML library to load for the inventory and the backstop instead of
+        the driver's libnvidia-ml.so.1. Default: '' (the driver's).""",
+    )
+    backstop_policy = Instance(Backstop, allow_none=True, help="The backstop's policy (set at start).")
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.simulated = False
@@ -90,6 +111,7 @@ class LocalPool(PoolBackend):
         self._task: asyncio.Task | None = None
         self._evicted: set[str] = set()
         self._kill_tasks: dict[str, asyncio.Task] = {}  # allocation id -> the stop of its processes
+        self._backstop_task: asyncio.Task | None = None
 
     # ---- paths ------------------------------------------------------------------------------
 
@@ -134,7 +156,11 @@ class LocalPool(PoolBackend):
         self._pool = self._detect()
         self.ledger.save_inventory(self._pool, self.simulated)
         self._drop_stale()
+        held = set(self.ledger.holders())
+        self._set_priorities({k: v for k, v in read_priority_table(node_regions).items() if k in held})
         self._task = asyncio.ensure_future(self._watch())
+        if self.backstop and not self.simulated and any(n.gpus for n in self._pool.nodes):
+            self._start_backstop()
 
     def _detect(self) -> Pool:
         if self.simulate_gpus:
@@ -144,7 +170,7 @@ class LocalPool(PoolBackend):
                 raise ConfigError(f"LocalPool.simulate_gpus: {e}") from None
             self.simulated = True
             return self._with_machine(pool)
-        gpus = detect_nvml_gpus()
+        gpus = detect_nvml_gpus(self.nvml_library)
         if not gpus:
             self.log.warning(
                 "No NVIDIA GPU found through NVML and LocalPool.simulate_gpus is not set: "
@@ -224,6 +250,9 @@ class LocalPool(PoolBackend):
         self._stop_slice(allocation.id, int(holder) if holder and holder.isdigit() else 0, self.evict_grace_seconds)
 
     async def stop(self) -> None:
+        if self._backstop_task is not None:
+            self._backstop_task.cancel()
+            self._backstop_task = None
         if self._task is not None:
             self._task.cancel()
             try:
@@ -262,6 +291,7 @@ class LocalPool(PoolBackend):
             node_region_dir=str(self.regions_dir / "node"),
             activity_file=self.activity_path(allocation.id),
         )
+        self._set_priorities({**read_priority_table(self.regions_dir / "node"), allocation.id: priority_value})
         tmp = limits.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -294,7 +324,14 @@ class LocalPool(PoolBackend):
 
     # ---- internals ---------------------------------------------------------------------------
 
+    def _set_priorities(self, priorities: dict[str, int]) -> None:
+        """The node regions' priority table (the shim believes a priority only if it is here)."""
+        write_priority_table(self.regions_dir / "node", priorities)
+
     def _remove_files(self, allocation_id: str) -> None:
+        table = read_priority_table(self.regions_dir / "node")
+        if table.pop(allocation_id, None) is not None:
+            self._set_priorities(table)
         self.limits_path(allocation_id).unlink(missing_ok=True)
         shutil.rmtree(self.region_dir(allocation_id), ignore_errors=True)
 
@@ -324,6 +361,36 @@ class LocalPool(PoolBackend):
                 await self.check_holders()
             except Exception:
                 self.log.exception("GPU ledger: checking holders failed")
+
+    # ---- the backstop --------------------------------------------------------------------------
+
+    def _start_backstop(self) -> None:
+        from libvgpu.agent.nvml import NVML, NVMLUnavailable
+
+        self.backstop_policy = Backstop(parent=self)
+        nvml = NVML(self.nvml_library)
+        try:
+            nvml.init()
+        except NVMLUnavailable as e:
+            self.log.warning("GPU backstop off: %s", e)
+            return
+        gpus = [(g.uuid, g.index) for n in self._pool.nodes for g in n.gpus]
+        checker = LocalBackstop(self.backstop_policy, nvml.processes, lambda a: self.region_dir(a) / "container.region",
+                                lambda a, message: self.ledger.add_event(a, "backstop", message), self.log)
+        self.log.info("GPU backstop on: %d GPU(s) checked every %.1f s, action '%s'", len(gpus),
+                      self.backstop_policy.interval_seconds, self.backstop_policy.action)
+
+        async def run() -> None:
+            while True:
+                await asyncio.sleep(self.backstop_policy.interval_seconds)
+                try:
+                    rows = self.ledger.rows()
+                    holders = {r["id"]: int(r["holder"]) for r in rows if r["holder"] and r["holder"].isdigit()}
+                    await checker.check(gpus, self.ledger.allocations(), holders)
+                except Exception:
+                    self.log.exception("GPU backstop: the check failed")
+
+        self._backstop_task = asyncio.ensure_future(run())
 
     async def check_holders(self) -> list[str]:
         """Report allocations whose bound process has exited (``on_gone``); return their ids."""

@@ -177,3 +177,43 @@ async def stop_slice(
         await asyncio.sleep(0.05)
         pids = slice_processes(allocation_id, leaders)
     return True
+
+
+def _environ_value(pid: int, name: str) -> str | None:
+    """The value of ``name`` in the environment ``pid`` started with (None: unset or unreadable)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = f"{name}=".encode()
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            return entry[len(prefix) :].decode(errors="replace")
+    return None
+
+
+def allocations_of(pids: Iterable[int], leaders: dict[int, str]) -> dict[int, str]:
+    """The slice each of ``pids`` belongs to (the same rule as :func:`slice_processes`, for a few
+    pids rather than the whole of /proc): a holder's session, group or descendant, else the
+    allocation id its environment carries; pids of no slice are left out. ``leaders``: holder
+    pid -> allocation id."""
+    found: dict[int, str] = {}
+    for pid in pids:
+        seen: set[int] = set()
+        at = pid
+        while at > 1 and at not in seen:
+            seen.add(at)
+            fields = _stat_fields(at)
+            if not fields or len(fields) < 4:
+                break
+            ppid, pgrp, session = int(fields[1]), int(fields[2]), int(fields[3])
+            holder = next((leaders[p] for p in (at, pgrp, session) if p in leaders), None)
+            if holder is not None:
+                found[pid] = holder
+                break
+            at = ppid
+        if pid not in found:
+            carried = _environ_value(pid, ENV_ALLOCATION_ID)
+            if carried:
+                found[pid] = carried
+    return found

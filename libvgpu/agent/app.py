@@ -28,7 +28,7 @@ from traitlets.config import Application, Config
 from hubext import contract as L
 from libvgpu import ShimNotBuilt
 from libvgpu.backstop import EVENT_REASONS, REASONS, Backstop, Finding, Proc, Slice, evaluate
-from libvgpu.regions import NodeGPU, read_node_regions
+from libvgpu.regions import NodeGPU, read_node_regions, write_priority_table
 from quotas import ConfigError
 
 from . import inventory
@@ -410,6 +410,19 @@ class NodeAgent(Application):
                 self.log.debug("No process list for GPU %s: %s", g.uuid, e)
         return out
 
+    def _write_priorities(self, pods: Sequence[PodInfo]) -> None:
+        """The node regions' priority table: the shim believes an entry's priority only if
+        this table (which containers cannot write) gives its allocation the same."""
+        if self.backend != "native":
+            return
+        table = {p.allocation.id: p.priority for p in pods
+                 if p.allocation is not None and p.priority is not None and p.phase not in ("Succeeded", "Failed")}
+        try:
+            if write_priority_table(Path(self.host_lib_dir) / "regions", table):
+                self.log.info("Priority table of the node regions: %d allocation(s)", len(table))
+        except OSError as e:
+            self.log.warning("Priority table not written: %s (priorities are not applied)", e)
+
     def _read_regions(self) -> dict[str, NodeGPU]:
         if self.backend != "native":
             return {}
@@ -431,6 +444,7 @@ class NodeAgent(Application):
             self.log.warning("Pods of node %s not listed: %s (usage per allocation may be stale)", self.node_name, e)
             pod_of_pid = {}
         pods = list(self._pods.values())
+        self._write_priorities(pods)
         self._regions = self._read_regions()
         usage = allocation_usage(pods, self._regions, processes, pod_of_pid)
         self.metrics.update(

@@ -80,6 +80,7 @@ class PodInfo:
     uid: str
     phase: str
     allocation: Allocation | None
+    priority: int | None = None  # the priority in the shim's limits file (annotation)
 
     @property
     def key(self) -> str:
@@ -104,4 +105,14 @@ def pod_info(pod: Any) -> PodInfo:
         uid=(uid or "").lower(),
         phase=phase,
         allocation=L.allocation_from_metadata(labels, annotations),
+        priority=limits_priority((annotations or {}).get(L.A_LIMITS, "")),
     )
+
+
+def limits_priority(text: str) -> int | None:
+    """The ``priority=`` of a limits file's text (None when it has none)."""
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "priority" and value.strip().lstrip("-").isdigit():
+            return int(value.strip())
+    return None

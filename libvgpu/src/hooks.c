@@ -385,6 +385,7 @@ static void atfork_child(void) {
     pthread_mutex_init(&vgpu.slow_lock, NULL);
     vgpu_region_after_fork_child();
     vgpu_mem_after_fork_child();
+    vgpu_priority_after_fork_child();
 }
 
 static void init_state(void) {

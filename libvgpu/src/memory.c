@@ -200,17 +200,26 @@ static void refresh_floor(int dev) {
     int mine = atomic_load(&vgpu.slot);
     uint32_t hwm = atomic_load(&r->hwm);
     uint64_t sum = 0;
+    unsigned char counted[VGPU_SNAP_PIDS] = {0};
     for (uint32_t i = 0; i < hwm && i < VGPU_MAX_PROCS; i++) {
         struct vgpu_slot *s = &r->slots[i];
         if ((int)i == mine || !atomic_load(&s->pid)) continue;
         uint64_t u = atomic_load(&s->used[dev]);
         unsigned int hp = (unsigned int)atomic_load(&s->host_pid);
         for (int k = 0; hp && k < n; k++)
-            if (p[k].pid == hp && p[k].usedGpuMemory != ~0ull && p[k].usedGpuMemory > u)
-                u = p[k].usedGpuMemory;
+            if (p[k].pid == hp && !counted[k]) {
+                counted[k] = 1;
+                if (p[k].usedGpuMemory != ~0ull && p[k].usedGpuMemory > u) u = p[k].usedGpuMemory;
+            }
         sum += u;
     }
     if (locked) vgpu_region_unlock(r);
+    /* processes of the container whose slot someone wiped: their host pid is still held */
+    unsigned int self = vgpu_self_nvml_pid();
+    for (int k = 0; k < n; k++)
+        if (!counted[k] && p[k].pid != self && p[k].usedGpuMemory != ~0ull &&
+            vgpu_region_host_pid_held(p[k].pid))
+            sum += p[k].usedGpuMemory;
     atomic_store(&floor_others[dev], sum);
     atomic_store(&floor_at[dev], vgpu_coarse_real_ns() | 1);
 }

@@ -46,7 +46,7 @@ static int container_has_pid(unsigned int pid) {
         if ((unsigned int)p == pid || (unsigned int)atomic_load(&r->slots[i].host_pid) == pid)
             return 1;
     }
-    return 0;
+    return vgpu_region_host_pid_held(pid); /* one whose slot was wiped */
 }
 
 /* The container's SM utilisation on dev since *since_us (NVML timestamps), in permille, and
@@ -165,12 +165,13 @@ static int claimed_by_another_slot(unsigned int pid) {
         if ((int)i == mine || !atomic_load(&r->slots[i].pid)) continue;
         if ((unsigned int)atomic_load(&r->slots[i].host_pid) == pid) return 1;
     }
-    return 0;
+    return vgpu_region_host_pid_held(pid);
 }
 
 static void set_host_pid(unsigned int pid) {
     atomic_store(&vgpu.host_pid, (int)pid);
     if (vgpu.me) atomic_store(&vgpu.me->host_pid, (int32_t)pid);
+    vgpu_region_hold_host_pid(pid);
     vgpu_debug("host pid %u (pid %d here)", pid, (int)getpid());
 }
 

@@ -8,8 +8,23 @@
  * runs at most once per millisecond per process; a held process sleeps until the newest
  * higher-priority launch is a window old, in steps of at most HOLD_STEP_NS, and shows
  * held_since_ns != 0 in its entry meanwhile.
+ *
+ * The node region is writable by every container, so the priority an entry shows is only a
+ * claim: where the hub or the node agent wrote a priority table (<node_region_dir>/priorities,
+ * "<name> <priority>" lines, owned by the directory's owner and writable by nobody else), an
+ * entry holds others only if the table gives its name that same priority. A table that is
+ * there but not trustworthy (another owner, writable by others, not a regular file) makes no
+ * entry hold anyone. Without a table (no hub or agent) the entries are believed.
  */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "vgpu.h"
 
 #define CHECK_EVERY_NS 1000000ull
@@ -33,6 +48,90 @@ static int entry_alive(struct vgpu_node_attach *na, int i, uint64_t now) {
     return a;
 }
 
+/* ---- the priority table ---------------------------------------------------------------- */
+
+#define TABLE_NAME "priorities"
+#define TABLE_MAX 256
+#define TABLE_BYTES 65536
+#define TABLE_RECHECK_NS (100ull * 1000000ull)
+
+static struct {
+    pthread_mutex_t lock;
+    uint64_t checked_ns;
+    int state;                 /* 0 no table: believe entries; 1 table; -1 untrusted: none holds */
+    struct stat st;            /* of the file last read */
+    int n;
+    char names[TABLE_MAX][64];
+    int32_t prio[TABLE_MAX];
+} table = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void table_load(void) {
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof(path), "%s/" TABLE_NAME, vgpu.cfg.node_region_dir);
+    struct stat dir;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) {
+        table.state = errno == ENOENT ? 0 : -1;
+        table.n = 0;
+        return;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || stat(vgpu.cfg.node_region_dir, &dir) != 0 || !S_ISREG(st.st_mode) ||
+        st.st_uid != dir.st_uid || (st.st_mode & 022) || st.st_size > TABLE_BYTES) {
+        close(fd);
+        if (table.state != -1)
+            vgpu_log("the priority table %s is not the hub's or agent's (owner, mode or size): "
+                     "no container's priority holds launches", path);
+        table.state = -1;
+        table.n = 0;
+        return;
+    }
+    if (table.state == 1 && st.st_ino == table.st.st_ino && st.st_mtim.tv_sec == table.st.st_mtim.tv_sec &&
+        st.st_mtim.tv_nsec == table.st.st_mtim.tv_nsec && st.st_size == table.st.st_size) {
+        close(fd);
+        return;
+    }
+    static char buf[TABLE_BYTES + 1];
+    ssize_t got = 0, r;
+    while (got < TABLE_BYTES && (r = read(fd, buf + got, (size_t)(TABLE_BYTES - got))) > 0) got += r;
+    close(fd);
+    buf[got] = 0;
+    table.n = 0;
+    for (char *line = buf, *next; line && *line && table.n < TABLE_MAX; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        char name[64];
+        long long v;
+        if (sscanf(line, "%63s %lld", name, &v) == 2 && v >= INT32_MIN && v <= INT32_MAX) {
+            memcpy(table.names[table.n], name, sizeof(name));
+            table.prio[table.n++] = (int32_t)v;
+        }
+    }
+    table.st = st;
+    table.state = 1;
+}
+
+void vgpu_priority_after_fork_child(void) { pthread_mutex_init(&table.lock, NULL); }
+
+/* Whether entry e may hold others at its priority: the table confirms its name's priority. */
+static int confirmed(const struct vgpu_node_entry *e, uint64_t now) {
+    pthread_mutex_lock(&table.lock);
+    if (!table.checked_ns || now - table.checked_ns >= TABLE_RECHECK_NS) {
+        table_load();
+        table.checked_ns = now;
+    }
+    int ok = table.state == 0;
+    if (table.state == 1) {
+        char name[64];
+        memcpy(name, e->name, sizeof(name));
+        name[63] = 0;
+        for (int i = 0; i < table.n && !ok; i++)
+            ok = !strcmp(table.names[i], name) && table.prio[i] == e->priority;
+    }
+    pthread_mutex_unlock(&table.lock);
+    return ok;
+}
+
 /* The end of the latest window of a live higher-priority container, or 0. Entries of dead
  * processes and launches stamped in the future are ignored. */
 static uint64_t busy_until(struct vgpu_node_attach *na, int32_t prio, uint64_t now,
@@ -46,7 +145,7 @@ static uint64_t busy_until(struct vgpu_node_attach *na, int32_t prio, uint64_t n
         if (e->priority <= prio) continue;
         uint64_t t = atomic_load_explicit(&e->last_launch_ns, memory_order_relaxed);
         if (!t || t > now + CLOCK_SLACK_NS || t + window <= now || t + window <= until) continue;
-        if (!entry_alive(na, i, now)) continue;
+        if (!entry_alive(na, i, now) || !confirmed(e, now)) continue;
         until = t + window;
     }
     return until;

@@ -443,6 +443,27 @@ __attribute__((destructor)) static void release_slot_at_exit(void) {
     vgpu.me = NULL;
 }
 
+/* ---- host pids the container's processes hold -------------------------------------------
+ * Each process that knows its host pid holds an OFD read lock on byte HOST_PID_BASE + host pid
+ * of the container region for as long as it lives. Unlike the slots, nobody else can take
+ * that away: a lock belongs to its holder's open file description, so a process that zeroes
+ * another's slot (pid, host pid, counters) cannot make that process's memory vanish. Readers
+ * ask about each pid NVML lists (F_OFD_GETLK on its byte): a lock planted over many bytes only
+ * makes its own container pay for more. */
+#define HOST_PID_BASE (VGPU_LOCK_BASE + (1LL << 24))
+#define HOST_PID_MAX (1LL << 22) /* the kernel's pid_max limit */
+
+void vgpu_region_hold_host_pid(unsigned int pid) {
+    if (!vgpu.reg || vgpu.reg_private || vgpu.reg_fd < 0 || !pid || pid >= HOST_PID_MAX) return;
+    if (ofd_lock(vgpu.reg_fd, HOST_PID_BASE + pid, F_RDLCK) != 0)
+        vgpu_log("cannot register host pid %u in %s (%s)", pid, region_path, strerror(errno));
+}
+
+int vgpu_region_host_pid_held(unsigned int pid) {
+    if (!vgpu.reg || vgpu.reg_private || vgpu.reg_fd < 0 || !pid || pid >= HOST_PID_MAX) return 0;
+    return ofd_probe(vgpu.reg_fd, HOST_PID_BASE + pid, F_WRLCK) == 1;
+}
+
 /* ---- node regions ----------------------------------------------------------------------- */
 
 static void init_node(void *mem, void *arg) {

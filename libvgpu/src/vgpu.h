@@ -307,6 +307,8 @@ void vgpu_region_after_fork_child(void);
 struct vgpu_node_attach *vgpu_node_get(int dev); /* attaches on first use; NULL if unavailable */
 int vgpu_node_entry_alive(struct vgpu_node_attach *na, int entry); /* some process holds it */
 void vgpu_publish_usage(int dev);        /* mirrors the container's usage to node/activity */
+void vgpu_region_hold_host_pid(unsigned int pid); /* registered while this process lives */
+int vgpu_region_host_pid_held(unsigned int pid); /* 1: another process of it registered pid */
 
 /* memory.c */
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead);
@@ -321,6 +323,7 @@ uint64_t vgpu_container_used(int dev);
 /* compute.c / priority.c */
 void vgpu_compute_gate(int dev, CUstream s);
 void vgpu_priority_gate(int dev);
+void vgpu_priority_after_fork_child(void);
 
 /* nvml.c */
 int vgpu_nvml_device(int dev, nvmlDevice_t *out);

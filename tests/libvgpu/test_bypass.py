@@ -100,3 +100,25 @@ def test_the_driver_dlmopened_into_a_namespace_of_its_own_is_still_limited(node)
                 env={"PROBE_DLMOPEN": "1"})
     assert r.returncode == 0, r.stderr
     assert r.rcs("alloc") == [0, OOM]
+
+
+def _wipe_slots(region):
+    """What a hostile process in the container can also do: make the other processes vanish
+    from the region (pid, host pid and every counter of their slots zeroed)."""
+    _zero_usage(region)
+    with open(region, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        for i in range(4):
+            base = 4096 + i * LAYOUT["slot.size"]
+            m[base + LAYOUT["slot.pid"]:base + LAYOUT["slot.host_pid"] + 4] = b"\0" * 8
+
+
+@pytest.mark.parametrize("pidns_on", [False, True], ids=["host", "pid-namespace"])
+def test_wiped_slots_of_other_processes_do_not_raise_the_limit(node, request, pidns_on):
+    if pidns_on:
+        request.getfixturevalue("pidns")
+    box = node.container("c", "memory_mib=1024")
+    box.start("init", "ctx", "alloc:700M", "wait", pidns=pidns_on)
+    _wipe_slots(box.region)
+    r = box.run("init", "ctx", "alloc:700M", "alloc:300M", pidns=pidns_on)
+    assert r.returncode == 0, r.stderr
+    assert r.rcs("alloc") == [OOM, 0]

@@ -293,3 +293,119 @@ def test_the_cores_limit_holds_inside_a_pid_namespace(shim, tmp_path):
     measured = device_utilisation(6)
     result(proc)
     assert 25 <= measured <= 35, measured
+
+
+GRAPHS_AFTER_IDLE = GRAPHS.replace('''    print('{{"done": 1}}')
+''', '''    time.sleep(4)  # a pause between two notebook cells
+    print("again", flush=True)
+    end = time.monotonic() + {seconds}
+    while time.monotonic() < end:
+        g.replay()
+        torch.cuda.synchronize()
+    print('{{"done": 1}}')
+''')
+
+
+def test_graphs_are_held_to_the_cores_limit_after_idle(shim, tmp_path):
+    env = container(tmp_path, "c", "cores_percent=30")
+    proc = python(shim, env, GRAPHS_AFTER_IDLE.format(matmuls=40, seconds=4))
+    assert proc.stdout.readline().strip() == "ready"
+    assert proc.stdout.readline().strip() == "again"
+    time.sleep(1)  # within 1 s of the first replay after the pause
+    measured = device_utilisation(2.5)
+    result(proc)
+    assert 25 <= measured <= 35, measured
+
+
+def test_tiny_kernels_of_a_cell_after_a_pause_are_not_throttled(shim, tmp_path):
+    env = container(tmp_path, "c", "cores_percent=30")
+    out = result(python(shim, env, """
+        import json, time, torch
+        x = torch.ones(16, device="cuda")
+        for _ in range(100):
+            x = x + 1
+        torch.cuda.synchronize()
+        cells = []
+        for _ in range(3):
+            time.sleep(3)  # the user reads, then runs the next cell
+            t = time.monotonic()
+            for _ in range(100):
+                x = x + 1
+            torch.cuda.synchronize()
+            cells.append(time.monotonic() - t)
+        print(json.dumps({"cells": cells}))
+    """))
+    assert max(out["cells"]) < 0.1, out  # 100 tiny kernels: no start-up throttling
+
+
+def process_utilisation(seconds: float) -> dict[int, float]:
+    """Mean SM utilisation per host pid over ``seconds`` (NVML's per-process samples)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+    samples: dict[int, list[int]] = {}
+    since = 0
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.5)
+        try:
+            got = pynvml.nvmlDeviceGetProcessUtilization(handle, since)
+        except pynvml.NVMLError_NotFound:  # no sample since
+            continue
+        for s in got:
+            samples.setdefault(s.pid, []).append(s.smUtil)
+            since = max(since, s.timeStamp)
+    return {pid: sum(v) / len(v) for pid, v in samples.items()}
+
+
+def test_two_containers_at_20_and_60_percent_each_get_their_share(shim, tmp_path):
+    small = python(shim, container(tmp_path, "small", "cores_percent=20"), MATMULS.format(seconds=14))
+    large = python(shim, container(tmp_path, "large", "cores_percent=60"), MATMULS.format(seconds=14))
+    assert small.stdout.readline().strip() == "ready"
+    assert large.stdout.readline().strip() == "ready"
+    time.sleep(3)
+    measured = process_utilisation(8)
+    result(small)
+    result(large)
+    assert 15 <= measured.get(small.pid, 0) <= 25, measured
+    assert 55 <= measured.get(large.pid, 0) <= 65, measured
+
+
+def test_several_processes_share_one_cores_limit(shim, tmp_path):
+    env = container(tmp_path, "c", "cores_percent=30")
+    procs = [python(shim, env, MATMULS.format(seconds=14)) for _ in range(3)]
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "ready"
+    time.sleep(3)
+    measured = device_utilisation(8)
+    for proc in procs:
+        result(proc)
+    assert 25 <= measured <= 35, measured  # the three together, not 3 x 30
+
+
+def test_the_memory_limit_holds_inside_a_pid_namespace(shim, tmp_path):
+    from .harness import pid_namespaces_unavailable
+
+    why = pid_namespaces_unavailable()
+    if why:
+        pytest.skip(why)
+    env = container(tmp_path, "c", "memory_mib=4096")
+    full = {**os.environ, **env, "LD_PRELOAD": shim, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    code = """
+        import json, torch
+        held, oom = [], False
+        try:
+            for _ in range(64):
+                held.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+        except torch.cuda.OutOfMemoryError:
+            oom = True
+        print(json.dumps({"got": len(held) * (256 << 20), "oom": oom}))
+    """
+    user = [] if os.geteuid() == 0 else ["-U", "-r"]
+    proc = subprocess.Popen(["unshare", *user, "-p", "-f", "--kill-child", "--mount-proc",
+                             sys.executable, "-c", textwrap.dedent(code)],
+                            env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = result(proc)
+    # the context's driver memory (~0.5 GiB) is found through the host pid and counted
+    assert out["oom"] and 2 * GiB <= out["got"] <= int(3.75 * GiB), out

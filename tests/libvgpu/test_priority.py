@@ -4,11 +4,13 @@ without a cores limit, graph launches included."""
 
 from __future__ import annotations
 
+import mmap
+import struct
 import time
 
 import pytest
 
-from libvgpu.regions import read_node_regions
+from libvgpu.regions import LAYOUT, NODE_ENTRIES, read_node_regions, write_priority_table
 
 WINDOW_MS = 200
 
@@ -27,10 +29,15 @@ def field(out: str, key: str) -> float:
     return float(out.split(f"{key}=")[1].split()[0])
 
 
-def run_pair(node, low_limits: str, high_priority: int, *, high_kind: str = "timeline:1:1000"):
+def run_pair(node, low_limits: str, high_priority: int, *, high_kind: str = "timeline:1:1000",
+             table: dict[str, int] | None = None):
     # the high one stays alive past its window after its last launch (a dead container's
     # entry holds nobody)
     common = f"node_region_dir={node.node_dir}\npriority_window_ms={WINDOW_MS}"
+    if table is not None:  # as the hub / node agent writes it
+        node.node_dir.mkdir(parents=True)
+        node.node_dir.chmod(0o1777)
+        write_priority_table(node.node_dir, table)
     low = node.container("low", f"priority=1\nname=low\n{low_limits}\n{common}")
     high = node.container("high", f"priority={high_priority}\nname=high\n{common}")
     low_proc = low.start("init", "ctx", "ready", "timeline:3:1000", wait_for="ready")
@@ -44,10 +51,12 @@ def run_pair(node, low_limits: str, high_priority: int, *, high_kind: str = "tim
     return out, started, ended, h
 
 
-@pytest.mark.parametrize("low_limits", ["", "cores_percent=50"], ids=["no-cores-limit", "cores-limit"])
-def test_low_priority_holds_while_high_priority_runs_and_resumes_after(make_node, low_limits):
+@pytest.mark.parametrize(("low_limits", "table"), [("", None), ("cores_percent=50", None),
+                                                  ("", {"low": 1, "high": 100})],
+                         ids=["no-cores-limit", "cores-limit", "priorities-from-the-table"])
+def test_low_priority_holds_while_high_priority_runs_and_resumes_after(make_node, low_limits, table):
     node = make_node(CUDA_DOUBLE_QUEUE=2)  # launches pace at the kernels' speed
-    out, started, ended, high = run_pair(node, low_limits, 100)
+    out, started, ended, high = run_pair(node, low_limits, 100, table=table)
     high_start, high_end = field(high.stdout, "start_ms"), field(high.stdout, "end_ms")
     held = [g for g in gaps(out) if g[1] - g[0] > 500]
     assert len(held) == 1, out
@@ -100,3 +109,39 @@ def test_node_region_shows_priorities_and_who_is_held(make_node):
     assert hi.last_launch_at is not None and time.time() - hi.last_launch_at < 10
     assert hi.memory_used_bytes == 64 << 20 and lo.memory_limit_bytes == 512 << 20
     assert lo.alive and hi.alive
+
+
+def _forge_priority(node_dir, name: str, priority: int) -> None:
+    """What a hostile process of a live container can do: raise its own entry's priority in
+    the (writable) node region."""
+    (path,) = node_dir.glob("*.region")
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        for i in range(NODE_ENTRIES):
+            base = LAYOUT["node.size"] - (NODE_ENTRIES - i) * LAYOUT["entry.size"]
+            raw = m[base + LAYOUT["entry.name"]:base + LAYOUT["entry.name"] + 64]
+            if raw.split(b"\0", 1)[0] == name.encode():
+                m[base + LAYOUT["entry.priority"]:base + LAYOUT["entry.priority"] + 4] = (
+                    struct.pack("<i", priority))
+                return
+    raise AssertionError(f"no entry named {name}")
+
+
+def test_a_priority_forged_in_the_node_region_does_not_hold_other_containers(make_node):
+    node = make_node(CUDA_DOUBLE_QUEUE=2)
+    common = f"node_region_dir={node.node_dir}\npriority_window_ms={WINDOW_MS}"
+    # what the hub / node agent wrote: each allocation's priority (read-only for containers)
+    node.node_dir.mkdir(parents=True)
+    node.node_dir.chmod(0o1777)
+    write_priority_table(node.node_dir, {"alloc-evil": 1, "alloc-good": 10})
+    evil = node.container("evil", f"priority=1\nname=alloc-evil\n{common}")
+    good = node.container("good", f"priority=10\nname=alloc-good\n{common}")
+    hog = evil.start("init", "ctx", "ready", "timeline:4:1000", wait_for="ready")
+    deadline = time.monotonic() + 10
+    while not list(node.node_dir.glob("*.region")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    _forge_priority(node.node_dir, "alloc-evil", 1_000_000)
+    time.sleep(0.3)
+    r = good.run("init", "ctx", "timeline:1:1000")
+    hog.communicate(timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert [g for g in gaps(r.stdout) if g[1] - g[0] > 300] == [], r.stdout
