@@ -160,20 +160,23 @@ def test_low_priority_stalls_while_high_priority_runs(shim, tmp_path):
 # ---- added for issue 13 (written without a GPU: first run them with ./dev gpu-check) --------
 
 
+OVER_THE_SLICE = """
+    import json, torch
+    held, oom = [], False
+    try:
+        for _ in range(64):
+            held.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+    except torch.cuda.OutOfMemoryError:
+        oom = True
+    free, total = torch.cuda.mem_get_info()
+    print(json.dumps({"got": len(held) * (256 << 20), "oom": oom, "total": total}))
+"""
+
+
 def _over_the_slice(shim: str, env: dict[str, str], alloc_conf: str) -> dict:
     """Allocates 256 MiB tensors until PyTorch raises OOM; returns what it got."""
     full = {**env, "PYTORCH_CUDA_ALLOC_CONF": alloc_conf}
-    return result(python(shim, full, """
-        import json, torch
-        held, oom = [], False
-        try:
-            for _ in range(64):
-                held.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
-        except torch.cuda.OutOfMemoryError:
-            oom = True
-        free, total = torch.cuda.mem_get_info()
-        print(json.dumps({"got": len(held) * (256 << 20), "oom": oom, "total": total}))
-    """))
+    return result(python(shim, full, OVER_THE_SLICE))
 
 
 @pytest.mark.parametrize("alloc_conf", ["expandable_segments:True", "backend:cudaMallocAsync"])
@@ -257,62 +260,49 @@ GRAPHS = """
         for _ in range({matmuls}):
             b = a @ a
     torch.cuda.synchronize()
-    print("ready", flush=True)
-    end = time.monotonic() + {seconds}
-    while time.monotonic() < end:
-        g.replay()
-        torch.cuda.synchronize()
+    for line in ("ready", "again"):  # a first cell, a pause, a second cell
+        print(line, flush=True)
+        end = time.monotonic() + {seconds}
+        while time.monotonic() < end:
+            g.replay()
+            torch.cuda.synchronize()
+        time.sleep(4)
     print('{{"done": 1}}')
 """
 
 
-def test_graphs_are_held_to_the_cores_limit_from_a_cold_start(shim, tmp_path):
+@pytest.mark.parametrize("when", ["ready", "again"], ids=["from-a-cold-start", "after-idle"])
+def test_graphs_are_held_to_the_cores_limit(shim, tmp_path, when):
     env = container(tmp_path, "c", "cores_percent=30")
-    proc = python(shim, env, GRAPHS.format(matmuls=40, seconds=5))  # graphs of ~0.1-0.3 s
-    assert proc.stdout.readline().strip() == "ready"
-    time.sleep(1)  # within 1 s of the first replay
-    measured = device_utilisation(3)
+    proc = python(shim, env, GRAPHS.format(matmuls=40, seconds=4))  # graphs of ~0.1-0.3 s
+    while proc.stdout.readline().strip() != when:
+        assert proc.poll() is None, proc.stderr.read()
+    time.sleep(1)  # within 1 s of the first replay (after the pause)
+    measured = device_utilisation(2.5)
     result(proc)
     assert 25 <= measured <= 35, measured
 
 
-def test_the_cores_limit_holds_inside_a_pid_namespace(shim, tmp_path):
+def in_pid_namespace(shim: str, env: dict[str, str], code: str) -> subprocess.Popen[str]:
+    """``python -c code`` under the shim in a pid namespace of its own, as in a pod."""
     from .harness import pid_namespaces_unavailable
 
     why = pid_namespaces_unavailable()
     if why:
         pytest.skip(why)
-    env = container(tmp_path, "c", "cores_percent=30")
     full = {**os.environ, **env, "LD_PRELOAD": shim, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     user = [] if os.geteuid() == 0 else ["-U", "-r"]
-    proc = subprocess.Popen(["unshare", *user, "-p", "-f", "--kill-child", "--mount-proc",
-                             sys.executable, "-c", textwrap.dedent(MATMULS.format(seconds=12))],
+    return subprocess.Popen(["unshare", *user, "-p", "-f", "--kill-child", "--mount-proc",
+                             sys.executable, "-c", textwrap.dedent(code)],
                             env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_the_cores_limit_holds_inside_a_pid_namespace(shim, tmp_path):
+    env = container(tmp_path, "c", "cores_percent=30")
+    proc = in_pid_namespace(shim, env, MATMULS.format(seconds=12))
     assert proc.stdout.readline().strip() == "ready"
     time.sleep(3)
     measured = device_utilisation(6)
-    result(proc)
-    assert 25 <= measured <= 35, measured
-
-
-GRAPHS_AFTER_IDLE = GRAPHS.replace('''    print('{{"done": 1}}')
-''', '''    time.sleep(4)  # a pause between two notebook cells
-    print("again", flush=True)
-    end = time.monotonic() + {seconds}
-    while time.monotonic() < end:
-        g.replay()
-        torch.cuda.synchronize()
-    print('{{"done": 1}}')
-''')
-
-
-def test_graphs_are_held_to_the_cores_limit_after_idle(shim, tmp_path):
-    env = container(tmp_path, "c", "cores_percent=30")
-    proc = python(shim, env, GRAPHS_AFTER_IDLE.format(matmuls=40, seconds=4))
-    assert proc.stdout.readline().strip() == "ready"
-    assert proc.stdout.readline().strip() == "again"
-    time.sleep(1)  # within 1 s of the first replay after the pause
-    measured = device_utilisation(2.5)
     result(proc)
     assert 25 <= measured <= 35, measured
 
@@ -385,27 +375,7 @@ def test_several_processes_share_one_cores_limit(shim, tmp_path):
 
 
 def test_the_memory_limit_holds_inside_a_pid_namespace(shim, tmp_path):
-    from .harness import pid_namespaces_unavailable
-
-    why = pid_namespaces_unavailable()
-    if why:
-        pytest.skip(why)
     env = container(tmp_path, "c", "memory_mib=4096")
-    full = {**os.environ, **env, "LD_PRELOAD": shim, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    code = """
-        import json, torch
-        held, oom = [], False
-        try:
-            for _ in range(64):
-                held.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
-        except torch.cuda.OutOfMemoryError:
-            oom = True
-        print(json.dumps({"got": len(held) * (256 << 20), "oom": oom}))
-    """
-    user = [] if os.geteuid() == 0 else ["-U", "-r"]
-    proc = subprocess.Popen(["unshare", *user, "-p", "-f", "--kill-child", "--mount-proc",
-                             sys.executable, "-c", textwrap.dedent(code)],
-                            env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out = result(proc)
+    out = result(in_pid_namespace(shim, env, OVER_THE_SLICE))
     # the context's driver memory (~0.5 GiB) is found through the host pid and counted
     assert out["oom"] and 2 * GiB <= out["got"] <= int(3.75 * GiB), out
