@@ -719,6 +719,8 @@ class GPUCuller(Application):
                 settled = await self._settled_activity(k, j.last_activity)
                 self.store.put(k.kernel_id, GraceWarning(time.time(), j.last_activity, settled, time.time()))
                 self.store.save()
+            # the broker records the release as a cull whoever deletes it (the server, through its provisioner)
+            await self.client.announce_cull(k.id, why)
             answer = await self.client.shutdown_kernel(k.user, k.server_name, k.kernel_id, k.server_url)
             freed = await self._confirm_free(k, self.confirm_timeout_seconds) if answer != "failed" else False
             if answer == "failed":
@@ -730,7 +732,7 @@ class GPUCuller(Application):
             freed = False
         if not freed:
             method = "broker"
-            ok = await self.client.delete_gpu_kernel(k.id, f"culled: {why}")
+            ok = await self.client.delete_gpu_kernel(k.id, why)
             freed = ok and await self._confirm_free(k, self.confirm_timeout_seconds)
             if not freed:
                 method = "failed"

@@ -154,9 +154,17 @@ class HubClient:
         body = self._json(resp)
         return ("present", body) if isinstance(body, Mapping) else ("unknown", None)
 
+    async def announce_cull(self, broker_id: str, reason: str) -> bool:
+        """Tell the broker this kernel is being culled (before its server shuts it down), so its
+        slice's release is recorded as culled, not as a stop (docs/metering.md). True when noted."""
+        url = f"{self.api_url}/gpu/kernels/{quote(broker_id, safe='')}/cull"
+        resp = await self._fetch("POST", url, body={"reason": reason})
+        return resp is not None and resp.code == 204
+
     async def delete_gpu_kernel(self, broker_id: str, reason: str) -> bool:
-        """Ask the broker to stop a kernel and free its slice (the fallback path). True when done or already gone."""
-        query = urlencode({"reason": reason})
+        """Ask the broker to stop a kernel and free its slice as culled (the fallback path). True
+        when done or already gone."""
+        query = urlencode({"reason": reason, "cause": "culled"})
         resp = await self._fetch("DELETE", f"{self.api_url}/gpu/kernels/{quote(broker_id, safe='')}?{query}")
         return resp is not None and resp.code in (200, 202, 204, 404, 410)
 

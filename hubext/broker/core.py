@@ -135,6 +135,8 @@ class GPUBroker(SingletonConfigurable):
         self._sizes: list[dict[str, Any]] | None = None
         #: kernel id -> monotonic deadline by which its server must ask about it (see claim_timeout_seconds)
         self._unclaimed: dict[str, float] = {}
+        #: kernel id -> why the culler is reclaiming it (mark_culled): its release is a cull
+        self._culled: dict[str, str] = {}
 
     # ---- start-up ---------------------------------------------------------------------------
 
@@ -409,7 +411,10 @@ class GPUBroker(SingletonConfigurable):
                 self.log.exception("Deleting failed GPU kernel %s", record.id)
             record.holder = ""
         if self.allocator.get(record.allocation_id) is not None:  # a stopped kernel holds no slice
-            await self._release(record.allocation_id, f"kernel {record.state}: {record.reason}")
+            # a kernel the culler shut down through its server may exit before the server deletes it
+            await self._release(
+                record.allocation_id, *self._stop_cause(record, f"kernel {record.state}: {record.reason}")
+            )
         if record.state != before:
             self._persist()
 
@@ -463,13 +468,27 @@ class GPUBroker(SingletonConfigurable):
                 409,
             )
 
+    def mark_culled(self, record: KernelRecord, reason: str) -> None:
+        """The culler is reclaiming this kernel (called by ``POST /gpu/kernels/<id>/cull`` before it
+        shuts the kernel down through its server, and by its ``DELETE ?cause=culled``): whoever
+        deletes it next, its slice is released as culled (the usage record says so)."""
+        self._culled[record.id] = reason
+
+    def _stop_cause(self, record: KernelRecord, why: str, forget: bool = False) -> tuple[str, ReleaseCause]:
+        """Why and how a stopped kernel's slice is released: culled when the culler said so."""
+        culled = self._culled.pop(record.id, None) if forget else self._culled.get(record.id)
+        if culled is None:
+            return why, ReleaseCause.STOPPED
+        return (f"culled: {culled}" if culled else "culled"), ReleaseCause.CULLED
+
     async def delete(self, record: KernelRecord, why: str = "kernel shut down") -> None:
+        why, cause = self._stop_cause(record, why, forget=True)
         async with self._lock(record.id):
             self.kernels.pop(record.id, None)
             try:
                 await self.launcher.delete(record)
             finally:
-                await self._release(record.allocation_id, why)
+                await self._release(record.allocation_id, why, cause)
                 self._persist()
                 self._locks.pop(record.id, None)
         self.log.info("GPU kernel %s of %s deleted: %s", record.id, record.user, why)

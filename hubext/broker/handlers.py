@@ -185,6 +185,14 @@ class KernelsHandler(BrokerAPIHandler):
         self.finish(json.dumps(record.model()))
 
 
+def _check_cull(handler: BrokerAPIHandler, cause: str) -> None:
+    """Only the culler (a GPU admin) says a kernel is culled; any other cause is refused."""
+    if cause != "culled":
+        raise BrokerError(f"cause must be 'culled' (or left out for a plain stop); got {cause[:40]!r}.")
+    if not handler.is_gpu_admin:
+        raise BrokerError(f"Only a GPU admin (the scope {ADMIN_SCOPE}, the culler's) may cull a kernel.", 403)
+
+
 class KernelHandler(BrokerAPIHandler):
     """GET and DELETE /hub/api/gpu/kernels/<id>"""
 
@@ -200,16 +208,30 @@ class KernelHandler(BrokerAPIHandler):
         record = self.find_kernel(kernel_id)
         who = self.caller_name() or getattr(self.current_user, "name", "a service")
         reason = self.get_argument("reason", "")[:200]
+        cause = self.get_argument("cause", "")
+        if cause:
+            _check_cull(self, cause)
+            self.broker.mark_culled(record, reason)
         await self.broker.delete(record, f"kernel shut down by {who}" + (f": {reason}" if reason else ""))
         self.set_status(204)
         self.finish()
 
 
 class KernelActionHandler(BrokerAPIHandler):
-    """POST /hub/api/gpu/kernels/<id>/(restart|interrupt)"""
+    """POST /hub/api/gpu/kernels/<id>/(restart|interrupt|cull)
+
+    ``cull`` (GPU admins: the culler, before it shuts the kernel down through its server;
+    body ``{"reason": ...}``): the kernel's next release is recorded as culled."""
 
     async def post(self, kernel_id: str, action: str) -> None:
         record = self.find_kernel(kernel_id)
+        if action == "cull":
+            _check_cull(self, "culled")
+            reason = self.json_body().get("reason", "")
+            self.broker.mark_culled(record, str(reason)[:200])
+            self.set_status(204)
+            self.finish()
+            return
         if not self.is_gpu_admin:
             self.broker.claim(record)
         if action == "restart":
@@ -255,7 +277,7 @@ BROKER_HANDLERS: list[tuple[str, type]] = [
     (r"/api/gpu/kernel-sizes", KernelSizesHandler),
     (r"/api/gpu/kernels", KernelsHandler),
     (r"/api/gpu/kernels/([0-9a-f]{32})", KernelHandler),
-    (r"/api/gpu/kernels/([0-9a-f]{32})/(restart|interrupt)", KernelActionHandler),
+    (r"/api/gpu/kernels/([0-9a-f]{32})/(restart|interrupt|cull)", KernelActionHandler),
 ]
 
 

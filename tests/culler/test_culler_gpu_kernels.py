@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from culler import service_role
+from hubext.metering.store import UsageStore
 from tests.culler.shimrecord import write_activity
 from tests.culler.stack import CullerProcess, KernelTab, http, metric_value, wait_until
 from tests.hubrunner import HubRunner, free_port
@@ -149,6 +150,20 @@ def culler_factory(stack):
         proc.stop()
 
 
+def usage_cause(hub: HubRunner, allocation_id: str) -> str | None:
+    """The release cause of an allocation's usage record (the hub's database; docs/metering.md)."""
+    store = UsageStore(f"sqlite:///{hub.workdir / 'jupyterhub.sqlite'}")
+    try:
+        (record,) = wait_until(
+            lambda: [r for r in store.records() if r.id == allocation_id and r.released_at is not None],
+            30,
+            f"the usage record of {allocation_id} to close",
+        )
+    finally:
+        store.close()
+    return record.release_cause
+
+
 def on_server(server: Server, kernel_id: str) -> bool:
     status, kernels = server.api("GET", "/kernels")
     assert status == 200, kernels
@@ -178,6 +193,7 @@ def test_idle_gpu_kernel_is_culled_through_its_server_and_its_slice_returns_to_t
     labels = {"reason": "idle-timeout", "priority_class": "default", "method": "server"}
     assert metric_value(metrics, "elastic_gpu_culler_culls_total", **labels) == 1
     assert metric_value(metrics, "elastic_gpu_culler_freed_memory_mib_total", reason="idle-timeout") == 40960
+    assert usage_cause(hub, record["allocation_id"]) == "culled"  # the usage record says why it ended
 
 
 def test_gpu_kernel_launching_work_with_no_browser_is_kept(stack, sessions, culler_factory):
@@ -340,6 +356,7 @@ def test_gpu_kernel_its_server_does_not_know_is_reclaimed_through_the_broker(sta
     assert "server is gone or does not know it" in line and "via broker" in line
     labels = {"reason": "orphan", "method": "broker"}
     assert metric_value(culler.metrics(), "elastic_gpu_culler_culls_total", **labels) == 1
+    assert usage_cause(hub, record["allocation_id"]) == "culled"
     wait_until(
         lambda: subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0,
         10,

@@ -262,8 +262,12 @@ def local_stack(
 
 
 @contextmanager
-def kube_stack(work: Path) -> Iterator[dict[str, Any]]:
-    """Kubernetes mode through the API emulator: one simulated H100 on gpu-node-1, alice's server pod running."""
+def kube_stack(
+    work: Path, *, admission: dict[str, Any] | None = None, sizes: list[dict[str, Any]] | None = None
+) -> Iterator[dict[str, Any]]:
+    """Kubernetes mode through the API emulator: one simulated H100 on gpu-node-1, alice's server pod running.
+
+    ``admission`` and ``sizes`` replace the defaults (ADMISSION, SIZES)."""
     from kubernetes import client as kclient
     from kubernetes import config as kconfig
 
@@ -305,7 +309,7 @@ def kube_stack(work: Path) -> Iterator[dict[str, Any]]:
         host_dir = work / "host-elastic-gpu"
         (host_dir / "lib").mkdir(parents=True, exist_ok=True)
         (host_dir / "ld.so.preload").write_text("")
-        (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
+        (work / "admission.yaml").write_text(yaml.safe_dump(admission or ADMISSION))
         prefix = work / "jupyter-prefix"
         (prefix / "share" / "jupyter").mkdir(parents=True, exist_ok=True)
         singleuser = Path(sys.executable).parent / "jupyterhub-singleuser"
@@ -339,7 +343,7 @@ def kube_stack(work: Path) -> Iterator[dict[str, Any]]:
             c.KubernetesKernelLauncher.image = "quay.io/jupyter/pytorch-notebook:emulated"
             """
             )
-            + _broker_config()
+            + _broker_config(sizes)
         )
         hub = HubRunner(work, config, env={"KUBECONFIG": str(emulator.kubeconfig_path)})
         hub.start()

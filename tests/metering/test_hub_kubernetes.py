@@ -1,6 +1,6 @@
 """Kubernetes mode (through the API emulator): a GPU kernel pod's slice is recorded from grant
-to release in the hub's database with the activity the node agent annotates on the pod, and the
-record outlives the pod."""
+to release in the hub's database with the activity the node agent annotates on the pod, the
+record outlives the pod, and a kernel pod preempted by a high-priority one is recorded so."""
 
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from hubext import contract as C
 from hubext.metering.store import UsageStore
 from libvgpu.agent.activity import PodActivity
 from tests.kernelprovider.helpers import NAMESPACE, kube_stack
+from tests.metering.test_hub import BIG, BIG_HIGH, METERING_ADMISSION, METERING_SIZES
 
 SPEC = "elastic-gpu-gpu-10g"
 
 
 def test_a_kernel_pods_slice_is_recorded_and_outlives_the_pod(tmp_path):
-    with kube_stack(tmp_path) as st:
+    with kube_stack(tmp_path, admission=METERING_ADMISSION, sizes=METERING_SIZES) as st:
         hub, alice = st["hub"], st["alice"]
         status, session = alice.start_session(SPEC)
         assert status == 201, session
@@ -58,3 +59,22 @@ def test_a_kernel_pods_slice_is_recorded_and_outlives_the_pod(tmp_path):
 
         hub.wait_for(pod_gone, timeout=60, what="the kernel pod to be deleted")
         assert [r.id for r in store.records() if r.release_cause == "stopped"] == [record.id]  # its record stays
+
+        # a high-priority kernel pod takes the card from a default one: preempted, then stopped
+        status, low = alice.start_session(BIG)
+        assert status == 201, low
+        status, high = alice.start_session(BIG_HIGH)
+        assert status == 201, high
+        (preempted,) = hub.wait_for(
+            lambda: [r for r in store.records() if r.memory_mib == 71680 and r.release_cause == "preempted"],
+            timeout=60,
+            what="the default kernel pod's record closed 'preempted'",
+        )
+        assert preempted.priority_class == "default" and preempted.node == "gpu-node-1"
+        for session in (low, high):
+            assert alice.api("DELETE", f"/sessions/{session['id']}")[0] in (204, 404)
+        hub.wait_for(
+            lambda: [r for r in store.records() if r.priority_class == "high" and r.release_cause == "stopped"],
+            timeout=60,
+            what="the high-priority kernel pod's record closed 'stopped'",
+        )

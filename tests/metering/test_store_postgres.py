@@ -4,11 +4,6 @@ batched events and reconciliation. Skipped where PostgreSQL or the psycopg drive
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
-import subprocess
-import tempfile
 import time
 
 import pytest
@@ -20,39 +15,7 @@ from hubext.metering.store import UsageStore, head_revision
 
 from .test_store import record
 
-psycopg = pytest.importorskip("psycopg", reason="the psycopg driver is not installed")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
-    if not initdb or not pg_ctl:
-        pytest.skip("PostgreSQL (initdb, pg_ctl) is not installed")
-    root = tempfile.mkdtemp(prefix="egpu-pg-")  # not under pytest's 0700 tree: the server's account must reach it
-    as_server = []
-    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
-        shutil.chown(root, "postgres")
-        as_server = ["runuser", "-u", "postgres", "--"]
-    data, port = os.path.join(root, "data"), _free_port()
-    subprocess.run([*as_server, initdb, "-D", data, "-A", "trust", "-U", "egpu"], check=True, capture_output=True)
-    options = f"-p {port} -k {root} -c listen_addresses=''"
-    subprocess.run([*as_server, pg_ctl, "-D", data, "-o", options, "-w", "-l", f"{root}/log", "start"], check=True)
-
-    def server(action: str) -> None:
-        args = ["-o", options, "-w", "-l", f"{root}/log"] if action == "start" else ["-m", "fast", "-w"]
-        subprocess.run([*as_server, pg_ctl, "-D", data, *args, action], check=True, capture_output=True)
-
-    try:
-        yield f"postgresql+psycopg://egpu@/postgres?host={root}&port={port}", server
-    finally:
-        subprocess.run([*as_server, pg_ctl, "-D", data, "-m", "immediate", "stop"], capture_output=True)
-        shutil.rmtree(root, ignore_errors=True)
+pytest.importorskip("psycopg", reason="the psycopg driver is not installed")
 
 
 def test_the_store_migrates_and_records_on_postgresql(postgres):
