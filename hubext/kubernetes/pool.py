@@ -21,7 +21,7 @@ from kubernetes_asyncio.client import models as k8s
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner.clients import load_config, shared_client
 from kubespawner.reflector import ResourceReflector
-from traitlets import Bool, Float, List, Unicode
+from traitlets import Bool, Float, List, Unicode, default
 
 from quotas import GPU, Allocation, ConfigError, Node, Pool, load_pool
 
@@ -109,6 +109,23 @@ class KubernetesPool(PoolBackend):
         any other hub (each hub renews every third of it). Default: 60.""",
     )
 
+    device_plugin_resource = Unicode(
+        config=True,
+        help="""The extended resource through which a device plugin hands out whole cards. On a GPU
+        node where it is allocatable, the device plugin may give any of the node's cards to a pod
+        that asks for one, whichever card holds slices, and kube-scheduler counts none of our
+        slices: so this hub slices no card of such a node (it says so in its log) until the device
+        plugin is off there (GPU operator: label the node nvidia.com/gpu.deploy.device-plugin=false).
+        Empty: not checked. Default: 'nvidia.com/gpu' with the 'native' GPU backend
+        (ElasticGPUSpawner.gpu_backend), else empty ('whole', 'hami' and 'mig' pods ask the device
+        plugin for their cards, so kube-scheduler accounts for them).""",
+    )
+
+    @default("device_plugin_resource")
+    def _default_device_plugin_resource(self) -> str:
+        backend = self.config.ElasticGPUSpawner.get("gpu_backend", "native") if self.config else "native"
+        return "nvidia.com/gpu" if backend == "native" else ""
+
     def _default_namespace(self) -> str:
         return os.environ.get("POD_NAMESPACE", "default")
 
@@ -127,6 +144,8 @@ class KubernetesPool(PoolBackend):
         self._others_seen: frozenset[Claim] = frozenset()
         self._physical_nodes: list[Node] = []
         self._claims_adopted = False
+        #: GPU nodes where the device plugin advertises cards (said once per node)
+        self._device_plugin_nodes: set[str] = set()
 
     @property
     def api(self):
@@ -180,6 +199,7 @@ class KubernetesPool(PoolBackend):
                 self.log.error("Node %s: ignoring its GPU annotation %s: %s", name, C.NODE_GPUS_ANNOTATION, e)
                 continue
             allocatable = (node.status.allocatable if node.status else None) or {}
+            found = self._without_device_plugin_cards(found, allocatable)
             cpu, memory = cpu_and_memory(allocatable)
             nodes.append(
                 replace(
@@ -206,6 +226,28 @@ class KubernetesPool(PoolBackend):
             self._others_seen = frozenset(held)
             nodes = without(nodes, held)
         return Pool(nodes=tuple(nodes))
+
+    def _without_device_plugin_cards(self, node: Node, allocatable: Mapping[str, str]) -> Node:
+        """``node`` as this hub may slice it: every card held (none sliced) where the device plugin
+        hands out cards kube-scheduler does not know we slice."""
+        advertised = str(allocatable.get(self.device_plugin_resource, "0")) if self.device_plugin_resource else "0"
+        if advertised in ("", "0"):
+            self._device_plugin_nodes.discard(node.name)
+            return node
+        if node.name not in self._device_plugin_nodes:
+            self._device_plugin_nodes.add(node.name)
+            self.log.error(
+                "Node %s advertises %s %s: a device plugin hands its cards out whole to any pod that asks, "
+                "and kube-scheduler does not count our slices, so this hub slices none of its cards. Turn "
+                "the device plugin off on nodes labelled %s=true (GPU operator: label them "
+                "nvidia.com/gpu.deploy.device-plugin=false), or set KubernetesPool.device_plugin_resource "
+                "to '' with a backend whose pods ask the device plugin for their cards.",
+                node.name,
+                advertised,
+                self.device_plugin_resource,
+                C.NODE_GPU_LABEL,
+            )
+        return replace(node, gpus=tuple(replace(g, held_whole=True) for g in node.gpus))
 
     async def _requested_by_others(self, names: set[str]) -> dict[str, tuple[int, int]]:
         """Per node: CPU and memory requested by running pods that hold no allocation (the ledger's

@@ -35,7 +35,7 @@ async def test_pool_reads_node_allocatable_other_pods_and_ledger_pods_requests(
     gpus = [{"uuid": f"GPU-{node}", "model": "H100-80GB", "memory_mib": 81920, "index": 0}]
     kube_emulator.add_node(node, labels={C.NODE_GPU_LABEL: "true"},
                            annotations={C.NODE_GPUS_ANNOTATION: json.dumps(gpus)},
-                           allocatable={"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "1"})
+                           allocatable={"cpu": "8", "memory": "32Gi"})
     held = Allocation(id="nb-alice-1", owner=Owner("alice"), node=node, gpu_uuids=(f"GPU-{node}",),
                       memory_mib=10240, cores_percent=25, priority_class="default")
     pool = KubernetesPool(namespace=kube_namespace)
