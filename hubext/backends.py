@@ -38,6 +38,7 @@ class ReleaseCause(str, enum.Enum):
     FAILED = "failed"  # a spawn or launch failed before the holder ran
     CANCELLED = "cancelled"  # the request was cancelled while it was being granted
     CULLED = "culled"  # reclaimed by the culler
+    SWAPPED = "swapped"  # its kernel's GPU state went to host memory; its resume is a new grant (docs/metering.md)
 
 
 #: called by a backend when the holder of an allocation is gone (pod deleted, process died)

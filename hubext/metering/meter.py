@@ -204,6 +204,13 @@ class UsageMeter(SingletonConfigurable):
                 }
             )
 
+    def resumed(self, allocation_id: str, previous_id: str) -> None:
+        """Say that ``allocation_id`` resumes a kernel swapped out of ``previous_id`` (released with
+        ``ReleaseCause.SWAPPED``): the store links the two records, and the gap between them is the
+        swapped period. For the swap code, after the resume's grant; never waits (docs/metering.md)."""
+        if self.recorder is not None:
+            self._submit({"event": "resumed", "id": allocation_id, "resumes": previous_id})
+
     def _submit(self, event: dict[str, Any]) -> None:
         if not self.recorder.submit(event) and self.metrics is not None:
             self.metrics.dropped.inc()

@@ -50,6 +50,10 @@ class UsageRecord:
     #: when it was busy: merged busy sample intervals as seconds from the grant, "0-30,90-150"
     #: (None: no activity known; revision 0003). Capacity planning replays them as bursts.
     busy_periods: str | None = None
+    #: the record this one continues: its kernel was swapped out (that record's cause is 'swapped')
+    #: and resumed in this slice (UsageMeter.resumed; revision 0004). The gap between the two is
+    #: the swapped period (swapped_periods()).
+    resumes: str | None = None
 
     @classmethod
     def from_allocation(
@@ -104,3 +108,19 @@ class UsageRecord:
     def end(self, now: float) -> float:
         """When it stopped counting: its release, else ``now`` (still held)."""
         return self.released_at if self.released_at is not None else now
+
+
+#: release cause of a kernel swapped out to host memory (hubext.backends.ReleaseCause.SWAPPED)
+SWAPPED = "swapped"
+
+
+def swapped_periods(records: Iterable[UsageRecord]) -> list[tuple[UsageRecord, float, UsageRecord | None]]:
+    """(record swapped out, when, the record that resumed it or None: still swapped out) for every
+    record released as swapped: the kernel held no slice from its release to the resume's grant."""
+    records = list(records)
+    resumed_by = {r.resumes: r for r in records if r.resumes}
+    return [
+        (r, r.released_at, resumed_by.get(r.id))
+        for r in records
+        if r.release_cause == SWAPPED and r.released_at is not None
+    ]

@@ -47,6 +47,8 @@ usage = Table(
     # revision 0003: the user's hub groups; when it was busy (for capacity replays with an idle timeout)
     Column("hub_groups", Text, nullable=False, server_default=""),
     Column("busy_periods", Text, nullable=True),  # "0-30,90-150": seconds from the grant; NULL: unknown
+    # revision 0004: the record this one continues after its kernel was swapped out
+    Column("resumes", String(255), nullable=True),
     Index("ix_elastic_gpu_usage_granted_at", "granted_at"),
     Index("ix_elastic_gpu_usage_released_at", "released_at"),
     Index("ix_elastic_gpu_usage_user", "user"),

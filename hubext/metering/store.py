@@ -13,6 +13,8 @@ idempotent (a replayed batch changes nothing):
 - ``{"event": "granted", "record": {...}}``: insert the record unless it exists;
 - ``{"event": "released", "id", "at", "cause", "why"}``: close it (first close wins);
 - ``{"event": "activity", "id", "busy_seconds", ...}``: absolute activity totals of an open record;
+- ``{"event": "resumed", "id", "resumes"}``: this record continues ``resumes`` (a kernel swapped
+  out, released with cause ``swapped``, and resumed in this slice);
 - ``{"event": "reconcile", "at", "live": [record, ...]}``: the allocator's ledger at ``at``:
   insert live allocations the store misses, mark them seen, and close open records that are
   no longer live at the last time they were seen (cause ``unrecorded``).
@@ -54,7 +56,7 @@ def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
         yield items[i : i + size]
 
 
-_KIND_ORDER = {"granted": 0, "activity": 1, "released": 2}
+_KIND_ORDER = {"granted": 0, "activity": 1, "resumed": 1, "released": 2}
 
 
 def _by_kind(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -165,6 +167,11 @@ class UsageStore:
                         .values({c: bindparam(f"b_{c}") for c in ACTIVITY_COLUMNS}),
                         # an event spooled by an older hub lacks the newer columns
                         [{"b_id": e["id"], **{f"b_{c}": e.get(c) for c in ACTIVITY_COLUMNS}} for e in run],
+                    )
+                elif kind == "resumed":
+                    db.execute(
+                        update(usage).where(usage.c.id == bindparam("b_id")).values(resumes=bindparam("b_resumes")),
+                        [{"b_id": e["id"], "b_resumes": e["resumes"]} for e in run],
                     )
                 elif kind == "reconcile":
                     for event in run:

@@ -17,7 +17,7 @@ from hubext.allocator import GPUAllocator
 from hubext.backends import ReleaseCause
 from hubext.metering.meter import UsageMeter
 from hubext.metering.metrics import UsageMetrics
-from hubext.metering.record import UNRECORDED
+from hubext.metering.record import UNRECORDED, swapped_periods
 from quotas import GPURequest, Owner
 from tests.culler.shimrecord import write_activity
 
@@ -97,6 +97,24 @@ async def test_every_grant_and_release_is_recorded_with_its_cause(tmp_path):
         await allocator.backend.stop()
         if holder.poll() is None:
             holder.kill()
+
+
+async def test_a_swapped_out_kernel_is_recorded_as_swapped_and_its_resume_continues_it(tmp_path):
+    """The recorder API the swap code uses: release with ReleaseCause.SWAPPED, grant again, then
+    UsageMeter.resumed(new, old)."""
+    allocator, meter = make(tmp_path)
+    try:
+        first = await allocator.allocate(request("alice", 20, "k-0", kind="kernel"))
+        await allocator.release(first.id, "GPU state swapped out to host memory", ReleaseCause.SWAPPED)
+        second = await allocator.allocate(request("alice", 20, "k-1", kind="kernel"))
+        meter.resumed(second.id, first.id)
+        assert meter.recorder.flush()
+        ((swapped, start, resume),) = swapped_periods(meter.store.records())
+        assert (swapped.id, swapped.release_cause, resume.id) == (first.id, "swapped", second.id)
+        assert start == swapped.released_at <= resume.granted_at
+    finally:
+        meter.close()
+        await allocator.backend.stop()
 
 
 async def test_activity_from_the_shims_record_gives_busy_seconds_and_memory(tmp_path):

@@ -8,7 +8,7 @@ import sqlite3
 import pytest
 from sqlalchemy import inspect
 
-from hubext.metering.record import UNRECORDED, UsageRecord
+from hubext.metering.record import UNRECORDED, UsageRecord, swapped_periods
 from hubext.metering.schema import VERSION_TABLE
 from hubext.metering.store import UsageStore, head_revision
 
@@ -41,7 +41,7 @@ def test_an_empty_database_is_migrated_to_head(tmp_path):
     store = UsageStore(f"sqlite:///{tmp_path / 'hub.sqlite'}")
     assert store.revision() is None
     store.upgrade()
-    assert store.revision() == head_revision() == "0003"
+    assert store.revision() == head_revision() == "0004"
     columns = {c["name"] for c in inspect(store.engine).get_columns("elastic_gpu_usage")}
     assert {
         "busy_seconds",
@@ -50,6 +50,7 @@ def test_an_empty_database_is_migrated_to_head(tmp_path):
         "last_seen",
         "hub_groups",
         "busy_periods",
+        "resumes",
     } <= columns
 
 
@@ -74,7 +75,7 @@ def test_records_of_the_previous_schema_survive_the_upgrade(tmp_path):
 
 
 def test_records_of_the_0002_schema_survive_the_upgrade_and_old_spooled_events_still_apply(tmp_path):
-    """0002 -> 0003 (hub groups, busy periods): a row and a spool written by the 0002 code."""
+    """0002 -> head (0003: hub groups, busy periods; 0004: resumes): a row and a spool written by the 0002 code."""
     path = tmp_path / "hub.sqlite"
     store = UsageStore(f"sqlite:///{path}")
     store.upgrade("0002")
@@ -199,3 +200,34 @@ def test_a_batch_gives_the_same_records_as_its_events_one_by_one(tmp_path):
     by_id = {r.id: r for r in batched.records()}
     assert (by_id["a"].release_cause, by_id["a"].busy_seconds) == ("culled", 30.0)
     assert by_id["c"].released_at is None and by_id["b"].release_cause == "stopped"
+
+
+def test_a_swapped_out_kernel_and_its_resume_express_the_swapped_period_from_the_0003_schema(tmp_path):
+    """0003 -> 0004: a record of the 0003 code survives; a kernel released as 'swapped' and resumed
+    in a new slice gives the period it held no GPU."""
+    path = tmp_path / "hub.sqlite"
+    store = UsageStore(f"sqlite:///{path}")
+    store.upgrade("0003")
+    old = {k: v for k, v in record("old").items() if k != "resumes"}  # a row the 0003 code wrote
+    with sqlite3.connect(path) as db:
+        db.execute(
+            f"INSERT INTO elastic_gpu_usage ({', '.join(old)}) VALUES ({', '.join('?' * len(old))})", list(old.values())
+        )
+    store.upgrade()
+    assert store.revision() == head_revision()
+    store.apply(
+        [
+            {"event": "granted", "record": record("k-0", granted_at=1000.0, kind="kernel")},
+            {"event": "released", "id": "k-0", "at": 1600.0, "cause": "swapped", "why": "idle 10 min"},
+            {"event": "granted", "record": record("k-1", granted_at=4000.0, kind="kernel")},
+            {"event": "resumed", "id": "k-1", "resumes": "k-0"},
+            {"event": "granted", "record": record("j-0", granted_at=1000.0, kind="kernel")},
+            {"event": "released", "id": "j-0", "at": 2000.0, "cause": "swapped"},
+        ]
+    )
+    by_id = {r.id: r for r in store.records()}
+    assert by_id["old"].resumes is None and by_id["k-1"].resumes == "k-0"
+    periods = {
+        r.id: (start, resume.granted_at if resume else None) for r, start, resume in swapped_periods(by_id.values())
+    }
+    assert periods == {"k-0": (1600.0, 4000.0), "j-0": (2000.0, None)}  # j-0: still swapped out
