@@ -17,6 +17,7 @@ from hubext.contract import allocation_from_dict, allocation_to_dict, model_name
 from hubext.local.ledger import Ledger
 from hubext.local.pool import LocalPool
 from hubext.local.processes import process_alive
+from libvgpu.regions import read_priority_table
 from quotas import Allocation, ConfigError, Owner
 
 
@@ -103,6 +104,8 @@ async def test_a_holder_that_exits_is_reported_gone_and_its_files_removed(tmp_pa
         a = alloc("nb-1")
         await pool.record(a)
         env = pool.holder_env(a, priority_value=100)
+        node_regions = pool.regions_dir / "node"
+        assert read_priority_table(node_regions) == {"nb-1": 100}  # the shim believes this, not the region
         holder = sleeper(0.3)
         await pool.bind(a.id, str(holder.pid))
         holder.wait()  # reaped, as the spawner's poll does
@@ -113,6 +116,7 @@ async def test_a_holder_that_exits_is_reported_gone_and_its_files_removed(tmp_pa
         assert gone == [("nb-1", f"process {holder.pid} exited")]
         assert await pool.allocations() == []
         assert not os.path.exists(env["LIBVGPU_CONFIG"])
+        assert read_priority_table(node_regions) == {}
     finally:
         await pool.stop()
 

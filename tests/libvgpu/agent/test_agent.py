@@ -363,6 +363,15 @@ def test_shim_is_installed_in_the_host_dir_with_the_preload_file_and_regions(nod
     wait_for(lambda: (regions / f"{GPU0}.region").is_file(), 10, "GPU 0's node region")
 
 
+
+def test_the_priority_table_of_the_regions_lists_each_running_allocation(node):
+    from libvgpu.regions import read_priority_table
+
+    regions = node.host_dir / "regions"
+    wait_for(lambda: read_priority_table(regions).get("a-ok") == 100, 15, "a-ok's priority in the table")
+    table = regions / "priorities"
+    assert table.stat().st_mode & 0o777 == 0o644 and table.stat().st_uid == regions.stat().st_uid
+
 # ---- metrics ---------------------------------------------------------------------------------------
 
 
