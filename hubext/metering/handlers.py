@@ -9,7 +9,7 @@ for all users. Query parameters:
 ``from``, ``to``
     the period, ISO 8601 (UTC unless a zone is given) or unix seconds; default the last 30 days;
 ``by``
-    comma-separated groups (user, namespace, workspace, model, kind, node, priority_class, day, month);
+    comma-separated groups (user, namespace, workspace, group, model, kind, node, priority_class, day, month);
 ``user``
     only this user's records;
 ``format``
