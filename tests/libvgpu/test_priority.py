@@ -5,6 +5,7 @@ without a cores limit, graph launches included."""
 from __future__ import annotations
 
 import mmap
+import os
 import struct
 import time
 
@@ -126,13 +127,19 @@ def _forge_priority(node_dir, name: str, priority: int) -> None:
     raise AssertionError(f"no entry named {name}")
 
 
-def test_a_priority_forged_in_the_node_region_does_not_hold_other_containers(make_node):
+@pytest.mark.parametrize("table", ["the-hubs", "planted"])
+def test_a_priority_forged_in_the_node_region_does_not_hold_other_containers(make_node, table):
     node = make_node(CUDA_DOUBLE_QUEUE=2)
     common = f"node_region_dir={node.node_dir}\npriority_window_ms={WINDOW_MS}"
-    # what the hub / node agent wrote: each allocation's priority (read-only for containers)
     node.node_dir.mkdir(parents=True)
     node.node_dir.chmod(0o1777)
-    write_priority_table(node.node_dir, {"alloc-evil": 1, "alloc-good": 10})
+    if table == "the-hubs":  # what the hub / node agent wrote (read-only for containers)
+        write_priority_table(node.node_dir, {"alloc-evil": 1, "alloc-good": 10})
+    else:  # a table the directory's owner did not write, agreeing with the forgery
+        if os.geteuid() != 0:
+            pytest.skip("planting a file of another owner needs root")
+        write_priority_table(node.node_dir, {"alloc-evil": 1_000_000, "alloc-good": 10})
+        os.chown(node.node_dir / "priorities", 65534, 65534)
     evil = node.container("evil", f"priority=1\nname=alloc-evil\n{common}")
     good = node.container("good", f"priority=10\nname=alloc-good\n{common}")
     hog = evil.start("init", "ctx", "ready", "timeline:4:1000", wait_for="ready")
