@@ -15,7 +15,6 @@ import pytest
 from traitlets.config import Config
 
 from hubext.local.pool import LocalPool
-from libvgpu.backstop import Backstop
 from quotas import Allocation, Owner
 
 INTERVAL = 0.5  # the default is 2 s; (confirm_checks + 1) x interval is the bound either way
@@ -82,8 +81,7 @@ async def killed_within(proc, seconds: float) -> float:
 
 async def test_over_slice_and_shim_bypassing_processes_are_killed_every_time(machine, caplog):
     pool, node, allocation, env = machine
-    bound = (Backstop().confirm_checks + 1) * INTERVAL + 2  # + slack for a loaded machine
-    assert bound <= 10
+    bound = 10  # what the issue asks (acted on in ~1-1.5 s here; the defaults' bound is 6 s)
     no_shim = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
     with caplog.at_level(logging.WARNING):
         good = start(node, env, "init", "ctx", "alloc:512M")

@@ -212,3 +212,25 @@ def test_allocation_round_trips_through_the_ledger_format():
 )
 def test_nvml_names_become_the_pools_model_names(nvml, memory_mib, model):
     assert model_name(nvml, memory_mib) == model
+
+
+def test_a_gpu_process_is_traced_to_its_slice_by_ancestry_or_by_the_id_it_carries():
+    from hubext.contract import ENV_ALLOCATION_ID
+    from hubext.local.processes import allocations_of
+
+    scrubbed = {k: v for k, v in os.environ.items() if k != ENV_ALLOCATION_ID}
+    # a holder whose child dropped the id, and a detached process that carries one
+    holder = subprocess.Popen(["sh", "-c", "sleep 30 & wait"], env=scrubbed, start_new_session=True)
+    carrier = subprocess.Popen(["sleep", "30"], env={**scrubbed, ENV_ALLOCATION_ID: "nb-2"}, start_new_session=True)
+    try:
+        children = f"/proc/{holder.pid}/task/{holder.pid}/children"
+        deadline = time.monotonic() + 10
+        while not open(children).read().split() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (child,) = map(int, open(children).read().split())
+        found = allocations_of([child, carrier.pid, os.getpid()], {holder.pid: "nb-1"})
+        assert found == {child: "nb-1", carrier.pid: "nb-2"}
+    finally:
+        for p in (holder, carrier):
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
