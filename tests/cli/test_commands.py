@@ -177,3 +177,7 @@ def test_usage_and_simulate_are_elastic_gpu_commands(tmp_path):
         )
         assert result.returncode == 2, result
         assert "does not exist; pass --config" in result.stderr and "Traceback" not in result.stderr
+        shown = subprocess.run(
+            [sys.executable, "-m", "hubext.cli", cmd, "--help"], capture_output=True, text=True, timeout=60
+        )
+        assert shown.returncode == 0 and f"usage: elastic-gpu {cmd}" in shown.stdout, shown

@@ -1,6 +1,7 @@
 """Kubernetes mode (through the API emulator): a GPU kernel pod's slice is recorded from grant
 to release in the hub's database with the activity the node agent annotates on the pod, the
-record outlives the pod, and a kernel pod preempted by a high-priority one is recorded so."""
+record outlives the pod, a kernel pod preempted by a high-priority one is recorded so, and one
+the culler reclaims is recorded as culled."""
 
 from __future__ import annotations
 
@@ -71,10 +72,16 @@ def test_a_kernel_pods_slice_is_recorded_and_outlives_the_pod(tmp_path):
             what="the default kernel pod's record closed 'preempted'",
         )
         assert preempted.priority_class == "default" and preempted.node == "gpu-node-1"
+        # the culler's way: it tells the broker, then shuts the kernel down through its server
+        status, body = hub.api("GET", "/gpu/kernels?user=alice")
+        (running,) = [k for k in body["kernels"] if k["state"] == "running"]
+        status, body = hub.api("POST", f"/gpu/kernels/{running['id']}/cull", body={"reason": "idle for 600 s"})
+        assert status == 204, body
         for session in (low, high):
             assert alice.api("DELETE", f"/sessions/{session['id']}")[0] in (204, 404)
-        hub.wait_for(
-            lambda: [r for r in store.records() if r.priority_class == "high" and r.release_cause == "stopped"],
+        (culled,) = hub.wait_for(
+            lambda: [r for r in store.records() if r.priority_class == "high" and r.released_at is not None],
             timeout=60,
-            what="the high-priority kernel pod's record closed 'stopped'",
+            what="the high-priority kernel pod's record closed",
         )
+        assert (culled.release_cause, culled.release_why) == ("culled", "culled: idle for 600 s")
