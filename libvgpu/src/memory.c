@@ -196,6 +196,10 @@ static void refresh_floor(int dev) {
                      region_name());
         atomic_store(&me->used[dev], own);
     }
+    if (me && atomic_load(&me->pid) != (int32_t)getpid()) { /* its slot was wiped: take it back */
+        atomic_store(&me->host_pid, atomic_load(&vgpu.host_pid));
+        atomic_store(&me->pid, (int32_t)getpid());
+    }
     vgpu_region_reap_locked(r);
     int mine = atomic_load(&vgpu.slot);
     uint32_t hwm = atomic_load(&r->hwm);
