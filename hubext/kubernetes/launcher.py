@@ -25,6 +25,7 @@ from .. import contract as C
 from ..backends import KernelLauncher, LaunchError, ServerRef
 from ..kernels import KernelRecord
 from .objects import (
+    HOST_CLAIM,
     apply_gpu_to_pod,
     cpu_and_memory,
     kernel_base_name,
@@ -180,10 +181,11 @@ class KubernetesKernelLauncher(KernelLauncher):
     gpu_priority_class_prefix = Unicode(
         "elastic-gpu-", config=True, help="Prefix of the Kubernetes PriorityClass names when the spawner does not say."
     )
-    gpu_host_dir = Unicode(
-        "/var/lib/elastic-gpu",
+    gpu_host_claim = Unicode(
+        HOST_CLAIM,
         config=True,
-        help="Host directory of libvgpu on GPU nodes when the spawner does not say.",
+        help="""PersistentVolumeClaim of the node agent's host directory (see
+        ElasticGPUSpawner.gpu_host_claim) when the spawner does not say. Default: 'elastic-gpu-host'.""",
     )
     unschedulable_grace_seconds = Float(
         0.0,
@@ -293,7 +295,7 @@ class KubernetesKernelLauncher(KernelLauncher):
         pod_name = getattr(spawner, "pod_name", "")
         namespace = getattr(spawner, "namespace", "") or self._ns()
         ref = ServerRef(user=spawner.user.name, name=spawner.name or "", pod_name=pod_name, namespace=namespace)
-        for trait in ("gpu_backend", "gpu_runtime_class", "gpu_priority_class_prefix", "gpu_host_dir"):
+        for trait in ("gpu_backend", "gpu_runtime_class", "gpu_priority_class_prefix", "gpu_host_claim"):
             if hasattr(spawner, trait):
                 ref.gpu_settings[trait] = getattr(spawner, trait)
         if pod_name:
@@ -397,7 +399,7 @@ class KubernetesKernelLauncher(KernelLauncher):
             priority_class_name=settings.get("gpu_priority_class_prefix", self.gpu_priority_class_prefix)
             + allocation.priority_class,
             runtime_class=settings.get("gpu_runtime_class", self.gpu_runtime_class),
-            host_dir=settings.get("gpu_host_dir", self.gpu_host_dir),
+            host_claim=settings.get("gpu_host_claim", self.gpu_host_claim),
             server=record.server_name,
         )
         return pod

@@ -39,6 +39,15 @@ from ..kernels import KernelRecord
 
 BACKENDS = ("native", "hami", "mig", "whole")
 
+#: the volumes apply_gpu_to_pod adds are named with this prefix
+GPU_VOLUME_PREFIX = "elastic-gpu-"
+#: the default name of the PersistentVolumeClaim of the node agent's host directory (the chart's
+#: ``<fullname>-host`` for a release named elastic-gpu)
+HOST_CLAIM = "elastic-gpu-host"
+#: where the host directory's parts appear in a 'native' GPU container
+SHIM_LIB_DIR = "/usr/local/lib/elastic-gpu"
+REGION_DIR = "/var/run/libvgpu"
+
 #: where the kernel's connection Secret is mounted in its pod
 SECRET_MOUNT = "/var/run/elastic-gpu/kernel"
 SECRET_FILE = "connection.json"
@@ -153,12 +162,17 @@ def shared_server_volumes(
     server_pod: k8s.V1Pod | None, kinds: tuple[str, ...] | list[str] = SHAREABLE_VOLUME_KINDS
 ) -> tuple[list[k8s.V1Volume], list[k8s.V1VolumeMount]]:
     """The server pod's volumes of ``kinds`` that its notebook container mounts, and those mounts
-    (same paths, subPaths and read-only flags), for a kernel pod to see the user's files."""
+    (same paths, subPaths and read-only flags), for a kernel pod to see the user's files. The
+    server's own GPU volumes (``elastic-gpu-*``) are not shared: the kernel gets its own."""
     if server_pod is None or server_pod.spec is None:
         return [], []
     container = _notebook_container(server_pod)
     attrs = [_VOLUME_ATTR[k] for k in kinds if k in _VOLUME_ATTR]
-    wanted = {v.name: v for v in server_pod.spec.volumes or [] if any(getattr(v, a, None) for a in attrs)}
+    wanted = {
+        v.name: v
+        for v in server_pod.spec.volumes or []
+        if any(getattr(v, a, None) for a in attrs) and not v.name.startswith(GPU_VOLUME_PREFIX)
+    }
     mounts = [m for m in (container.volume_mounts if container else None) or [] if m.name in wanted]
     used = {m.name for m in mounts}
     volumes = [copy.deepcopy(v) for n, v in wanted.items() if n in used]
@@ -363,14 +377,19 @@ def apply_gpu_to_pod(
     priority_value: int,
     priority_class_name: str,
     runtime_class: str,
-    host_dir: str,
+    host_claim: str = HOST_CLAIM,
     server: str = "",
     tolerations: list[dict] | None = None,
 ) -> None:
     """Write an allocation into a pod the way ``backend`` expects (used for notebooks and kernels).
 
     ``tolerations`` (e.g. of the ``nvidia.com/gpu`` taint) are added to the pod's own; 'native'
-    pods are pinned to the allocation's node by node affinity (see the module's docstring)."""
+    pods are pinned to the allocation's node by node affinity (see the module's docstring).
+
+    A 'native' pod receives the node agent's host directory (``lib/libvgpu.so``,
+    ``ld.so.preload``, ``regions/``) through the PersistentVolumeClaim ``host_claim``, which the
+    chart binds to a hostPath PersistentVolume of that one directory: the pod itself has no
+    hostPath volume, so its namespace can enforce Pod Security "baseline"."""
     if backend not in BACKENDS:
         raise GPUSpawnError(f"gpu_backend {backend!r} is not one of {', '.join(BACKENDS)}.", 500)
     meta = pod.metadata
@@ -379,9 +398,9 @@ def apply_gpu_to_pod(
     annotations[C.A_LIMITS] = C.limits_file_text(
         allocation,
         priority_value,
-        container_region="/var/run/libvgpu/container.region",
-        node_region_dir="/var/run/libvgpu/node",
-        activity_file="/var/run/libvgpu/activity",
+        container_region=f"{REGION_DIR}/container.region",
+        node_region_dir=f"{REGION_DIR}/node",
+        activity_file=f"{REGION_DIR}/activity",
     )
     meta.annotations = annotations
     spec = pod.spec
@@ -417,25 +436,19 @@ def apply_gpu_to_pod(
                 ),
             ),
             k8s.V1Volume(
-                name="elastic-gpu-lib",
-                host_path=k8s.V1HostPathVolumeSource(path=f"{host_dir}/lib", type="Directory"),
-            ),
-            k8s.V1Volume(
-                name="elastic-gpu-preload",
-                host_path=k8s.V1HostPathVolumeSource(path=f"{host_dir}/ld.so.preload", type="File"),
-            ),
-            k8s.V1Volume(
-                name="elastic-gpu-node-regions",
-                host_path=k8s.V1HostPathVolumeSource(path=f"{host_dir}/regions", type="DirectoryOrCreate"),
+                name="elastic-gpu-host",
+                persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=host_claim),
             ),
             k8s.V1Volume(name="elastic-gpu-region", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
         ]
         container.volume_mounts = list(container.volume_mounts or []) + [
             k8s.V1VolumeMount(name="elastic-gpu-limits", mount_path="/etc/libvgpu", read_only=True),
-            k8s.V1VolumeMount(name="elastic-gpu-lib", mount_path="/usr/local/lib/elastic-gpu", read_only=True),
-            k8s.V1VolumeMount(name="elastic-gpu-preload", mount_path="/etc/ld.so.preload", read_only=True),
-            k8s.V1VolumeMount(name="elastic-gpu-node-regions", mount_path="/var/run/libvgpu/node"),
-            k8s.V1VolumeMount(name="elastic-gpu-region", mount_path="/var/run/libvgpu"),
+            k8s.V1VolumeMount(name="elastic-gpu-host", mount_path=SHIM_LIB_DIR, sub_path="lib", read_only=True),
+            k8s.V1VolumeMount(
+                name="elastic-gpu-host", mount_path="/etc/ld.so.preload", sub_path="ld.so.preload", read_only=True
+            ),
+            k8s.V1VolumeMount(name="elastic-gpu-host", mount_path=f"{REGION_DIR}/node", sub_path="regions"),
+            k8s.V1VolumeMount(name="elastic-gpu-region", mount_path=REGION_DIR),
         ]
     elif backend == "hami":
         # HAMi's admission webhook hands only pods of the default scheduler to HAMi's scheduler;

@@ -7,7 +7,7 @@ from kubespawner import KubeSpawner
 from traitlets import Dict, List, Unicode
 
 from ..gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options, profile_gpu_section
-from .objects import apply_gpu_to_pod
+from .objects import HOST_CLAIM, apply_gpu_to_pod
 
 
 class ElasticGPUSpawner(GPUSpawnerMixin, KubeSpawner):
@@ -40,10 +40,14 @@ class ElasticGPUSpawner(GPUSpawnerMixin, KubeSpawner):
         singleuser.extraTolerations). Kubernetes' form: key, operator, value, effect. Default:
         the nvidia.com/gpu:NoSchedule taint that GPU node pools carry (GKE, the GPU operator).""",
     )
-    gpu_host_dir = Unicode(
-        "/var/lib/elastic-gpu",
+    gpu_host_claim = Unicode(
+        HOST_CLAIM,
         config=True,
-        help="Host directory where the node agent installs libvgpu.so, ld.so.preload and the node regions.",
+        help="""PersistentVolumeClaim (in the pods' namespace) of the node agent's host directory
+        (libvgpu.so, ld.so.preload, the node regions), mounted into 'native' GPU pods by subPath.
+        The chart creates it, bound to a hostPath PersistentVolume of nodeAgent.hostLibDir, as
+        <fullname>-host: so GPU pods carry no hostPath volume and the users' namespace can
+        enforce Pod Security "baseline". Default: 'elastic-gpu-host' (a release named elastic-gpu).""",
     )
 
     # ---- profiles: group filtering and forged options -------------------------------------
@@ -127,7 +131,7 @@ class ElasticGPUSpawner(GPUSpawnerMixin, KubeSpawner):
             priority_value=self.gpu_allocator.priority_value(allocation.priority_class),
             priority_class_name=self.gpu_priority_class_prefix + allocation.priority_class,
             runtime_class=self.gpu_runtime_class,
-            host_dir=self.gpu_host_dir,
+            host_claim=self.gpu_host_claim,
             server=self.name or "",
             tolerations=[dict(t) for t in self.gpu_tolerations],
         )

@@ -92,8 +92,8 @@ class NodeAgent(Application):
         "/var/lib/elastic-gpu",
         config=True,
         help="""Host directory (a hostPath) where the agent installs lib/libvgpu.so (+ proxies),
-        ld.so.preload and regions/ (the shim's node regions). Must match the spawner's
-        gpu_host_dir. Default: /var/lib/elastic-gpu.""",
+        ld.so.preload and regions/ (the shim's node regions). GPU pods mount it through the
+        chart's claim of it (the spawner's gpu_host_claim). Default: /var/lib/elastic-gpu.""",
     )
     container_lib_dir = Unicode(
         "/usr/local/lib/elastic-gpu",

@@ -10,6 +10,7 @@ import ipaddress
 import pytest
 
 from tests.helm import tools
+from tests.kubeemu.podsecurity import violations
 
 try:
     tools.helm_path()
@@ -189,75 +190,6 @@ def test_hub_may_read_the_claims_kernel_pods_mount(rendered):
 
 # ---- the kernel pod against Pod Security --------------------------------------------------------
 
-BASELINE_CAPS = {
-    "AUDIT_WRITE",
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "FSETID",
-    "KILL",
-    "MKNOD",
-    "NET_BIND_SERVICE",
-    "SETFCAP",
-    "SETGID",
-    "SETPCAP",
-    "SETUID",
-    "SYS_CHROOT",
-}
-RESTRICTED_VOLUMES = {
-    "configMap",
-    "csi",
-    "downwardAPI",
-    "emptyDir",
-    "ephemeral",
-    "persistentVolumeClaim",
-    "projected",
-    "secret",
-}
-
-
-def pod_security_violations(pod: dict, level: str) -> list[str]:
-    """The checks of Kubernetes' Pod Security Standards ('baseline' or 'restricted') that a pod
-    manifest fails, by name (the subset that our pods' fields can touch)."""
-    spec = pod["spec"]
-    psc = spec.get("securityContext") or {}
-    containers = spec["containers"] + spec.get("initContainers", [])
-    out = []
-    for host in ("hostNetwork", "hostPID", "hostIPC"):
-        if spec.get(host):
-            out.append(host)
-    if any("hostPath" in v for v in spec.get("volumes", [])):
-        out.append("hostPathVolumes")
-    for c in containers:
-        sc = c.get("securityContext") or {}
-        if sc.get("privileged"):
-            out.append("privileged")
-        if set((sc.get("capabilities") or {}).get("add", [])) - BASELINE_CAPS:
-            out.append("capabilities")
-        if any(p.get("hostPort") for p in c.get("ports", [])):
-            out.append("hostPorts")
-        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
-        if seccomp == "Unconfined":
-            out.append("seccompProfile")
-        if level == "restricted":
-            if sc.get("allowPrivilegeEscalation") is not False:
-                out.append("allowPrivilegeEscalation")
-            if not (sc.get("runAsNonRoot") or psc.get("runAsNonRoot")):
-                out.append("runAsNonRoot")
-            if (sc.get("runAsUser") if "runAsUser" in sc else psc.get("runAsUser")) == 0:
-                out.append("runAsUser")
-            if seccomp not in ("RuntimeDefault", "Localhost"):
-                out.append("seccompProfile")
-            caps = sc.get("capabilities") or {}
-            if "ALL" not in caps.get("drop", []) or set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
-                out.append("capabilities")
-    if level == "restricted":
-        for v in spec.get("volumes", []):
-            kind = next(k for k in v if k != "name")
-            if kind not in RESTRICTED_VOLUMES:
-                out.append(f"restrictedVolumes:{kind}")
-    return sorted(set(out))
-
 
 def _kernel_pod(backend: str) -> dict:
     from kubernetes_asyncio.client import models as k8s
@@ -307,27 +239,60 @@ def _prune(value):
 
 
 def test_scheduler_backend_kernel_pods_pass_the_restricted_profile():
-    assert pod_security_violations(_kernel_pod("hami"), "restricted") == []
-    assert pod_security_violations(_kernel_pod("whole"), "restricted") == []
+    assert violations(_kernel_pod("hami"), "restricted") == []
+    assert violations(_kernel_pod("whole"), "restricted") == []
 
 
-def test_native_kernel_pods_fail_baseline_only_for_the_shims_host_paths():
-    """What remains (docs/helm.md): the 'native' backend mounts libvgpu.so, ld.so.preload and the
-    node regions from the host, so its users' namespace needs Pod Security 'privileged'."""
+def test_native_kernel_pods_pass_the_restricted_profile_too():
+    """The shim's files come through the chart's claim (a persistentVolumeClaim volume, allowed
+    even by 'restricted'), the limits file through the downward API: no hostPath."""
     pod = _kernel_pod("native")
-    assert pod_security_violations(pod, "baseline") == ["hostPathVolumes"]
-    assert [v for v in pod_security_violations(pod, "restricted") if not v.startswith("restrictedVolumes")] == [
-        "hostPathVolumes"
-    ]
+    assert violations(pod, "baseline") == []
+    assert violations(pod, "restricted") == []
 
 
-def test_the_checker_catches_what_baseline_forbids():
-    pod = {
-        "spec": {
-            "hostPID": True,
-            "containers": [
-                {"name": "c", "securityContext": {"privileged": True, "capabilities": {"add": ["SYS_ADMIN"]}}}
-            ],
-        }
-    }
-    assert pod_security_violations(pod, "baseline") == ["capabilities", "hostPID", "privileged"]
+# ---- the node agent's directory reaches GPU pods through a claim (Pod Security "baseline") --------
+
+
+def test_gpu_pods_get_the_agent_directory_through_a_claim_bound_to_one_host_path(rendered):
+    docs = rendered["default"]
+    pv = tools.one(docs, "PersistentVolume")
+    pvc = tools.one(docs, "PersistentVolumeClaim")
+    assert pv["spec"]["hostPath"] == {"path": "/var/lib/elastic-gpu", "type": "DirectoryOrCreate"}
+    assert pv["spec"]["persistentVolumeReclaimPolicy"] == "Retain"  # uninstall never deletes host files
+    # reserved for our claim, statically bound: no StorageClass provisions another volume for it
+    assert pv["spec"]["claimRef"] == {"namespace": tools.NAMESPACE, "name": pvc["metadata"]["name"]}
+    assert pvc["spec"]["volumeName"] == pv["metadata"]["name"]
+    assert pv["spec"]["storageClassName"] == pvc["spec"]["storageClassName"] == ""
+    assert pv["spec"]["accessModes"] == pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert pvc["metadata"]["namespace"] == tools.NAMESPACE
+    # nothing else of the chart mounts a host path outside the agent's own namespace
+    agent_ns = tools.one(docs, "DaemonSet")["metadata"]["namespace"]
+    for d in docs:
+        spec = (d.get("spec") or {}).get("template", {}).get("spec", {})
+        if any("hostPath" in v for v in spec.get("volumes") or []):
+            assert d["metadata"]["namespace"] == agent_ns, d["metadata"]["name"]
+
+
+def test_host_claim_is_the_one_the_spawner_mounts_by_default():
+    from hubext.kubernetes.launcher import KubernetesKernelLauncher
+    from hubext.kubernetes.spawner import ElasticGPUSpawner
+
+    pvc = tools.one(tools.render(release="elastic-gpu"), "PersistentVolumeClaim")
+    assert pvc["metadata"]["name"] == ElasticGPUSpawner.gpu_host_claim.default_value
+    assert pvc["metadata"]["name"] == KubernetesKernelLauncher.gpu_host_claim.default_value
+
+
+def test_host_claim_follows_the_user_namespace_and_the_host_dir(rendered):
+    docs = rendered["separate-user-namespace"]
+    assert tools.one(docs, "PersistentVolumeClaim")["metadata"]["namespace"] == "jupyter-users"
+    docs = tools.render(set_values=["nodeAgent.hostLibDir=/opt/egpu"])
+    assert tools.one(docs, "PersistentVolume")["spec"]["hostPath"]["path"] == "/opt/egpu"
+    c = tools.one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"][c["args"].index("--host-lib-dir") + 1] == "/opt/egpu"
+
+
+@pytest.mark.parametrize("values", [["gpuBackend=hami"], ["nodeAgent.hostClaim.create=false"]])
+def test_no_host_claim_without_the_native_backend_or_when_the_admin_makes_it(values):
+    docs = tools.render(set_values=values)
+    assert not tools.find(docs, "PersistentVolume") and not tools.find(docs, "PersistentVolumeClaim")

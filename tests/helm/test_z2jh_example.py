@@ -93,8 +93,10 @@ def test_backend_and_prefix_in_hub_config_match_our_chart(z2jh, ours):
     prefix = re.search(r'gpu_priority_class_prefix = "([^"]*)"', config).group(1)
     pcs = {d["metadata"]["name"] for d in tools.find(ours, "PriorityClass")}
     assert pcs == {prefix + c for c in values["admission"]["priority_classes"]}
-    host_dir = re.search(r'gpu_host_dir = "([^"]*)"', config).group(1)
-    assert host_dir == values["nodeAgent"]["hostLibDir"]
+    claim = re.search(r'gpu_host_claim = "([^"]*)"', config).group(1)
+    pvc = tools.one(ours, "PersistentVolumeClaim", claim)
+    pv = tools.one(ours, "PersistentVolume", pvc["spec"]["volumeName"])
+    assert pv["spec"]["hostPath"]["path"] == values["nodeAgent"]["hostLibDir"]
 
 
 def test_singleuser_egress_reaches_the_pods_our_kernel_policy_guards(z2jh, ours):

@@ -24,6 +24,7 @@ from kubernetes import config as kconfig
 from hubext import contract as L
 from tests.hubrunner import HubRunner
 from tests.kubeemu import KubeEmulator
+from tests.kubeemu.helpers import create_host_claim
 
 GPU_UUID = "GPU-11111111-2222-3333-4444-555555555555"
 NODE = "gpu-node-1"
@@ -107,7 +108,6 @@ def cluster(tmp_path_factory):
         c.KubernetesPool.namespace = {NAMESPACE!r}
         c.KubeSpawner.image = "quay.io/jupyter/base-notebook:emulated"
         c.KubeSpawner.cmd = [{str(singleuser)!r}]
-        c.ElasticGPUSpawner.gpu_host_dir = {str(host_dir)!r}
         c.KubeSpawner.start_timeout = 90
         c.KubeSpawner.http_timeout = 60
         c.Spawner.poll_interval = 2
@@ -126,6 +126,7 @@ def cluster(tmp_path_factory):
         kclient.SchedulingV1Api().create_priority_class(
             kclient.V1PriorityClass(metadata=kclient.V1ObjectMeta(name=f"elastic-gpu-{name}"), value=pc["value"])
         )
+    create_host_claim(emulator, NAMESPACE, host_dir)  # the chart's claim of the agent's directory
     hub = HubRunner(workdir, config, env={"KUBECONFIG": str(emulator.kubeconfig_path)})
     hub.start()
     yield hub, api

@@ -26,6 +26,7 @@ from hubext.kubernetes.launcher import KubernetesKernelLauncher
 from hubext.kubernetes.objects import apply_gpu_to_pod, shared_server_volumes, volume_sharing_problem
 from hubext.kubernetes.spawner import ElasticGPUSpawner
 from quotas import Allocation, Owner
+from tests.kubeemu.podsecurity import violations
 
 VERSIONS = ["1.29.0", "1.30.0", "1.31.0", "1.32.0", "1.33.0"]
 GPU_TAINT = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -97,7 +98,6 @@ def gpu_notebook(pod: k8s.V1Pod, backend: str = "native", tolerations=None) -> d
         priority_value=100,
         priority_class_name="elastic-gpu-default",
         runtime_class="nvidia",
-        host_dir="/var/lib/elastic-gpu",
         tolerations=[GPU_TAINT] if tolerations is None else tolerations,
     )
     return {"apiVersion": "v1", "kind": "Pod", **manifest(pod)}
@@ -138,6 +138,41 @@ def test_scheduler_backends_are_not_pinned_but_tolerate_the_gpu_taint(backend):
 def test_a_toleration_already_present_is_not_repeated():
     pod = gpu_notebook(notebook_pod(tolerations=[GPU_TAINT]))
     assert pod["spec"]["tolerations"] == [GPU_TAINT]
+
+
+def test_native_gpu_notebook_pod_passes_pod_security_baseline():
+    """No hostPath: the node agent's directory (libvgpu.so, ld.so.preload, the node regions) comes
+    through the chart's claim, mounted by subPath; the limits file through the downward API."""
+    pod = gpu_notebook(notebook_pod(tolerations=[Z2JH_DEDICATED]))
+    assert violations(pod, "baseline") == []
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["elastic-gpu-host"] == {
+        "name": "elastic-gpu-host",
+        "persistentVolumeClaim": {"claimName": "elastic-gpu-host"},
+    }
+    mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["/etc/ld.so.preload"] == {
+        "name": "elastic-gpu-host", "mountPath": "/etc/ld.so.preload", "subPath": "ld.so.preload", "readOnly": True
+    }  # fmt: skip
+    assert mounts["/usr/local/lib/elastic-gpu"]["subPath"] == "lib" and mounts["/usr/local/lib/elastic-gpu"]["readOnly"]
+    assert mounts["/var/run/libvgpu/node"]["subPath"] == "regions"
+
+
+def test_pod_security_check_refuses_what_baseline_forbids():
+    """The checker itself: the old design's hostPath volumes and z2jh's iptables init container
+    (singleuser.cloudMetadata.blockWithIptables, privileged + NET_ADMIN) are refused."""
+    old = {"spec": {"containers": [{"name": "notebook"}], "volumes": [
+        {"name": "elastic-gpu-lib", "hostPath": {"path": "/var/lib/elastic-gpu/lib"}},
+        {"name": "elastic-gpu-preload", "hostPath": {"path": "/var/lib/elastic-gpu/ld.so.preload"}},
+    ]}}  # fmt: skip
+    assert violations(old, "baseline") == ['hostPath volumes (volumes "elastic-gpu-lib", "elastic-gpu-preload")']
+    iptables = {"spec": {"containers": [{"name": "notebook"}], "initContainers": [{
+        "name": "block-cloud-metadata",
+        "securityContext": {"privileged": True, "runAsUser": 0, "capabilities": {"add": ["NET_ADMIN"]}},
+    }]}}  # fmt: skip
+    found = violations(iptables, "baseline")
+    assert len(found) == 2 and "privileged" in found[0] and "NET_ADMIN" in found[1]
+    assert violations({"spec": {"hostPID": True, "containers": []}}, "baseline") == ["host namespaces (hostPID=true)"]
 
 
 def test_spawner_tolerates_gpu_taints_by_default():
@@ -253,6 +288,30 @@ def test_kernel_pod_meets_the_restricted_pod_security_profile(no_allocator):
         assert sc.get("privileged") is not True
         assert "add" not in sc["capabilities"]
     assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+
+
+def test_kernel_pod_passes_the_restricted_pod_security_profile_as_checked_by_the_standard(no_allocator):
+    """Only the volumes the user's server brings (its NFS share: not a restricted volume type, so
+    the server pod is not 'restricted' either) stand between a kernel pod and the profile."""
+    assert violations(kernel_pod(), "restricted") == ['restricted volume types (volumes "shared")']
+    launcher = KubernetesKernelLauncher(
+        namespace="jhub", image="kernel:1", shared_volume_kinds=["persistentVolumeClaim"]
+    )
+    assert violations(kernel_pod(launcher), "restricted") == []
+
+
+def test_kernel_pod_does_not_share_the_servers_gpu_volumes(no_allocator):
+    """A GPU notebook's own GPU volumes (the host claim is a PVC) are not the user's files: the
+    kernel gets its own, once (a duplicate volume name is refused by the API server)."""
+    server = copy.deepcopy(SERVER_POD)
+    server_manifest = gpu_notebook(server)
+    assert "elastic-gpu-host" in {v["name"] for v in server_manifest["spec"]["volumes"]}
+    launcher = KubernetesKernelLauncher(namespace="jhub", image="kernel:1")
+    pod = launcher._pod(kernel_record(), ALLOCATION, server_ref(server))
+    manifest_ = {"apiVersion": "v1", "kind": "Pod", **manifest(pod)}
+    names = [v["name"] for v in manifest_["spec"]["volumes"]]
+    assert names.count("elastic-gpu-host") == 1 and "home" in names
+    validate_all_versions(manifest_)
 
 
 def test_kernel_pod_has_cpu_and_memory_requests_and_limits_by_default(no_allocator):

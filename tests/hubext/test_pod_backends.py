@@ -46,7 +46,6 @@ async def render(backend, section=None):
         priority_value=100,
         priority_class_name="elastic-gpu-default",
         runtime_class="nvidia",
-        host_dir="/var/lib/elastic-gpu",
         server="",
     )
     async with ApiClient() as api:

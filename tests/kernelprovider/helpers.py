@@ -272,6 +272,7 @@ def kube_stack(
     from kubernetes import config as kconfig
 
     from tests.kubeemu import KubeEmulator
+    from tests.kubeemu.helpers import create_host_claim
 
     gpus = [{"uuid": GPU_UUID, "model": "H100-80GB", "memory_mib": 81920, "sm_count": 132, "index": 0}]
     emulator = KubeEmulator(
@@ -309,6 +310,7 @@ def kube_stack(
         host_dir = work / "host-elastic-gpu"
         (host_dir / "lib").mkdir(parents=True, exist_ok=True)
         (host_dir / "ld.so.preload").write_text("")
+        create_host_claim(emulator, NAMESPACE, host_dir)  # the chart's claim of the agent's directory
         (work / "admission.yaml").write_text(yaml.safe_dump(admission or ADMISSION))
         prefix = work / "jupyter-prefix"
         (prefix / "share" / "jupyter").mkdir(parents=True, exist_ok=True)
@@ -337,7 +339,6 @@ def kube_stack(
             }}
             c.KubeSpawner.start_timeout = 90
             c.KubeSpawner.http_timeout = 60
-            c.ElasticGPUSpawner.gpu_host_dir = {str(host_dir)!r}
             # the emulator serves no NetworkPolicy API (the policy object is checked in test_launcher_objects)
             c.KubernetesKernelLauncher.network_policy = False
             c.KubernetesKernelLauncher.image = "quay.io/jupyter/pytorch-notebook:emulated"

@@ -3,6 +3,8 @@ GPU node is tainted nvidia.com/gpu:NoSchedule (GKE, the GPU operator) and a CPU 
 A real hub (Kubernetes mode, the broker) starts a GPU notebook whose home is a PersistentVolumeClaim
 (KubeSpawner's storage, as z2jh sets it up); a GPU kernel from that notebook lands on the tainted
 node through kube-scheduler and reads a file of the user's home from the notebook's directory.
+The users' namespace enforces Pod Security "baseline" (the emulator refuses what the standard
+forbids): the GPU pods reach the node agent's directory through the chart's claim, not hostPath.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ SPEC = "elastic-gpu-gpu-10g"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     from tests.kubeemu import KubeEmulator
+    from tests.kubeemu.helpers import create_host_claim
+    from tests.kubeemu.podsecurity import ENFORCE_LABEL
 
     work = tmp_path_factory.mktemp("tainted-gpu-node")
     gpus = [{"uuid": GPU_UUID, "model": "H100-80GB", "memory_mib": 81920, "sm_count": 132, "index": 0}]
@@ -72,12 +76,17 @@ def cluster(tmp_path_factory):
                 "value": 100,
             }
         )
+        # users' pods at Pod Security "baseline", enforced by the emulator's admission
+        emulator.patch("namespaces", NAMESPACE, {"metadata": {"labels": {ENFORCE_LABEL: "baseline"}}}, None)
         host_dir = work / "host-elastic-gpu"
         (host_dir / "lib").mkdir(parents=True)
         (host_dir / "ld.so.preload").write_text("")
-        (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
+        create_host_claim(emulator, NAMESPACE, host_dir)  # the chart's claim of the agent's directory
+        # the kernelspecs reach the server as a volume (a hostPath volume would break "baseline")
         prefix = work / "jupyter-prefix"
         (prefix / "share" / "jupyter").mkdir(parents=True, exist_ok=True)
+        create_host_claim(emulator, NAMESPACE, prefix / "share" / "jupyter", name="kernelspecs")
+        (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
         singleuser = Path(sys.executable).parent / "jupyterhub-singleuser"
         profile = {
             "display_name": "1/8 H100",
@@ -108,7 +117,7 @@ def cluster(tmp_path_factory):
             c.KubeSpawner.storage_access_modes = ["ReadWriteOnce"]
             c.KubeSpawner.volumes = [
                 {{"name": "home", "persistentVolumeClaim": {{"claimName": "claim-{{username}}"}}}},
-                {{"name": "kernelspecs", "hostPath": {{"path": {str(prefix / "share" / "jupyter")!r}}}}},
+                {{"name": "kernelspecs", "persistentVolumeClaim": {{"claimName": "kernelspecs"}}}},
             ]
             c.KubeSpawner.volume_mounts = [
                 {{"name": "home", "mountPath": "/home/jovyan"}},
@@ -118,7 +127,6 @@ def cluster(tmp_path_factory):
             c.KubeSpawner.uid = 1000  # z2jh's singleuser.uid and fsGid
             c.KubeSpawner.fs_gid = 100
             c.KubeSpawner.profile_list = [{profile!r}]
-            c.ElasticGPUSpawner.gpu_host_dir = {str(host_dir)!r}
             c.KubernetesKernelLauncher.network_policy = False
             c.KubernetesKernelLauncher.image = "quay.io/jupyter/pytorch-notebook:emulated"
             """
@@ -176,6 +184,9 @@ def test_gpu_notebook_and_kernel_land_on_the_tainted_gpu_node_and_the_kernel_rea
     assert any(t.key == "nvidia.com/gpu" for t in kernel.spec.tolerations)
     assert kernel.spec.security_context.run_as_non_root is True
     claims = [v.persistent_volume_claim.claim_name for v in kernel.spec.volumes if v.persistent_volume_claim]
-    assert claims == ["claim-alice"]
+    # the home (and the server's kernelspecs claim), and the agent's directory once: no hostPath
+    assert sorted(claims) == ["claim-alice", "elastic-gpu-host", "kernelspecs"]
+    for pod in (server, kernel):
+        assert not [v.name for v in pod.spec.volumes if v.host_path], pod.metadata.name
     status, _ = alice.api("DELETE", f"/sessions/{session['id']}")
     assert status == 204

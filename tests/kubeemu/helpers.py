@@ -58,3 +58,42 @@ EXIT_ON_TERM = "import signal as _s, sys as _y; _s.signal(_s.SIGTERM, lambda *a:
 def py(code: str, exit_on_term: bool = True) -> list[str]:
     """python -c code in a pod (exiting on SIGTERM unless exit_on_term is False)."""
     return [sys.executable, "-c", (EXIT_ON_TERM if exit_on_term else "") + code]
+
+
+def host_path_claim(name: str, namespace: str, path: str) -> list[dict]:
+    """A hostPath PersistentVolume of ``path`` and the claim bound to it (statically, reserved by
+    claimRef), as the chart makes ``<fullname>-host`` for the node agent's directory: a pod that
+    mounts the claim sees that directory of its own node and has no hostPath volume itself."""
+    pv = f"{namespace}-{name}"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": {"storage": "1Mi"},
+                "accessModes": ["ReadWriteMany"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": "",
+                "claimRef": {"namespace": namespace, "name": name},
+                "hostPath": {"path": path, "type": "DirectoryOrCreate"},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteMany"],
+                "storageClassName": "",
+                "volumeName": pv,
+                "resources": {"requests": {"storage": "1Mi"}},
+            },
+        },
+    ]
+
+
+def create_host_claim(emu: KubeEmulator, namespace: str, path: Any, name: str = "elastic-gpu-host") -> None:
+    """Create :func:`host_path_claim`'s objects (the node agent's directory for 'native' GPU pods)."""
+    for obj in host_path_claim(name, namespace, str(path)):
+        emu.create(obj)

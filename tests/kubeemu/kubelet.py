@@ -996,6 +996,11 @@ class PodRuntime:
                     raise PrepareError("FailedMount",
                                        f'persistentvolumeclaim "{claim}" not found',
                                        "FailedMount") from None
+                pv = self._bound_volume(pvc)
+                if pv is not None and (pv.get("spec") or {}).get("hostPath") is not None:
+                    # a hostPath PersistentVolume: the directory of the node the pod runs on
+                    self._host_path({"hostPath": pv["spec"]["hostPath"]}, target)
+                    return
                 real = (self.emu.data_dir / "pvcs" / self.ns
                         / f"{claim}-{pvc['metadata']['uid'][:8]}")
                 real.mkdir(parents=True, exist_ok=True)
@@ -1008,6 +1013,23 @@ class PodRuntime:
             if not e.message.startswith("MountVolume"):
                 raise PrepareError(e.reason, fail + e.message, e.event_reason) from None
             raise
+
+    def _bound_volume(self, pvc: dict) -> dict | None:
+        """The PersistentVolume a claim names in spec.volumeName (static binding), or None for a
+        dynamically provisioned claim (the emulator gives those a directory of their own)."""
+        name = (pvc.get("spec") or {}).get("volumeName")
+        if not name:
+            return None
+        try:
+            pv = self.emu.store.get(BY_KEY[("", "persistentvolumes")], None, name)
+        except ApiError:
+            raise PrepareError("FailedMount", f'persistentvolume "{name}" not found',
+                               "FailedMount") from None
+        ref = (pv.get("spec") or {}).get("claimRef")
+        if ref and (ref.get("namespace"), ref.get("name")) != (self.ns, pvc["metadata"]["name"]):
+            raise PrepareError("FailedMount", f'persistentvolume "{name}" is reserved for claim '
+                               f'{ref.get("namespace")}/{ref.get("name")}', "FailedMount")
+        return pv
 
     def _host_path(self, v: dict, target: Path) -> None:
         hp = v["hostPath"]

@@ -122,6 +122,8 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("", "v1", "configmaps", "ConfigMap", True, ("cm",)),
     ResourceType("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim", True, ("pvc",),
                  ("status",), returns_deleted_object=True),
+    ResourceType("", "v1", "persistentvolumes", "PersistentVolume", False, ("pv",), ("status",),
+                 returns_deleted_object=True),
     ResourceType("", "v1", "events", "Event", True, ("ev",), (), _EVENT_FIELDS,
                  name_rule="path"),
     ResourceType("", "v1", "nodes", "Node", False, ("no",), ("status",),

@@ -335,6 +335,7 @@ class Store:
             if key in self._state(srt).objects:
                 raise E.already_exists(srt.plural, srt.group, name)
             if srt.kind == "Pod":
+                self._pod_security(obj, name)
                 self._check_quota(obj, name)
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = rfc3339()
@@ -658,6 +659,16 @@ class Store:
                                     f'serviceaccount "{sa}" not found')
         for hook in self.pod_admission:
             hook(pod)
+
+    def _pod_security(self, pod: dict, name: str) -> None:
+        """Pod Security admission: the level of the namespace's enforce label."""
+        from .podsecurity import ENFORCE_LABEL, enforce_message
+
+        ns = self._types[("", "namespaces")].objects.get(("", pod["metadata"]["namespace"])) or {}
+        level = ((ns.get("metadata") or {}).get("labels") or {}).get(ENFORCE_LABEL)
+        why = enforce_message(pod, level) if level in ("baseline", "restricted") else None
+        if why:
+            raise E.forbidden_error("pods", "", name, why)
 
     def _check_quota(self, pod: dict, name: str) -> None:
         """ResourceQuota admission: refuse a pod that would exceed a quota's hard limits."""

@@ -1,7 +1,7 @@
 """A GPU pod of the native backend as a real container: its own pid namespace, the shim loaded
-only through the node's /etc/ld.so.preload (a hostPath mount), the CUDA/NVML doubles as the
-node's GPU. The compute limit must hold there as on a real node, where NVML reports host pids
-and the container's getpid() is not one."""
+only through the node's /etc/ld.so.preload (a subPath of the chart's claim of the agent's host
+directory), the CUDA/NVML doubles as the node's GPU. The compute limit must hold there as on a
+real node, where NVML reports host pids and the container's getpid() is not one."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import libvgpu
 from libvgpu.agent.install import install_shim
 from tests.kubeemu import KubeEmulator, NodeSpec
+from tests.kubeemu.helpers import create_host_claim
 from tests.kubeemu.images import Image
 from tests.libvgpu.agent.test_agent import HOST_PROC, NODE, NS, Node, allocation, build_doubles, gpu_pod
 from tests.libvgpu.harness import Result
@@ -47,6 +48,7 @@ def gpu_node(tmp_path_factory: pytest.TempPathFactory):
     emu.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                 "metadata": {"name": "elastic-gpu-default"}, "value": 100},
                "priorityclasses", None, group="scheduling.k8s.io")
+    create_host_claim(emu, NS, host_dir)
     try:
         yield Node(root, build, emu, host_dir, root / "proc", root / "xid", gpu_env)
     finally:

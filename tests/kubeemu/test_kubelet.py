@@ -261,3 +261,31 @@ def test_log_follow_streams_until_the_container_exits(kube_emulator, core, kube_
     assert resp.data.decode() == "line 0\nline 1\nline 2\n"
     tail = core.read_namespaced_pod_log("chatty", kube_namespace, tail_lines=1)
     assert tail == "line 2\n"
+
+
+def test_pod_security_baseline_refuses_host_paths_and_a_host_path_volume_claim_is_admitted(
+    kube_emulator, core, kube_namespace, tmp_path
+):
+    """A namespace labelled pod-security.kubernetes.io/enforce=baseline refuses a hostPath volume
+    with the API server's 403 and sentence; a claim bound to a hostPath PersistentVolume (the
+    chart's claim of the agent's directory) is admitted and mounts that directory of the node."""
+    from tests.kubeemu.helpers import create_host_claim
+    from tests.kubeemu.podsecurity import ENFORCE_LABEL
+
+    core.patch_namespace(kube_namespace, {"metadata": {"labels": {ENFORCE_LABEL: "baseline"}}})
+    (tmp_path / "ld.so.preload").write_text("from the node\n")
+    with pytest.raises(ApiException) as e:
+        core.create_namespaced_pod(kube_namespace, pod(
+            "hostpath", py("pass"), volumeMounts=[{"name": "host", "mountPath": "/host"}],
+            volumes=[{"name": "host", "hostPath": {"path": str(tmp_path), "type": "Directory"}}]))
+    assert e.value.status == 403
+    assert json.loads(e.value.body)["message"] == (
+        'pods "hostpath" is forbidden: violates PodSecurity "baseline:latest": hostPath volumes (volumes "host")')
+    create_host_claim(kube_emulator, kube_namespace, tmp_path, name="agent-dir")
+    core.create_namespaced_pod(kube_namespace, pod(
+        "claim", py("print(open('/etc/preload').read(), end='')"), restartPolicy="Never",
+        volumeMounts=[{"name": "host", "mountPath": "/etc/preload", "subPath": "ld.so.preload", "readOnly": True}],
+        volumes=[{"name": "host", "persistentVolumeClaim": {"claimName": "agent-dir"}}]))
+    done = kube_emulator.wait_for_pod_phase("claim", ("Succeeded", "Failed"), kube_namespace)
+    assert done["status"]["phase"] == "Succeeded", kube_emulator.pod_log("claim", kube_namespace)
+    assert kube_emulator.pod_log("claim", kube_namespace) == "from the node\n"

@@ -69,6 +69,16 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.priorityClasses.prefix | default (printf "%s-" (include "elastic-gpu.fullname" .)) }}
 {{- end }}
 
+{{/* The claim of the node agent's host directory in the users' namespace (c.ElasticGPUSpawner.gpu_host_claim). */}}
+{{- define "elastic-gpu.hostClaimName" -}}
+{{- printf "%s-host" (include "elastic-gpu.fullname" .) }}
+{{- end }}
+
+{{/* Its PersistentVolume (cluster-wide: named after the release and the users' namespace). */}}
+{{- define "elastic-gpu.hostVolumeName" -}}
+{{- printf "%s-host-%s" (include "elastic-gpu.fullname" .) (include "elastic-gpu.userNamespace" .) | trunc 253 }}
+{{- end }}
+
 {{- define "elastic-gpu.nodeAgent.serviceAccountName" -}}
 {{- .Values.nodeAgent.serviceAccount.name | default (printf "%s-node-agent" (include "elastic-gpu.fullname" .)) }}
 {{- end }}

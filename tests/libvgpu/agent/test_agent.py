@@ -37,6 +37,7 @@ import libvgpu
 from hubext import contract as L
 from quotas import Allocation, Owner, load_pool
 from tests.kubeemu import KubeEmulator, NodeSpec
+from tests.kubeemu.helpers import create_host_claim
 from tests.kubeemu.images import Image
 from tests.libvgpu.harness import CFLAGS, Build, cc
 
@@ -194,7 +195,7 @@ def gpu_pod(node: Node, name: str, allocation: Allocation, command: list[str], e
         ),
     )
     apply_gpu_to_pod(pod, allocation, backend="native", section={}, priority_value=100,
-                     priority_class_name="elastic-gpu-default", runtime_class="", host_dir=str(node.host_dir))
+                     priority_class_name="elastic-gpu-default", runtime_class="")
     if bypass_shim:
         # The kubelet really mounts the node's /etc/ld.so.preload: a program that bypasses the
         # shim (a static binary, its own loader) is a container without that mount.
@@ -266,6 +267,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     emu.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                 "metadata": {"name": "elastic-gpu-default"}, "value": 100},
                "priorityclasses", None, group="scheduling.k8s.io")
+    create_host_claim(emu, NS, root / "host")  # the chart's claim of the agent's host directory
     n = Node(root, build, emu, root / "host", root / "proc", root / "xid", gpu_env)
     n.proc_root.mkdir()
     try:

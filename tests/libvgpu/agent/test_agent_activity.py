@@ -27,6 +27,7 @@ from libvgpu.agent.activity import ActivityPublisher, PodActivity, needs_patch
 from libvgpu.agent.pods import PodInfo
 from libvgpu.regions import read_node_regions
 from tests.kubeemu import KubeEmulator, NodeSpec
+from tests.kubeemu.helpers import create_host_claim
 from tests.kubeemu.images import Image
 from tests.libvgpu.agent.test_agent import (
     GPU0,
@@ -77,6 +78,7 @@ def anode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     emu.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                 "metadata": {"name": "elastic-gpu-default"}, "value": 100},
                "priorityclasses", None, group="scheduling.k8s.io")
+    create_host_claim(emu, NS, root / "host")
     n = Node(root, build, emu, root / "host", root / "proc", root / "xid", gpu_env)
     n.proc_root.mkdir()
     try:
