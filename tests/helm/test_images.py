@@ -28,9 +28,21 @@ REPO = tools.REPO
 DOCKERFILE = REPO / "helm" / "images" / "Dockerfile"
 DOCKERIGNORE = REPO / "helm" / "images" / "Dockerfile.dockerignore"
 HELM_README = REPO / "helm" / "README.md"
-# z2jh 4.1.0's hub image (images/hub/requirements.txt of the zero-to-jupyterhub-k8s 4.1.0 tag)
-Z2JH_VERSION = "4.1.0"
-Z2JH_HUB_PINS = {"jupyterhub": "5.2.1", "jupyterhub-kubespawner": "7.0.0"}
+# z2jh 4.3.3's hub image (images/hub/requirements.txt of the zero-to-jupyterhub-k8s 4.3.3 tag, on
+# python:3.12-slim-bookworm): the pins of the packages our wheel depends on. The hub target of
+# the Dockerfile installs the wheel constrained by the image's whole `pip freeze`.
+Z2JH_VERSION = "4.3.3"
+Z2JH_HUB_PINS = {
+    "jupyterhub": "5.4.4",
+    "jupyterhub-kubespawner": "7.0.0",
+    "kubernetes-asyncio": "35.0.1",
+    "sqlalchemy": "2.0.48",
+    "tornado": "6.5.5",
+    "traitlets": "5.14.3",
+    "alembic": "1.18.4",
+    "pyyaml": "6.0.3",
+    "prometheus-client": "0.24.1",
+}
 PACKAGES = ("quotas", "hubext", "kernelprovider", "culler", "libvgpu")
 
 
@@ -176,45 +188,46 @@ def test_wheel_carries_the_compiled_shim_and_serves_every_python(wheel):
 
 
 def test_wheel_installs_without_a_compiler_and_configures_a_z2jh_hub(wheel, tmp_path):
-    """A fresh venv with z2jh 4.1.0's JupyterHub and KubeSpawner and our wheel, no compiler on PATH;
-    the hub config of helm/examples-z2jh runs there. (The other dependencies are taken from the
-    test environment, after the venv's own packages, to keep this test fast.)"""
+    """What the Dockerfile's hub target does, in a fresh venv: our wheel with its dependencies,
+    constrained by the versions z2jh 4.3.3's hub image pins (JupyterHub 5.4.4, KubeSpawner 7.0.0,
+    ...), no compiler reachable; then the hub config of helm/examples-z2jh runs there
+    (configure_hub and the rest of hub.extraConfig). This machine's Python is used (z2jh's image
+    has 3.12; the wheel is py3-none, the shim is not a Python extension)."""
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
-    pins = [f"{name}=={version}" for name, version in Z2JH_HUB_PINS.items()]
+    constraints = tmp_path / "z2jh-pins.txt"
+    constraints.write_text("".join(f"{name}=={version}\n" for name, version in Z2JH_HUB_PINS.items()))
     env = {**os.environ, "PATH": f"{venv / 'bin'}:/usr/bin:/bin", "CC": "/nonexistent/cc"}
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(
-        [str(py), "-m", "pip", "install", "--no-deps", "--no-compile", str(wheel), *pins],
+        [str(py), "-m", "pip", "install", "--no-compile", "--constraint", str(constraints), str(wheel),
+         "jupyterhub", "jupyterhub-kubespawner"],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
         env=env,
         cwd=tmp_path,
-    )
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    site = next((venv / "lib").glob("python3*/site-packages"))
-    # after the venv's own site-packages: the rest of the dependencies (sqlalchemy, tornado, ...)
-    (site / "zz-test-deps.pth").write_text(
-        "\n".join(p for p in sys.path if p.endswith("site-packages") and not p.startswith(str(venv))) + "\n"
-    )
     z2jh = yaml.safe_load((tools.Z2JH_EXAMPLES / "values.yaml").read_text())
     snippet = "\n".join(z2jh["hub"]["extraConfig"].values())
     probe = (
-        "import importlib.metadata as md, os, hubext, libvgpu, jupyterhub, kubespawner\n"
+        "import importlib.metadata as md, os, hubext, libvgpu\n"
         "from traitlets.config import Config\n"
         "c = Config()\n"
         f"exec(compile({snippet!r}, 'hub.extraConfig', 'exec'), {{'c': c, 'get_config': lambda: c}})\n"
-        "print(jupyterhub.__version__, md.version('jupyterhub-kubespawner'))\n"
+        f"print(' '.join(md.version(n) for n in {list(Z2JH_HUB_PINS)!r}))\n"
         "print(hubext.__file__)\n"
         "print(os.path.isfile(os.path.join(os.path.dirname(libvgpu.__file__), 'libvgpu.so')))\n"
-        "print(c.JupyterHub.spawner_class)\n"
+        "print(c.JupyterHub.spawner_class, c.ElasticGPUSpawner.gpu_host_claim)\n"
+        "print(sorted(c.JupyterHub.custom_scopes)[:1])\n"
     )
     proc = subprocess.run([str(py), "-c", probe], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    versions, module, shim, spawner = proc.stdout.split("\n")[:4]
-    assert versions == f"{Z2JH_HUB_PINS['jupyterhub']} {Z2JH_HUB_PINS['jupyterhub-kubespawner']}"
+    versions, module, shim, spawner, scopes = proc.stdout.split("\n")[:5]
+    assert versions == " ".join(Z2JH_HUB_PINS.values())
     assert module.startswith(str(venv)), "the hub must import the installed wheel, not the source tree"
     assert shim == "True"
-    assert spawner == "hubext.ElasticGPUSpawner"
+    assert spawner == "hubext.ElasticGPUSpawner elastic-gpu-host"
+    assert scopes.startswith("['custom:"), "configure_hub registered the GPU broker's scopes"
