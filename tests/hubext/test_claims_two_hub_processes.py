@@ -35,6 +35,7 @@ from hubext import contract as C
 from tests.hubext.test_claims_two_hubs import CARD_MIB, _claims_of, _over
 from tests.hubrunner import HubRunner, http
 from tests.kubeemu import KubeEmulator
+from tests.kubeemu.helpers import create_host_claim
 
 TAG = uuid.uuid4().hex[:6]
 NODE = "gpu-shared-1"
@@ -79,7 +80,6 @@ def _hub_config(work: Path, namespace: str) -> str:
         c.KubeSpawner.environment = {{"POD_IP": {{"valueFrom": {{"fieldRef": {{"fieldPath": "status.podIP"}}}}}}}}
         c.KubeSpawner.start_timeout = 120
         c.KubeSpawner.http_timeout = 90
-        c.ElasticGPUSpawner.gpu_host_dir = {str(host_dir)!r}
         c.KubernetesKernelLauncher.network_policy = False
         c.KubernetesKernelLauncher.image = "registry.invalid/elastic-gpu-kernel:never"
         c.GPUBroker.kernel_sizes = {SIZES!r}
@@ -127,6 +127,7 @@ def two_hubs(tmp_path_factory):
         )
         for ns in (NS_A, NS_B):
             hubs[ns] = HubRunner(work / ns, _hub_config(work / ns, ns), env=emu.env())
+            create_host_claim(emu, ns, work / ns / "host-elastic-gpu")  # the chart's claim of the agent's directory
         starts = [threading.Thread(target=h.start) for h in hubs.values()]
         for t in starts:
             t.start()
