@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 from kubernetes_asyncio.client import models as k8s
 from kubespawner import KubeSpawner
-from traitlets import Dict, List, Unicode
+from traitlets import Dict, Float, List, Unicode
 
 from ..gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options, profile_gpu_section
 from .objects import HOST_CLAIM, apply_gpu_to_pod
+from .status import unschedulable_message
 
 
 class ElasticGPUSpawner(GPUSpawnerMixin, KubeSpawner):
@@ -48,6 +51,15 @@ class ElasticGPUSpawner(GPUSpawnerMixin, KubeSpawner):
         The chart creates it, bound to a hostPath PersistentVolume of nodeAgent.hostLibDir, as
         <fullname>-host: so GPU pods carry no hostPath volume and the users' namespace can
         enforce Pod Security "baseline". Default: 'elastic-gpu-host' (a release named elastic-gpu).""",
+    )
+
+    gpu_unschedulable_seconds = Float(
+        60.0,
+        config=True,
+        help="""Seconds a GPU notebook's pod may stay Unschedulable (kube-scheduler finds no room on the
+        node admission chose: a taint the pod does not tolerate, CPU or memory, a cordoned node)
+        before the spawn fails with the scheduler's message and the GPU slice goes back to the
+        pool. 0: wait for KubeSpawner's start_timeout. Default: 60.""",
     )
 
     # ---- profiles: group filtering and forged options -------------------------------------
@@ -92,7 +104,34 @@ class ElasticGPUSpawner(GPUSpawnerMixin, KubeSpawner):
 
     def start(self):
         self.gpu_reset_progress()
+        self.__dict__.pop("_gpu_unschedulable_since", None)
         return super().start()
+
+    def is_pod_running(self, pod: dict | None) -> bool:
+        """KubeSpawner's check, polled while the pod starts; a GPU pod Unschedulable for longer
+        than gpu_unschedulable_seconds ends the start (``_start`` then releases the slice)."""
+        self._gpu_check_schedulable(pod)
+        return super().is_pod_running(pod)
+
+    def _gpu_check_schedulable(self, pod: dict | None) -> None:
+        if self.gpu_allocation is None or not self.gpu_unschedulable_seconds or not pod:
+            return
+        why = unschedulable_message(pod)
+        if why is None:
+            self.__dict__.pop("_gpu_unschedulable_since", None)
+            return
+        since = self.__dict__.setdefault("_gpu_unschedulable_since", time.monotonic())
+        waited = time.monotonic() - since
+        if waited < self.gpu_unschedulable_seconds:
+            return
+        node = self.gpu_allocation.node
+        self.log.warning("GPU pod of %s unschedulable on %s for %.0f s: %s", self.user.name, node, waited, why)
+        raise GPUSpawnError(
+            f"Your server could not be scheduled on GPU node {node} (waited {waited:.0f} s): {why} "
+            "Its GPU slice was given back. Try again later; if it keeps failing, ask an admin "
+            "(the node may be cordoned, tainted or out of CPU or memory).",
+            409,
+        )
 
     async def _start(self):
         try:

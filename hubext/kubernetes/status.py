@@ -94,15 +94,27 @@ def apply_pod_status(
             record.state = "failed"
             record.reason = f"the kernel pod failed (exit code {code}){': ' + detail if detail else ''}"
         return
-    for cond in (status.conditions or []) if status else []:
-        if cond.type == "PodScheduled" and cond.status == "False" and cond.reason == "Unschedulable":
-            since = unschedulable_since.setdefault(record.id, time.monotonic())
-            if time.monotonic() - since >= unschedulable_grace_seconds:
-                record.state = "failed"
-                record.reason = f"the kernel pod cannot be scheduled: {cond.message or 'Unschedulable'}"
-                return
+    why = unschedulable_message(pod)
+    if why is not None:
+        since = unschedulable_since.setdefault(record.id, time.monotonic())
+        if time.monotonic() - since >= unschedulable_grace_seconds:
+            record.state = "failed"
+            record.reason = f"the kernel pod cannot be scheduled: {why}"
+            return
     record.state = "pending"
     record.reason = (status.reason or status.message or "waiting for the kernel pod to start") if status else ""
+
+
+def unschedulable_message(pod: Any) -> str | None:
+    """kube-scheduler's message when ``pod`` (a client model, or the dict KubeSpawner's reflector
+    holds) is Unschedulable (condition PodScheduled False), else None."""
+    status = pod.get("status") if isinstance(pod, dict) else pod.status
+    conditions = (status.get("conditions") if isinstance(status, dict) else getattr(status, "conditions", None)) or []
+    for cond in conditions:
+        c = cond if isinstance(cond, dict) else {k: getattr(cond, k) for k in ("type", "status", "reason", "message")}
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable":
+            return c.get("message") or "Unschedulable"
+    return None
 
 
 def notebook_status(pod: Any) -> Any | None:

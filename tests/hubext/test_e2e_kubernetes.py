@@ -30,6 +30,7 @@ GPU_UUID = "GPU-11111111-2222-3333-4444-555555555555"
 NODE = "gpu-node-1"
 NAMESPACE = "jhub"
 MAX_WAIT_S = 20
+UNSCHEDULABLE_S = 4
 
 ADMISSION = {
     "priority_classes": {
@@ -112,6 +113,7 @@ def cluster(tmp_path_factory):
         c.KubeSpawner.http_timeout = 60
         c.Spawner.poll_interval = 2
         c.ElasticGPUSpawner.gpu_max_wait_seconds = {MAX_WAIT_S}
+        c.ElasticGPUSpawner.gpu_unschedulable_seconds = {UNSCHEDULABLE_S}
         c.ElasticGPUSpawner.gpu_owner_mapping = {{"eve": "small/default"}}
         c.ElasticGPUSpawner.profile_list = {PROFILES!r}
         """
@@ -269,6 +271,27 @@ def test_wait_that_runs_out_fails_with_the_pool_full_message(cluster):
     assert server(hub, "dave") is None
     assert "dave" not in {s["user"] for s in pool_slices(hub).values()}
     stop(hub, "alice", "bob")
+
+
+def test_an_unschedulable_gpu_notebook_gives_its_slice_back_with_the_schedulers_reason(cluster):
+    """Admission placed the slice, but kube-scheduler cannot put the pod there (here: the node is
+    cordoned): after gpu_unschedulable_seconds the spawn fails with the scheduler's message, the
+    slice goes back to the pool and the pod is deleted; not KubeSpawner's start_timeout later."""
+    hub, api = cluster
+    api.patch_node(NODE, {"spec": {"unschedulable": True}})
+    try:
+        started = time.monotonic()
+        status, body = spawn(hub, "uma", {"profile": "quarter"})
+        message = failure_message(hub, "uma", status, body)
+        took = time.monotonic() - started
+    finally:
+        api.patch_node(NODE, {"spec": {"unschedulable": False}})
+    assert "could not be scheduled" in message and "unschedulable" in message, message
+    assert "GPU slice was given back" in message, message
+    assert took < UNSCHEDULABLE_S + 30, f"took {took:.0f} s (start_timeout is 90 s)"
+    hub.wait_for(lambda: server(hub, "uma") is None, 60, what="uma's failed server to be gone")
+    assert "uma" not in {s["user"] for s in pool_slices(hub).values()}
+    hub.wait_for(lambda: "uma" not in gpu_pods(api), 60, what="uma's pod to be deleted")
 
 
 def test_user_over_workspace_quota_gets_the_quota_message(cluster):
