@@ -28,6 +28,7 @@ import os
 import stat
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -467,17 +468,21 @@ PRIORITY_TABLE = "priorities"
 _TABLE_MAX_BYTES = 65536
 
 
-def write_priority_table(directory: str | os.PathLike[str], priorities: dict[str, int]) -> bool:
-    """Write ``<node_region_dir>/priorities``: one ``<allocation name> <priority>`` line each.
+def write_priority_table(
+    directory: str | os.PathLike[str], priorities: dict[str, int], gpus: dict[str, Sequence[str]] | None = None
+) -> bool:
+    """Write ``<node_region_dir>/priorities``: one ``<allocation name> <priority> [<GPU uuid>,...]``
+    line each (``gpus``: the cards each allocation holds; none listed: any card).
 
     The node region is writable by every container, so the shim does not believe the priority
     a container writes into its entry: it holds launches only for an entry whose name and
-    priority this table confirms. Written by the hub (single machine) or the node agent
+    priority this table confirms, on a card the allocation holds. Written by the hub (single machine) or the node agent
     (Kubernetes), mode 0644 in the sticky node-region directory, replaced atomically, so a
     container can neither change nor remove it. Returns whether the file changed.
     """
     root = Path(directory)
-    lines = [f"{name} {int(prio)}" for name, prio in sorted(priorities.items())
+    gpus = gpus or {}
+    lines = [f"{name} {int(prio)} {','.join(gpus.get(name, ()))}".rstrip() for name, prio in sorted(priorities.items())
              if name and name.isprintable() and " " not in name and len(name) < 64]
     text = "".join(line + "\n" for line in lines)
     path = root / PRIORITY_TABLE
@@ -509,6 +514,6 @@ def read_priority_table(directory: str | os.PathLike[str]) -> dict[str, int]:
         text = f.read(_TABLE_MAX_BYTES).decode(errors="replace")
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 2 and parts[1].lstrip("-").isdigit():
+        if len(parts) in (2, 3) and parts[1].lstrip("-").isdigit():
             out[parts[0]] = int(parts[1])
     return out

@@ -291,7 +291,8 @@ class LocalPool(PoolBackend):
             node_region_dir=str(self.regions_dir / "node"),
             activity_file=self.activity_path(allocation.id),
         )
-        self._set_priorities({**read_priority_table(self.regions_dir / "node"), allocation.id: priority_value})
+        self._set_priorities({**read_priority_table(self.regions_dir / "node"), allocation.id: priority_value},
+                             allocation)
         tmp = limits.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -324,9 +325,11 @@ class LocalPool(PoolBackend):
 
     # ---- internals ---------------------------------------------------------------------------
 
-    def _set_priorities(self, priorities: dict[str, int]) -> None:
-        """The node regions' priority table (the shim believes a priority only if it is here)."""
-        write_priority_table(self.regions_dir / "node", priorities)
+    def _set_priorities(self, priorities: dict[str, int], new: Allocation | None = None) -> None:
+        """The node regions' priority table (the shim believes a priority only if it is here, on
+        the cards listed with it)."""
+        held = [*(self.ledger.allocations() if self.ledger is not None else []), *([new] if new else [])]
+        write_priority_table(self.regions_dir / "node", priorities, {a.id: a.gpu_uuids for a in held})
 
     def _remove_files(self, allocation_id: str) -> None:
         table = read_priority_table(self.regions_dir / "node")

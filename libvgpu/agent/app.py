@@ -415,10 +415,12 @@ class NodeAgent(Application):
         this table (which containers cannot write) gives its allocation the same."""
         if self.backend != "native":
             return
-        table = {p.allocation.id: p.priority for p in pods
-                 if p.allocation is not None and p.priority is not None and p.phase not in ("Succeeded", "Failed")}
+        running = [p for p in pods
+                   if p.allocation is not None and p.priority is not None and p.phase not in ("Succeeded", "Failed")]
+        table = {p.allocation.id: p.priority for p in running}
+        gpus = {p.allocation.id: p.allocation.gpu_uuids for p in running}
         try:
-            if write_priority_table(Path(self.host_lib_dir) / "regions", table):
+            if write_priority_table(Path(self.host_lib_dir) / "regions", table, gpus):
                 self.log.info("Priority table of the node regions: %d allocation(s)", len(table))
         except OSError as e:
             self.log.warning("Priority table not written: %s (priorities are not applied)", e)

@@ -11,8 +11,9 @@
  *
  * The node region is writable by every container, so the priority an entry shows is only a
  * claim: where the hub or the node agent wrote a priority table (<node_region_dir>/priorities,
- * "<name> <priority>" lines, owned by the directory's owner and writable by nobody else), an
- * entry holds others only if the table gives its name that same priority. A table that is
+ * "<name> <priority> [<GPU uuid>,...]" lines, owned by the directory's owner and writable by
+ * nobody else), an entry holds others only if the table gives its name that same priority and,
+ * where the line lists cards, the allocation holds this card. A table that is
  * there but not trustworthy (another owner, writable by others, not a regular file) makes no
  * entry hold anyone. Without a table (no hub or agent) the entries are believed.
  */
@@ -54,6 +55,7 @@ static int entry_alive(struct vgpu_node_attach *na, int i, uint64_t now) {
 #define TABLE_MAX 256
 #define TABLE_BYTES 65536
 #define TABLE_RECHECK_NS (100ull * 1000000ull)
+#define TABLE_GPUS 800 /* 16 uuids */
 
 static struct {
     pthread_mutex_t lock;
@@ -63,6 +65,7 @@ static struct {
     int n;
     char names[TABLE_MAX][64];
     int32_t prio[TABLE_MAX];
+    char gpus[TABLE_MAX][TABLE_GPUS]; /* "uuid,uuid" or "" (any card) */
 } table = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static void table_load(void) {
@@ -100,10 +103,12 @@ static void table_load(void) {
     for (char *line = buf, *next; line && *line && table.n < TABLE_MAX; line = next) {
         next = strchr(line, '\n');
         if (next) *next++ = 0;
-        char name[64];
+        char name[64], gpus[TABLE_GPUS] = "";
         long long v;
-        if (sscanf(line, "%63s %lld", name, &v) == 2 && v >= INT32_MIN && v <= INT32_MAX) {
+        int got = sscanf(line, "%63s %lld %799s", name, &v, gpus);
+        if (got >= 2 && v >= INT32_MIN && v <= INT32_MAX) {
             memcpy(table.names[table.n], name, sizeof(name));
+            memcpy(table.gpus[table.n], gpus, sizeof(gpus));
             table.prio[table.n++] = (int32_t)v;
         }
     }
@@ -113,8 +118,17 @@ static void table_load(void) {
 
 void vgpu_priority_after_fork_child(void) { pthread_mutex_init(&table.lock, NULL); }
 
-/* Whether entry e may hold others at its priority: the table confirms its name's priority. */
-static int confirmed(const struct vgpu_node_entry *e, uint64_t now) {
+static int lists(const char *gpus, const char *uuid) {
+    size_t n = strlen(uuid);
+    if (!gpus[0]) return 1;
+    for (const char *p = gpus; (p = strstr(p, uuid)); p += n)
+        if ((p == gpus || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return 1;
+    return 0;
+}
+
+/* Whether entry e of the node region of card uuid may hold others at its priority: the table
+ * confirms its name's priority on this card. */
+static int confirmed(const struct vgpu_node_entry *e, const char *uuid, uint64_t now) {
     pthread_mutex_lock(&table.lock);
     if (!table.checked_ns || now - table.checked_ns >= TABLE_RECHECK_NS) {
         table_load();
@@ -126,7 +140,8 @@ static int confirmed(const struct vgpu_node_entry *e, uint64_t now) {
         memcpy(name, e->name, sizeof(name));
         name[63] = 0;
         for (int i = 0; i < table.n && !ok; i++)
-            ok = !strcmp(table.names[i], name) && table.prio[i] == e->priority;
+            ok = !strcmp(table.names[i], name) && table.prio[i] == e->priority &&
+                 lists(table.gpus[i], uuid);
     }
     pthread_mutex_unlock(&table.lock);
     return ok;
@@ -137,6 +152,9 @@ static int confirmed(const struct vgpu_node_entry *e, uint64_t now) {
 static uint64_t busy_until(struct vgpu_node_attach *na, int32_t prio, uint64_t now,
                            uint64_t window) {
     struct vgpu_node_region *n = na->region;
+    char uuid[sizeof(n->uuid)];
+    memcpy(uuid, n->uuid, sizeof(uuid));
+    uuid[sizeof(uuid) - 1] = 0;
     uint64_t until = 0;
     for (int i = 0; i < VGPU_NODE_ENTRIES; i++) {
         struct vgpu_node_entry *e = &n->entries[i];
@@ -145,7 +163,7 @@ static uint64_t busy_until(struct vgpu_node_attach *na, int32_t prio, uint64_t n
         if (e->priority <= prio) continue;
         uint64_t t = atomic_load_explicit(&e->last_launch_ns, memory_order_relaxed);
         if (!t || t > now + CLOCK_SLACK_NS || t + window <= now || t + window <= until) continue;
-        if (!entry_alive(na, i, now) || !confirmed(e, now)) continue;
+        if (!entry_alive(na, i, now) || !confirmed(e, uuid, now)) continue;
         until = t + window;
     }
     return until;

@@ -112,9 +112,9 @@ def test_node_region_shows_priorities_and_who_is_held(make_node):
     assert lo.alive and hi.alive
 
 
-def _forge_priority(node_dir, name: str, priority: int) -> None:
+def _forge_priority(node_dir, name: str, priority: int, new_name: str = "") -> None:
     """What a hostile process of a live container can do: raise its own entry's priority in
-    the (writable) node region."""
+    the (writable) node region, and give it another allocation's name."""
     (path,) = node_dir.glob("*.region")
     with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
         for i in range(NODE_ENTRIES):
@@ -123,11 +123,13 @@ def _forge_priority(node_dir, name: str, priority: int) -> None:
             if raw.split(b"\0", 1)[0] == name.encode():
                 m[base + LAYOUT["entry.priority"]:base + LAYOUT["entry.priority"] + 4] = (
                     struct.pack("<i", priority))
+                if new_name:
+                    m[base + LAYOUT["entry.name"]:base + LAYOUT["entry.name"] + 64] = new_name.encode().ljust(64, b"\0")
                 return
     raise AssertionError(f"no entry named {name}")
 
 
-@pytest.mark.parametrize("table", ["the-hubs", "planted"])
+@pytest.mark.parametrize("table", ["the-hubs", "planted", "named-after-an-allocation-of-another-card"])
 def test_a_priority_forged_in_the_node_region_does_not_hold_other_containers(make_node, table):
     node = make_node(CUDA_DOUBLE_QUEUE=2)
     common = f"node_region_dir={node.node_dir}\npriority_window_ms={WINDOW_MS}"
@@ -135,6 +137,9 @@ def test_a_priority_forged_in_the_node_region_does_not_hold_other_containers(mak
     node.node_dir.chmod(0o1777)
     if table == "the-hubs":  # what the hub / node agent wrote (read-only for containers)
         write_priority_table(node.node_dir, {"alloc-evil": 1, "alloc-good": 10})
+    elif table == "named-after-an-allocation-of-another-card":
+        write_priority_table(node.node_dir, {"alloc-evil": 1, "alloc-good": 10, "alloc-vip": 1_000_000},
+                             {"alloc-vip": ["GPU-00000000-0000-0000-0000-000000000001"]})
     else:  # a table the directory's owner did not write, agreeing with the forgery
         if os.geteuid() != 0:
             pytest.skip("planting a file of another owner needs root")
@@ -146,7 +151,7 @@ def test_a_priority_forged_in_the_node_region_does_not_hold_other_containers(mak
     deadline = time.monotonic() + 10
     while not list(node.node_dir.glob("*.region")) and time.monotonic() < deadline:
         time.sleep(0.05)
-    _forge_priority(node.node_dir, "alloc-evil", 1_000_000)
+    _forge_priority(node.node_dir, "alloc-evil", 1_000_000, "alloc-vip" if table.startswith("named") else "")
     time.sleep(0.3)
     r = good.run("init", "ctx", "timeline:1:1000")
     hog.communicate(timeout=30)

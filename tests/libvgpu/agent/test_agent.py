@@ -373,6 +373,7 @@ def test_the_priority_table_of_the_regions_lists_each_running_allocation(node):
     wait_for(lambda: read_priority_table(regions).get("a-ok") == 100, 15, "a-ok's priority in the table")
     table = regions / "priorities"
     assert table.stat().st_mode & 0o777 == 0o644 and table.stat().st_uid == regions.stat().st_uid
+    assert f"a-ok 100 {GPU0}\n" in table.read_text()  # believed on the cards the allocation holds only
 
 # ---- metrics ---------------------------------------------------------------------------------------
 
