@@ -129,6 +129,8 @@ class GPUAllocator(SingletonConfigurable):
         self._lock = asyncio.Lock()
         self._started: asyncio.Future | None = None
         self.listeners: list[Listener] = []
+        #: allocation id -> why: holders being stopped on purpose (expect_stop)
+        self._stopping: dict[str, str] = {}
 
     # ---- start-up -------------------------------------------------------------------------
 
@@ -279,6 +281,7 @@ class GPUAllocator(SingletonConfigurable):
         self, allocation_id: str, why: str = "stopped", cause: ReleaseCause = ReleaseCause.STOPPED
     ) -> Allocation | None:
         """Return an allocation's slice to the pool and wake the queue. Idempotent."""
+        self._stopping.pop(allocation_id, None)
         await self.ensure_started()
         async with self._lock:
             allocation = await self._forget(allocation_id, why, cause)
@@ -373,8 +376,18 @@ class GPUAllocator(SingletonConfigurable):
             self.state.set_pool(pool)
         await self._pump()
 
+    def expect_stop(self, allocation_id: str, why: str) -> None:
+        """The holder of ``allocation_id`` is being stopped on purpose (called by the spawner's
+        stop before it deletes the pod or process): if the pool reports the holder gone before
+        the stop releases the slice, the release is still a stop (the usage record says so)."""
+        self._stopping[allocation_id] = why
+
     async def _holder_gone(self, allocation_id: str, why: str) -> None:
-        await self.release(allocation_id, why, ReleaseCause.HOLDER_GONE)
+        stopping = self._stopping.get(allocation_id)
+        if stopping is not None:  # the pod went because its spawner stopped it
+            await self.release(allocation_id, stopping, ReleaseCause.STOPPED)
+        else:
+            await self.release(allocation_id, why, ReleaseCause.HOLDER_GONE)
 
     async def _pump(self) -> None:
         """Grant what fits, in queue order (``quotas.queue``: capacity is reserved for the head of

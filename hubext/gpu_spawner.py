@@ -277,6 +277,9 @@ class GPUSpawnerMixin(LoggingConfigurable):
 
     async def stop(self, now: bool = False) -> None:
         """The spawner's own stop, then the slice goes back (whatever the stop raised)."""
+        allocation_id = self._gpu_allocation_id or (self.gpu_allocation.id if self.gpu_allocation else "")
+        if allocation_id:  # the pool may see the pod or process gone before the release below
+            self.gpu_allocator.expect_stop(allocation_id, "server stopped")
         try:
             await super().stop(now=now)
         finally:

@@ -22,6 +22,7 @@ from kubernetes import client as kclient
 from kubernetes import config as kconfig
 
 from hubext import contract as L
+from hubext.metering.store import UsageStore
 from tests.hubrunner import HubRunner
 from tests.kubeemu import KubeEmulator
 from tests.kubeemu.helpers import create_host_claim
@@ -321,6 +322,7 @@ def test_forged_or_hidden_profile_options_are_refused(cluster):
 
 def test_high_priority_spawn_preempts_a_low_priority_one(cluster):
     hub, api = cluster
+    started = time.time()
     spawn(hub, "grace", {"profile": "half-low"})
     spawn(hub, "bob", {"profile": "half"})
     wait_ready(hub, "grace")
@@ -337,6 +339,24 @@ def test_high_priority_spawn_preempts_a_low_priority_one(cluster):
     assert preempted and "high" in preempted[0].message
     hub.wait_for(lambda: server(hub, "grace") is None, 30, what="grace's server noticed as stopped")
     stop(hub, "bob", "frank")
+    # the usage records (docs/metering.md): the notebooks' slices with their causes and frank's hub group
+    store = UsageStore(f"sqlite:///{hub.workdir / 'jupyterhub.sqlite'}")
+    try:
+
+        def closed() -> dict:
+            mine = [r for r in store.records(start=started - 1) if r.granted_at >= started - 1]
+            records = {r.user: r for r in mine if r.user in ("grace", "bob", "frank")}
+            return records if all(r.released_at is not None for r in records.values()) and len(records) == 3 else {}
+
+        records = hub.wait_for(closed, 30, what="grace's, bob's and frank's usage records closed")
+    finally:
+        store.close()
+    assert {u: (r.kind, r.release_cause) for u, r in records.items()} == {
+        "grace": ("notebook", "preempted"),
+        "bob": ("notebook", "stopped"),
+        "frank": ("notebook", "stopped"),
+    }
+    assert records["frank"].hub_groups == "urgent" and records["frank"].priority_class == "high"
 
 
 def test_hub_restart_keeps_every_allocation(cluster):
