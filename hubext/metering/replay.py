@@ -423,6 +423,7 @@ def run_scenario(
     # every request on whole cards at once, plus a node: where nothing waits for a slice
     limit = sum(r.count for r in requests if r.duration > 0)
     limit = min(limit, _concurrency_bound([replace(r, size=1.0) for r in requests], 100.0)) + scenario.gpus_per_node
+    limit = max(limit, bound)
     n = max(1, bound)
     if fits(n):
         lo, hi = 0, n  # search down: waiting up to max_wait may need fewer than the bound

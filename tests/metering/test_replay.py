@@ -9,8 +9,12 @@ import importlib.util
 import io
 import re
 import statistics
+from dataclasses import replace
 
-from hubext.metering.replay import Scenario, Session, requests_of, run_scenario
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hubext.metering.replay import Scenario, Session, requests_of, run_scenario, slice_profiles
 from quotas import Placement
 from tests.hubrunner import REPO
 
@@ -66,3 +70,38 @@ def test_the_density_bench_prints_its_line():
     assert m, line
     whole, fractional, culled, ratio = int(m[1]), int(m[2]), int(m[3]), float(m[4])
     assert whole >= fractional >= culled >= 1 and ratio == round(whole / culled, 2)
+
+
+sessions_strategy = st.lists(
+    st.builds(
+        lambda i, arrival, duration, share, count: Session(f"s{i}", arrival, duration, share, count),
+        st.integers(0, 10**6),
+        st.floats(0, 20_000, allow_nan=False),
+        st.floats(1, 8_000, allow_nan=False),
+        st.sampled_from([0.1, 0.125, 0.25, 0.3, 0.5, 0.6, 1.0]),
+        st.sampled_from([1, 1, 1, 2]),
+    ),
+    min_size=1,
+    max_size=25,
+    unique_by=lambda s: s.id,
+)
+
+
+@settings(max_examples=40, deadline=None)
+@given(sessions=sessions_strategy, slice_=st.sampled_from([None, 0.25, 0.5, 1.0]))
+def test_the_pool_found_is_the_smallest_whose_waits_fit(sessions, slice_):
+    """Property: the answer keeps every size class's p95 wait within 30 s, one GPU fewer does not
+    (checked by replaying both sizes in full), and a card per GPU asked never makes anyone wait."""
+    scenario = Scenario(profiles=slice_profiles(slice_) if slice_ else (), gpus_per_node=4)
+    found = run_scenario(sessions, scenario, model="H100-80GB", memory_mib=81920)
+    assert found.gpus is not None
+
+    def worst(n: int) -> float:
+        fixed = replace(scenario, gpus=n)
+        return run_scenario(sessions, fixed, model="H100-80GB", memory_mib=81920).wait
+
+    assert worst(found.gpus) <= 30
+    if found.gpus > 1:
+        assert worst(found.gpus - 1) > 30
+    plenty = sum(s.count for s in sessions) + 4  # every GPU asked on its own card, nodes of 4
+    assert worst(plenty) == 0.0
