@@ -290,10 +290,23 @@ def hub_groups(app: Any) -> Callable[[str], list[str]]:
     the user of a slice being granted is there; their groups are the ORM relationship, loaded as
     JupyterHub's own handlers load it). A user the hub has not loaded has no groups recorded."""
 
+    index: dict[str, Any] = {}
+    absent: set[str] = set()  # names not in the hub's users at the last rebuild
+    built = [-1.0]
+
     def groups_of(name: str) -> list[str]:
-        if name not in app.users:
-            return []
-        return sorted(g.name for g in app.users[name].groups)
+        # JupyterHub's users are keyed by id: an index by name, rebuilt once a second (a sample
+        # records every held slice at once) and when a name is new to it
+        now = time.monotonic()
+        if now - built[0] > 1.0 or (name not in index and name not in absent):
+            index.clear()
+            absent.clear()
+            index.update((u.name, u) for u in list(app.users.values()))
+            built[0] = now
+        if name not in index:
+            absent.add(name)
+        user = index.get(name)
+        return sorted(g.name for g in user.groups) if user is not None else []
 
     return groups_of
 
