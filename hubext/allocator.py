@@ -352,7 +352,7 @@ class GPUAllocator(SingletonConfigurable):
     async def _released(self, allocation: Allocation, why: str, cause: ReleaseCause) -> None:
         """The I/O of a release the state already recorded: the backend, the log, the listeners."""
         allocation_id = allocation.id
-        await self.backend.forget(allocation_id)
+        await self.backend.forget(allocation_id, cause)
         self.log.info("GPU released: %s (%s, %s) %s", allocation_id, allocation.owner.user, allocation.kind, why)
         self._notify("released", allocation, why, cause)
 

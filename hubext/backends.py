@@ -38,7 +38,7 @@ class ReleaseCause(str, enum.Enum):
     FAILED = "failed"  # a spawn or launch failed before the holder ran
     CANCELLED = "cancelled"  # the request was cancelled while it was being granted
     CULLED = "culled"  # reclaimed by the culler
-    SWAPPED = "swapped"  # its kernel's GPU state went to host memory; its resume is a new grant (docs/metering.md)
+    SWAPPED = "swapped"  # its kernel's GPU state went to host memory, the kernel lives on; its resume is a new grant
 
 
 #: called by a backend when the holder of an allocation is gone (pod deleted, process died)
@@ -174,6 +174,17 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
 
         Called by ``GPUBroker.reconcile``."""
 
+    def kernel_processes(self, record: KernelRecord) -> list[int] | None:
+        """The kernel's live processes (host pids), for the hub to checkpoint them; None where
+        this mode cannot reach them (then kernels are culled, never swapped).
+
+        Called by ``GPUBroker.suspend`` and ``GPUBroker.resume``."""
+        return None
+
+    def mark_swapped(self, record: KernelRecord, swapped: bool) -> None:
+        """Tell the kernel whether its GPU state is in host memory (its next cell asks for a
+        resume first). Called by ``GPUBroker.suspend`` and ``GPUBroker.resume``."""
+
     def node_resources(self) -> tuple[int, int]:
         """What one kernel asks of its node: (CPU millicores, host memory MiB), so admission places
         it where they fit. Called by ``GPUBroker`` for every kernel request. Default: (0, 0)."""
@@ -240,8 +251,11 @@ class PoolBackend(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         Called by ``GPUAllocator.bind`` (spawners after start, the broker after a launch)."""
 
     @abstractmethod
-    async def forget(self, allocation_id: str) -> None:
-        """Drop an allocation from the ledger (its holder has stopped). Called by ``GPUAllocator``."""
+    async def forget(self, allocation_id: str, cause: ReleaseCause = ReleaseCause.STOPPED) -> None:
+        """Drop an allocation from the ledger (its holder has stopped). Called by ``GPUAllocator``.
+
+        ``cause`` SWAPPED: the holder lives on without the GPU (its kernel was suspended); what
+        it was started with (its limits file, its region) stays for its resume."""
 
     @abstractmethod
     async def evict(self, allocation: Allocation, reason: str) -> None:

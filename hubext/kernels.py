@@ -47,6 +47,10 @@ class KernelRecord:
     activity: dict[str, Any] = field(default_factory=dict)
     run_as: str = ""  # local: the unix account the kernel runs as ('' = the hub's)
     home: str = ""  # local: the user's home (HOME, default working directory)
+    #: swapped out: {state: swapped|queued, since, host_mib, position, reason, ...} ({}: on its GPU)
+    swap: dict[str, Any] = field(default_factory=dict)
+    key_sha256: str = ""  # the connection key's digest: the kernel asking for its own resume
+    resume_url: str = ""  # where the kernel asks for its resume (the hub's API)
 
     def model(self) -> dict[str, Any]:
         """The REST model (``GET /hub/api/gpu/kernels/<id>``)."""
@@ -78,6 +82,8 @@ class KernelRecord:
             "workspace": self.allocation.get("workspace", ""),
             **({"activity_file": self.activity_file} if self.activity_file else {}),
             **({"activity": self.activity} if self.activity else {}),
+            "gpu_swapped": bool(self.swap),
+            **({"swap": {k: v for k, v in self.swap.items() if k != "processes"}} if self.swap else {}),
         }
 
     def set_allocation(self, allocation: Allocation) -> None:

@@ -39,13 +39,14 @@ from ..gpu_spawner import request_from_section, validate_gpu_section
 from ..hubstart import when_hub_is_up
 from ..kernels import KernelRecord
 from .sizes import SIGNATURE_SCHEMES, BrokerError, validate_sizes
+from .swap import SwapMixin, key_digest
 
 #: what a user's own gpu section may set; the rest (GRANTED_KEYS) comes only from a size they may see
 CUSTOM_KEYS = frozenset({"memory_mib", "cores_percent", "model"})
 GRANTED_KEYS = frozenset({"priority_class", "whole", "count", "mig_profile"})
 
 
-class GPUBroker(SingletonConfigurable):
+class GPUBroker(SwapMixin, SingletonConfigurable):
     """The hub's GPU kernel broker: one per hub process, next to the one GPUAllocator."""
 
     kernel_sizes = List(
@@ -334,7 +335,10 @@ class GPUBroker(SingletonConfigurable):
             cwd=cwd,
             kernel_name=kernel_name,
             jupyter_kernel_id=jupyter_kernel_id,
+            key_sha256=key_digest(key),
         )
+        api_url = getattr(getattr(spawner, "hub", None), "api_url", "")
+        record.resume_url = f"{api_url.rstrip('/')}/gpu/kernels/{record.id}/resume" if api_url else ""
         request = self._request(record, self.owner_for(spawner, user_name))
         try:
             allocation = await self._admit(request, record.server_name)
@@ -488,6 +492,8 @@ class GPUBroker(SingletonConfigurable):
             try:
                 await self.launcher.delete(record)
             finally:
+                if record.swap:  # its slice was released when it was swapped out: only its files are left
+                    await self.allocator.backend.forget(record.allocation_id)
                 await self._release(record.allocation_id, why, cause)
                 self._persist()
                 self._locks.pop(record.id, None)

@@ -243,6 +243,49 @@ class KernelActionHandler(BrokerAPIHandler):
             self.finish()
 
 
+class KernelSwapHandler(BrokerAPIHandler):
+    """POST /hub/api/gpu/kernels/<id>/(suspend|resume)[?wait=seconds]
+
+    Suspend: the kernel's owner or a GPU admin (the culler). Resume: them, or the kernel itself
+    with ``Authorization: kernel-key <its connection key>`` (what it does before a cell runs when
+    it is swapped out); ``?wait=`` waits that long for the resume to end. Both answer the model:
+    ``gpu_swapped`` and, while swapped out, ``swap`` (state swapped | queued, position in the GPU
+    queue, host_mib, since, reason)."""
+
+    def _kernel_key(self) -> str:
+        header = self.request.headers.get("Authorization", "")
+        return header[len("kernel-key ") :].strip() if header.startswith("kernel-key ") else ""
+
+    def check_xsrf_cookie(self) -> None:
+        if not self._kernel_key():  # a kernel's key is no cookie: nothing to forge
+            super().check_xsrf_cookie()
+
+    async def prepare(self) -> None:
+        if not self._kernel_key():
+            await super().prepare()
+            return
+        try:
+            await self.broker.ensure_started(self.users)
+        except Exception as e:
+            raise BrokerError(f"The GPU broker could not start: {e}", 503) from None
+
+    async def post(self, kernel_id: str, action: str) -> None:
+        key = self._kernel_key()
+        if key:
+            record = self.broker.kernels.get(kernel_id)
+            if action != "resume" or record is None or not self.broker.kernel_key_matches(record, key):
+                raise BrokerError(f"No GPU kernel {kernel_id!r}.", 404)
+        else:
+            record = self.find_kernel(kernel_id)
+        if action == "suspend":
+            who = self.caller_name() or getattr(self.current_user, "name", "a service")
+            reason = self.get_argument("reason", "")[:200]
+            record = await self.broker.suspend(record, f"by {who}" + (f": {reason}" if reason else ""))
+        else:
+            record = await self.broker.resume(record, self.wait_arg())
+        self.finish(json.dumps(record.model()))
+
+
 class ServerTokenHandler(BrokerAPIHandler):
     """POST /hub/api/gpu/server-token {user, server_name}: a token for the culler to reach one server.
 
@@ -278,6 +321,7 @@ BROKER_HANDLERS: list[tuple[str, type]] = [
     (r"/api/gpu/kernels", KernelsHandler),
     (r"/api/gpu/kernels/([0-9a-f]{32})", KernelHandler),
     (r"/api/gpu/kernels/([0-9a-f]{32})/(restart|interrupt|cull)", KernelActionHandler),
+    (r"/api/gpu/kernels/([0-9a-f]{32})/(suspend|resume)", KernelSwapHandler),
 ]
 
 

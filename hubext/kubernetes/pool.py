@@ -26,7 +26,7 @@ from traitlets import Bool, Float, List, Unicode, default
 from quotas import GPU, Allocation, ConfigError, Node, Pool, load_pool
 
 from .. import contract as C
-from ..backends import GoneCallback, PoolBackend
+from ..backends import GoneCallback, PoolBackend, ReleaseCause
 from .claims import Claim, ClaimsLedger, valid_hub_id, without
 from .launcher import KubernetesKernelLauncher
 from .objects import cpu_and_memory
@@ -325,7 +325,7 @@ class KubernetesPool(PoolBackend):
     async def bind(self, allocation_id: str, holder: str) -> None:
         """Nothing to write: the holder pod carries the allocation id."""
 
-    async def forget(self, allocation_id: str) -> None:
+    async def forget(self, allocation_id: str, cause: ReleaseCause = ReleaseCause.STOPPED) -> None:
         self._seen.discard(allocation_id)
         if self.claims is not None:
             await self.claims.drop(allocation_id)

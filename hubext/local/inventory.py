@@ -104,6 +104,31 @@ def nvml_activity() -> dict[str, dict[str, int]]:
     return out
 
 
+def nvml_process_memory_mib(pids: list[int]) -> int:
+    """GPU memory NVML says ``pids`` use, on every GPU together, in MiB (0 without NVML)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return 0
+    wanted, used = set(pids), 0
+    try:
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                if proc.pid in wanted and proc.usedGpuMemory:
+                    used += int(proc.usedGpuMemory)
+    except Exception:
+        pass
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return (used + MIB - 1) // MIB
+
+
 def shim_library() -> str:
     """Path of the built libvgpu.so, or '' when the shim is not built/installed."""
     try:

@@ -29,11 +29,14 @@ from .. import contract as C
 from ..backends import KernelLauncher, LaunchError, ServerRef
 from ..gpu_spawner import GPUSpawnerMixin
 from ..kernels import KernelRecord
-from .processes import process_alive, process_cmdline, stop_slice
+from .processes import process_alive, process_cmdline, slice_processes, stop_slice
 
 if TYPE_CHECKING:
     from .ledger import Ledger
     from .pool import LocalPool
+
+#: in a kernel's directory while it is swapped out (its next cell asks for a resume first)
+SWAP_FILE = "gpu-swapped"
 
 
 def free_local_ports(ip: str, count: int = 5) -> list[int]:
@@ -103,7 +106,7 @@ class LocalKernelLauncher(KernelLauncher):
 
     @default("kernel_cmd")
     def _default_kernel_cmd(self) -> list[str]:
-        return [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        return [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--ext=kernelprovider.resume"]
 
     pool: LocalPool | None
 
@@ -239,6 +242,9 @@ class LocalKernelLauncher(KernelLauncher):
         record.activity_file = self.pool.activity_path(allocation.id) if self.pool is not None else ""
         env["JUPYTERHUB_USER"] = record.user
         env[C.ENV_KERNEL_ID] = record.id
+        if record.resume_url:  # swapped out, the kernel asks for its GPU back before a cell runs
+            env["ELASTIC_GPU_RESUME_URL"] = record.resume_url
+            env["ELASTIC_GPU_SWAP_FILE"] = str(self.kernel_dir(record.id) / SWAP_FILE)
         if record.home:
             env["HOME"] = record.home
         env.update(self.environment)
@@ -431,6 +437,20 @@ class LocalKernelLauncher(KernelLauncher):
         if not self._is_our_process(record):
             record.state, record.reason = "stopped", "the kernel process is gone"
 
+    def kernel_processes(self, record: KernelRecord) -> list[int] | None:
+        """The kernel process, its process group and session, and their descendants."""
+        pid = int(record.holder) if record.holder.isdigit() else 0
+        return sorted(slice_processes("", (pid,))) if pid else []
+
+    def mark_swapped(self, record: KernelRecord, swapped: bool) -> None:
+        """The swap file (0644 in the kernel's 0711 directory): there while the kernel is swapped out."""
+        marker = self.kernel_dir(record.id) / SWAP_FILE
+        if swapped:
+            marker.write_text(str(time.time()))
+            os.chmod(marker, 0o644)
+        else:
+            marker.unlink(missing_ok=True)
+
     async def interrupt(self, record: KernelRecord) -> bool:
         if record.state != "running" or not record.holder.isdigit():
             return False
@@ -456,7 +476,7 @@ class LocalKernelLauncher(KernelLauncher):
 
     async def _remove_files(self, record: KernelRecord) -> None:
         kdir = self.kernel_dir(record.id)
-        for name in ("connection.json", "connection.json.tmp", "kernel.log"):
+        for name in ("connection.json", "connection.json.tmp", "kernel.log", SWAP_FILE):
             try:
                 (kdir / name).unlink()
             except FileNotFoundError:

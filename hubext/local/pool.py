@@ -32,7 +32,7 @@ from libvgpu.regions import read_priority_table, write_priority_table
 from quotas import Allocation, ConfigError, Node, Pool, parse_simulated
 
 from .. import contract as C
-from ..backends import GoneCallback, PoolBackend
+from ..backends import GoneCallback, PoolBackend, ReleaseCause
 from .backstop import LocalBackstop
 from .inventory import detect_nvml_gpus, machine_resources, nvml_activity, shim_library
 from .launcher import LocalKernelLauncher
@@ -228,11 +228,14 @@ class LocalPool(PoolBackend):
             else:
                 self.log.warning("GPU ledger: bind of unknown allocation %s to %s ignored", allocation_id, holder)
 
-    async def forget(self, allocation_id: str) -> None:
-        """The slice is gone: no process of it may run on (a holder's ``setsid`` child included)."""
+    async def forget(self, allocation_id: str, cause: ReleaseCause = ReleaseCause.STOPPED) -> None:
+        """The slice is gone: no process of it may run on (a holder's ``setsid`` child included),
+        unless it was swapped out: its kernel lives on and keeps its files for the resume."""
         holder = self.ledger.holders().get(allocation_id) if self.ledger is not None else None
         if self.ledger is not None:
             self.ledger.delete(allocation_id)
+        if cause is ReleaseCause.SWAPPED:
+            return
         self._remove_files(allocation_id)
         leader = int(holder) if holder and holder.isdigit() else 0
         if allocation_id not in self._kill_tasks and slice_processes(allocation_id, ()):

@@ -1,0 +1,243 @@
+"""Swapping GPU kernels out and back in: the broker's suspend and resume.
+
+*Suspend* (the culler, an admin or the kernel's owner: ``POST /hub/api/gpu/kernels/<id>/suspend``):
+the kernel's CUDA processes are checkpointed through the driver (``libvgpu.checkpoint``: their
+GPU memory goes to host memory, the GPU is released), then the slice goes back to the pool
+(``ReleaseCause.SWAPPED``) while the kernel process runs on; its REST model says
+``"gpu_swapped": true``. It is all or nothing: a kernel that cannot be checkpointed (a driver
+without the API, a checkpoint that fails, the host-memory cap) is refused with the reason and
+left as it was, running on its slice; the culler then culls it as before. A kernel whose
+checkpoint could not even be undone is stopped (it could never run again).
+
+*Resume* (the kernel itself, before its next cell runs: ``POST .../resume`` with its connection
+key; or its owner or an admin): admission grants the same size again, under the same allocation
+id (its limits file and region are the ones its shim was started with), on a card of the same
+model, queued behind higher priorities and within quotas like any request; the processes are
+restored (remapped onto the new card when it is another) and unlocked, and the cell runs. While
+the request waits, the model's ``swap.position`` is its place in the GPU queue (the kernel
+prints it in the notebook).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import time
+
+from traitlets import Float, Integer, Unicode
+from traitlets.config import Configurable
+
+from libvgpu.checkpoint import CheckpointError, CheckpointUnavailable, CudaCheckpoint, ProcessState
+from quotas import AdmissionError
+
+from ..backends import ReleaseCause
+from ..gpu_spawner import request_from_section
+from ..kernels import KernelRecord
+from ..local.inventory import machine_resources, nvml_process_memory_mib
+from .sizes import BrokerError
+
+
+def key_digest(key: str) -> str:
+    """What the broker keeps of a kernel's connection key: enough to recognise the kernel asking
+    for its own resume, nothing to sign its messages with."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class SwapMixin(Configurable):
+    """Suspend and resume of GPU kernels, for :class:`hubext.broker.GPUBroker`."""
+
+    cuda_library = Unicode(
+        "libcuda.so.1",
+        config=True,
+        help="""The CUDA driver library the hub checkpoints kernels through (driver 570+ has the
+        checkpoint API). Default: libcuda.so.1, found as the dynamic linker finds it.""",
+    )
+    swap_host_memory_percent = Float(
+        50.0,
+        config=True,
+        help="""Share of the machine's RAM, in percent, that swapped-out kernels' GPU memory may
+        take in host memory, all of them together: a suspend past it is refused (the kernel is
+        culled instead) so that swapping never runs the node out of memory. 0: never swap.
+        Default: 50.""",
+    )
+    resume_queue_seconds = Float(
+        600.0,
+        config=True,
+        help="""Seconds a swapped-out kernel's resume may wait in the GPU queue before its cell
+        gets the refusal (the kernel stays swapped out; the next cell tries again). Default: 600.""",
+    )
+    swap_lock_timeout_ms = Integer(
+        10000,
+        config=True,
+        help="""Milliseconds the driver may take to lock a kernel's CUDA processes (their
+        running CUDA calls finish first) before the suspend is given up. Default: 10000.""",
+    )
+
+    _checkpoint: CudaCheckpoint | None = None
+    _resumes: dict[str, asyncio.Task] | None = None
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def checkpointer(self) -> CudaCheckpoint:
+        if self._checkpoint is None or self._checkpoint.library != self.cuda_library:
+            self._checkpoint = CudaCheckpoint(self.cuda_library)
+        return self._checkpoint
+
+    def swapped_host_mib(self) -> int:
+        """GPU memory all swapped-out kernels hold in host memory now."""
+        return sum(int(r.swap.get("host_mib", 0)) for r in self.kernels.values() if r.swap)
+
+    def host_cap_mib(self) -> int:
+        memory = machine_resources()[1] or 0
+        return int(memory * self.swap_host_memory_percent / 100)
+
+    def kernel_key_matches(self, record: KernelRecord, key: str) -> bool:
+        return bool(record.key_sha256) and hmac.compare_digest(record.key_sha256, key_digest(key))
+
+    # ---- suspend ---------------------------------------------------------------------------
+
+    async def suspend(self, record: KernelRecord, why: str) -> KernelRecord:
+        """Checkpoint the kernel's CUDA processes and release its slice; BrokerError (409) when it
+        cannot be, with the kernel left running on its slice."""
+        async with self._lock(record.id):
+            if record.swap:
+                return record
+            if record.id not in self.kernels or record.state != "running":
+                raise BrokerError(f"Only a running GPU kernel can be swapped out; this one is {record.state}.", 409)
+            pids = self.launcher.kernel_processes(record)
+            if pids is None:
+                raise BrokerError(
+                    "GPU kernels of this mode cannot be swapped out (their processes are out of reach).", 409
+                )
+            started = time.monotonic()
+            cp = self.checkpointer()
+            try:
+                await asyncio.to_thread(cp.check)
+                cuda = await asyncio.to_thread(cp.cuda_processes, pids)
+            except CheckpointUnavailable as e:
+                raise BrokerError(f"This GPU kernel cannot be swapped out: {e.message}.", 409) from None
+            host_mib = nvml_process_memory_mib(cuda) if cuda else 0
+            cap, already = self.host_cap_mib(), self.swapped_host_mib()
+            if already + host_mib > cap:
+                raise BrokerError(
+                    f"This GPU kernel cannot be swapped out: its {host_mib} MiB of GPU memory would bring what "
+                    f"swapped-out kernels hold in host memory to {already + host_mib} MiB, over the cap of "
+                    f"{cap} MiB ({self.swap_host_memory_percent:g}% of this machine's RAM).",
+                    409,
+                )
+            try:
+                await asyncio.to_thread(cp.suspend, cuda, self.swap_lock_timeout_ms)
+            except CheckpointError as e:
+                if not e.stuck:
+                    raise BrokerError(f"This GPU kernel cannot be swapped out: {e.message}.", 409) from None
+                stuck = f"its GPU state could not be swapped out nor kept: {e.message}"
+                record.state, record.reason = "failed", stuck
+                asyncio.ensure_future(self.delete(record, stuck))
+                raise BrokerError(f"The GPU kernel was stopped: {stuck}.", 409) from None
+            record.swap = {
+                "state": "swapped",
+                "since": time.time(),
+                "host_mib": host_mib,
+                "processes": cuda,
+                "gpu_uuids": list(record.allocation.get("gpu_uuids", [])),
+                "model": self._model_of(record.allocation.get("gpu_uuids", [])),
+                "position": None,
+                "reason": why,
+            }
+            self.launcher.mark_swapped(record, True)
+            await self._release(record.allocation_id, f"swapped out: {why}", ReleaseCause.SWAPPED)
+            self._persist()
+        self.log.info(
+            "GPU kernel %s of %s swapped out in %.2f s (%d MiB to host memory, processes %s): %s",
+            record.id,
+            record.user,
+            time.monotonic() - started,
+            host_mib,
+            ",".join(map(str, cuda)) or "none with CUDA state",
+            why,
+        )
+        return record
+
+    def _model_of(self, uuids: list[str]) -> str:
+        state = self.allocator.state
+        for node in state.pool.nodes if state is not None else ():
+            for gpu in node.gpus:
+                if gpu.uuid in uuids:
+                    return gpu.model
+        return ""
+
+    # ---- resume ----------------------------------------------------------------------------
+
+    async def resume(self, record: KernelRecord, wait_seconds: float = 0.0) -> KernelRecord:
+        """Start (or join) the kernel's resume; wait up to ``wait_seconds`` for it to end."""
+        if not record.swap:
+            return record
+        if self._resumes is None:
+            self._resumes = {}
+        task = self._resumes.get(record.id)
+        if task is None or task.done():
+            task = self._resumes[record.id] = asyncio.ensure_future(self._resume(record))
+        await asyncio.wait({task}, timeout=max(0.0, min(wait_seconds, self.max_wait_seconds)))
+        if task.done() and task.exception() is not None:
+            error = task.exception()
+            if isinstance(error, BrokerError):
+                raise error
+            raise BrokerError(f"The GPU kernel could not be resumed: {error}", 500)
+        return record
+
+    async def _resume(self, record: KernelRecord) -> None:
+        swap = record.swap
+        swap["state"], swap["position"] = "queued", None
+        section = dict(record.section)
+        if swap.get("model"):
+            section["model"] = swap["model"]  # its state can only go back onto the same kind of card
+        spawner = self.spawner_for(record.user, record.server_name)
+        cpu, memory = self.launcher.node_resources()
+        request = request_from_section(
+            section,
+            self.owner_for(spawner, record.user),
+            record.allocation_id,  # the same id: the limits file and region its shim was started with
+            kind="kernel",
+            cpu_millicores=cpu,
+            host_memory_mib=memory,
+        )
+
+        def progress(reason: str, position: int | None) -> None:
+            swap["position"], swap["waiting_reason"] = position, reason
+
+        started = time.monotonic()
+        try:
+            allocation = await self.allocator.allocate(
+                request, progress=progress, timeout=self.resume_queue_seconds, server_name=record.server_name
+            )
+        except AdmissionError as e:
+            swap["state"], swap["position"] = "swapped", None
+            raise BrokerError(f"The GPU kernel is still swapped out: {e.message}", e.status) from None
+        async with self._lock(record.id):
+            remap = {old: new for old, new in zip(swap["gpu_uuids"], allocation.gpu_uuids, strict=False) if old != new}
+            cp = self.checkpointer()
+            pids = self.launcher.kernel_processes(record) or []
+            try:
+                cuda = [p for p in pids if await asyncio.to_thread(cp.state, p) is ProcessState.CHECKPOINTED]
+                await asyncio.to_thread(cp.resume, cuda, remap)
+            except (CheckpointError, CheckpointUnavailable) as e:
+                message = getattr(e, "message", str(e))
+                await self._release(allocation.id, f"resume failed: {message}", ReleaseCause.FAILED)
+                record.swap = {}
+                record.state, record.reason = "failed", f"its GPU state could not be restored: {message}"
+                asyncio.ensure_future(self.delete(record, record.reason))
+                raise BrokerError(f"The GPU kernel could not be resumed: {message}.", 500) from None
+            record.set_allocation(allocation)
+            await self.allocator.bind(allocation.id, record.holder)
+            record.swap = {}
+            self.launcher.mark_swapped(record, False)
+            self._persist()
+        self.log.info(
+            "GPU kernel %s of %s resumed in %.2f s on %s%s",
+            record.id,
+            record.user,
+            time.monotonic() - started,
+            ",".join(allocation.gpu_uuids),
+            f" (moved from {','.join(remap)})" if remap else "",
+        )

@@ -1,0 +1,85 @@
+"""An IPython extension in a GPU kernel: before a cell runs, a swapped-out kernel gets its GPU back.
+
+The hub suspends an idle GPU kernel (its GPU memory goes to host memory, its slice back to the
+pool) and leaves a file where ``$ELASTIC_GPU_SWAP_FILE`` says. Before every cell this extension
+looks for that file (one ``stat``); when it is there it asks the hub for the resume
+(``$ELASTIC_GPU_RESUME_URL``, authenticated by the kernel's own connection key) and waits,
+printing into the cell's output where it stands ("position 2 in the GPU queue"), then the cell
+runs on the restored GPU state. Every execute request passes here, whichever client sent it.
+
+Loaded by the hub's local kernels (``--ext=kernelprovider.resume`` in their command line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+#: seconds one request to the hub may wait for the resume to end
+POLL_SECONDS = 10.0
+
+
+def _key_text() -> str:
+    from ipykernel.connect import get_connection_info
+
+    key = get_connection_info(unpack=True)["key"]
+    return key.decode() if isinstance(key, bytes) else str(key)
+
+
+def _ask(url: str, key: str) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        f"{url}?wait={POLL_SECONDS:g}", data=b"", method="POST", headers={"Authorization": f"kernel-key {key}"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=POLL_SECONDS + 30) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        try:
+            return e.code, json.loads(e.read() or b"{}")
+        except ValueError:
+            return e.code, {"message": f"the hub answered HTTP {e.code}"}
+
+
+def resume_if_swapped(say: Any = print) -> bool:
+    """If this kernel is swapped out, wait for its GPU to come back; False when it could not."""
+    marker, url = os.environ.get("ELASTIC_GPU_SWAP_FILE"), os.environ.get("ELASTIC_GPU_RESUME_URL")
+    if not marker or not url or not os.path.exists(marker):
+        return True
+    key, started, shown = _key_text(), time.monotonic(), None
+    while True:
+        try:
+            status, model = _ask(url, key)
+        except OSError as e:
+            say(f"The GPU of this kernel is swapped out and the hub cannot be reached ({e}); try again.")
+            return False
+        if status != 200:
+            say(model.get("message") or f"The GPU could not be resumed (HTTP {status}).")
+            return False
+        if not model.get("gpu_swapped"):
+            if shown is not None:
+                say(f"GPU resumed after {time.monotonic() - started:.1f} s.")
+            return True
+        swap = model.get("swap") or {}
+        position = swap.get("position")
+        line = (
+            f"The GPU of this kernel was swapped out; waiting for a GPU slice: position {position + 1} in the GPU "
+            f"queue ({position} request{'s' if position != 1 else ''} ahead"
+            + (f"; {swap['waiting_reason']}" if swap.get("waiting_reason") else "")
+            + ")."
+            if position is not None
+            else "The GPU of this kernel was swapped out; resuming it..."
+        )
+        if line != shown:
+            say(line)
+            shown = line
+
+
+def load_ipython_extension(ip: Any) -> None:
+    def before_cell(info: Any = None) -> None:
+        resume_if_swapped(lambda text: print(text, flush=True))
+
+    ip.events.register("pre_run_cell", before_cell)

@@ -1,0 +1,155 @@
+"""Swapping an idle GPU kernel out and back in, single-machine mode: a real hub with the broker,
+users' real jupyter-servers, GPU kernels through the real provisioner, the shim preloaded, and the
+CUDA/NVML doubles as the machine's driver (one 16 GiB card; the pool is read through NVML). The
+kernels' cells use the driver (ctypes) as a CUDA program does, so the hub checkpoints real
+CUDA processes of the double.
+
+One 10 GiB size: two kernels do not fit on the card.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import yaml
+
+from tests.hubrunner import HubRunner
+from tests.kernelprovider.helpers import Server, _broker_config, install_kernelspecs, start_server
+from tests.libvgpu.harness import build_all
+
+SIZES = [{"name": "gpu-10g", "display_name": "GPU 10 GiB", "memory_mib": 10240, "cores_percent": 50}]
+ADMISSION = {
+    "priority_classes": {"default": {"value": 100, "preempt": False, "borrow": False}},
+    "default_priority_class": "default",
+    "placement": {"node": "binpack", "gpu": "binpack"},
+    "workspaces": {"default": {"namespaces": {"default": {}}}},
+}
+SPEC = "elastic-gpu-gpu-10g"
+CAP_MIB = 1536  # swapped-out kernels may hold this much host memory: one 1 GiB kernel, not two
+
+#: what a notebook's first cell does on a GPU: the driver, a context, 1 GiB of device memory
+CUDA_CELL = """
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx, ptr = ctypes.c_void_p(), ctypes.c_uint64()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+print("alloc", cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(1 << 30)))
+"""
+
+
+def machine_mib() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    work = tmp_path_factory.mktemp("swap")
+    build = build_all(work / "build")
+    double = {
+        "CUDA_DOUBLE_STATE": str(work / "gpu.state"),
+        "CUDA_DOUBLE_MEMORY_MIB": "16384",
+        "CUDA_DOUBLE_CONTEXT_MIB": "0",
+    }
+    state = work / "gpu.state"  # the card, shared by the hub and the kernels (another account)
+    state.touch()
+    state.chmod(0o666)
+    (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
+    prefix = work / "jupyter-prefix"
+    config = f"""
+from hubext.hubconfig import configure_hub
+configure_hub(c, mode="local", admission_config_file={str(work / "admission.yaml")!r},
+              data_dir={str(work / "data")!r}, culler=False)
+c.JupyterHub.spawner_class = "hubext.local.spawner.HubUserGPUSpawner"
+c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}
+c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}}
+c.LocalKernelLauncher.environment = {double!r}
+c.GPUBroker.max_queue_seconds = 60
+c.GPUBroker.swap_host_memory_percent = {CAP_MIB * 100 / machine_mib()!r}
+""" + _broker_config(SIZES)
+    hub = HubRunner(work, config, env={"LD_LIBRARY_PATH": str(build.lib_dir), **double})
+    try:
+        hub.start()
+        tokens = {name: hub.user_token(name) for name in ("alice", "bob")}
+        install_kernelspecs(hub, tokens["alice"], prefix)
+        for name, token in tokens.items():
+            start_server(hub, name, token)
+        yield hub, {name: Server(hub, name, token) for name, token in tokens.items()}
+    finally:
+        hub.stop()
+
+
+def broker_kernel(hub: HubRunner, kernel_id: str) -> dict:
+    status, body = hub.api("GET", "/gpu/kernels")
+    assert status == 200, body
+    return next(k for k in body["kernels"] if k["kernel_id"] == kernel_id)
+
+
+def pool(hub: HubRunner) -> dict:
+    status, body = hub.api("GET", "/gpu/pool")
+    assert status == 200, body
+    return body
+
+
+def slices(hub: HubRunner) -> list[dict]:
+    return [s for n in pool(hub)["nodes"] for g in n["gpus"] for s in g["slices"]]
+
+
+def test_idle_kernel_is_swapped_out_its_slice_serves_a_waiting_kernel_and_it_resumes_on_its_next_cell(stack):
+    hub, servers = stack
+    status, session = servers["alice"].start_session(SPEC)
+    assert status == 201, session
+    alice_kernel = session["kernel"]["id"]
+    alice = servers["alice"].connect(alice_kernel)
+    out = alice.execute(CUDA_CELL + "notes = {'answer': 42}")
+    assert out["status"] == "ok" and "alloc 0" in out["text"], out
+    record = broker_kernel(hub, alice_kernel)
+
+    # bob's kernel waits in the GPU queue: the card holds one 10 GiB slice
+    bob_started: dict = {}
+    waiting = threading.Thread(
+        target=lambda: bob_started.update(result=servers["bob"].start_session(SPEC)), daemon=True
+    )
+    waiting.start()
+    hub.wait_for(lambda: any(q["user"] == "bob" for q in pool(hub)["queue"]), 30, what="bob to wait")
+
+    decided = time.monotonic()
+    status, model = hub.api("POST", f"/gpu/kernels/{record['id']}/suspend?reason=idle")
+    assert status == 200, model
+    assert model["gpu_swapped"] and model["swap"]["host_mib"] == 1024, model
+    hub.wait_for(lambda: any(s["user"] == "bob" for s in slices(hub)), 10, interval=0.05, what="bob's slice")
+    granted_after = time.monotonic() - decided
+    assert granted_after < 2.0, f"the slice reached the waiting kernel {granted_after:.2f} s after the decision"
+    assert not any(s["user"] == "alice" for s in slices(hub))
+    waiting.join(90)
+    status, bob_session = bob_started["result"]
+    assert status == 201, bob_session
+    assert broker_kernel(hub, alice_kernel)["state"] == "running"  # alive, only its GPU is gone
+
+    # bob's kernel uses its GPU; swapping it out too would pass the host-memory cap
+    bob = servers["bob"].connect(bob_session["kernel"]["id"])
+    assert "alloc 0" in bob.execute(CUDA_CELL)["text"]
+    bob_record = broker_kernel(hub, bob_session["kernel"]["id"])
+    status, refusal = hub.api("POST", f"/gpu/kernels/{bob_record['id']}/suspend")
+    assert status == 409 and "over the cap" in refusal["message"], refusal
+    assert not broker_kernel(hub, bob_session["kernel"]["id"])["gpu_swapped"]
+
+    # alice's next cell: her kernel asks for its GPU back, waits behind bob's slice, says where it stands
+    msg_id = alice.execute_async(
+        "print('answer', notes['answer'] + 1); print('again', cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20))"
+    )
+    assert alice.wait_for_output(msg_id, "position 1 in the GPU queue", 30), hub.log_tail(30)
+    status, _ = servers["bob"].api("DELETE", f"/sessions/{bob_session['id']}")
+    assert status == 204
+    out = alice.collect(msg_id, 60)
+    assert out["status"] == "ok", out
+    assert "answer 43" in out["text"] and "again 0" in out["text"], out
+    assert "GPU resumed" in out["text"], out
+    assert not broker_kernel(hub, alice_kernel)["gpu_swapped"]
+    assert [s["user"] for s in slices(hub)] == ["alice"]
+    alice.close()
+    bob.close()
+    servers["alice"].api("DELETE", f"/sessions/{session['id']}")
