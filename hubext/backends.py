@@ -185,6 +185,10 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         """Tell the kernel whether its GPU state is in host memory (its next cell asks for a
         resume first). Called by ``GPUBroker.suspend`` and ``GPUBroker.resume``."""
 
+    def resumed(self, record: KernelRecord, previous_allocation_id: str, allocation: Allocation) -> None:
+        """A swapped-out kernel got ``allocation``: what its processes were started with for
+        ``previous_allocation_id`` becomes the new allocation's. Called by ``GPUBroker.resume``."""
+
     def node_resources(self) -> tuple[int, int]:
         """What one kernel asks of its node: (CPU millicores, host memory MiB), so admission places
         it where they fit. Called by ``GPUBroker`` for every kernel request. Default: (0, 0)."""

@@ -10,9 +10,9 @@ left as it was, running on its slice; the culler then culls it as before. A kern
 checkpoint could not even be undone is stopped (it could never run again).
 
 *Resume* (the kernel itself, before its next cell runs: ``POST .../resume`` with its connection
-key; or its owner or an admin): admission grants the same size again, under the same allocation
-id (its limits file and region are the ones its shim was started with), on a card of the same
-model, queued behind higher priorities and within quotas like any request; the processes are
+key; or its owner or an admin): admission grants the same size again (a new allocation that
+takes over the limits file and region its shim was started with: never a smaller slice; the
+metering links it to the swapped one), on a card of the same model, queued behind higher priorities and within quotas like any request; the processes are
 restored (remapped onto the new card when it is another) and unlocked, and the cell runs. While
 the request waits, the model's ``swap.position`` is its place in the GPU queue (the kernel
 prints it in the notebook).
@@ -24,6 +24,7 @@ import asyncio
 import hashlib
 import hmac
 import time
+import uuid
 
 from traitlets import Float, Integer, Unicode
 from traitlets.config import Configurable
@@ -35,6 +36,7 @@ from ..backends import ReleaseCause
 from ..gpu_spawner import request_from_section
 from ..kernels import KernelRecord
 from ..local.inventory import machine_resources, nvml_process_memory_mib
+from ..metering.meter import UsageMeter
 from .sizes import BrokerError
 
 
@@ -194,10 +196,11 @@ class SwapMixin(Configurable):
             section["model"] = swap["model"]  # its state can only go back onto the same kind of card
         spawner = self.spawner_for(record.user, record.server_name)
         cpu, memory = self.launcher.node_resources()
+        previous = record.allocation_id
         request = request_from_section(
             section,
             self.owner_for(spawner, record.user),
-            record.allocation_id,  # the same id: the limits file and region its shim was started with
+            f"kernel-{record.user}-{record.id[:8]}-{record.generation}-s{uuid.uuid4().hex[:6]}",
             kind="kernel",
             cpu_millicores=cpu,
             host_memory_mib=memory,
@@ -228,8 +231,11 @@ class SwapMixin(Configurable):
                 record.state, record.reason = "failed", f"its GPU state could not be restored: {message}"
                 asyncio.ensure_future(self.delete(record, record.reason))
                 raise BrokerError(f"The GPU kernel could not be resumed: {message}.", 500) from None
+            # the new slice takes over the files its shim was started with (limits, region, activity)
+            self.launcher.resumed(record, previous, allocation)
             record.set_allocation(allocation)
             await self.allocator.bind(allocation.id, record.holder)
+            UsageMeter.instance().resumed(allocation.id, previous)  # metering: the swapped period ends
             record.swap = {}
             self.launcher.mark_swapped(record, False)
             self._persist()

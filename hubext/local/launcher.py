@@ -451,6 +451,11 @@ class LocalKernelLauncher(KernelLauncher):
         else:
             marker.unlink(missing_ok=True)
 
+    def resumed(self, record: KernelRecord, previous_allocation_id: str, allocation: Allocation) -> None:
+        if self.pool is not None:
+            self.pool.carry_files(previous_allocation_id, allocation.id)
+            record.activity_file = self.pool.activity_path(allocation.id)
+
     async def interrupt(self, record: KernelRecord) -> bool:
         if record.state != "running" or not record.holder.isdigit():
             return False

@@ -334,6 +334,16 @@ class LocalPool(PoolBackend):
         held = [*(self.ledger.allocations() if self.ledger is not None else []), *([new] if new else [])]
         write_priority_table(self.regions_dir / "node", priorities, {a.id: a.gpu_uuids for a in held})
 
+    def carry_files(self, old_id: str, new_id: str) -> None:
+        """A resumed kernel's new allocation takes over the limits file and region of the one it
+        was swapped out of (its shim keeps them open: renaming leaves them as they are)."""
+        for old, new in (
+            (self.limits_path(old_id), self.limits_path(new_id)),
+            (self.region_dir(old_id), self.region_dir(new_id)),
+        ):
+            if old.exists():
+                os.replace(old, new)
+
     def _remove_files(self, allocation_id: str) -> None:
         table = read_priority_table(self.regions_dir / "node")
         if table.pop(allocation_id, None) is not None:
