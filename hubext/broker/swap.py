@@ -1,21 +1,22 @@
 """Swapping GPU kernels out and back in: the broker's suspend and resume.
 
-*Suspend* (the culler, an admin or the kernel's owner: ``POST /hub/api/gpu/kernels/<id>/suspend``):
-the kernel's CUDA processes are checkpointed through the driver (``libvgpu.checkpoint``: their
-GPU memory goes to host memory, the GPU is released), then the slice goes back to the pool
-(``ReleaseCause.SWAPPED``) while the kernel process runs on; its REST model says
-``"gpu_swapped": true``. It is all or nothing: a kernel that cannot be checkpointed (a driver
-without the API, a checkpoint that fails, the host-memory cap) is refused with the reason and
-left as it was, running on its slice; the culler then culls it as before. A kernel whose
-checkpoint could not even be undone is stopped (it could never run again).
+*Suspend* (the culler, an admin or the kernel's owner: ``POST
+/hub/api/gpu/kernels/<id>/suspend``): the kernel's CUDA processes are checkpointed through the
+driver (``libvgpu.checkpoint``: their GPU memory goes to host memory, the GPU is released),
+then the slice goes back to the pool (``ReleaseCause.SWAPPED``) while the kernel process runs
+on; its REST model says ``"gpu_swapped": true``. It is all or nothing: a kernel that cannot be
+checkpointed (a driver without the API, a checkpoint that fails, the host-memory cap) is
+refused with the reason and left as it was, running on its slice; the culler then culls it as
+before. A kernel whose checkpoint could not even be undone is stopped (it could never run
+again).
 
 *Resume* (the kernel itself, before its next cell runs: ``POST .../resume`` with its connection
 key; or its owner or an admin): admission grants the same size again (a new allocation that
 takes over the limits file and region its shim was started with: never a smaller slice; the
-metering links it to the swapped one), on a card of the same model, queued behind higher priorities and within quotas like any request; the processes are
-restored (remapped onto the new card when it is another) and unlocked, and the cell runs. While
-the request waits, the model's ``swap.position`` is its place in the GPU queue (the kernel
-prints it in the notebook).
+metering links it to the swapped one), on a card of the same model, queued behind higher
+priorities and within quotas like any request; the processes are restored (remapped onto the
+new card when it is another) and unlocked, and the cell runs. While the request waits, the
+model's ``swap.position`` is its place in the GPU queue (the kernel prints it in the notebook).
 """
 
 from __future__ import annotations
