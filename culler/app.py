@@ -133,6 +133,21 @@ class GPUCuller(Application):
     interval_seconds = Float(60.0, config=True, help="Seconds between the starts of two culling cycles. Default: 60.")
     run_once = Bool(False, config=True, help="Run one cycle and exit (for cron-style use and debugging).")
     dry_run = Bool(False, config=True, help="Decide and log what would be culled, but warn and cull nothing.")
+    swap_idle_kernels = Bool(
+        False,
+        config=True,
+        help="""Swap an idle GPU kernel out instead of culling it, where the broker can (its GPU
+        memory goes to host memory, its slice back to the pool, the kernel and its variables live
+        on; its next cell takes a slice again): the idle timeouts then say when a kernel is
+        swapped out. A kernel that cannot be swapped out (old driver, checkpoint error, the
+        host-memory cap) is culled as without this, with the broker's reason logged. Default: False.""",
+    )
+    cull_swapped_after_seconds = Float(
+        0.0,
+        config=True,
+        help="""Seconds a kernel may stay swapped out before it is culled (it holds host memory,
+        not a slice). 0: never. Default: 0.""",
+    )
     concurrency = Integer(
         32, config=True, help="Most HTTP calls in flight at once (server queries, shutdowns). Default: 32."
     )
@@ -367,7 +382,13 @@ class GPUCuller(Application):
                     self._bad_records.add(key)
                     self.log.warning("Skipping a GPU kernel record the culler cannot read: %s", e)
                 self.metrics.errors.labels("record").inc()
-        return [k for k in kernels if k.state == "running"]  # pending, stopped, failed: not ours to judge
+        now, after = time.time(), self.cull_swapped_after_seconds
+        # pending, stopped, failed: not ours to judge; swapped out: only once it is due for a cull
+        return [
+            k
+            for k in kernels
+            if k.state == "running" and (not k.swapped_since or (after > 0 and now - k.swapped_since >= after))
+        ]
 
     def _believable(self, kernel: GPUKernel, record: Mapping[str, Any]) -> GPUKernel:
         """The kernel with its GPU activity clamped to what the culler has seen.
@@ -708,6 +729,26 @@ class GPUCuller(Application):
             _mib(k.freed_memory_mib),
             why,
         )
+        if self.swap_idle_kernels and not k.swapped_since:
+            swapped, refusal = await self.client.suspend_gpu_kernel(k.id, why)
+            if swapped:
+                seconds = time.monotonic() - t0
+                self.metrics.culls.labels(v.reason, k.priority_class, "swapped").inc()
+                self.metrics.freed_memory.labels(v.reason, k.priority_class).inc(k.freed_memory_mib)
+                self.log.info(
+                    "Swapped out GPU kernel %s of %s (server '%s', %s, allocation %s) instead of culling it: %s; "
+                    "freed %s of GPU memory in %.2f s",
+                    k.kernel_id,
+                    k.user,
+                    k.server_name,
+                    k.priority_class,
+                    k.allocation_id or k.id,
+                    why,
+                    _mib(k.freed_memory_mib),
+                    seconds,
+                )
+                return CullResult(v, "swapped", True, seconds)
+            self.log.warning("GPU kernel %s of %s cannot be swapped out (%s): culling it", k.kernel_id, k.user, refusal)
         method = "server"
         if v.view.server_status == "ok":
             j = v.view.jupyter

@@ -161,6 +161,17 @@ class HubClient:
         resp = await self._fetch("POST", url, body={"reason": reason})
         return resp is not None and resp.code == 204
 
+    async def suspend_gpu_kernel(self, broker_id: str, reason: str) -> tuple[bool, str]:
+        """Ask the broker to swap a kernel out (its slice goes back, the kernel lives on):
+        (True, "") when done, else (False, the broker's reason)."""
+        query = urlencode({"reason": reason[:200]})
+        resp = await self._fetch("POST", f"{self.api_url}/gpu/kernels/{quote(broker_id, safe='')}/suspend?{query}")
+        if resp is not None and resp.code == 200:
+            return True, ""
+        body = self._json(resp) if resp is not None else None
+        message = body.get("message") if isinstance(body, Mapping) else None
+        return False, str(message or (f"HTTP {resp.code}" if resp is not None else "the broker did not answer"))
+
     async def delete_gpu_kernel(self, broker_id: str, reason: str) -> bool:
         """Ask the broker to stop a kernel and free its slice as culled (the fallback path). True
         when done or already gone."""

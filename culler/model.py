@@ -95,6 +95,8 @@ class GPUKernel:
     activity_known: bool = False
     #: the server's URL path (e.g. "/user/ada/"), when the broker gives it
     server_url: str = ""
+    #: swapped out (its GPU memory in host memory, no slice held) since this time; 0: not swapped
+    swapped_since: float = 0.0
 
     @property
     def freed_memory_mib(self) -> int:
@@ -155,6 +157,7 @@ class GPUKernel:
                 gpu_memory_used_mib=_int(used_raw, "memory_used_mib"),
                 activity_known=activity_known,
                 server_url=_str(record, "server_url"),
+                swapped_since=(record.get("swap") or {}).get("since") or 0.0 if record.get("gpu_swapped") else 0.0,
             )
         except RecordError as e:
             raise RecordError(f"kernel {kid}: {e}") from None

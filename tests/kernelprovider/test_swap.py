@@ -10,12 +10,15 @@ One 10 GiB size: two kernels do not fit on the card.
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 
 import pytest
 import yaml
 
+from culler import service_role
+from tests.culler.stack import CullerProcess, wait_until
 from tests.hubrunner import HubRunner
 from tests.kernelprovider.helpers import Server, _broker_config, install_kernelspecs, start_server
 from tests.libvgpu.harness import build_all
@@ -28,6 +31,7 @@ ADMISSION = {
     "workspaces": {"default": {"namespaces": {"default": {}}}},
 }
 SPEC = "elastic-gpu-gpu-10g"
+TOKEN = secrets.token_hex(16)  # the culler's
 CAP_MIB = 1536  # swapped-out kernels may hold this much host memory: one 1 GiB kernel, not two
 
 #: what a notebook's first cell does on a GPU: the driver, a context, 1 GiB of device memory
@@ -69,6 +73,8 @@ c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}
 c.LocalKernelLauncher.environment = {double!r}
 c.GPUBroker.max_queue_seconds = 60
 c.GPUBroker.swap_host_memory_percent = {CAP_MIB * 100 / machine_mib()!r}
+c.JupyterHub.services.append({{"name": "culler-under-test", "api_token": {TOKEN!r}}})
+c.JupyterHub.load_roles.append({service_role("culler-under-test", ["custom:elastic-gpu:admin"])!r})
 """ + _broker_config(SIZES)
     hub = HubRunner(work, config, env={"LD_LIBRARY_PATH": str(build.lib_dir), **double})
     try:
@@ -77,7 +83,7 @@ c.GPUBroker.swap_host_memory_percent = {CAP_MIB * 100 / machine_mib()!r}
         install_kernelspecs(hub, tokens["alice"], prefix)
         for name, token in tokens.items():
             start_server(hub, name, token)
-        yield hub, {name: Server(hub, name, token) for name, token in tokens.items()}
+        yield hub, {name: Server(hub, name, token) for name, token in tokens.items()}, work
     finally:
         hub.stop()
 
@@ -99,7 +105,7 @@ def slices(hub: HubRunner) -> list[dict]:
 
 
 def test_idle_kernel_is_swapped_out_its_slice_serves_a_waiting_kernel_and_it_resumes_on_its_next_cell(stack):
-    hub, servers = stack
+    hub, servers, _ = stack
     status, session = servers["alice"].start_session(SPEC)
     assert status == 201, session
     alice_kernel = session["kernel"]["id"]
@@ -153,3 +159,41 @@ def test_idle_kernel_is_swapped_out_its_slice_serves_a_waiting_kernel_and_it_res
     alice.close()
     bob.close()
     servers["alice"].api("DELETE", f"/sessions/{session['id']}")
+
+
+def test_culler_swaps_idle_kernels_out_culls_what_cannot_be_swapped_with_the_reason_and_culls_swapped_ones_later(
+    stack,
+):
+    hub, servers, work = stack
+    started = {}
+    for user in ("alice", "bob"):
+        status, session = servers[user].start_session(SPEC)
+        assert status == 201, session
+        kernel = servers[user].connect(session["kernel"]["id"])
+        assert "alloc 0" in kernel.execute(CUDA_CELL)["text"]
+        kernel.close()
+        started[user] = session["kernel"]["id"]
+        if user == "alice":  # swapped out first: then bob's kernel fits on the card
+            culler = CullerProcess(
+                hub,
+                work,
+                TOKEN,
+                name="swapping-culler",
+                swap_idle_kernels=True,
+                idle_timeout_seconds=2,
+                warning_seconds=0,
+                cull_swapped_after_seconds=8,
+            ).start()
+            wait_until(lambda: broker_kernel(hub, started["alice"])["gpu_swapped"], 30, "alice's kernel swapped out")
+    try:
+        # bob's kernel cannot be swapped out (the host-memory cap): culled as without swapping, saying why
+        line = culler.wait_log(rf"GPU kernel {started['bob']} of bob cannot be swapped out \(.*\): culling it")
+        assert "over the cap" in line.group(0), line.group(0)
+        culler.wait_log(rf"Culled GPU kernel {started['bob']} of bob")
+        assert "Swapped out GPU kernel " + started["alice"] in culler.log_text()
+        # alice's swapped-out kernel is culled once it has been swapped out for cull_swapped_after_seconds
+        culler.wait_log(rf"Culled GPU kernel {started['alice']} of alice", timeout=30)
+        status, kernels = hub.api("GET", "/gpu/kernels")
+        assert not [k for k in kernels["kernels"] if k["kernel_id"] in started.values()], kernels
+    finally:
+        culler.stop()
