@@ -226,11 +226,14 @@ def test_hub_gets_exactly_pod_secret_service_event_rights_in_the_user_namespace(
     expected |= {(ns, "", "persistentvolumeclaims", "get")}  # the kernels' shared home claims
     expected |= {(ns, "networking.k8s.io", "networkpolicies", v) for v in ("get", "list", "watch", "create", "delete")}
     expected |= {("cluster", "", "nodes", v) for v in ("get", "list", "watch")}
+    # the claims ledger: its ConfigMaps (compare-and-swap is an update), and every hub's GPU pods
+    expected |= {("elastic-gpu-claims", "", "configmaps", v) for v in ("get", "list", "create", "update")}
+    expected |= {("cluster", "", "pods", "list")}
     assert grants == expected
     assert not any(
         v in ("update", "patch", "deletecollection", "escalate", "bind", "impersonate")
         for _, _, res, v in grants
-        if res != "events"
+        if res not in ("events", "configmaps")
     )
 
 
@@ -243,7 +246,7 @@ def test_hub_rights_follow_the_user_namespace(rendered):
     docs = rendered["separate-user-namespace"]
     grants = _grants(docs, "hub", "jhub")
     namespaced = {scope for scope, *_ in grants if scope != "cluster"}
-    assert namespaced == {"jupyter-users"}
+    assert namespaced == {"jupyter-users", "elastic-gpu-claims"}
     assert tools.one(docs, "ServiceAccount", "jhub-elastic-gpu-user")["metadata"]["namespace"] == "jupyter-users"
     # z2jh's own Role covers only the hub's namespace: KubeSpawner's home claims there need ours
     pvc = {v for scope, _, res, v in grants if res == "persistentvolumeclaims" and scope == "jupyter-users"}

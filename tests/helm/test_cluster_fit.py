@@ -52,12 +52,18 @@ def _keys(docs: list[dict]) -> set[tuple[str, str, str]]:
     }
 
 
-def test_two_releases_share_no_object_name():
+def test_two_releases_share_no_object_name_but_the_claims_namespace():
     """Cluster-scoped objects (ClusterRoles, bindings, PriorityClasses, the agent's Namespace) and
-    namespaced ones in shared namespaces ('default' for Node events) carry the release's name."""
+    namespaced ones in shared namespaces ('default' for Node events, the claims namespace) carry
+    the release's name. The one object both render is the claims Namespace, which a release
+    creates only where no other release has (test_claims_namespace_is_created_once) and no
+    uninstall deletes (helm.sh/resource-policy: keep)."""
     a = tools.render(release="hub-a", namespace="team-a")
     b = tools.render(release="hub-b", namespace="team-b")
-    assert not _keys(a) & _keys(b), sorted(_keys(a) & _keys(b))
+    assert _keys(a) & _keys(b) == {("Namespace", "", "elastic-gpu-claims")}
+    [shared] = [d for d in a if d["kind"] == "Namespace" and d["metadata"]["name"] == "elastic-gpu-claims"]
+    assert shared["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert "app.kubernetes.io/instance" not in shared["metadata"]["labels"]  # it belongs to no release
     assert {d["kind"] for d in a} >= {"ClusterRole", "ClusterRoleBinding", "PriorityClass"}
 
 
@@ -75,9 +81,13 @@ def test_priority_classes_are_named_after_the_release_by_default():
 # ---- the node agent's own namespace -----------------------------------------------------------
 
 
+def _agent_namespaces(docs: list[dict]) -> list[dict]:
+    return [d for d in tools.find(docs, "Namespace") if d["metadata"]["name"].endswith("-node-agent")]
+
+
 def test_node_agent_runs_in_its_own_privileged_namespace(rendered):
     docs = rendered["default"]
-    ns = tools.one(docs, "Namespace")
+    [ns] = _agent_namespaces(docs)
     name = ns["metadata"]["name"]
     assert name != tools.NAMESPACE
     assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
@@ -101,7 +111,7 @@ def test_node_agent_runs_in_its_own_privileged_namespace(rendered):
 
 def test_node_agent_namespace_can_be_an_existing_one():
     docs = tools.render(set_values=["nodeAgent.namespace.create=false", "nodeAgent.namespace.name=gpu-system"])
-    assert not tools.find(docs, "Namespace")
+    assert [d["metadata"]["name"] for d in tools.find(docs, "Namespace")] == ["elastic-gpu-claims"]
     assert tools.one(docs, "DaemonSet")["metadata"]["namespace"] == "gpu-system"
 
 

@@ -97,6 +97,10 @@ def test_backend_and_prefix_in_hub_config_match_our_chart(z2jh, ours):
     pvc = tools.one(ours, "PersistentVolumeClaim", claim)
     pv = tools.one(ours, "PersistentVolume", pvc["spec"]["volumeName"])
     assert pv["spec"]["hostPath"]["path"] == values["nodeAgent"]["hostLibDir"]
+    # the hub writes its claims where our chart made the namespace and gave it a Role
+    claims_ns = re.search(r'claims_namespace = "([^"]*)"', config).group(1)
+    [role] = [r for r in tools.find(ours, "Role") if r["metadata"]["name"].endswith("-hub-claims")]
+    assert role["metadata"]["namespace"] == claims_ns
 
 
 def test_singleuser_egress_reaches_the_pods_our_kernel_policy_guards(z2jh, ours):
