@@ -3,7 +3,9 @@
 Each hub is a real JupyterHub (with its proxy) in its own namespace of one Kubernetes API
 emulator, with the GPU broker on; two users per hub run a notebook server pod. 200 GPU kernel
 requests (100 per hub, from the users' own tokens, through ``POST /hub/api/gpu/kernels``) arrive
-within a second on one node with two 40 GiB cards; each kernel is held a moment and shut down.
+within a second on one node with two 40 GiB cards; each kernel is held a moment and shut down
+(a request is decided either way: granted, or refused at once when only the requester's own
+kernels fill the cards, as on a single hub).
 A watcher reads the pods of both namespaces and the claims objects every few milliseconds:
 no card is ever over its memory or compute. Hub B is killed (SIGKILL) mid-run: hub A's queue
 still drains, and after A's reconcile B's claims are exactly what B's remaining pods hold (no
@@ -41,7 +43,8 @@ TAG = uuid.uuid4().hex[:6]
 NODE = "gpu-shared-1"
 NS_A, NS_B, NS_CLAIMS = f"teach-{TAG}", f"research-{TAG}", f"gpu-claims-{TAG}"
 USERS = {NS_A: ("ada", "alan"), NS_B: ("bea", "bob")}
-TTL_S = 4
+TTL_S = 6
+OWN_ONLY = "Only your own kernels hold GPUs"
 SIZES = [
     {"name": "g4", "display_name": "GPU 4 GiB", "memory_mib": 4096, "cores_percent": 10},
     {"name": "g8", "display_name": "GPU 8 GiB", "memory_mib": 8192, "cores_percent": 25},
@@ -200,6 +203,12 @@ def test_two_hub_processes_share_one_node_without_overbooking_and_a_killed_hub_l
             status, body = http(
                 "POST", f"{hub.hub_api}/gpu/kernels", tokens[user], {"key": secrets.token_hex(16), "size": size}, 170
             )
+            if status == 409 and OWN_ONLY in str(body):
+                # decided, not stuck: the requester's own kernels fill every card, so waiting
+                # cannot help (only when no other hub holds any room: then it would wait)
+                with lock:
+                    results[ns].append("own-only")
+                return None
             if status != 201:
                 return outcome("refused", status, body)
             time.sleep(hold)
@@ -242,9 +251,9 @@ def test_two_hub_processes_share_one_node_without_overbooking_and_a_killed_hub_l
     watcher.join()
     assert problems == [], problems[:5]
     assert samples > 50 and shared_seen, "both hubs should have shared a card at some moment"
-    assert results[NS_A] == ["ok"] * 100, [r for r in results[NS_A] if r != "ok"][:5]
+    assert len(results[NS_A]) == 100 and set(results[NS_A]) <= {"ok", "own-only"}, sorted(set(results[NS_A]))
     assert 40 <= results[NS_B].count("ok") < 100, results[NS_B]
-    assert set(results[NS_B]) == {"ok", "lost"}, sorted(set(results[NS_B]))
+    assert set(results[NS_B]) <= {"ok", "lost", "own-only"} and "lost" in results[NS_B], sorted(set(results[NS_B]))
     status, pool_a = hub_a.api("GET", "/gpu/pool")
     assert status == 200 and pool_a["queue"] == []
     hub_a.wait_for(lambda: _claims_of(emu, NS_CLAIMS, NS_A) == set(), 10, 0.2, "A's claims released")
@@ -260,4 +269,5 @@ def test_two_hub_processes_share_one_node_without_overbooking_and_a_killed_hub_l
     hub_b.wait_for(lambda: _claims_of(emu, NS_CLAIMS, NS_B) == set(), 4 * TTL_S + 10, 0.2, "no claim of B left")
     status, pool_b = hub_b.api("GET", "/gpu/pool")
     assert status == 200 and pool_b["queue"] == []
-    print(f"200 requests on 2 cards, 2 hub processes: {run_s:.1f} s; watcher samples {samples}")
+    counts = {ns: {r: results[ns].count(r) for r in set(results[ns])} for ns in results}
+    print(f"200 requests on 2 cards, 2 hub processes: {run_s:.1f} s; watcher samples {samples}; {counts}")
