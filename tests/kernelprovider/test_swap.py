@@ -18,6 +18,8 @@ import pytest
 import yaml
 
 from culler import service_role
+from hubext.metering.record import swapped_periods
+from hubext.metering.store import UsageStore
 from tests.culler.stack import CullerProcess, wait_until
 from tests.hubrunner import HubRunner
 from tests.kernelprovider.helpers import Server, _broker_config, install_kernelspecs, start_server
@@ -156,6 +158,20 @@ def test_idle_kernel_is_swapped_out_its_slice_serves_a_waiting_kernel_and_it_res
     assert "GPU resumed" in out["text"], out
     assert not broker_kernel(hub, alice_kernel)["gpu_swapped"]
     assert [s["user"] for s in slices(hub)] == ["alice"]
+    # the usage records (docs/metering.md): alice's first slice closed 'swapped', her resume's
+    # record continues it; between the two she held no GPU
+    store = UsageStore(f"sqlite:///{hub.workdir / 'jupyterhub.sqlite'}")
+    try:
+
+        def linked() -> list:
+            mine = [r for r in store.records() if r.user == "alice"]
+            return [period for period in swapped_periods(mine) if period[2] is not None]
+
+        ((swapped, swapped_at, resume),) = hub.wait_for(linked, 30, what="alice's swapped record and its resume")
+    finally:
+        store.close()
+    assert (swapped.kind, swapped.release_cause, resume.resumes) == ("kernel", "swapped", swapped.id)
+    assert swapped.granted_at < swapped_at <= resume.granted_at and resume.released_at is None
     alice.close()
     bob.close()
     servers["alice"].api("DELETE", f"/sessions/{session['id']}")
