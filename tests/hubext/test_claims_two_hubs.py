@@ -1,8 +1,8 @@
 """Two hubs share one GPU node through the cluster-wide claims ledger (the Kubernetes API emulator).
 
-Each hub is a real ``GPUAllocator`` with a real ``KubernetesPool`` in its own namespace (two
-JupyterHub processes would add only their start-up time: the spawner's part is the allocator
-call and a pod). Both race 100 GPU requests each on one node with two cards; what the cards
+Each hub is a real ``GPUAllocator`` with a real ``KubernetesPool`` in its own namespace, in one
+process (the same race between two JupyterHub processes, through the broker's REST API:
+test_claims_two_hub_processes.py). Both race 100 GPU requests each on one node with two cards; what the cards
 carry is checked from the pods of both namespaces and from the claims objects, never from
 either hub's view.
 """
