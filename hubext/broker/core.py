@@ -436,6 +436,10 @@ class GPUBroker(SwapMixin, SingletonConfigurable):
                     raise BrokerError(e.message, e.status) from None
                 if record.server_identity and server.identity and server.identity != record.server_identity:
                     raise BrokerError("This GPU kernel belongs to a server that no longer runs.", 409)
+            if record.swap:  # swapped out: its process (and the files it kept) go, a fresh one takes a slice
+                await self.allocator.backend.forget(record.allocation_id)
+                record.swap = {}
+                self.launcher.mark_swapped(record, False)
             allocation = self.allocator.get(record.allocation_id)
             if allocation is None:
                 record.generation += 1

@@ -213,3 +213,22 @@ def test_culler_swaps_idle_kernels_out_culls_what_cannot_be_swapped_with_the_rea
         assert not [k for k in kernels["kernels"] if k["kernel_id"] in started.values()], kernels
     finally:
         culler.stop()
+
+
+def test_restarting_a_swapped_out_kernel_gives_a_fresh_kernel_on_one_slice(stack):
+    hub, servers, _ = stack
+    status, session = servers["alice"].start_session(SPEC)
+    assert status == 201, session
+    kernel_id = session["kernel"]["id"]
+    record = broker_kernel(hub, kernel_id)
+    status, model = hub.api("POST", f"/gpu/kernels/{record['id']}/suspend")
+    assert status == 200 and model["gpu_swapped"], model
+    status, _ = servers["alice"].api("POST", f"/kernels/{kernel_id}/restart")
+    assert status == 200
+    kernel = servers["alice"].connect(kernel_id)
+    out = kernel.execute(CUDA_CELL)
+    kernel.close()
+    assert out["status"] == "ok" and "alloc 0" in out["text"] and "GPU resumed" not in out["text"], out
+    assert not broker_kernel(hub, kernel_id)["gpu_swapped"]
+    assert [s["user"] for s in slices(hub)] == ["alice"]
+    servers["alice"].api("DELETE", f"/sessions/{session['id']}")
