@@ -492,7 +492,8 @@ def model_of(records: Sequence[UsageRecord], model: str = "") -> tuple[str, int]
     models = {r.gpu_model for r in chosen}
     if len(models) > 1:
         raise ReportError(
-            f"the sessions used {len(models)} GPU models ({', '.join(sorted(models))}); choose one (model=...)."
+            f"the sessions used {len(models)} GPU models ({', '.join(sorted(models))}); "
+            "choose one (--model, or model= in the API)."
         )
     name = models.pop()
     memory = max((r.gpu_memory_mib for r in chosen), default=0)

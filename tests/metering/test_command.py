@@ -115,6 +115,27 @@ def test_simulate_replays_a_csv_of_sessions_with_an_idle_timeout(tmp_path, capsy
     assert "scenario 'x': placement 'roundrobin' is not one of binpack, spread, fgd" in capsys.readouterr().err
 
 
+def test_simulate_asks_for_one_model_when_the_records_used_several(tmp_path, capsys):
+    db = tmp_path / "jupyterhub.sqlite"
+    store = UsageStore(f"sqlite:///{db}")
+    store.upgrade()
+    store.apply(
+        [
+            {"event": "granted", "record": record("h", granted_at=0.0)},
+            {"event": "granted", "record": record("a", granted_at=0.0, gpu_model="A100-40GB", gpu_memory_mib=40960)},
+        ]
+    )
+    args = parse(add_simulate_arguments, ["--db-url", f"sqlite:///{db}", "--from", "0", "--to", "3600"])
+    assert run_simulate(args, io.StringIO()) == 2
+    err = capsys.readouterr().err
+    assert "the sessions used 2 GPU models (A100-40GB, H100-80GB); choose one (--model" in err, err
+    out = io.StringIO()
+    args = parse(
+        add_simulate_arguments, ["--db-url", f"sqlite:///{db}", "--from", "0", "--to", "3600", "--model", "A100-40GB"]
+    )
+    assert run_simulate(args, out) == 0 and "1 GPUs keep the p95 wait" in out.getvalue()
+
+
 def test_simulate_replays_the_records_csv_of_elastic_gpu_usage(hub_config, tmp_path):
     records = io.StringIO()
     run_usage(
