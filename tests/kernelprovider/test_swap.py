@@ -232,3 +232,34 @@ def test_restarting_a_swapped_out_kernel_gives_a_fresh_kernel_on_one_slice(stack
     assert not broker_kernel(hub, kernel_id)["gpu_swapped"]
     assert [s["user"] for s in slices(hub)] == ["alice"]
     servers["alice"].api("DELETE", f"/sessions/{session['id']}")
+
+
+def test_a_kernel_that_cannot_be_checkpointed_keeps_its_slice_and_is_culled_with_the_drivers_reason(stack):
+    hub, servers, work = stack
+    status, session = servers["bob"].start_session(SPEC)
+    assert status == 201, session
+    kernel_id = session["kernel"]["id"]
+    kernel = servers["bob"].connect(kernel_id)
+    # memory exported through CUDA IPC: the driver (before 610) cannot checkpoint the process
+    out = kernel.execute(
+        CUDA_CELL + "handle = ctypes.create_string_buffer(64)\nprint('ipc', cuda.cuIpcGetMemHandle(handle, ptr))"
+    )
+    assert "ipc 0" in out["text"], out
+    status, refusal = hub.api("POST", f"/gpu/kernels/{broker_kernel(hub, kernel_id)['id']}/suspend")
+    assert status == 409 and "CUDA_ERROR_NOT_SUPPORTED" in refusal["message"], refusal
+    # never half-suspended: its CUDA calls run (a locked process's would block), on its slice
+    out = kernel.execute("print('again', cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20))", timeout=20)
+    assert out["status"] == "ok" and "again 0" in out["text"] and "GPU resumed" not in out["text"], out
+    assert not broker_kernel(hub, kernel_id)["gpu_swapped"]
+    assert [s["user"] for s in slices(hub)] == ["bob"]
+    kernel.close()
+    culler = CullerProcess(
+        hub, work, TOKEN, name="ipc-culler", swap_idle_kernels=True, idle_timeout_seconds=2, warning_seconds=0
+    ).start()
+    try:
+        culler.wait_log(
+            rf"GPU kernel {kernel_id} of bob cannot be swapped out \(.*CUDA_ERROR_NOT_SUPPORTED.*\): culling it"
+        )
+        culler.wait_log(rf"Culled GPU kernel {kernel_id} of bob")
+    finally:
+        culler.stop()

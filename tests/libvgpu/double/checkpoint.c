@@ -21,6 +21,8 @@
  * are not zero CUDA_ERROR_INVALID_VALUE. Built with DBL_NO_CHECKPOINT (a driver before 570)
  * none of this exists: no symbols, cuGetProcAddress answers CUDA_ERROR_NOT_FOUND.
  * CUDA_DOUBLE_CHECKPOINT=unsupported: every call answers CUDA_ERROR_NOT_SUPPORTED.
+ * A process that exported memory through CUDA IPC (cuIpcGetMemHandle) cannot be checkpointed, as
+ * before driver 610: its checkpoint answers CUDA_ERROR_NOT_SUPPORTED and leaves it LOCKED.
  * CUDA_DOUBLE_CHECKPOINT_FAIL=checkpoint: the checkpoint fails (the host copy cannot be made:
  * CUDA_ERROR_OUT_OF_MEMORY) and leaves the process LOCKED with its memory on the GPU;
  * =restore: the restore fails (CUDA_ERROR_UNKNOWN) and leaves the process FAILED.
@@ -193,8 +195,10 @@ EXPORT CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArg
         }
         bytes += p->used[d];
     }
+    int ipc = p && p->used_ipc;
     dbl_unlock();
     if (rc) return rc;
+    if (ipc) return CUDA_ERROR_NOT_SUPPORTED;
     dbl_sleep_until(last);
     if (dbl_env.cp_fail == 1) return CUDA_ERROR_OUT_OF_MEMORY; /* no host memory for the copy */
     cp_copy_time(bytes);
@@ -284,6 +288,23 @@ EXPORT CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
     }
     dbl_unlock();
     return rc;
+}
+
+typedef struct CUipcMemHandle_st {
+    char reserved[64];
+} CUipcMemHandle;
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr ptr) {
+    CUresult rc = need_ctx();
+    if (rc) return rc;
+    if (!handle || !ptr) return CUDA_ERROR_INVALID_VALUE;
+    memset(handle, 0, sizeof(*handle));
+    memcpy(handle->reserved, &ptr, sizeof(ptr));
+    dbl_lock();
+    struct dbl_pid *p = dbl_pid_locked(dbl_self());
+    if (p) p->used_ipc = 1;
+    dbl_unlock();
+    return CUDA_SUCCESS;
 }
 
 /* Host memory a process's checkpoint holds (test helper, not CUDA). */

@@ -84,6 +84,7 @@ struct dbl_pid {
     uint32_t cp_map[DBL_MAX_DEV]; /* physical device + 1; 0: the device itself */
     uint64_t host[DBL_MAX_DEV];
     uint32_t host_contexts[DBL_MAX_DEV];
+    uint32_t used_ipc; /* exported memory through CUDA IPC: not checkpointable before driver 610 */
 };
 
 struct dbl_state {
