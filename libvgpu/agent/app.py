@@ -22,7 +22,7 @@ from typing import Any
 import tornado.web
 import yaml
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from traitlets import Bool, Dict, Enum, Float, Integer, TraitError, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default
 from traitlets.config import Application, Config
 
 from hubext import contract as L
@@ -130,6 +130,14 @@ class NodeAgent(Application):
         config=True,
         help="""Namespace of the GPU pods (the hub's user namespace). Empty: pods of every
         namespace (needs a cluster-wide list right). Default: empty.""",
+    )
+    extra_pod_namespaces = List(
+        Unicode(),
+        config=True,
+        help="""More namespaces of GPU pods, besides pod_namespace: the user namespaces of the other
+        hubs that slice this node's cards (releases sharing a claims namespace), so their pods'
+        processes are matched to their slices, not taken for processes without one. Ignored when
+        pod_namespace is empty (every namespace). Default: none.""",
     )
     node_event_namespace = Unicode(
         "default",
@@ -379,7 +387,12 @@ class NodeAgent(Application):
     async def _node_pods(self, *, force: bool = False) -> dict[str, PodInfo]:
         async with self._pods_lock:
             if force or time.monotonic() - self._pods_at >= self.pod_refresh_seconds:
-                items = await self.kube.node_pods(self.pod_namespace)
+                if self.pod_namespace:
+                    items = []
+                    for namespace in dict.fromkeys([self.pod_namespace, *self.extra_pod_namespaces]):
+                        items += await self.kube.node_pods(namespace)
+                else:
+                    items = await self.kube.node_pods("")
                 self._pods = {p.uid: p for p in (pod_info(i) for i in items)}
                 self._pods_at = time.monotonic()
             return self._pods

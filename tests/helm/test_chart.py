@@ -275,6 +275,23 @@ def test_node_agent_config_points_it_at_the_users_namespace(default):
     assert yaml.safe_load(cm["data"]["config.yaml"])["NodeAgent"]["pod_namespace"] == tools.NAMESPACE
 
 
+def test_one_node_agent_serves_the_other_hubs_namespaces_with_the_same_rights_there():
+    """Two hubs on one set of GPU nodes: the second release's agent is off, the first one's
+    matches the second hub's GPU pods to their slices (else it takes them for processes
+    without a slice), with exactly the rights it has in its own users' namespace."""
+    docs = tools.render(set_values=["nodeAgent.extraPodNamespaces={research}"])
+    cm = tools.one(docs, "ConfigMap", f"{tools.RELEASE}-elastic-gpu-node-agent")
+    agent = yaml.safe_load(cm["data"]["config.yaml"])["NodeAgent"]
+    assert (agent["pod_namespace"], agent["extra_pod_namespaces"]) == (tools.NAMESPACE, ["research"])
+    grants = _grants(docs, f"{tools.RELEASE}-elastic-gpu-node-agent", f"{tools.RELEASE}-elastic-gpu-node-agent")
+    own = {(res, v) for scope, _, res, v in grants if scope == tools.NAMESPACE}
+    assert {(res, v) for scope, _, res, v in grants if scope == "research"} == own
+    assert ("pods", "list") in own
+    assert "extra_pod_namespaces" not in yaml.safe_load(
+        tools.one(tools.render(), "ConfigMap", f"{tools.RELEASE}-elastic-gpu-node-agent")["data"]["config.yaml"]
+    )["NodeAgent"]
+
+
 def test_culler_has_no_kubernetes_api_token(default):
     dep = tools.one(default, "Deployment", f"{tools.RELEASE}-elastic-gpu-culler")
     assert dep["spec"]["template"]["spec"]["automountServiceAccountToken"] is False

@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[3]
 DOUBLE = REPO / "tests" / "libvgpu" / "double"
 NODE = "gpu-node-1"
 NS = "jhub"
+NS_OTHER_HUB = "research"  # the user namespace of a second hub slicing the same node
 HOST_PROC = "/run/host-proc"  # where GPU pods see the host's /proc (node_mounts)
 MIB = 1 << 20
 GPU0 = "GPU-d00b1e00-7369-6d2d-6770-750000000000"
@@ -175,7 +176,7 @@ def start_agent(node: Node, config: str, *extra: str) -> None:
 
 
 def gpu_pod(node: Node, name: str, allocation: Allocation, command: list[str], env: dict[str, str],
-            bypass_shim: bool = False) -> dict:
+            bypass_shim: bool = False, namespace: str = NS) -> dict:
     """A pod written by the spawner's own apply_gpu_to_pod (native backend)."""
     from kubernetes_asyncio.client import ApiClient
     from kubernetes_asyncio.client import models as k8s
@@ -185,7 +186,7 @@ def gpu_pod(node: Node, name: str, allocation: Allocation, command: list[str], e
     pod = k8s.V1Pod(
         api_version="v1",
         kind="Pod",
-        metadata=k8s.V1ObjectMeta(name=name, namespace=NS),
+        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace),
         spec=k8s.V1PodSpec(
             restart_policy="Never",
             containers=[k8s.V1Container(
@@ -216,16 +217,16 @@ def allocation(alloc_id: str, user: str, memory_mib: int) -> Allocation:
 
 
 def run_pod(node: Node, name: str, alloc: Allocation, steps: list[str], env: dict[str, str],
-            bypass_shim: bool = False) -> int:
+            bypass_shim: bool = False, namespace: str = NS) -> int:
     """Start a pod whose program waits until the test wrote its cgroup file (no race with the
     agent's checks), then runs the probe with ``steps``."""
     go = node.root / f"{name}.go"
     command = ["/bin/sh", "-c", f'while [ ! -e "{go}" ]; do sleep 0.02; done; exec "$0" "$@"',
                str(node.build.probe), *steps]
-    node.emu.create(gpu_pod(node, name, alloc, command, env, bypass_shim), "pods", NS)
-    node.emu.wait_for_pod_phase(name, "Running", NS, timeout=20)
-    pid = wait_for(lambda: node.emu.pod_pid(name, NS), 10, f"the process of {name}")
-    uid = node.emu.get("pods", name, NS)["metadata"]["uid"]
+    node.emu.create(gpu_pod(node, name, alloc, command, env, bypass_shim, namespace), "pods", namespace)
+    node.emu.wait_for_pod_phase(name, "Running", namespace, timeout=20)
+    pid = wait_for(lambda: node.emu.pod_pid(name, namespace), 10, f"the process of {name}")
+    uid = node.emu.get("pods", name, namespace)["metadata"]["uid"]
     node.write_cgroup(pid, uid, "probe")
     node.pids[name] = pid
     go.touch()
@@ -254,7 +255,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     (root / "xid").write_text("")
     emu = KubeEmulator(
         nodes=[NodeSpec(NODE, labels={"nvidia.com/gpu.present": "true"})],
-        namespaces=[NS],
+        namespaces=[NS, NS_OTHER_HUB],
         pod_env={**gpu_env, "CUDA_DOUBLE_HOST_PROC": HOST_PROC},
         restart_backoff_seconds=1.0,
         # the GPU double's state (one "device" every process shares) and, as a driver has it,
@@ -267,7 +268,8 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     emu.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
                 "metadata": {"name": "elastic-gpu-default"}, "value": 100},
                "priorityclasses", None, group="scheduling.k8s.io")
-    create_host_claim(emu, NS, root / "host")  # the chart's claim of the agent's host directory
+    for ns in (NS, NS_OTHER_HUB):
+        create_host_claim(emu, ns, root / "host")  # the chart's claim of the agent's host directory
     n = Node(root, build, emu, root / "host", root / "proc", root / "xid", gpu_env)
     n.proc_root.mkdir()
     try:
@@ -278,6 +280,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
 NodeAgent:
   proc_root: {n.proc_root}
   pod_namespace: {NS}
+  extra_pod_namespaces: [{NS_OTHER_HUB}]
   metrics_ip: 127.0.0.1
   refresh_interval_seconds: 0.3
   inventory_interval_seconds: 1
@@ -296,6 +299,9 @@ Backstop:
                 ["init", "ctx", "alloc:300M", "launch:3:100", "wait"], {"LD_PRELOAD": shim})
         run_pod(n, "pod-b", allocation("b-over", "bob", 256), ["init", "ctx", "alloc:1G", "wait"], {},
                 bypass_shim=True)
+        # the other hub's notebook on the same card, within its slice
+        run_pod(n, "pod-c", allocation("c-other-hub", "carol", 512), ["init", "ctx", "alloc:200M", "wait"],
+                {"LD_PRELOAD": shim}, namespace=NS_OTHER_HUB)
         stray = subprocess.Popen([str(build.probe), "init", "ctx", "alloc:512M", "wait"],
                                  env={**clean_env(), **gpu_env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
@@ -467,6 +473,9 @@ def test_a_pod_within_its_slice_is_left_alone(node):
     assert node.emu.get("pods", "pod-a", NS)["status"]["phase"] == "Running"
     about_a = [e for e in node.events(NS) if e["involvedObject"]["name"] == "pod-a"]
     assert about_a == []
+    # nor is the other hub's pod on the same card: the agent matched it to its slice
+    assert node.emu.get("pods", "pod-c", NS_OTHER_HUB)["status"]["phase"] == "Running"
+    assert node.events(NS_OTHER_HUB) == []
     assert sample(node.metrics(), "elastic_gpu_enforcement_kills_total", gpu_uuid=GPU0, reason="unregistered") == 1
 
 
