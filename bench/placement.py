@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from quotas import GPU, AdmissionState, GPURequest, Node, Owner, Placement, Pool, load_config  # noqa: E402
+from quotas import GPU, AdmissionState, Allocation, GPURequest, Node, Owner, Placement, Pool, load_config  # noqa: E402
 from quotas.queue import AdmissionQueue  # noqa: E402
 
 GIB = 1024
@@ -268,62 +268,241 @@ def percentile(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, max(0, math.ceil(q / 100 * len(values)) - 1))]
 
 
-def wait_run(node_policy: str, gpu_policy: str, reserve_after: float | None, seed: int,
-             hours: float, n_nodes: int = 12, load: float = 0.85,
-             spots: int | None = None) -> tuple[float, float, int]:
-    """(large p95 wait s, small p95 wait s, requests) for one arrival/departure run."""
+def session_trace(seed: int, hours: float, load: float, capacity_gib: float) -> list[tuple]:
+    """The arrival/departure run's sessions, in arrival order: (arrival s, SESSIONS row, user
+    index, length s). Poisson arrivals offering ``load`` of ``capacity_gib``, log-normal lengths
+    of 2 h on average."""
     rng = random.Random(seed)
-    nodes = [(8, 64_000, 512)] * (n_nodes // 2) + [(4, 32_000, 256)] * (n_nodes - n_nodes // 2)
-    pool = product_pool(nodes)
-    cfg = config(node_policy, gpu_policy, reserve_after)
-    state = AdmissionState(cfg, pool)
-    queue = AdmissionQueue(cfg.policy.reserve_after_seconds, spots or cfg.policy.reserve_spots)
     mean_len_s = 2 * 3600.0
     sigma = 1.0
     mu = math.log(mean_len_s) - sigma**2 / 2
     weights = [s[3] for s in SESSIONS]
     mean_gib = sum((s[0] or 80) * s[3] for s in SESSIONS) / sum(weights)
-    capacity_gib = sum(g for g, _, _ in nodes) * 80
     rate = load * capacity_gib / mean_gib / mean_len_s  # arrivals per second
     end = hours * 3600
-    events: list[tuple[float, int, str, str]] = []
+    times: list[float] = []
     t = 0.0
-    i = 0
     while True:
         t += rng.expovariate(rate)
         if t >= end:
             break
+        times.append(t)
+    trace = []
+    for t in times:
+        session = SESSIONS[rng.choices(range(len(SESSIONS)), weights)[0]]
+        user = rng.randrange(200)
+        trace.append((t, session, user, rng.lognormvariate(mu, sigma)))
+    return trace
+
+
+def wait_nodes(n_nodes: int = 12) -> list[tuple[int, int, int]]:
+    return [(8, 64_000, 512)] * (n_nodes // 2) + [(4, 32_000, 256)] * (n_nodes - n_nodes // 2)
+
+
+@dataclass
+class WaitRun:
+    """What one arrival/departure run measured."""
+
+    large_p95_s: float
+    small_p95_s: float
+    requests: int
+    #: reservations made, and how many of those heads were granted on the reserved cards
+    reservations: int = 0
+    granted_on_reserved: int = 0
+    #: p50 seconds from a reservation to its head's grant
+    reserved_to_grant_p50_s: float = 0.0
+    #: time-averaged whole-card requests waiting (the line behind the head)
+    large_waiting_mean: float = 0.0
+    #: while an overdue whole-card request waited: nodes (of all) with the CPU and host memory
+    #: for one more whole-card session, and the share of the pool's CPU in use
+    nodes_with_room: float = 0.0
+    nodes: int = 0
+    cpu_used: float = 0.0
+    #: slices moved (only with move_up_to)
+    moves: int = 0
+
+
+def move_for_head(state: AdmissionState, queue: AdmissionQueue, now: float, up_to: int) -> int:
+    """A model of the issue's optional item, NOT product code: when the first waiting request
+    is a whole card that has waited past the bound, clear one card for it by moving at most
+    ``up_to`` slices (those on the card, plus more from its node when the node lacks the CPU or
+    memory) to other places that fit them now, as if each were stopped and started again at
+    once. Returns how many slices moved (0: no card can be cleared that way)."""
+    line = queue.ordered()
+    if not line or not line[0].request.whole or line[0].reservation is None:
+        return 0
+    head = line[0].request
+    ix = state._index  # read-only here; the state changes through add/remove only
+    plans = []
+    for ni in range(len(ix.node_names)):
+        for gi in ix.node_gpus[ni]:
+            on = [state.allocations[a] for a in ix.on[gi]]
+            if any(a.whole for a in on):
+                continue
+            need = list(on)
+            cpu = ix.cpu_free[ni] + sum(a.cpu_millicores for a in on)
+            mem = ix.hmem_free[ni] + sum(a.host_memory_mib for a in on)
+            rest = sorted((state.allocations[a] for a in ix.node_allocs[ni] if a not in ix.on[gi]),
+                          key=lambda a: (a.whole, -a.cpu_millicores, -a.host_memory_mib))
+            for a in rest:
+                if cpu >= head.cpu_millicores and mem >= head.host_memory_mib or a.whole:
+                    break
+                need.append(a)
+                cpu, mem = cpu + a.cpu_millicores, mem + a.host_memory_mib
+            if cpu >= head.cpu_millicores and mem >= head.host_memory_mib and len(need) <= up_to:
+                plans.append((len(need), ni, gi, need))
+    plans.sort(key=lambda p: p[:3])
+    for _, ni, gi, need in plans[:10]:
+        for a in need:
+            state.remove(a.id)
+        hold = Allocation(id="\0move-hold", owner=Owner("hold"), node=ix.node_names[ni],
+                          gpu_uuids=(ix.gpus[gi].uuid,), memory_mib=0, cores_percent=0,
+                          priority_class="", whole=True, cpu_millicores=head.cpu_millicores,
+                          host_memory_mib=head.host_memory_mib)
+        state.add(hold)
+        moved = []
+        for a in sorted(need, key=lambda a: -a.memory_mib):
+            d = state.decide(GPURequest(a.owner, a.memory_mib, a.cores_percent, request_id=a.id,
+                                        cpu_millicores=a.cpu_millicores,
+                                        host_memory_mib=a.host_memory_mib), now)
+            if d.kind != "grant":
+                break
+            state.add(d.allocation)
+            moved.append(d.allocation)
+        state.remove(hold.id)
+        if len(moved) == len(need):
+            return len(need)
+        for a in moved:
+            state.remove(a.id)
+        for a in need:
+            state.add(a)
+    return 0
+
+
+def wait_run(node_policy: str, gpu_policy: str, reserve_after: float | None, seed: int,
+             hours: float, n_nodes: int = 12, load: float = 0.85,
+                      spots: int | None = None, move_up_to: int = 0) -> WaitRun:
+    """One arrival/departure run through the product's queue and admission core;
+    ``move_up_to`` > 0 adds :func:`move_for_head` (the bench's model of moving slices)."""
+    nodes = wait_nodes(n_nodes)
+    pool = product_pool(nodes)
+    cfg = config(node_policy, gpu_policy, reserve_after)
+    state = AdmissionState(cfg, pool)
+    queue = AdmissionQueue(cfg.policy.reserve_after_seconds, spots or cfg.policy.reserve_spots)
+    end = hours * 3600
+    events: list[tuple[float, int, str, str]] = []
+    sessions = {}
+    for i, (t, session, user, length) in enumerate(
+            session_trace(seed, hours, load, sum(g for g, _, _ in nodes) * 80)):
         heapq.heappush(events, (t, i, "arrive", f"s{i}"))
-        i += 1
+        sessions[f"s{i}"] = (session, user, length)
     arrived: dict[str, tuple[float, bool, float]] = {}
     waits: dict[bool, list[float]] = {True: [], False: []}
     owner_of = [Owner(f"user{u}") for u in range(200)]
-    seq = i
+    seq = len(events)
+    out = WaitRun(0, 0, 0, nodes=len(nodes))
+    to_grant: list[float] = []
+    large_waiting = 0
+    area = last = 0.0
+    samples = 0
+    ix = state._index  # read-only, for the "why" figures
+    cpu_total = sum(cpu for _, cpu, _ in nodes)
+    large_cpu, large_hmem = SESSIONS[-1][1], SESSIONS[-1][2] * GIB
     while events:
         now, _, kind, rid = heapq.heappop(events)
+        area += large_waiting * (now - last)
+        last = now
         if kind == "leave":
             state.remove(rid)
-        else:
-            gib, cpu, mem, _ = SESSIONS[rng.choices(range(len(SESSIONS)), weights)[0]]
+        elif kind == "arrive":
+            (gib, cpu, mem, _), user, length = sessions.pop(rid)
             large = gib == 0
             request = GPURequest(
-                owner_of[rng.randrange(len(owner_of))],
+                owner_of[user],
                 memory_mib=CARD_MIB if large else gib * GIB,
                 cores_percent=100 if large else max(5, gib * 100 // 80),
                 whole=large, cpu_millicores=cpu, host_memory_mib=mem * GIB, request_id=rid,
             )
-            arrived[rid] = (now, large, rng.lognormvariate(mu, sigma))
+            arrived[rid] = (now, large, length)
+            large_waiting += large
             queue.push(request, 100, now)
-        for step in queue.pump(state, now):
-            if step.decision.granted:
-                got = step.waiting.request.request_id
-                t0, large, length = arrived.pop(got)
-                waits[large].append(now - t0)
-                seq += 1
-                heapq.heappush(events, (now + length, seq, "leave", got))
+            if large and move_up_to and reserve_after is not None:
+                seq += 1  # look again once it is overdue
+                heapq.heappush(events, (now + reserve_after + 1e-3, seq, "tick", ""))
+        for _ in range(8):
+            for step in queue.pump(state, now):
+                w = step.waiting
+                if step.decision.granted:
+                    got = w.request.request_id
+                    t0, large, length = arrived.pop(got)
+                    waits[large].append(now - t0)
+                    large_waiting -= large
+                    r = w.reservation
+                    if r is not None:
+                        out.reservations += 1
+                        to_grant.append(now - r.made_at)
+                        out.granted_on_reserved += set(step.decision.allocation.gpu_uuids) <= set(r.cards)
+                    seq += 1
+                    heapq.heappush(events, (now + length, seq, "leave", got))
+            moved = move_for_head(state, queue, now, move_up_to) if move_up_to else 0
+            out.moves += moved
+            if not moved:
+                break
+        overdue = [w for w in queue.ordered() if w.request.whole and w.reservation is not None]
+        if overdue and kind == "arrive":
+            samples += 1
+            out.nodes_with_room += sum(
+                1 for ni in range(len(nodes))
+                if ix.cpu_free[ni] >= large_cpu and ix.hmem_free[ni] >= large_hmem)
+            out.cpu_used += 1 - sum(ix.cpu_free) / cpu_total
     for t0, large, _ in arrived.values():  # still waiting at the end: the wait so far
         waits[large].append(end - t0)
-    return percentile(waits[True], 95), percentile(waits[False], 95), len(waits[True]) + len(waits[False])
+    out.large_p95_s, out.small_p95_s = percentile(waits[True], 95), percentile(waits[False], 95)
+    out.requests = len(waits[True]) + len(waits[False])
+    out.reserved_to_grant_p50_s = percentile(to_grant, 50)
+    out.large_waiting_mean = area / max(last, 1e-9)
+    if samples:
+        out.nodes_with_room /= samples
+        out.cpu_used /= samples
+    return out
+
+
+def pooled_wait_run(seed: int, hours: float, n_nodes: int = 12, load: float = 0.85) -> tuple[float, float]:
+    """The same sessions on an ideal pool: the whole pool is ONE machine with the pool's total
+    GPU memory, CPU and host memory (no fragmentation anywhere), first come first served with
+    backfill (a request is granted as soon as the totals have room for it). This file's own
+    code, not the product's. No placement that lets a later request take room it fits can give
+    large requests shorter waits than this; (large p95 s, small p95 s)."""
+    nodes = wait_nodes(n_nodes)
+    free = [sum(g for g, _, _ in nodes) * 80, sum(c for _, c, _ in nodes), sum(m for _, _, m in nodes)]
+    end = hours * 3600
+    events: list[tuple] = []
+    for i, (t, session, _, length) in enumerate(session_trace(seed, hours, load, free[0])):
+        heapq.heappush(events, (t, i, session, length))
+    seq = len(events)
+    line: list[tuple] = []
+    waits: dict[bool, list[float]] = {True: [], False: []}
+    while events:
+        now, _, session, length = heapq.heappop(events)
+        gib, cpu, mem, _ = session
+        need = (gib or 80, cpu, mem)
+        if length is None:  # a departure
+            free = [f + n for f, n in zip(free, need, strict=True)]
+        else:
+            line.append((now, need, gib == 0, length, session))
+        still = []
+        for t0, need, large, length, session in line:
+            if all(f >= n for f, n in zip(free, need, strict=True)):
+                free = [f - n for f, n in zip(free, need, strict=True)]
+                waits[large].append(now - t0)
+                seq += 1
+                heapq.heappush(events, (now + length, seq, session, None))
+            else:
+                still.append((t0, need, large, length, session))
+        line = still
+    for t0, _, large, _, _ in line:
+        waits[large].append(end - t0)
+    return percentile(waits[True], 95), percentile(waits[False], 95)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -333,7 +512,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hours", type=float, default=72.0, help="simulated hours in the wait run")
     parser.add_argument("--load", type=float, default=0.85,
                         help="offered GPU memory in the wait run, as a share of the pool's (default 0.85)")
+    parser.add_argument("--move-up-to", type=int, default=0, metavar="N",
+                        help="also run the wait run with the bench's model of moving up to N slices "
+                             "for an overdue whole-card head (not product code; default 0: off)")
     args = parser.parse_args(argv)
+    if args.move_up_to < 0:
+        parser.error("--move-up-to must be 0 or more")
     if args.nodes < 1 or args.hours <= 0 or not 0 < args.load < 2:
         parser.error("--nodes must be at least 1, --hours above 0 and --load between 0 and 2")
 
@@ -360,15 +544,34 @@ def main(argv: list[str] | None = None) -> None:
 
     cfg_default = load_config({})
     waits = {}
+    runs = {}
     for label, reserve in (("no reservation", None),
                            (f"reserve after {cfg_default.policy.reserve_after_seconds:g} s", "default")):
         r = cfg_default.policy.reserve_after_seconds if reserve == "default" else None
         t0 = time.perf_counter()
-        large, small, n = wait_run(default.node, default.gpu, r, args.seed, args.hours, load=args.load)
-        waits[label] = (large, small)
-        print(f"  waits ({default_name}, {label}, load {args.load:g}): large p95 {large:.0f} s, "
-              f"small p95 {small:.0f} s "
-              f"({n} requests, {time.perf_counter() - t0:.1f} s)")
+        run = runs[label] = wait_run(default.node, default.gpu, r, args.seed, args.hours, load=args.load)
+        waits[label] = (run.large_p95_s, run.small_p95_s)
+        print(f"  waits ({default_name}, {label}, load {args.load:g}): large p95 "
+              f"{run.large_p95_s:.0f} s, small p95 {run.small_p95_s:.0f} s "
+              f"({run.requests} requests, {time.perf_counter() - t0:.1f} s)")
+    run = runs[f"reserve after {cfg_default.policy.reserve_after_seconds:g} s"]
+    print(f"  why: {run.reservations} heads held a reservation, {run.granted_on_reserved} were granted "
+          f"on the reserved cards (p50 {run.reserved_to_grant_p50_s:.0f} s after reserving); "
+          f"{run.large_waiting_mean:.1f} whole-card requests waiting on average; while an overdue "
+          f"one waited, {run.nodes_with_room:.1f} of {run.nodes} nodes had the CPU and memory for "
+          f"one more whole-card session and {100 * run.cpu_used:.0f} % of the pool's CPU was in use")
+    if args.move_up_to:
+        t0 = time.perf_counter()
+        moved = wait_run(default.node, default.gpu, cfg_default.policy.reserve_after_seconds, args.seed,
+                         args.hours, load=args.load, move_up_to=args.move_up_to)
+        print(f"  model: moving up to {args.move_up_to} slices for an overdue whole-card head (not the "
+              f"product): large p95 {moved.large_p95_s:.0f} s, small p95 {moved.small_p95_s:.0f} s, "
+              f"{moved.moves} slices moved ({moved.moves / args.hours:.1f} per hour; "
+              f"{time.perf_counter() - t0:.1f} s)")
+    ideal_large, ideal_small = pooled_wait_run(args.seed, args.hours, load=args.load)
+    print(f"  ideal pool (one machine with the pool's totals, backfill; this file's own code): "
+          f"large p95 {ideal_large:.0f} s, small p95 {ideal_small:.0f} s "
+          f"({'within' if ideal_large <= 3 * max(ideal_small, 30) else 'NOT within'} 3 x max(small, 30))")
     large, small = waits[f"reserve after {cfg_default.policy.reserve_after_seconds:g} s"]
     ok_alloc = default_ratio >= ratios["reference fgd"]
     ok_wait = large <= 3 * max(small, 30)
