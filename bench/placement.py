@@ -40,7 +40,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from quotas import GPU, AdmissionState, Allocation, GPURequest, Node, Owner, Placement, Pool, load_config  # noqa: E402
-from quotas.queue import AdmissionQueue  # noqa: E402
+from quotas.errors import PoolFull  # noqa: E402
+from quotas.model import Decision  # noqa: E402
+from quotas.queue import AdmissionQueue, Step  # noqa: E402
 
 GIB = 1024
 CARD_MIB = 80 * GIB
@@ -322,14 +324,38 @@ class WaitRun:
     moves: int = 0
 
 
-def move_for_head(state: AdmissionState, queue: AdmissionQueue, now: float, up_to: int) -> int:
+class HoldingQueue(AdmissionQueue):
+    """A model, NOT product code: the product's queue order, but once the head of a class has
+    waited ``reserve_after_seconds`` for capacity, nobody of its class or lower behind it is
+    granted until it is (freed capacity is held for it anywhere in the pool, not on one node)."""
+
+    def pump(self, state: AdmissionState, now: float) -> list[Step]:
+        steps: list[Step] = []
+        held_at = None
+        for w in self.ordered():
+            if held_at is not None and w.priority_value <= held_at:
+                steps.append(Step(w, Decision("wait", reason="behind an overdue head")))
+                continue
+            d = state.decide(w.request, now=now)
+            steps.append(Step(w, d))
+            if d.granted or d.kind == "reject":
+                self._waiting.remove(w)
+                if d.granted:
+                    state.apply(d)
+            elif isinstance(d.error, PoolFull) and now - w.enqueued_at >= (self.reserve_after_seconds or 0):
+                held_at = w.priority_value
+        return steps
+
+
+def move_for_head(state: AdmissionState, queue: AdmissionQueue, now: float, up_to: int,
+                  bound: float) -> int:
     """A model of the issue's optional item, NOT product code: when the first waiting request
     is a whole card that has waited past the bound, clear one card for it by moving at most
     ``up_to`` slices (those on the card, plus more from its node when the node lacks the CPU or
     memory) to other places that fit them now, as if each were stopped and started again at
     once. Returns how many slices moved (0: no card can be cleared that way)."""
     line = queue.ordered()
-    if not line or not line[0].request.whole or line[0].reservation is None:
+    if not line or not line[0].request.whole or now - line[0].enqueued_at < bound:
         return 0
     head = line[0].request
     ix = state._index  # read-only here; the state changes through add/remove only
@@ -381,14 +407,16 @@ def move_for_head(state: AdmissionState, queue: AdmissionQueue, now: float, up_t
 
 def wait_run(node_policy: str, gpu_policy: str, reserve_after: float | None, seed: int,
              hours: float, n_nodes: int = 12, load: float = 0.85,
-                      spots: int | None = None, move_up_to: int = 0) -> WaitRun:
+                      spots: int | None = None, move_up_to: int = 0, hold: bool = False) -> WaitRun:
     """One arrival/departure run through the product's queue and admission core;
-    ``move_up_to`` > 0 adds :func:`move_for_head` (the bench's model of moving slices)."""
+    ``move_up_to`` > 0 adds :func:`move_for_head` and ``hold`` puts :class:`HoldingQueue` in the
+    product queue's place (the bench's models of moving slices and holding capacity)."""
     nodes = wait_nodes(n_nodes)
     pool = product_pool(nodes)
     cfg = config(node_policy, gpu_policy, reserve_after)
     state = AdmissionState(cfg, pool)
-    queue = AdmissionQueue(cfg.policy.reserve_after_seconds, spots or cfg.policy.reserve_spots)
+    queue = (HoldingQueue if hold else AdmissionQueue)(
+        cfg.policy.reserve_after_seconds, spots or cfg.policy.reserve_spots)
     end = hours * 3600
     events: list[tuple[float, int, str, str]] = []
     sessions = {}
@@ -444,7 +472,7 @@ def wait_run(node_policy: str, gpu_policy: str, reserve_after: float | None, see
                         out.granted_on_reserved += set(step.decision.allocation.gpu_uuids) <= set(r.cards)
                     seq += 1
                     heapq.heappush(events, (now + length, seq, "leave", got))
-            moved = move_for_head(state, queue, now, move_up_to) if move_up_to else 0
+            moved = move_for_head(state, queue, now, move_up_to, reserve_after or 0) if move_up_to else 0
             out.moves += moved
             if not moved:
                 break
@@ -467,38 +495,45 @@ def wait_run(node_policy: str, gpu_policy: str, reserve_after: float | None, see
     return out
 
 
-def pooled_wait_run(seed: int, hours: float, n_nodes: int = 12, load: float = 0.85) -> tuple[float, float]:
+def pooled_wait_run(seed: int, hours: float, n_nodes: int = 12, load: float = 0.85,
+                    hold_after: float | None = None) -> tuple[float, float]:
     """The same sessions on an ideal pool: the whole pool is ONE machine with the pool's total
     GPU memory, CPU and host memory (no fragmentation anywhere), first come first served with
     backfill (a request is granted as soon as the totals have room for it). This file's own
     code, not the product's. No placement that lets a later request take room it fits can give
-    large requests shorter waits than this; (large p95 s, small p95 s)."""
+    large requests shorter waits than this; (large p95 s, small p95 s). ``hold_after``: once a
+    whole-card request has waited that long, nobody behind it is granted until it is."""
     nodes = wait_nodes(n_nodes)
     free = [sum(g for g, _, _ in nodes) * 80, sum(c for _, c, _ in nodes), sum(m for _, _, m in nodes)]
     end = hours * 3600
     events: list[tuple] = []
     for i, (t, session, _, length) in enumerate(session_trace(seed, hours, load, free[0])):
         heapq.heappush(events, (t, i, session, length))
+        if hold_after is not None and session[0] == 0:  # look again once it is overdue
+            heapq.heappush(events, (t + hold_after + 1e-3, -1 - i, None, None))
     seq = len(events)
     line: list[tuple] = []
     waits: dict[bool, list[float]] = {True: [], False: []}
     while events:
         now, _, session, length = heapq.heappop(events)
-        gib, cpu, mem, _ = session
-        need = (gib or 80, cpu, mem)
-        if length is None:  # a departure
-            free = [f + n for f, n in zip(free, need, strict=True)]
-        else:
-            line.append((now, need, gib == 0, length, session))
+        if session is not None:
+            gib, cpu, mem, _ = session
+            need = (gib or 80, cpu, mem)
+            if length is None:  # a departure
+                free = [f + n for f, n in zip(free, need, strict=True)]
+            else:
+                line.append((now, need, gib == 0, length, session))
         still = []
+        held = False
         for t0, need, large, length, session in line:
-            if all(f >= n for f, n in zip(free, need, strict=True)):
+            if not held and all(f >= n for f, n in zip(free, need, strict=True)):
                 free = [f - n for f, n in zip(free, need, strict=True)]
                 waits[large].append(now - t0)
                 seq += 1
                 heapq.heappush(events, (now + length, seq, session, None))
             else:
                 still.append((t0, need, large, length, session))
+                held = held or (large and hold_after is not None and now - t0 >= hold_after)
         line = still
     for t0, _, large, _, _ in line:
         waits[large].append(end - t0)
@@ -561,17 +596,22 @@ def main(argv: list[str] | None = None) -> None:
           f"one waited, {run.nodes_with_room:.1f} of {run.nodes} nodes had the CPU and memory for "
           f"one more whole-card session and {100 * run.cpu_used:.0f} % of the pool's CPU was in use")
     if args.move_up_to:
-        t0 = time.perf_counter()
-        moved = wait_run(default.node, default.gpu, cfg_default.policy.reserve_after_seconds, args.seed,
-                         args.hours, load=args.load, move_up_to=args.move_up_to)
-        print(f"  model: moving up to {args.move_up_to} slices for an overdue whole-card head (not the "
-              f"product): large p95 {moved.large_p95_s:.0f} s, small p95 {moved.small_p95_s:.0f} s, "
-              f"{moved.moves} slices moved ({moved.moves / args.hours:.1f} per hour; "
-              f"{time.perf_counter() - t0:.1f} s)")
+        for hold in (False, True):
+            t0 = time.perf_counter()
+            moved = wait_run(default.node, default.gpu, cfg_default.policy.reserve_after_seconds, args.seed,
+                             args.hours, load=args.load, move_up_to=args.move_up_to, hold=hold)
+            print(f"  model (not the product): moving up to {args.move_up_to} slices for an overdue "
+                  f"whole-card head{', nobody passing it' if hold else ''}: large p95 "
+                  f"{moved.large_p95_s:.0f} s, small p95 {moved.small_p95_s:.0f} s, {moved.moves} slices "
+                  f"moved ({moved.moves / args.hours:.1f} per hour; {time.perf_counter() - t0:.1f} s)")
     ideal_large, ideal_small = pooled_wait_run(args.seed, args.hours, load=args.load)
     print(f"  ideal pool (one machine with the pool's totals, backfill; this file's own code): "
           f"large p95 {ideal_large:.0f} s, small p95 {ideal_small:.0f} s "
           f"({'within' if ideal_large <= 3 * max(ideal_small, 30) else 'NOT within'} 3 x max(small, 30))")
+    bound = cfg_default.policy.reserve_after_seconds
+    held_large, held_small = pooled_wait_run(args.seed, args.hours, load=args.load, hold_after=bound)
+    print(f"  ideal pool, nobody passes a whole-card request that waited {bound:g} s: large p95 "
+          f"{held_large:.0f} s, small p95 {held_small:.0f} s")
     large, small = waits[f"reserve after {cfg_default.policy.reserve_after_seconds:g} s"]
     ok_alloc = default_ratio >= ratios["reference fgd"]
     ok_wait = large <= 3 * max(small, 30)
