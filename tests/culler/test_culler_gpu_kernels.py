@@ -27,7 +27,7 @@ from hubext.metering.store import UsageStore
 from tests.culler.shimrecord import write_activity
 from tests.culler.stack import CullerProcess, KernelTab, http, metric_value, wait_until
 from tests.hubrunner import HubRunner, free_port
-from tests.kernelprovider.helpers import Server, install_kernelspecs, start_server
+from tests.kernelprovider.helpers import Server, start_servers
 
 TOKEN = secrets.token_hex(16)
 MANAGED_PORT = free_port()
@@ -93,11 +93,7 @@ def stack(tmp_path_factory):
     hub.config_text = config.replace("{port}", str(hub.port))
     hub.start()
     try:
-        tokens = {name: hub.user_token(name) for name in ("alice", "bob")}
-        install_kernelspecs(hub, tokens["alice"], prefix)
-        for name, token in tokens.items():
-            start_server(hub, name, token)
-        yield hub, {name: Server(hub, name, token) for name, token in tokens.items()}, work
+        yield hub, start_servers(hub, prefix), work
     finally:
         hub.stop()
 

@@ -82,6 +82,15 @@ def install_kernelspecs(hub: HubRunner, token: str, prefix: Path) -> str:
     return result.stdout
 
 
+def start_servers(hub: HubRunner, prefix: Path, users: tuple[str, ...] = ("alice", "bob")) -> dict[str, Server]:
+    """The GPU kernelspecs installed under ``prefix`` and ``users``' servers running; their Servers."""
+    tokens = {name: hub.user_token(name) for name in users}
+    install_kernelspecs(hub, tokens[users[0]], prefix)
+    for name, token in tokens.items():
+        start_server(hub, name, token)
+    return {name: Server(hub, name, token) for name, token in tokens.items()}
+
+
 class Server:
     """A user's single-user server, reached through the proxy with the user's token."""
 

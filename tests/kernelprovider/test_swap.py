@@ -22,7 +22,7 @@ from hubext.metering.record import swapped_periods
 from hubext.metering.store import UsageStore
 from tests.culler.stack import CullerProcess, wait_until
 from tests.hubrunner import HubRunner
-from tests.kernelprovider.helpers import Server, _broker_config, install_kernelspecs, start_server
+from tests.kernelprovider.helpers import _broker_config, start_servers
 from tests.libvgpu.harness import build_all
 
 SIZES = [{"name": "gpu-10g", "display_name": "GPU 10 GiB", "memory_mib": 10240, "cores_percent": 50}]
@@ -81,11 +81,7 @@ c.JupyterHub.load_roles.append({service_role("culler-under-test", ["custom:elast
     hub = HubRunner(work, config, env={"LD_LIBRARY_PATH": str(build.lib_dir), **double})
     try:
         hub.start()
-        tokens = {name: hub.user_token(name) for name in ("alice", "bob")}
-        install_kernelspecs(hub, tokens["alice"], prefix)
-        for name, token in tokens.items():
-            start_server(hub, name, token)
-        yield hub, {name: Server(hub, name, token) for name, token in tokens.items()}, work
+        yield hub, start_servers(hub, prefix), work
     finally:
         hub.stop()
 
