@@ -69,6 +69,9 @@ A_JUPYTER_KERNEL_ID = PREFIX + "jupyter-kernel-id"
 # node inventory published by the node agent
 NODE_GPU_LABEL = PREFIX + "gpu-node"
 NODE_GPUS_ANNOTATION = PREFIX + "gpus"
+# the chart's uninstall hook asks each node's agent to withdraw (value: the release); the agent
+# answers "done: ..." once its host files and its inventory are gone
+NODE_UNINSTALL_ANNOTATION = PREFIX + "uninstall"
 # a GPU pod's GPU activity, published by the node agent, read by the broker (for the culler):
 # compact JSON {"last_launch": unix s | null, "memory_used_mib": int, "updated_at": unix s}
 A_GPU_ACTIVITY = PREFIX + "gpu-activity"

@@ -38,6 +38,7 @@ from .kube import Kube, KubeError, ObjectRef, dump_gpus
 from .metrics import AgentMetrics, Snapshot
 from .nvml import NVML, GPUInfo, GPUProcess, NVMLUnavailable, XidWatcher
 from .pods import PodInfo, pod_info, process_cgroup, process_name
+from .uninstall import withdraw
 from .usage import RegionMatch, allocation_usage, match_regions
 
 BACKENDS = ("native", "hami", "mig", "whole")
@@ -362,6 +363,9 @@ class NodeAgent(Application):
         text = dump_gpus(objs)
         try:
             label, current = await self.kube.node_inventory()
+            if self.kube.uninstall_requested and not self.kube.uninstall_requested.startswith("done"):
+                await withdraw(self)  # the chart is being uninstalled
+                return
             want_label = "true" if objs else None
             if current == text and label == want_label:
                 self._published = text

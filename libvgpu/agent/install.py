@@ -90,3 +90,27 @@ def install_shim(host_dir: str | os.PathLike[str], container_lib_dir: str = "/us
     os.chmod(regions, 0o1777)
     return Installed(lib_dir=lib_dir, libraries=tuple(installed), preload=preload, regions=regions,
                      changed=tuple(changed))
+
+
+def remove_shim(host_dir: str | os.PathLike[str]) -> list[str]:
+    """Remove what :func:`install_shim` left under ``host_dir`` (lib/, ld.so.preload, regions/) and
+    the directory itself when nothing else is in it; the names of what was removed.
+
+    Only when no GPU pod runs on the node: a new process of a running pod would otherwise start
+    without the shim (ld.so skips a preload it cannot open), unlimited."""
+    root = Path(host_dir)
+    removed = []
+    for name in ("ld.so.preload", "lib", "regions"):
+        path = root / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    try:
+        root.rmdir()
+    except OSError:
+        pass  # not empty (someone else's files) or already gone
+    return removed

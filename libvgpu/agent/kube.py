@@ -54,6 +54,7 @@ class Kube:
         self.timeout = timeout_seconds
         self._api_client: client.ApiClient | None = None
         self.node_uid = ""
+        self.uninstall_requested = ""  # the uninstall annotation's value, as last read
 
     async def connect(self) -> None:
         await load_client_config()
@@ -91,6 +92,7 @@ class Kube:
         """The node's current (gpu-node label, gpus annotation); records its uid for Events."""
         node = await self._call(f"get node {self.node_name}", self.core.read_node(self.node_name))
         self.node_uid = node.metadata.uid or ""
+        self.uninstall_requested = (node.metadata.annotations or {}).get(L.NODE_UNINSTALL_ANNOTATION, "")
         return (
             (node.metadata.labels or {}).get(L.NODE_GPU_LABEL),
             (node.metadata.annotations or {}).get(L.NODE_GPUS_ANNOTATION),
@@ -102,6 +104,16 @@ class Kube:
             "metadata": {
                 "labels": {L.NODE_GPU_LABEL: "true" if has_gpus else None},
                 "annotations": {L.NODE_GPUS_ANNOTATION: gpus_json},
+            }
+        }
+        await self._call(f"patch node {self.node_name}", self.core.patch_node(self.node_name, body))
+
+    async def withdraw_inventory(self, answer: str) -> None:
+        """Remove the label and the inventory; answer the uninstall hook ("done: ...")."""
+        body = {
+            "metadata": {
+                "labels": {L.NODE_GPU_LABEL: None},
+                "annotations": {L.NODE_GPUS_ANNOTATION: None, L.NODE_UNINSTALL_ANNOTATION: answer},
             }
         }
         await self._call(f"patch node {self.node_name}", self.core.patch_node(self.node_name, body))

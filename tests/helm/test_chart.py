@@ -621,3 +621,47 @@ def test_dashboard_agent_metrics_are_exported_by_the_agent():
     # names may be built from a prefix constant: look for the part after "elastic_gpu_"
     missing = sorted(m for m in used if m.removeprefix("elastic_gpu_").removesuffix("_total") not in source)
     assert not missing, f"dashboard metrics the agent does not define: {missing}"
+
+
+# ---- uninstall ------------------------------------------------------------------------------
+
+
+def test_uninstall_hook_cleans_the_gpu_nodes_before_helm_deletes_the_agent(default):
+    hooks = [d for d in default if "helm.sh/hook" in (d["metadata"].get("annotations") or {})]
+    assert {(d["kind"], d["metadata"]["annotations"]["helm.sh/hook"]) for d in hooks} == {
+        ("ServiceAccount", "pre-delete"),
+        ("ClusterRole", "pre-delete"),
+        ("ClusterRoleBinding", "pre-delete"),
+        ("Job", "pre-delete"),
+    }
+    job = tools.one(default, "Job", f"{tools.RELEASE}-elastic-gpu-uninstall")
+    # its rights exist before it runs (lower weight), and everything goes once it succeeded
+    weights = {d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for d in hooks}
+    assert all(w < weights["Job"] for k, w in weights.items() if k != "Job")
+    assert all("hook-succeeded" in d["metadata"]["annotations"]["helm.sh/hook-delete-policy"] for d in hooks)
+    c = job["spec"]["template"]["spec"]["containers"][0]
+    assert c["command"] == ["python", "-m", "libvgpu.agent.uninstall"]
+    assert c["args"] == ["--release", tools.RELEASE, "--timeout-seconds", "90"]
+    sa = job["spec"]["template"]["spec"]["serviceAccountName"]
+    grants = _grants(default, sa, job["metadata"]["namespace"])
+    assert grants == {("cluster", "", "nodes", v) for v in ("get", "list", "patch")}
+    from tests.kubeemu.podsecurity import violations
+
+    assert violations({"spec": job["spec"]["template"]["spec"]}, "restricted") == []
+
+
+def test_uninstall_hook_accepts_its_rendered_arguments(default):
+    import subprocess
+    import sys
+
+    c = tools.one(default, "Job")["spec"]["template"]["spec"]["containers"][0]
+    proc = subprocess.run(
+        [sys.executable, *c["command"][1:], "--help"], capture_output=True, text=True, timeout=60, cwd=tools.REPO
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert all(flag in proc.stdout for flag in c["args"] if flag.startswith("--"))
+
+
+def test_uninstall_hook_can_be_switched_off():
+    docs = tools.render(set_values=["nodeAgent.uninstallHook.enabled=false"])
+    assert not tools.find(docs, "Job")

@@ -433,6 +433,7 @@ class _FakeKube:
     def __init__(self) -> None:
         self.label: str | None = None
         self.annotation: str | None = None
+        self.uninstall_requested = ""  # the chart's uninstall hook has not asked
         self.patches = 0
 
     async def node_inventory(self):
