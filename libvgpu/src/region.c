@@ -26,11 +26,32 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "vgpu.h"
+
+/* getrandom (glibc 2.25) and renameat2 (glibc 2.28) are called through syscall(2): the shim is
+ * built against glibc 2.17 (manylinux2014) so that it loads in old CUDA images too. The numbers
+ * are the kernel's, for headers older than the calls (the kernel answers ENOSYS if it lacks them,
+ * and each caller has a fallback). */
+#ifndef SYS_getrandom
+#if defined(__x86_64__)
+#define SYS_getrandom 318
+#elif defined(__aarch64__)
+#define SYS_getrandom 278
+#endif
+#endif
+#ifndef SYS_renameat2
+#if defined(__x86_64__)
+#define SYS_renameat2 316
+#elif defined(__aarch64__)
+#define SYS_renameat2 276
+#endif
+#endif
+#define VGPU_GRND_NONBLOCK 0x0001
+#define VGPU_RENAME_NOREPLACE (1 << 0)
 
 _Static_assert(sizeof(struct vgpu_slot) == 320, "slot layout");
 _Static_assert(sizeof(struct vgpu_compute) == 128, "compute layout");
@@ -152,7 +173,7 @@ static void make_parent_dir(const char *path) {
 
 static uint64_t random_u64(void) {
     uint64_t v = 0;
-    if (getrandom(&v, sizeof(v), GRND_NONBLOCK) != (ssize_t)sizeof(v))
+    if (syscall(SYS_getrandom, &v, sizeof(v), VGPU_GRND_NONBLOCK) != (long)sizeof(v))
         v = vgpu_mono_ns() ^ ((uint64_t)getpid() << 32);
     return v ? v : 1;
 }
@@ -244,7 +265,7 @@ static int map_region(const char *path, size_t size, uint32_t kind, init_fn init
         int linked = link(tmp, path);
         int e = errno;
         if (linked != 0 && e != EEXIST) { /* no hard links here: an atomic no-clobber rename */
-            linked = renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE);
+            linked = (int)syscall(SYS_renameat2, AT_FDCWD, tmp, AT_FDCWD, path, VGPU_RENAME_NOREPLACE);
             e = errno;
         }
         unlink(tmp); /* (gone already after a rename) */
