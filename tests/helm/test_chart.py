@@ -419,7 +419,7 @@ def test_kernel_pods_accept_ingress_only_from_the_hub(default):
 
 
 def test_kernel_policy_admits_the_hub_across_namespaces(rendered):
-    np = tools.one(rendered["separate-user-namespace"], "NetworkPolicy")
+    np = tools.one(rendered["separate-user-namespace"], "NetworkPolicy", f"{tools.RELEASE}-elastic-gpu-kernels")
     assert np["metadata"]["namespace"] == "jupyter-users"
     peer = np["spec"]["ingress"][0]["from"][0]
     assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "jhub"}}

@@ -309,3 +309,44 @@ def test_host_claim_follows_the_user_namespace_and_the_host_dir(rendered):
 def test_no_host_claim_without_the_native_backend_or_when_the_admin_makes_it(values):
     docs = tools.render(set_values=values)
     assert not tools.find(docs, "PersistentVolume") and not tools.find(docs, "PersistentVolumeClaim")
+
+
+# ---- users' servers in a namespace of their own ---------------------------------------------------
+
+
+def _pod(name: str, ns: str, labels: dict, ip: str, ports: dict[str, int] | None = None) -> dict:
+    container = {"name": "c", "ports": [{"name": n, "containerPort": p} for n, p in (ports or {}).items()]}
+    return {
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {"containers": [container]},
+        "status": {"podIP": ip},
+    }
+
+
+def test_users_servers_in_their_own_namespace_get_z2jhs_singleuser_policy_there(rendered):
+    """z2jh renders its singleuser policy only in the hub's namespace: with userNamespace elsewhere
+    the chart renders it there, evaluated here with the emulator's NetworkPolicy semantics."""
+    from tests.kubeemu.netpol import allowed
+
+    assert not [d for d in rendered["default"] if d["metadata"]["name"].endswith("-servers")]
+    docs = rendered["separate-user-namespace"]
+    policies = tools.find(docs, "NetworkPolicy")
+    server = _pod("ada", "jupyter-users", {"component": "singleuser-server"}, "10.1.0.5", {"notebook-port": 8888})
+    access = {"component": "proxy", "hub.jupyter.org/network-access-singleuser": "true"}
+    proxy = _pod("proxy", "jhub", access, "10.1.0.2")
+    hub = _pod("hub", "jhub", {"app": "jupyterhub", "component": "hub"}, "10.1.0.3", {"http": 8081})
+    other = _pod("other", "jhub", {"component": "something"}, "10.1.0.4")
+    kernel = _pod("kernel-ada", "jupyter-users", {"elastic-gpu.jupyter.org/kind": "kernel"}, "10.1.0.6")
+    metadata = _pod("metadata", "x", {}, "169.254.169.254")
+    internet = _pod("internet", "x", {}, "8.8.8.8")
+    assert allowed(policies, proxy, server, 8888)
+    assert not allowed(policies, other, server, 8888)
+    assert not allowed(policies, proxy, server, 22)
+    assert allowed(policies, server, hub, 8081)
+    assert allowed(policies, server, proxy, 8000)
+    # egress to the kernels: their own policies (the chart's and the broker's per kernel) decide
+    ingress_only = [p for p in policies if p["metadata"]["name"].endswith("-servers")]
+    assert allowed(ingress_only, server, kernel, 50001)
+    assert allowed(policies, server, internet, 443)
+    assert not allowed(policies, server, metadata, 80)
+    assert not allowed(policies, server, other, 8888)  # private addresses: no

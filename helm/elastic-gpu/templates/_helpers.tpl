@@ -131,3 +131,50 @@ allowed. Included once, from the admission ConfigMap template.
 {{- fail "culler.apiToken: set culler.apiToken.value or culler.apiToken.existingSecret.name (or culler.enabled: false)" }}
 {{- end }}
 {{- end }}
+
+{{/* z2jh's singleuser egress sandbox (networkPolicy.egressAllowRules, z2jh's keys and defaults):
+the rules of an egress list, for the kernels' and the users' servers' NetworkPolicies. */}}
+{{- define "elastic-gpu.egressRules" -}}
+{{- $rules := .Values.networkPolicy.egressAllowRules }}
+{{- $metadata := printf "%s/32" .Values.networkPolicy.cloudMetadataIp }}
+{{- $private := list "10.0.0.0/8" "172.16.0.0/12" "192.168.0.0/16" }}
+{{- if or $rules.dnsPortsCloudMetadataServer $rules.dnsPortsKubeSystemNamespace $rules.dnsPortsPrivateIPs }}
+- ports:
+    - {port: 53, protocol: UDP}
+    - {port: 53, protocol: TCP}
+  to:
+    {{- if $rules.dnsPortsCloudMetadataServer }}
+    - ipBlock: {cidr: {{ $metadata }}}
+    {{- end }}
+    {{- if $rules.dnsPortsKubeSystemNamespace }}
+    - namespaceSelector:
+        matchLabels:
+          kubernetes.io/metadata.name: kube-system
+    {{- end }}
+    {{- if $rules.dnsPortsPrivateIPs }}
+    {{- range $private }}
+    - ipBlock: {cidr: {{ . }}}
+    {{- end }}
+    {{- end }}
+{{- end }}
+{{- if $rules.nonPrivateIPs }}
+- to:
+    - ipBlock:
+        cidr: 0.0.0.0/0
+        except:
+          {{- range $private }}
+          - {{ . }}
+          {{- end }}
+          - {{ $metadata }}
+{{- end }}
+{{- if $rules.privateIPs }}
+- to:
+    {{- range $private }}
+    - ipBlock: {cidr: {{ . }}}
+    {{- end }}
+{{- end }}
+{{- if $rules.cloudMetadataServer }}
+- to:
+    - ipBlock: {cidr: {{ $metadata }}}
+{{- end }}
+{{- end }}
