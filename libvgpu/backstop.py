@@ -74,6 +74,7 @@ class Proc:
     pod: str = ""  # "namespace/name", "" when no pod
     pod_uid: str = ""
     allocation_id: str = ""  # "" when the pod holds no allocation
+    other_pod: str = ""  # "namespace/name" (or "uid ...") of a pod that is not one of the hub's GPU pods
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,9 @@ def describe(finding: Finding, tolerance_bytes: int, outcome: str) -> str:
             owner = f"pod {finding.pod}, which holds no slice of this card"
         elif finding.allocation_id:
             owner = f"allocation {finding.allocation_id}{who}, which holds no slice of this card"
+        elif finding.processes and finding.processes[0].other_pod:
+            owner = (f"pod {finding.processes[0].other_pod}, which is not one of the hub's GPU pods "
+                     "(another workload on a managed card)")
         else:
             owner = "no pod of this node"
         text = (f"Process {procs} uses {_mib(finding.used_bytes)} of GPU memory on shared {where} but belongs "

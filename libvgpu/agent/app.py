@@ -275,6 +275,7 @@ class NodeAgent(Application):
         self._pods: dict[str, PodInfo] = {}
         self._pods_at = 0.0
         self._pods_lock = asyncio.Lock()
+        self._warned_pod_names = False
         self._regions: dict[str, NodeGPU] = {}
         self.activity = ActivityPublisher(
             self._annotate_activity, self.log,
@@ -411,6 +412,25 @@ class NodeAgent(Application):
                 pods = await self._node_pods(force=True)
         return {pid: (pods.get(c.pod_uid) if c else None) for pid, c in uids.items()}
 
+    async def _other_pods(self, pod_of_pid: dict[int, PodInfo | None]) -> dict[int, str]:
+        """Host pid -> "namespace/name" of the pod of another workload it runs in (its cgroup
+        names a pod that is not one of ours), or "uid <uid>" when the agent may not list it."""
+        foreign = {}
+        for pid, pod in pod_of_pid.items():
+            cgroup = process_cgroup(pid, self.proc_root) if pod is None else None
+            if cgroup is not None:
+                foreign[pid] = cgroup.pod_uid
+        if not foreign:
+            return {}
+        try:
+            names = await self.kube.pods_on_node()
+        except KubeError as e:
+            if not self._warned_pod_names:
+                self._warned_pod_names = True
+                self.log.warning("Cannot name the pods of other workloads on this node: %s", e)
+            names = {}
+        return {pid: names.get(uid, f"uid {uid}") for pid, uid in foreign.items()}
+
     def _shared_cards(self) -> list[GPUInfo]:
         modes = {o["uuid"]: o["mode"] for o in inventory.gpu_objects(
             self.gpus, default_mode=self.default_mode, overrides=self.gpu_overrides)}
@@ -487,6 +507,7 @@ class NodeAgent(Application):
         processes = self._processes(cards)
         pids = [p.pid for ps in processes.values() for p in ps]
         pod_of_pid = await self._pods_of(pids) if pids else {}
+        other_pods = await self._other_pods(pod_of_pid)
         pods = list(self._pods.values())
         match: RegionMatch | None = None
         check_shim = self.backstop.check_shim and self.backend == "native"
@@ -524,6 +545,7 @@ class NodeAgent(Application):
                         pod=pod.key if pod else "",
                         pod_uid=pod.uid if pod else "",
                         allocation_id=pod.allocation.id if pod and pod.allocation else "",
+                        other_pod=other_pods.get(p.pid, ""),
                     )
                 )
             findings += evaluate(

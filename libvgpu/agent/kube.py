@@ -2,7 +2,8 @@
 
 RBAC the agent needs: nodes get/patch (cluster), pods list and patch (the pods' namespace, or
 cluster-wide when ``NodeAgent.pod_namespace`` is empty), events create (the pods' namespace, and the namespace
-of Node events, ``default`` unless configured).
+of Node events, ``default`` unless configured). Optional: pods list cluster-wide, to name the pod
+of another workload whose process uses a managed card (else it is named by its uid).
 """
 
 from __future__ import annotations
@@ -133,6 +134,15 @@ class Kube:
                 f"list pods on node {self.node_name}", self.core.list_pod_for_all_namespaces(**kw)
             )
         return list(result.items)
+
+    async def pods_on_node(self) -> dict[str, str]:
+        """Every pod on this node, of any workload: uid -> "namespace/name" (needs a cluster-wide
+        pod list right; the agent asks only to name a GPU process that is not one of ours)."""
+        result = await self._call(
+            f"list all pods on node {self.node_name}",
+            self.core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={self.node_name}"),
+        )
+        return {(p.metadata.uid or "").lower(): f"{p.metadata.namespace}/{p.metadata.name}" for p in result.items}
 
     async def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
         """Set one annotation of a pod (a merge patch of that key only)."""

@@ -175,9 +175,10 @@ def start_agent(node: Node, config: str, *extra: str) -> None:
     wait_for(up, 30, "the agent's metrics endpoint")
 
 
-def gpu_pod(node: Node, name: str, allocation: Allocation, command: list[str], env: dict[str, str],
+def gpu_pod(node: Node, name: str, allocation: Allocation | None, command: list[str], env: dict[str, str],
             bypass_shim: bool = False, namespace: str = NS) -> dict:
-    """A pod written by the spawner's own apply_gpu_to_pod (native backend)."""
+    """A pod written by the spawner's own apply_gpu_to_pod (native backend); with no allocation,
+    a pod of another workload that reaches the card by itself."""
     from kubernetes_asyncio.client import ApiClient
     from kubernetes_asyncio.client import models as k8s
 
@@ -195,8 +196,9 @@ def gpu_pod(node: Node, name: str, allocation: Allocation, command: list[str], e
             )],
         ),
     )
-    apply_gpu_to_pod(pod, allocation, backend="native", section={}, priority_value=100,
-                     priority_class_name="elastic-gpu-default", runtime_class="")
+    if allocation is not None:
+        apply_gpu_to_pod(pod, allocation, backend="native", section={}, priority_value=100,
+                         priority_class_name="elastic-gpu-default", runtime_class="")
     if bypass_shim:
         # The kubelet really mounts the node's /etc/ld.so.preload: a program that bypasses the
         # shim (a static binary, its own loader) is a container without that mount.
@@ -216,7 +218,7 @@ def allocation(alloc_id: str, user: str, memory_mib: int) -> Allocation:
                       kind="kernel", created_at=time.time())
 
 
-def run_pod(node: Node, name: str, alloc: Allocation, steps: list[str], env: dict[str, str],
+def run_pod(node: Node, name: str, alloc: Allocation | None, steps: list[str], env: dict[str, str],
             bypass_shim: bool = False, namespace: str = NS) -> int:
     """Start a pod whose program waits until the test wrote its cgroup file (no race with the
     agent's checks), then runs the probe with ``steps``."""
@@ -255,7 +257,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     (root / "xid").write_text("")
     emu = KubeEmulator(
         nodes=[NodeSpec(NODE, labels={"nvidia.com/gpu.present": "true"})],
-        namespaces=[NS, NS_OTHER_HUB],
+        namespaces=[NS, NS_OTHER_HUB, "ml"],
         pod_env={**gpu_env, "CUDA_DOUBLE_HOST_PROC": HOST_PROC},
         restart_backoff_seconds=1.0,
         # the GPU double's state (one "device" every process shares) and, as a driver has it,
@@ -477,6 +479,19 @@ def test_a_pod_within_its_slice_is_left_alone(node):
     assert node.emu.get("pods", "pod-c", NS_OTHER_HUB)["status"]["phase"] == "Running"
     assert node.events(NS_OTHER_HUB) == []
     assert sample(node.metrics(), "elastic_gpu_enforcement_kills_total", gpu_uuid=GPU0, reason="unregistered") == 1
+
+
+def test_a_pod_of_another_workload_on_a_managed_card_is_named_and_killed(node):
+    """A training job's pod that reaches a sliced card by itself (no slice, not one of the hub's
+    pods): the Node event names the pod (the agent may not write Events in its namespace)."""
+    run_pod(node, "train", None, ["init", "ctx", "alloc:400M", "wait"], {}, namespace="ml")
+    events = wait_for(
+        lambda: [e for e in node.events("default") if "pod ml/train" in e["message"]], 20, "an Event naming ml/train"
+    )
+    assert events[0]["reason"] == "GPUProcessWithoutSlice" and events[0]["involvedObject"]["kind"] == "Node"
+    assert f"Process {node.pids['train']}" in events[0]["message"]
+    assert "not one of the hub's GPU pods" in events[0]["message"]
+    node.emu.wait_for_pod_phase("train", "Failed", "ml", timeout=15)
 
 
 # ---- failures at start-up: one line, non-zero exit --------------------------------------------------
