@@ -4,7 +4,7 @@ CUDA/NVML doubles as the machine's driver (one 16 GiB card; the pool is read thr
 kernels' cells use the driver (ctypes) as a CUDA program does, so the hub checkpoints real
 CUDA processes of the double.
 
-One 10 GiB size: two kernels do not fit on the card.
+Two 16 GiB cards and one 10 GiB size: two kernels do not fit on one card.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ def stack(tmp_path_factory):
     build = build_all(work / "build")
     double = {
         "CUDA_DOUBLE_STATE": str(work / "gpu.state"),
+        "CUDA_DOUBLE_DEVICES": "2",
+        "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",  # one model: a resume may move to the other card
         "CUDA_DOUBLE_MEMORY_MIB": "16384",
         "CUDA_DOUBLE_CONTEXT_MIB": "0",
     }
@@ -99,7 +101,7 @@ def pool(hub: HubRunner) -> dict:
 
 
 def slices(hub: HubRunner) -> list[dict]:
-    return [s for n in pool(hub)["nodes"] for g in n["gpus"] for s in g["slices"]]
+    return [dict(s, gpu=g["uuid"]) for n in pool(hub)["nodes"] for g in n["gpus"] for s in g["slices"]]
 
 
 def test_idle_kernel_is_swapped_out_its_slice_serves_a_waiting_kernel_and_it_resumes_on_its_next_cell(stack):
@@ -111,8 +113,12 @@ def test_idle_kernel_is_swapped_out_its_slice_serves_a_waiting_kernel_and_it_res
     out = alice.execute(CUDA_CELL + "notes = {'answer': 42}")
     assert out["status"] == "ok" and "alloc 0" in out["text"], out
     record = broker_kernel(hub, alice_kernel)
-
-    # bob's kernel waits in the GPU queue: the card holds one 10 GiB slice
+    first_card = record["allocation"]["gpu_uuids"][0]
+    # bob's first kernel takes the other card; his second waits in the GPU queue
+    status, bob_first = servers["bob"].start_session(SPEC)
+    assert status == 201, bob_first
+    other_card = broker_kernel(hub, bob_first["kernel"]["id"])["allocation"]["gpu_uuids"][0]
+    assert other_card != first_card
     bob_started: dict = {}
     waiting = threading.Thread(
         target=lambda: bob_started.update(result=servers["bob"].start_session(SPEC)), daemon=True
@@ -141,19 +147,21 @@ def test_idle_kernel_is_swapped_out_its_slice_serves_a_waiting_kernel_and_it_res
     assert status == 409 and "over the cap" in refusal["message"], refusal
     assert not broker_kernel(hub, bob_session["kernel"]["id"])["gpu_swapped"]
 
-    # alice's next cell: her kernel asks for its GPU back, waits behind bob's slice, says where it stands
+    # alice's next cell: her kernel asks for its GPU back, waits behind bob's slices, says where it stands;
+    # when bob's first kernel stops, she resumes on the other card (the driver remaps her GPU state)
     msg_id = alice.execute_async(
         "print('answer', notes['answer'] + 1); print('again', cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20))"
     )
     assert alice.wait_for_output(msg_id, "position 1 in the GPU queue", 30), hub.log_tail(30)
-    status, _ = servers["bob"].api("DELETE", f"/sessions/{bob_session['id']}")
+    status, _ = servers["bob"].api("DELETE", f"/sessions/{bob_first['id']}")
     assert status == 204
     out = alice.collect(msg_id, 60)
     assert out["status"] == "ok", out
     assert "answer 43" in out["text"] and "again 0" in out["text"], out
     assert "GPU resumed" in out["text"], out
     assert not broker_kernel(hub, alice_kernel)["gpu_swapped"]
-    assert [s["user"] for s in slices(hub)] == ["alice"]
+    assert sorted((s["user"], s["gpu"]) for s in slices(hub)) == [("alice", other_card), ("bob", first_card)]
+    assert f"(moved from {first_card})" in hub.log_tail(200)
     # the usage records (docs/metering.md): alice's first slice closed 'swapped', her resume's
     # record continues it; between the two she held no GPU
     store = UsageStore(f"sqlite:///{hub.workdir / 'jupyterhub.sqlite'}")
@@ -171,6 +179,7 @@ def test_idle_kernel_is_swapped_out_its_slice_serves_a_waiting_kernel_and_it_res
     alice.close()
     bob.close()
     servers["alice"].api("DELETE", f"/sessions/{session['id']}")
+    servers["bob"].api("DELETE", f"/sessions/{bob_session['id']}")
 
 
 def test_culler_swaps_idle_kernels_out_culls_what_cannot_be_swapped_with_the_reason_and_culls_swapped_ones_later(
