@@ -39,10 +39,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from quotas import GPU, AdmissionState, Allocation, GPURequest, Node, Owner, Placement, Pool, load_config  # noqa: E402
+from quotas import GPU, AdmissionState, GPURequest, Node, Owner, Placement, Pool, load_config  # noqa: E402
 from quotas.errors import PoolFull  # noqa: E402
 from quotas.model import Decision  # noqa: E402
-from quotas.queue import AdmissionQueue, Step  # noqa: E402
+from quotas.queue import AdmissionQueue, Step, propose_moves  # noqa: E402
 
 GIB = 1024
 CARD_MIB = 80 * GIB
@@ -349,60 +349,22 @@ class HoldingQueue(AdmissionQueue):
 
 def move_for_head(state: AdmissionState, queue: AdmissionQueue, now: float, up_to: int,
                   bound: float) -> int:
-    """A model of the issue's optional item, NOT product code: when the first waiting request
-    is a whole card that has waited past the bound, clear one card for it by moving at most
-    ``up_to`` slices (those on the card, plus more from its node when the node lacks the CPU or
-    memory) to other places that fit them now, as if each were stopped and started again at
-    once. Returns how many slices moved (0: no card can be cleared that way)."""
+    """A model of the issue's optional item, NOT something the product does: when the first
+    waiting request is a whole card that has waited past the bound, carry out at once the
+    product's move proposal for it (``quotas.queue.propose_moves``: the fewest slices, at most
+    ``up_to``, that placed elsewhere clear a place for it), as if each moved slice were stopped
+    and started again at once. Returns how many slices moved (0: no proposal)."""
     line = queue.ordered()
     if not line or not line[0].request.whole or now - line[0].enqueued_at < bound:
         return 0
-    head = line[0].request
-    ix = state._index  # read-only here; the state changes through add/remove only
-    plans = []
-    for ni in range(len(ix.node_names)):
-        for gi in ix.node_gpus[ni]:
-            on = [state.allocations[a] for a in ix.on[gi]]
-            if any(a.whole for a in on):
-                continue
-            need = list(on)
-            cpu = ix.cpu_free[ni] + sum(a.cpu_millicores for a in on)
-            mem = ix.hmem_free[ni] + sum(a.host_memory_mib for a in on)
-            rest = sorted((state.allocations[a] for a in ix.node_allocs[ni] if a not in ix.on[gi]),
-                          key=lambda a: (a.whole, -a.cpu_millicores, -a.host_memory_mib))
-            for a in rest:
-                if cpu >= head.cpu_millicores and mem >= head.host_memory_mib or a.whole:
-                    break
-                need.append(a)
-                cpu, mem = cpu + a.cpu_millicores, mem + a.host_memory_mib
-            if cpu >= head.cpu_millicores and mem >= head.host_memory_mib and len(need) <= up_to:
-                plans.append((len(need), ni, gi, need))
-    plans.sort(key=lambda p: p[:3])
-    for _, ni, gi, need in plans[:10]:
-        for a in need:
-            state.remove(a.id)
-        hold = Allocation(id="\0move-hold", owner=Owner("hold"), node=ix.node_names[ni],
-                          gpu_uuids=(ix.gpus[gi].uuid,), memory_mib=0, cores_percent=0,
-                          priority_class="", whole=True, cpu_millicores=head.cpu_millicores,
-                          host_memory_mib=head.host_memory_mib)
-        state.add(hold)
-        moved = []
-        for a in sorted(need, key=lambda a: -a.memory_mib):
-            d = state.decide(GPURequest(a.owner, a.memory_mib, a.cores_percent, request_id=a.id,
-                                        cpu_millicores=a.cpu_millicores,
-                                        host_memory_mib=a.host_memory_mib), now)
-            if d.kind != "grant":
-                break
-            state.add(d.allocation)
-            moved.append(d.allocation)
-        state.remove(hold.id)
-        if len(moved) == len(need):
-            return len(need)
-        for a in moved:
-            state.remove(a.id)
-        for a in need:
-            state.add(a)
-    return 0
+    proposal = propose_moves(state, line[0].request, now, up_to)
+    if proposal is None:
+        return 0
+    for mv in proposal.moves:
+        state.remove(mv.allocation.id)
+    for mv in proposal.moves:
+        state.add(mv.to)
+    return len(proposal.moves)
 
 
 def wait_run(node_policy: str, gpu_policy: str, reserve_after: float | None, seed: int,

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from jupyterhub.traitlets import EntryPointType
 from jupyterhub.utils import exponential_backoff
-from traitlets import Dict, Float, Instance, Unicode, Union, default
+from traitlets import Dict, Float, Instance, Integer, Unicode, Union, default
 from traitlets.config import SingletonConfigurable
 
 from quotas import (
@@ -40,7 +40,7 @@ from quotas import (
     PoolFull,
     load_config,
 )
-from quotas.queue import AdmissionQueue, Waiting
+from quotas.queue import AdmissionQueue, Waiting, propose_moves
 
 from .backends import POOL_ENTRY_POINTS, ClaimConflict, PoolBackend, ReleaseCause
 
@@ -98,6 +98,13 @@ class GPUAllocator(SingletonConfigurable):
         config=True,
         help="""Seconds to keep retrying the pool backend's start (with exponential backoff)
         before a request fails with the reason; the next request tries again. Default: 60.""",
+    )
+    move_proposal_max_slices = Integer(
+        8,
+        config=True,
+        help="""For a request that holds a reservation (it waited queue.reserve_after_seconds),
+        the queue page proposes the fewest slices (at most this many) an admin could move to
+        other cards so that it starts now; nothing is moved. 0: propose nothing. Default: 8.""",
     )
     max_wait_seconds = Float(
         240.0,
@@ -326,8 +333,21 @@ class GPUAllocator(SingletonConfigurable):
                 "waiting_seconds": round(time.monotonic() - w.enqueued_at, 1),
                 # the node capacity is held on for it (it waited past queue.reserve_after_seconds)
                 "reserved_node": w.entry.reservation.node if w.entry and w.entry.reservation else None,
+                "move_proposal": self._move_proposal(w),
             }
             for w in self._ordered()
+        ]
+
+    def _move_proposal(self, w: Waiter) -> list[dict[str, Any]]:
+        """What an admin could move so that an overdue (reserved-for) request starts now."""
+        if self.state is None or not w.entry or not w.entry.reservation or self.move_proposal_max_slices < 1:
+            return []
+        p = propose_moves(self.state, w.request, time.time(), self.move_proposal_max_slices)
+        return [
+            {"allocation_id": mv.allocation.id, "user": mv.allocation.owner.user, "kind": mv.allocation.kind,
+             "memory_mib": mv.allocation.memory_mib, "from_gpu": mv.allocation.gpu_uuids[0],
+             "to_node": mv.to.node, "to_gpu": mv.to.gpu_uuids[0]}
+            for mv in (p.moves if p else ())
         ]
 
     # ---- internals ------------------------------------------------------------------------

@@ -25,6 +25,8 @@ Pure like the rest of ``quotas``: the caller passes ``now`` and does the I/O for
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -208,6 +210,131 @@ def reserve(
         made_at=now,
         also=tuple((ix.node_names[o[1]], uuids(o[2])) for o in options[1:spots]),
     )
+
+
+@dataclass(frozen=True)
+class Move:
+    """One slice to move: ``allocation`` as it is, ``to`` the same slice at a place with room."""
+
+    allocation: Allocation
+    to: Allocation
+
+
+@dataclass(frozen=True)
+class MoveProposal:
+    """Slices whose moving would let a waiting request start now on ``cards`` of ``node``."""
+
+    node: str
+    cards: tuple[str, ...]
+    moves: tuple[Move, ...]
+
+
+def propose_moves(
+    state: AdmissionState, request: GPURequest, now: float, up_to: int = 8
+) -> MoveProposal | None:
+    """The fewest single-card slices (at most ``up_to``) that, each placed now where it has
+    room, clear a place where ``request`` (waiting for capacity) then fits: its cards, and its
+    node's CPU and host memory. None if there is no such set. A proposal for an admin (the
+    issue of "waiting only on fragmentation"); nothing is moved and ``state`` is left as it
+    was. Whole-card and multi-card allocations are never moved."""
+    ix = state._index
+    group = request.model.lower() if request.model else ANY
+    whole = request.whole
+    m = 0 if whole else request.memory_mib
+    c = 0 if whole else request.cores_percent
+    k, cpu, hmem = request.count, request.cpu_millicores, request.host_memory_mib
+    allocs = state.allocations
+    options = []
+    for ni in ix.capable_nodes(m, c, k, whole, group):
+        if ix.cpu_static[ni] < cpu or ix.hmem_static[ni] < hmem:
+            continue
+        cards = []
+        for gi in (ix.wgpus if whole else ix.sgpus)[ni].get(group, ()):
+            if not whole and (ix.cap_m[gi] < m or ix.cap_c[gi] < c):
+                continue
+            movable = [allocs.get(aid) for aid in ix.on[gi]]
+            if any(a is None or a.whole or len(a.gpu_uuids) != 1 for a in movable):
+                continue  # held for someone, claimed elsewhere, whole or multi-card
+            fm, fc = ix.cap_m[gi] - ix.used_m[gi], ix.cap_c[gi] - ix.used_c[gi]
+            out = []
+            for a in sorted(movable, key=lambda a: (-a.memory_mib, a.id)):
+                if not whole and fm >= m and fc >= c:
+                    break
+                out.append(a)
+                fm, fc = fm + a.memory_mib, fc + a.cores_percent
+            cards.append((len(out), sum(a.memory_mib for a in out), gi, out))  # fewest, least
+        if len(cards) < k:
+            continue
+        cards.sort(key=lambda x: x[:3])
+        chosen = cards[:k]
+        moves = [a for *_, out in chosen for a in out]
+        taken = {a.id for a in moves}
+        free_cpu = ix.cpu_free[ni] + sum(a.cpu_millicores for a in moves)
+        free_hmem = ix.hmem_free[ni] + sum(a.host_memory_mib for a in moves)
+        rest = sorted(
+            (a for a in ix.node_allocs[ni].values()
+             if a.id not in taken and not a.whole and len(a.gpu_uuids) == 1 and a.id in allocs),
+            key=lambda a: (-a.cpu_millicores, -a.host_memory_mib, a.id),
+        )
+        for a in rest:
+            if free_cpu >= cpu and free_hmem >= hmem:
+                break
+            moves.append(a)
+            free_cpu, free_hmem = free_cpu + a.cpu_millicores, free_hmem + a.host_memory_mib
+        if moves and len(moves) <= up_to and free_cpu >= cpu and free_hmem >= hmem:
+            options.append((len(moves), ni, [gi for _, _, gi, _ in chosen], moves))
+    options.sort(key=lambda o: o[:2])
+    for _, ni, cards, moves in options[:10]:
+        found = _try_moves(state, request, now, ni, cards, moves)
+        if found is not None:
+            return MoveProposal(ix.node_names[ni], tuple(ix.gpus[gi].uuid for gi in cards), found)
+    return None
+
+
+def _try_moves(
+    state: AdmissionState, request: GPURequest, now: float, ni: int, cards: list[int],
+    moves: list[Allocation],
+) -> tuple[Move, ...] | None:
+    """Place ``moves`` elsewhere with ``cards`` (and the node's CPU and memory for ``request``)
+    held, then see whether ``request`` is granted; the state is restored either way."""
+    ix = state._index
+    mix = copy.deepcopy(state._mix.__dict__)  # re-adding allocations must not teach the mix
+    hold = Allocation(
+        id=f"{HOLD}move", owner=Owner(HOLD), node=ix.node_names[ni],
+        gpu_uuids=tuple(ix.gpus[gi].uuid for gi in cards), memory_mib=0, cores_percent=0,
+        priority_class="", whole=True, cpu_millicores=request.cpu_millicores,
+        host_memory_mib=request.host_memory_mib,
+    )
+    no = (False,) * ix.n_pred
+    placed: list[Move] = []
+    ok = True
+    for a in moves:
+        state.remove(a.id)
+    ix.apply(hold, no, 1)
+    try:
+        for a in sorted(moves, key=lambda a: (-a.memory_mib, a.id)):
+            d = state.decide(GPURequest(
+                a.owner, a.memory_mib, a.cores_percent, model=ix.gpus[ix.gi_of[a.gpu_uuids[0]]].model,
+                priority_class=a.priority_class or None, request_id=a.id, kind=a.kind,
+                cpu_millicores=a.cpu_millicores, host_memory_mib=a.host_memory_mib,
+            ), now=now)
+            if d.kind != "grant":
+                ok = False
+                break
+            to = dataclasses.replace(d.allocation, created_at=a.created_at)
+            state.add(to)
+            placed.append(Move(a, to))
+        ix.apply(hold, no, -1)
+        ok = ok and state.decide(request, now=now).kind == "grant"
+    finally:
+        if ix.on[ix.gi_of[hold.gpu_uuids[0]]].get(hold.id) is not None:
+            ix.apply(hold, no, -1)
+        for mv in placed:
+            state.remove(mv.to.id)
+        for a in moves:
+            state.add(a)
+        state._mix.__dict__.update(mix)
+    return tuple(placed) if ok else None
 
 
 def _in_way(ix: CardIndex, gi: int, m: int, c: int, whole: bool) -> bool:
