@@ -189,9 +189,9 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         """A swapped-out kernel got ``allocation``: what its processes were started with for
         ``previous_allocation_id`` becomes the new allocation's. Called by ``GPUBroker.resume``."""
 
-    def node_resources(self) -> tuple[int, int]:
-        """What one kernel asks of its node: (CPU millicores, host memory MiB), so admission places
-        it where they fit. Called by ``GPUBroker`` for every kernel request. Default: (0, 0)."""
+    def node_resources(self, size: str = "") -> tuple[int, int]:
+        """What one kernel of ``size`` asks of its node: (CPU millicores, host memory MiB), so admission
+        places it where they fit. Called by ``GPUBroker`` for every kernel request. Default: (0, 0)."""
         return 0, 0
 
     async def stop(self) -> None:

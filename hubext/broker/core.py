@@ -285,7 +285,7 @@ class GPUBroker(SwapMixin, SingletonConfigurable):
 
     def _request(self, record: KernelRecord, owner: Owner) -> GPURequest:
         request_id = f"kernel-{record.user}-{record.id[:8]}-{record.generation}"
-        cpu, memory = self.launcher.node_resources() if self.launcher is not None else (0, 0)
+        cpu, memory = self.launcher.node_resources(record.size) if self.launcher is not None else (0, 0)
         return request_from_section(
             record.section, owner, request_id, kind="kernel", cpu_millicores=cpu, host_memory_mib=memory
         )

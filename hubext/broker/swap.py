@@ -196,7 +196,7 @@ class SwapMixin(Configurable):
         if swap.get("model"):
             section["model"] = swap["model"]  # its state can only go back onto the same kind of card
         spawner = self.spawner_for(record.user, record.server_name)
-        cpu, memory = self.launcher.node_resources()
+        cpu, memory = self.launcher.node_resources(record.size)
         previous = record.allocation_id
         request = request_from_section(
             section,

@@ -26,7 +26,9 @@ from ..backends import KernelLauncher, LaunchError, ServerRef
 from ..kernels import KernelRecord
 from .objects import (
     HOST_CLAIM,
+    RESOURCE_KEYS,
     apply_gpu_to_pod,
+    check_size_overrides,
     cpu_and_memory,
     kernel_base_name,
     kernel_pod_name,
@@ -59,11 +61,8 @@ class KubernetesKernelLauncher(KernelLauncher):
         config=True,
         help="Namespace of kernel pods. Default: the user's server pod's namespace, else $POD_NAMESPACE or 'default'.",
     )
-    image = Unicode(
-        "quay.io/jupyter/pytorch-notebook:cuda12-latest",
-        config=True,
-        help="Container image of kernel pods (must have python and ipykernel).",
-    )
+    image = Unicode("quay.io/jupyter/pytorch-notebook:cuda12-latest", config=True,
+                    help="Container image of kernel pods (must have python and ipykernel).")  # fmt: skip
     image_pull_policy = Unicode("IfNotPresent", config=True, help="imagePullPolicy of kernel pods.")
     service_account = Unicode(
         "",
@@ -117,6 +116,12 @@ class KubernetesKernelLauncher(KernelLauncher):
         config=True,
         help="""nodeSelector of kernel pods (ANDed with the node admission chose, for the 'native'
         backend; with 'hami'/'whole' it steers the scheduler). Default: none.""",
+    )
+    size_overrides = Dict(
+        config=True,
+        help="""Kernel pod settings per kernel size (by name), like kubespawner_override per profile: {size:
+        {tolerations (added), node_selector, node_affinity_required (nodeSelectorTerms; the native pin
+        is ANDed in), cpu_request, cpu_limit, memory_request, memory_limit}}. Default: none.""",
     )
     share_server_volumes = Bool(
         True,
@@ -213,6 +218,10 @@ class KubernetesKernelLauncher(KernelLauncher):
             )
         return proposal["value"]
 
+    @validate("size_overrides")
+    def _validate_size_overrides(self, proposal: Any) -> dict:
+        return check_size_overrides(proposal["value"])  # TraitError with a sentence naming size and key
+
     @default("kernel_cmd")
     def _default_kernel_cmd(self) -> list[str]:
         return ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
@@ -221,9 +230,10 @@ class KubernetesKernelLauncher(KernelLauncher):
         super().__init__(**kwargs)
         self._unschedulable_since: dict[str, float] = {}
 
-    def node_resources(self) -> tuple[int, int]:
-        """The kernel container's CPU and memory requests, so admission places it where they fit."""
-        return cpu_and_memory({"cpu": self.cpu_request or 0, "memory": self.memory_request or 0})
+    def node_resources(self, size: str = "") -> tuple[int, int]:
+        """The kernel container's CPU and memory requests (of ``size``), so admission places it where they fit."""
+        over = {**{k: getattr(self, k) for k in RESOURCE_KEYS}, **self.size_overrides.get(size, {})}
+        return cpu_and_memory({"cpu": over["cpu_request"] or 0, "memory": over["memory_request"] or 0})
 
     def pod_ports(self, generation: int) -> dict[str, int]:
         """The ZMQ ports of a kernel pod of this generation (two alternating sets)."""
@@ -366,6 +376,7 @@ class KubernetesKernelLauncher(KernelLauncher):
         volumes, mounts, home = self._shared(source_pod if source_pod is not None else (server and server.pod))
         cwd = record.cwd if path_under_mounts(record.cwd, mounts) else home
         labels = {k: v for k, v in (server.pod_labels if server else {}).items() if k in self.inherited_server_labels}
+        over = self.size_overrides.get(record.size, {})
         pod = make_kernel_pod(
             record,
             image=self.image,
@@ -373,18 +384,16 @@ class KubernetesKernelLauncher(KernelLauncher):
             kernel_cmd=list(self.kernel_cmd),
             service_account=self.service_account,
             environment=dict(self.environment),
-            cpu_request=self.cpu_request,
-            cpu_limit=self.cpu_limit,
-            memory_request=self.memory_request,
-            memory_limit=self.memory_limit,
+            **{k: over.get(k, getattr(self, k)) for k in RESOURCE_KEYS},
             extra_labels={**labels, "component": self.component_label, **self.extra_pod_labels},
             owners=self._owners(server),
             uid=self.uid,
             gid=self.gid,
             fs_gid=self.fs_gid,
             image_pull_secrets=list(self.image_pull_secrets),
-            tolerations=[dict(t) for t in self.tolerations],
-            node_selector=dict(self.node_selector),
+            tolerations=[dict(t) for t in self.tolerations] + list(over.get("tolerations", [])),
+            node_selector=dict(over.get("node_selector", self.node_selector)),
+            node_affinity_required=over.get("node_affinity_required"),
             volumes=volumes,
             volume_mounts=mounts,
             working_dir=cwd,

@@ -30,6 +30,7 @@ from importlib import resources
 from typing import Any
 
 from kubernetes_asyncio.client import models as k8s
+from traitlets import TraitError
 
 from quotas import Allocation
 
@@ -252,6 +253,43 @@ def add_tolerations(spec: k8s.V1PodSpec, tolerations: list[dict | k8s.V1Tolerati
     spec.tolerations = have or None
 
 
+#: a kernel container's CPU/memory settings (KubernetesKernelLauncher traits, per size too)
+RESOURCE_KEYS = ("cpu_request", "cpu_limit", "memory_request", "memory_limit")
+#: what KubernetesKernelLauncher.size_overrides may set per kernel size
+SIZE_OVERRIDE_KEYS = ("tolerations", "node_selector", "node_affinity_required", *RESOURCE_KEYS)
+
+
+def check_size_overrides(overrides: Mapping[str, Any]) -> dict[str, dict]:
+    """``KubernetesKernelLauncher.size_overrides`` checked: {size name: {key: value}} with the
+    keys of SIZE_OVERRIDE_KEYS; TraitError with a sentence naming the size and the key."""
+    for name, override in overrides.items():
+        where = f"KubernetesKernelLauncher.size_overrides[{name!r}]"
+        if not isinstance(override, Mapping):
+            raise TraitError(f"{where} must be a mapping, got {override!r}")
+        unknown = sorted(set(override) - set(SIZE_OVERRIDE_KEYS))
+        if unknown:
+            raise TraitError(f"{where} has unknown key(s) {unknown}; allowed: {', '.join(SIZE_OVERRIDE_KEYS)}")
+        for key in RESOURCE_KEYS:
+            if key in override and quantity(override[key]) is None:
+                raise TraitError(f"{where}.{key} must be a Kubernetes quantity (e.g. '2', '500m', '8Gi')")
+    return {name: dict(override) for name, override in overrides.items()}
+
+
+def node_selector_term(term: Mapping[str, Any]) -> k8s.V1NodeSelectorTerm:
+    """A nodeSelectorTerm in Kubernetes' camelCase form as a client model."""
+
+    def requirements(key: str) -> list[k8s.V1NodeSelectorRequirement] | None:
+        found = [
+            k8s.V1NodeSelectorRequirement(key=r["key"], operator=r["operator"], values=r.get("values"))
+            for r in term.get(key) or []
+        ]
+        return found or None
+
+    return k8s.V1NodeSelectorTerm(
+        match_expressions=requirements("matchExpressions"), match_fields=requirements("matchFields")
+    )
+
+
 def pin_to_node(spec: k8s.V1PodSpec, node: str) -> None:
     """Require ``node`` (a Node's name) through node affinity: ANDed into every required term the
     pod already has (terms are ORed), or one term of its own. Never ``nodeName``."""
@@ -291,6 +329,7 @@ def make_kernel_pod(
     image_pull_secrets: list[str] | None = None,
     tolerations: list[dict] | None = None,
     node_selector: dict[str, str] | None = None,
+    node_affinity_required: list[dict] | None = None,
     volumes: list[k8s.V1Volume] | None = None,
     volume_mounts: list[k8s.V1VolumeMount] | None = None,
     working_dir: str = "",
@@ -356,6 +395,15 @@ def make_kernel_pod(
             image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in image_pull_secrets or []] or None,
             tolerations=[_toleration(t) for t in tolerations or []] or None,
             node_selector=dict(node_selector) if node_selector else None,
+            affinity=k8s.V1Affinity(
+                node_affinity=k8s.V1NodeAffinity(
+                    required_during_scheduling_ignored_during_execution=k8s.V1NodeSelector(
+                        node_selector_terms=[node_selector_term(t) for t in node_affinity_required]
+                    )
+                )
+            )
+            if node_affinity_required
+            else None,
             containers=[container],
             volumes=[
                 k8s.V1Volume(

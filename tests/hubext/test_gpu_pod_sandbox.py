@@ -422,3 +422,42 @@ def test_hami_gpu_pod_leaves_z2jhs_user_scheduler_to_hamis_webhook():
     for backend in ("native", "whole"):
         pod = gpu_notebook(notebook_pod(scheduler_name="jhub-user-scheduler"), backend=backend)
         assert pod["spec"]["schedulerName"] == "jhub-user-scheduler"
+
+
+def test_kernel_pod_settings_per_size_override_the_launchers(no_allocator):
+    """Per kernel size (as KubeSpawner's kubespawner_override per profile): tolerations, node
+    selector, required node affinity (the native pin is ANDed into it) and CPU/memory; admission
+    counts the size's own requests."""
+    pool = {"key": "pool", "operator": "Equal", "value": "a100", "effect": "NoSchedule"}
+    zone = {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["a"]}]}
+    launcher = KubernetesKernelLauncher(
+        namespace="jhub",
+        image="kernel:1",
+        size_overrides={
+            "gpu-10g": {
+                "tolerations": [pool],
+                "node_selector": {"gpu": "a100"},
+                "node_affinity_required": [zone],
+                "cpu_request": "2",
+                "cpu_limit": "4",
+                "memory_request": "8Gi",
+                "memory_limit": "16Gi",
+            }
+        },
+    )
+    pod = kernel_pod(launcher)
+    validate_all_versions(pod)
+    spec = pod["spec"]
+    assert pool in spec["tolerations"] and GPU_TAINT in spec["tolerations"]
+    assert spec["nodeSelector"] == {"gpu": "a100"}
+    pin = {"key": "metadata.name", "operator": "In", "values": ["gpu-node-1"]}
+    assert node_terms(pod) == [{**zone, "matchFields": [pin]}]
+    resources = spec["containers"][0]["resources"]
+    assert resources == {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"cpu": "4", "memory": "16Gi"}}
+    assert launcher.node_resources("gpu-10g") == (2000, 8192)
+    assert launcher.node_resources("gpu-20g") == launcher.node_resources()  # another size: the defaults
+
+
+def test_a_size_override_with_an_unknown_key_is_refused_with_a_sentence(no_allocator):
+    with pytest.raises(Exception, match=r"size_overrides\['gpu-10g'\].*'gpus'.*allowed"):
+        KubernetesKernelLauncher(size_overrides={"gpu-10g": {"gpus": 2}})
