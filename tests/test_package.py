@@ -30,3 +30,26 @@ def test_the_code_is_ruff_clean():
         pytest.skip("ruff is not installed (it comes with the [test] extra)")
     out = subprocess.run([str(ruff), "check", str(REPO)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_hub_modules_stay_small_and_modes_have_their_folders():
+    """The hub side stays cut by concern (architecture.md): no module over 600 lines, one
+    folder per mode."""
+    too_long = {
+        str(path.relative_to(REPO)): n
+        for path in (REPO / "hubext").rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 600
+    }
+    assert not too_long, f"hubext modules over 600 lines (split them by concern): {too_long}"
+    assert (REPO / "hubext" / "kubernetes").is_dir() and (REPO / "hubext" / "local").is_dir()
+
+
+def test_the_gpu_model_name_is_defined_once():
+    """One NVML-name -> pool-model function (hubext.contract.model_name); copies drifted before."""
+    hits = [
+        str(path.relative_to(REPO))
+        for folder in ("hubext", "libvgpu", "culler", "kernelprovider", "quotas")
+        for path in (REPO / folder).rglob("*.py")
+        if "def model_name(" in path.read_text()
+    ]
+    assert hits == ["hubext/contract.py"], hits
