@@ -159,3 +159,17 @@ def test_our_schema_subset_is_z2jhs_schema(z2jh_chart):
         z2jh_chart / "values.schema.yaml"
     ).exists() else json.loads((z2jh_chart / "values.schema.json").read_text())
     assert _subset_matches(json.loads(SUBSET.read_text()), full) == []
+
+
+def test_z2jhs_own_pods_pass_pod_security_baseline_so_the_namespace_can_enforce_it(z2jh_rendered):
+    """docs/helm.md says: label the hub's/users' namespace enforce=baseline. z2jh's own workloads
+    there (hub, proxy, user-scheduler, image pullers, placeholders) must pass it too."""
+    from tests.kubeemu.podsecurity import violations
+
+    checked = []
+    for doc in z2jh_rendered:
+        spec = (doc.get("spec") or {}).get("template", {}).get("spec")
+        if spec is not None:
+            assert violations({"spec": spec}, "baseline") == [], f"{doc['kind']}/{doc['metadata']['name']}"
+            checked.append(doc["metadata"]["name"])
+    assert {"hub", "proxy", "continuous-image-puller"} <= set(checked)
