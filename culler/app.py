@@ -649,6 +649,13 @@ class GPUCuller(Application):
         need = ""
         if waiting:
             need = f" {waiting} GPU request{'s are' if waiting != 1 else ' is'} waiting for room in the pool."
+        if self.swap_idle_kernels and not k.swapped_since:
+            return (
+                f"[elastic-gpu] This kernel {why.replace('are shut down after', 'are swapped out after')}. "
+                f"At {when}, in {_human(round(due - now))}, its GPU memory will be moved to host memory and its "
+                f"GPU slice of {_mib(k.freed_memory_mib)} given back.{need} Your variables stay; the next cell "
+                "takes a GPU again first (it may wait for one). Run any cell to keep it on the GPU now."
+            )
         return (
             f"[elastic-gpu] This kernel {why}. It will be shut down at {when}, in {_human(round(due - now))}, "
             f"and its GPU slice of {_mib(k.freed_memory_mib)} given back.{need} "

@@ -22,6 +22,10 @@ from tornado.websocket import websocket_connect
 
 from .model import ServerStatus
 
+#: the ``username`` of the culler's notices in a kernel: a swapped-out kernel does not take its
+#: GPU back for them (kernelprovider/resume.py says the same)
+NOTICE_USERNAME = "elastic-gpu-culler"
+
 #: statuses that mean "this server is not running" when asking /user/<name>/<server>/api/...
 SERVER_GONE = {404, 410, 424, 503}
 
@@ -303,7 +307,7 @@ class HubClient:
         msg = {
             "header": {
                 "msg_id": msg_id,
-                "username": "elastic-gpu-culler",
+                "username": NOTICE_USERNAME,
                 "session": session,
                 "msg_type": "execute_request",
                 "version": "5.3",

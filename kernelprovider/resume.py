@@ -21,6 +21,17 @@ from typing import Any
 
 #: seconds one request to the hub may wait for the resume to end
 POLL_SECONDS = 10.0
+#: the culler's notices ("will be shut down ...") are no cells of the user's: no resume for them
+#: (culler/hub.py NOTICE_USERNAME; this module runs in the kernel and imports nothing of the hub)
+NOTICE_USERNAME = "elastic-gpu-culler"
+
+
+def _from_culler(ip: Any) -> bool:
+    try:
+        parent = ip.kernel.get_parent("shell")
+    except Exception:
+        return False
+    return (parent or {}).get("header", {}).get("username") == NOTICE_USERNAME
 
 
 def _key_text() -> str:
@@ -80,6 +91,7 @@ def resume_if_swapped(say: Any = print) -> bool:
 
 def load_ipython_extension(ip: Any) -> None:
     def before_cell(info: Any = None) -> None:
-        resume_if_swapped(lambda text: print(text, flush=True))
+        if not _from_culler(ip):
+            resume_if_swapped(lambda text: print(text, flush=True))
 
     ip.events.register("pre_run_cell", before_cell)

@@ -20,7 +20,7 @@ import yaml
 from culler import service_role
 from hubext.metering.record import swapped_periods
 from hubext.metering.store import UsageStore
-from tests.culler.stack import CullerProcess, wait_until
+from tests.culler.stack import CullerProcess, KernelTab, wait_until
 from tests.hubrunner import HubRunner
 from tests.kernelprovider.helpers import _broker_config, start_servers
 from tests.libvgpu.harness import build_all
@@ -186,13 +186,14 @@ def test_culler_swaps_idle_kernels_out_culls_what_cannot_be_swapped_with_the_rea
     stack,
 ):
     hub, servers, work = stack
-    started = {}
+    started, tabs = {}, {}
     for user in ("alice", "bob"):
         status, session = servers[user].start_session(SPEC)
         assert status == 201, session
-        kernel = servers[user].connect(session["kernel"]["id"])
-        assert "alloc 0" in kernel.execute(CUDA_CELL)["text"]
-        kernel.close()
+        tabs[user] = KernelTab(hub, user, session["kernel"]["id"])
+        assert "alloc 0" in tabs[user].execute(CUDA_CELL)
+        if user == "bob":
+            tabs[user].close()
         started[user] = session["kernel"]["id"]
         if user == "alice":  # swapped out first: then bob's kernel fits on the card
             culler = CullerProcess(
@@ -202,22 +203,29 @@ def test_culler_swaps_idle_kernels_out_culls_what_cannot_be_swapped_with_the_rea
                 name="swapping-culler",
                 swap_idle_kernels=True,
                 idle_timeout_seconds=2,
-                warning_seconds=0,
+                warning_seconds=1,
                 cull_swapped_after_seconds=8,
             ).start()
             wait_until(lambda: broker_kernel(hub, started["alice"])["gpu_swapped"], 30, "alice's kernel swapped out")
+            tabs["alice"].drain(0.5)  # her open tab was told what would happen, and that her variables stay
+            (notice,) = tabs["alice"].streams("will be moved to host memory")
+            assert "idle GPU kernels are swapped out after 2 s here" in notice and "Your variables stay" in notice
     try:
         # bob's kernel cannot be swapped out (the host-memory cap): culled as without swapping, saying why
         line = culler.wait_log(rf"GPU kernel {started['bob']} of bob cannot be swapped out \(.*\): culling it")
         assert "over the cap" in line.group(0), line.group(0)
         culler.wait_log(rf"Culled GPU kernel {started['bob']} of bob")
         assert "Swapped out GPU kernel " + started["alice"] in culler.log_text()
-        # alice's swapped-out kernel is culled once it has been swapped out for cull_swapped_after_seconds
+        # alice's swapped-out kernel is culled once it has been swapped out for cull_swapped_after_seconds;
+        # the culler's notice in her open tab is no cell of hers: it does not bring the GPU back first
+        alice_id = broker_kernel(hub, started["alice"])["id"]
         culler.wait_log(rf"Culled GPU kernel {started['alice']} of alice", timeout=30)
         status, kernels = hub.api("GET", "/gpu/kernels")
         assert not [k for k in kernels["kernels"] if k["kernel_id"] in started.values()], kernels
+        assert f"GPU kernel {alice_id} of alice resumed" not in hub.log_tail(400)
     finally:
         culler.stop()
+        tabs["alice"].close()
 
 
 def test_restarting_a_swapped_out_kernel_gives_a_fresh_kernel_on_one_slice(stack):
