@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from traitlets import List, Unicode
+from traitlets import Dict, List, Unicode
 from traitlets.config import LoggingConfigurable
 
 from quotas import Allocation, Pool
@@ -103,6 +103,11 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         help="""The kernel's command line; '{connection_file}' is replaced by the path of the
         connection file. Default: the Python of the launcher ('python' in pods) running
         ipykernel_launcher.""",
+    )
+    environment = Dict(
+        Unicode(),
+        config=True,
+        help="Extra environment variables of GPU kernels (local processes or kernel containers). Default: none.",
     )
 
     def __init__(

@@ -161,7 +161,6 @@ class KubernetesKernelLauncher(KernelLauncher):
         help="The 'component' label of kernel pods (z2jh's convention). Default: 'elastic-gpu-kernel'.",
     )
     extra_pod_labels = Dict(Unicode(), config=True, help="Extra labels for kernel pods.")
-    environment = Dict(Unicode(), config=True, help="Extra environment variables of kernel containers.")
     network_policy = Bool(
         True,
         config=True,

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from traitlets import Bool, Dict, Float, List, Unicode, default
+from traitlets import Bool, Float, List, Unicode, default
 
 from quotas import Allocation
 
@@ -79,11 +79,6 @@ class LocalKernelLauncher(KernelLauncher):
         ["PATH", "PYTHONPATH", "CONDA_ROOT", "CONDA_DEFAULT_ENV", "VIRTUAL_ENV", "LANG", "LC_ALL", "LD_LIBRARY_PATH"],
         config=True,
         help="Environment variables of the hub passed on to local kernels.",
-    )
-    environment = Dict(
-        Unicode(),
-        config=True,
-        help="Extra environment variables for local kernels.",
     )
     stop_grace_seconds = Float(
         3.0, config=True, help="Seconds between SIGTERM and SIGKILL when a kernel is stopped. Default: 3."
