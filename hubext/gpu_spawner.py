@@ -233,6 +233,22 @@ class GPUSpawnerMixin(LoggingConfigurable):
         if progress is not None:
             event["progress"] = progress
         events.append(event)
+        self._gpu_progress_notify()
+
+    def gpu_admission_finished(self) -> None:
+        """Admission is over (granted, refused or failed): ``gpu_progress_events`` ends once it has sent
+        every queued event."""
+        self.__dict__["_gpu_admission_done"] = True
+        self._gpu_progress_notify()
+
+    def _gpu_progress_changed(self) -> asyncio.Event:
+        """The event the next change sets. A reader takes it *before* looking at the events, so a
+        change made after it looked always wakes it (each change sets the current event and starts
+        a new one: no reader clears what another is waiting on)."""
+        return self.__dict__.setdefault("_gpu_progress_event", asyncio.Event())
+
+    def _gpu_progress_notify(self) -> None:
+        self.__dict__.pop("_gpu_progress_event", asyncio.Event()).set()
 
     def gpu_reset_progress(self) -> None:
         """Start a new spawn's event list (call at the top of start())."""
@@ -273,7 +289,7 @@ class GPUSpawnerMixin(LoggingConfigurable):
             self.gpu_progress(f"Placed on {allocation.node} / {gpus}", 20)
             return allocation
         finally:
-            self.__dict__["_gpu_admission_done"] = True
+            self.gpu_admission_finished()
 
     async def stop(self, now: bool = False) -> None:
         """The spawner's own stop, then the slice goes back (whatever the stop raised)."""
@@ -297,14 +313,21 @@ class GPUSpawnerMixin(LoggingConfigurable):
         """Yield queued GPU events until admission is done (then the spawner's own events follow)."""
         sent = 0
         deadline = time.monotonic() + self.start_timeout
-        while time.monotonic() < deadline:
+        while True:
+            changed = self._gpu_progress_changed()
             events = self.__dict__.get("_gpu_events", [])
             while sent < len(events):
                 yield events[sent]
                 sent += 1
             if self.__dict__.get("_gpu_admission_done", False) and sent >= len(events):
                 return
-            await asyncio.sleep(0.2)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                await asyncio.wait_for(changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                return
 
     def gpu_get_state(self, state: dict) -> dict:
         if self._gpu_allocation_id:

@@ -350,7 +350,7 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
                 await self.gpu_allocator.bind(allocation.id, str(self.pid))
             return result
         except BaseException:
-            self.__dict__["_gpu_admission_done"] = True
+            self.gpu_admission_finished()
             await self.gpu_release("spawn failed")
             raise
 

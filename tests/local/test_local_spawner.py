@@ -208,3 +208,28 @@ def test_gpu_owner_mapping_is_configurable_on_the_local_spawner():
     assert (owner.user, owner.workspace, owner.namespace) == ("alice", "vision", "research")
     bob = SimpleNamespace(name="bob", groups=[Group("ml")], url="/user/bob/", escaped_name="bob")
     assert LocalGPUSpawner(user=bob, config=c).gpu_owner().workspace == "ml"
+
+
+async def test_every_progress_reader_gets_each_event_and_ends_when_admission_finishes():
+    """Two readers of one spawn's progress (two open spawn pages), one of them slow: each gets every
+    event in order, and both end when admission finishes, with no event left behind."""
+    import asyncio
+
+    sp = spawner()
+    sp.gpu_reset_progress()
+    seen: dict[str, list[str]] = {"fast": [], "slow": []}
+
+    async def read(name: str) -> None:
+        async for event in sp.gpu_progress_events():
+            seen[name].append(event["message"])
+            if name == "slow":
+                await asyncio.sleep(0.05)  # still busy with this event when the next is queued
+
+    readers = [asyncio.create_task(read(name)) for name in seen]
+    for message in ("Checking GPU quota", "Queued: no requests ahead.", "Placed on node-1 / GPU-1"):
+        await asyncio.sleep(0.02)
+        sp.gpu_progress(message)
+    sp.gpu_admission_finished()
+    await asyncio.wait_for(asyncio.gather(*readers), 10)  # the spawner's start_timeout is 60 s
+    expected = ["Checking GPU quota", "Queued: no requests ahead.", "Placed on node-1 / GPU-1"]
+    assert seen == {"fast": expected, "slow": expected}
