@@ -20,11 +20,14 @@ import stat
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from .base import HUB_STATE_FILE, CLIError
 
 TEAM_ACCOUNT = "elastic-gpu"
+#: useradd's exit statuses "can't update password file" and "... group file": another useradd holds the lock
+USERADD_BUSY = (1, 10)
 
 #: files in data/ that only the hub's account may read (prefixes: SQLite and dbm add suffixes)
 PRIVATE_PREFIXES = (
@@ -77,13 +80,19 @@ def ensure_team_account(home: Path) -> pwd.struct_passwd:
         useradd, "--system", "--user-group", "--no-create-home", "--home-dir", str(home),
         "--shell", "/usr/sbin/nologin", "--comment", "Elastic GPU servers of a trusted-team hub", TEAM_ACCOUNT,
     ]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise CLIError(
-            f"could not create the system account {TEAM_ACCOUNT!r} that runs users' servers: "
-            f"`{' '.join(cmd)}` failed: {result.stderr.strip() or result.returncode}"
-        )
-    return pwd.getpwnam(TEAM_ACCOUNT)
+    for _ in range(10):
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        try:  # made by this useradd, or by another process that got there first
+            return pwd.getpwnam(TEAM_ACCOUNT)
+        except KeyError:
+            pass
+        if result.returncode not in USERADD_BUSY:
+            break
+        time.sleep(0.2)  # another useradd holds /etc/passwd: try again
+    raise CLIError(
+        f"could not create the system account {TEAM_ACCOUNT!r} that runs users' servers: "
+        f"`{' '.join(cmd)}` failed: {result.stderr.strip() or result.returncode}"
+    )
 
 
 def unreachable(path: Path, account: str = "nobody", execute: bool = False) -> str:
