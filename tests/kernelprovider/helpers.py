@@ -272,11 +272,16 @@ def local_stack(
 
 @contextmanager
 def kube_stack(
-    work: Path, *, admission: dict[str, Any] | None = None, sizes: list[dict[str, Any]] | None = None
+    work: Path,
+    *,
+    admission: dict[str, Any] | None = None,
+    sizes: list[dict[str, Any]] | None = None,
+    extra_config: str = "",
 ) -> Iterator[dict[str, Any]]:
     """Kubernetes mode through the API emulator: one simulated H100 on gpu-node-1, alice's server pod running.
 
-    ``admission`` and ``sizes`` replace the defaults (ADMISSION, SIZES)."""
+    ``admission`` and ``sizes`` replace the defaults (ADMISSION, SIZES); ``extra_config``: lines
+    appended to jupyterhub_config.py."""
     from kubernetes import client as kclient
     from kubernetes import config as kconfig
 
@@ -354,6 +359,7 @@ def kube_stack(
             """
             )
             + _broker_config(sizes)
+            + extra_config
         )
         hub = HubRunner(work, config, env={"KUBECONFIG": str(emulator.kubeconfig_path)})
         hub.start()

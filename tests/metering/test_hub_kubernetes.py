@@ -14,10 +14,14 @@ from tests.kernelprovider.helpers import NAMESPACE, kube_stack
 from tests.metering.test_hub import BIG, BIG_HIGH, METERING_ADMISSION, METERING_SIZES
 
 SPEC = "elastic-gpu-gpu-10g"
+#: the meter samples every 30 s by default; the test waits for one sample after the pod's annotation
+EXTRA = """
+c.UsageMeter.sample_interval_seconds = 0.5
+"""
 
 
 def test_a_kernel_pods_slice_is_recorded_and_outlives_the_pod(tmp_path):
-    with kube_stack(tmp_path, admission=METERING_ADMISSION, sizes=METERING_SIZES) as st:
+    with kube_stack(tmp_path, admission=METERING_ADMISSION, sizes=METERING_SIZES, extra_config=EXTRA) as st:
         hub, alice = st["hub"], st["alice"]
         status, session = alice.start_session(SPEC)
         assert status == 201, session
@@ -33,7 +37,7 @@ def test_a_kernel_pods_slice_is_recorded_and_outlives_the_pod(tmp_path):
             "gpu-node-1",
             10240,
         )
-        # the node agent publishes the pod's GPU activity; the meter samples it (every 30 s by default)
+        # the node agent publishes the pod's GPU activity; the meter samples it (EXTRA: every 0.5 s)
         status, body = hub.api("GET", "/gpu/kernels?user=alice")
         assert status == 200, body
         pod = body["kernels"][0]["holder"]
