@@ -112,9 +112,14 @@ c.Spawner.http_timeout = 60
             time.sleep(0.3)
         raise RuntimeError(f"jupyterhub did not answer within {timeout} s:\n{self.log_tail()}")
 
-    def stop(self, timeout: float = 30) -> None:
-        """Stop the hub (it stops its proxy and servers), then anything left in its process group."""
+    def stop(self, timeout: float = 30, keep_servers: bool = False) -> None:
+        """Stop the hub (it stops its proxy and servers), then anything left in its process group.
+
+        Servers a hub with ``cleanup_servers = False`` leaves running (in sessions of their own)
+        are killed too, unless ``keep_servers`` (a restart: the next hub adopts them)."""
         if self.proc is None:
+            if not keep_servers:
+                self._kill_leftover_servers()
             return
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -128,6 +133,8 @@ c.Spawner.http_timeout = 60
             pass
         self.proc.wait(5)
         self.proc = None
+        if not keep_servers:
+            self._kill_leftover_servers()
 
     def kill(self) -> None:
         """Kill the hub process only (SIGKILL), leaving its children as a crash would."""
@@ -136,8 +143,26 @@ c.Spawner.http_timeout = 60
             self.proc.wait(10)
 
     def restart(self, timeout: float = 90) -> HubRunner:
-        self.stop()
+        self.stop(keep_servers=True)
         return self.start(timeout)
+
+    def _kill_leftover_servers(self) -> None:
+        """SIGKILL the processes of this hub's local servers (and their kernels): those whose
+        environment points at this hub's API and whose home is under the hub's work dir."""
+        api = f"JUPYTERHUB_API_URL=http://127.0.0.1:{self.hub_port}/hub/api".encode()
+        home = f"HOME={self.workdir}/".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                env = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if api in env and any(v.startswith(home) for v in env):
+                try:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def __enter__(self) -> HubRunner:
         return self.start()
