@@ -146,7 +146,8 @@ class GPUCuller(Application):
         0.0,
         config=True,
         help="""Seconds a kernel may stay swapped out before it is culled (it holds host memory,
-        not a slice). 0: never. Default: 0.""",
+        not a slice). 0: never. Per priority class and profile in priority_class_policies and
+        profile_policies (key cull_swapped_after_seconds). Default: 0.""",
     )
     concurrency = Integer(
         32, config=True, help="Most HTTP calls in flight at once (server queries, shutdowns). Default: 32."
@@ -339,6 +340,7 @@ class GPUCuller(Application):
             "cull_connected": self.cull_connected,
             "warning_seconds": self.warning_seconds,
             "pressure_min_idle_seconds": self.pressure_min_idle_seconds,
+            "cull_swapped_after_seconds": self.cull_swapped_after_seconds,
         }
         book = PolicyBook.build(defaults, self.priority_class_policies, self.profile_policies)
         for name, value in self.priority_values.items():
@@ -382,13 +384,14 @@ class GPUCuller(Application):
                     self._bad_records.add(key)
                     self.log.warning("Skipping a GPU kernel record the culler cannot read: %s", e)
                 self.metrics.errors.labels("record").inc()
-        now, after = time.time(), self.cull_swapped_after_seconds
-        # pending, stopped, failed: not ours to judge; swapped out: only once it is due for a cull
-        return [
-            k
-            for k in kernels
-            if k.state == "running" and (not k.swapped_since or (after > 0 and now - k.swapped_since >= after))
-        ]
+        now = time.time()
+
+        def due(k: GPUKernel) -> bool:  # a swapped-out kernel is judged once it may be culled
+            after = self.rules.book.for_kernel(k).cull_swapped_after_seconds if self.rules else 0.0
+            return after > 0 and now - k.swapped_since >= after
+
+        # pending, stopped, failed: not ours to judge
+        return [k for k in kernels if k.state == "running" and (not k.swapped_since or due(k))]
 
     def _believable(self, kernel: GPUKernel, record: Mapping[str, Any]) -> GPUKernel:
         """The kernel with its GPU activity clamped to what the culler has seen.

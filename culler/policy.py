@@ -42,6 +42,8 @@ class Policy:
     #: under pressure (requests waiting), kernels idle this long may be reclaimed before their
     #: timeout; None = never reclaimed early
     pressure_min_idle_seconds: float | None = 600.0
+    #: with GPUCuller.swap_idle_kernels: cull a kernel swapped out this long; 0 = never
+    cull_swapped_after_seconds: float = 0.0
 
 
 POLICY_KEYS: dict[str, str] = {
@@ -50,6 +52,7 @@ POLICY_KEYS: dict[str, str] = {
     "cull_connected": "true or false",
     "warning_seconds": "a number of seconds >= 0",
     "pressure_min_idle_seconds": "a number of seconds >= 0, or null for never",
+    "cull_swapped_after_seconds": "a number of seconds >= 0",
 }
 
 

@@ -290,3 +290,16 @@ def test_verdicts_say_when_to_look_again_so_the_loop_can_act_at_the_due_moment()
     [v] = decide([view(k, activity=NOW - 2400, connections=1)], r, NOW)
     assert v.action == "keep" and v.due_at == pytest.approx(NOW + 1800)
     assert v.extra["check_at"] == pytest.approx(NOW + 1500)
+
+
+def test_how_long_a_kernel_stays_swapped_out_is_set_per_priority_class_and_profile():
+    book = PolicyBook.build(
+        {"idle_timeout_seconds": 600, "cull_swapped_after_seconds": 3600},
+        {"low": {"cull_swapped_after_seconds": 600}},
+        {"gpu-80g": {"cull_swapped_after_seconds": 0}},
+    )
+    assert book.resolve("default").cull_swapped_after_seconds == 3600
+    assert book.resolve("low").cull_swapped_after_seconds == 600
+    assert book.resolve("low", "gpu-80g").cull_swapped_after_seconds == 0  # never: the profile wins
+    with pytest.raises(PolicyError, match="cull_swapped_after_seconds must be a number of seconds >= 0"):
+        PolicyBook.build({}, {"low": {"cull_swapped_after_seconds": -1}})
