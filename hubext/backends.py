@@ -186,6 +186,27 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         Called by ``GPUBroker.suspend`` and ``GPUBroker.resume``."""
         return None
 
+    #: True where the launcher checkpoints its kernels' processes itself (``checkpoint_suspend`` /
+    #: ``checkpoint_resume``: Kubernetes, through the node agent); False where the hub does it with
+    #: the pids of ``kernel_processes`` (local)
+    checkpoints_itself: ClassVar[bool] = False
+
+    async def checkpoint_suspend(self, record: KernelRecord, lock_timeout_ms: int) -> tuple[list[int], int]:
+        """Checkpoint the kernel's CUDA processes (all or none): (their pids, MiB moved to host
+        memory). Raises ``libvgpu.checkpoint.CheckpointError`` (``stuck``: it could not be undone).
+        Only where ``checkpoints_itself``. Called by ``GPUBroker.suspend``."""
+        raise NotImplementedError
+
+    async def checkpoint_resume(self, record: KernelRecord, allocation: Allocation, remap: dict[str, str]) -> None:
+        """Restore the swapped-out kernel's processes onto ``allocation`` (``remap``: old GPU uuid ->
+        new); raises ``CheckpointError``. Only where ``checkpoints_itself``. Called by ``GPUBroker.resume``."""
+        raise NotImplementedError
+
+    def restorable_on(self, record: KernelRecord, allocation: Allocation) -> str:
+        """Why the swapped-out kernel cannot be restored onto ``allocation`` ("" when it can): the
+        resume gives the slice back and the kernel stays swapped out. Called by ``GPUBroker.resume``."""
+        return ""
+
     def mark_swapped(self, record: KernelRecord, swapped: bool) -> None:
         """Tell the kernel whether its GPU state is in host memory (its next cell asks for a
         resume first). Called by ``GPUBroker.suspend`` and ``GPUBroker.resume``."""

@@ -75,6 +75,30 @@ NODE_UNINSTALL_ANNOTATION = PREFIX + "uninstall"
 # a GPU pod's GPU activity, published by the node agent, read by the broker (for the culler):
 # compact JSON {"last_launch": unix s | null, "memory_used_mib": int, "updated_at": unix s}
 A_GPU_ACTIVITY = PREFIX + "gpu-activity"
+# a kernel pod's swap: the hub asks (JSON {"action": "suspend"|"resume", "generation": n, ...}),
+# the node agent answers once per generation (JSON {"generation": n, "ok": bool, "message": ...});
+# see libvgpu/agent/swap.py
+A_SWAP = PREFIX + "swap"
+A_SWAP_STATUS = PREFIX + "swap-status"
+
+
+def swapped_out(annotations: dict[str, str] | None) -> bool:
+    """Whether a kernel pod's GPU state is in host memory: the hub's last swap request is a suspend
+    and the node agent answered it done. Such a pod holds no slice (the ledger skips it)."""
+    annotations = annotations or {}
+    try:
+        request = json.loads(annotations.get(A_SWAP) or "null")
+        status = json.loads(annotations.get(A_SWAP_STATUS) or "null")
+    except ValueError:
+        return False
+    return (
+        isinstance(request, dict)
+        and isinstance(status, dict)
+        and request.get("action") == "suspend"
+        and status.get("generation") == request.get("generation")
+        and status.get("ok") is True
+    )
+
 
 _LABEL_OK = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
 

@@ -108,29 +108,12 @@ class SwapMixin(Configurable):
                 return record
             if record.id not in self.kernels or record.state != "running":
                 raise BrokerError(f"Only a running GPU kernel can be swapped out; this one is {record.state}.", 409)
-            pids = self.launcher.kernel_processes(record)
-            if pids is None:
-                raise BrokerError(
-                    "GPU kernels of this mode cannot be swapped out (their processes are out of reach).", 409
-                )
             started = time.monotonic()
-            cp = self.checkpointer()
             try:
-                await asyncio.to_thread(cp.check)
-                cuda = await asyncio.to_thread(cp.cuda_processes, pids)
-            except CheckpointUnavailable as e:
-                raise BrokerError(f"This GPU kernel cannot be swapped out: {e.message}.", 409) from None
-            host_mib = nvml_process_memory_mib(cuda) if cuda else 0
-            cap, already = self.host_cap_mib(), self.swapped_host_mib()
-            if already + host_mib > cap:
-                raise BrokerError(
-                    f"This GPU kernel cannot be swapped out: its {host_mib} MiB of GPU memory would bring what "
-                    f"swapped-out kernels hold in host memory to {already + host_mib} MiB, over the cap of "
-                    f"{cap} MiB ({self.swap_host_memory_percent:g}% of this machine's RAM).",
-                    409,
-                )
-            try:
-                await asyncio.to_thread(cp.suspend, cuda, self.swap_lock_timeout_ms)
+                if self.launcher.checkpoints_itself:  # on the kernel's node (Kubernetes: the node agent)
+                    cuda, host_mib = await self.launcher.checkpoint_suspend(record, self.swap_lock_timeout_ms)
+                else:
+                    cuda, host_mib = await self._suspend_here(record)
             except CheckpointError as e:
                 if not e.stuck:
                     raise BrokerError(f"This GPU kernel cannot be swapped out: {e.message}.", 409) from None
@@ -161,6 +144,29 @@ class SwapMixin(Configurable):
             why,
         )
         return record
+
+    async def _suspend_here(self, record: KernelRecord) -> tuple[list[int], int]:
+        """Checkpoint the kernel's processes from the hub (their pids are this machine's)."""
+        pids = self.launcher.kernel_processes(record)
+        if pids is None:
+            raise BrokerError("GPU kernels of this mode cannot be swapped out (their processes are out of reach).", 409)
+        cp = self.checkpointer()
+        try:
+            await asyncio.to_thread(cp.check)
+            cuda = await asyncio.to_thread(cp.cuda_processes, pids)
+        except CheckpointUnavailable as e:
+            raise BrokerError(f"This GPU kernel cannot be swapped out: {e.message}.", 409) from None
+        host_mib = nvml_process_memory_mib(cuda) if cuda else 0
+        cap, already = self.host_cap_mib(), self.swapped_host_mib()
+        if already + host_mib > cap:
+            raise BrokerError(
+                f"This GPU kernel cannot be swapped out: its {host_mib} MiB of GPU memory would bring what "
+                f"swapped-out kernels hold in host memory to {already + host_mib} MiB, over the cap of "
+                f"{cap} MiB ({self.swap_host_memory_percent:g}% of this machine's RAM).",
+                409,
+            )
+        await asyncio.to_thread(cp.suspend, cuda, self.swap_lock_timeout_ms)
+        return cuda, host_mib
 
     def _model_of(self, uuids: list[str]) -> str:
         state = self.allocator.state
@@ -218,13 +224,21 @@ class SwapMixin(Configurable):
         except AdmissionError as e:
             swap["state"], swap["position"] = "swapped", None
             raise BrokerError(f"The GPU kernel is still swapped out: {e.message}", e.status) from None
+        why_not = self.launcher.restorable_on(record, allocation)
+        if why_not:
+            await self._release(allocation.id, f"resume not possible here: {why_not}", ReleaseCause.CANCELLED)
+            swap["state"], swap["position"] = "swapped", None
+            raise BrokerError(f"The GPU kernel is still swapped out: {why_not}.", 409)
         async with self._lock(record.id):
             remap = {old: new for old, new in zip(swap["gpu_uuids"], allocation.gpu_uuids, strict=False) if old != new}
-            cp = self.checkpointer()
-            pids = self.launcher.kernel_processes(record) or []
             try:
-                cuda = [p for p in pids if await asyncio.to_thread(cp.state, p) is ProcessState.CHECKPOINTED]
-                await asyncio.to_thread(cp.resume, cuda, remap)
+                if self.launcher.checkpoints_itself:
+                    await self.launcher.checkpoint_resume(record, allocation, remap)
+                else:
+                    cp = self.checkpointer()
+                    pids = self.launcher.kernel_processes(record) or []
+                    cuda = [p for p in pids if await asyncio.to_thread(cp.state, p) is ProcessState.CHECKPOINTED]
+                    await asyncio.to_thread(cp.resume, cuda, remap)
             except (CheckpointError, CheckpointUnavailable) as e:
                 message = getattr(e, "message", str(e))
                 await self._release(allocation.id, f"resume failed: {message}", ReleaseCause.FAILED)

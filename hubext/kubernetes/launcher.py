@@ -43,6 +43,7 @@ from .objects import (
     volume_sharing_problem,
 )
 from .status import api_message, apply_pod_status, notebook_status, record_from_pod, server_identity
+from .swap import PodSwapMixin
 
 #: z2jh's tolerations of its dedicated user node pools (the key in both spellings z2jh uses)
 Z2JH_USER_TOLERATIONS = [
@@ -52,7 +53,7 @@ Z2JH_USER_TOLERATIONS = [
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
-class KubernetesKernelLauncher(KernelLauncher):
+class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
     """GPU kernels as pods. The hub's service account needs pods, secrets and networkpolicies rights
     in the users' namespace (the Helm chart grants them); kernel pods need none."""
 

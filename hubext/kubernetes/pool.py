@@ -288,6 +288,8 @@ class KubernetesPool(PoolBackend):
             meta = pod.get("metadata", {})
             if meta.get("deletionTimestamp") or pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
                 continue
+            if C.swapped_out(meta.get("annotations")):
+                continue  # a kernel swapped out holds no slice until its resume
             allocation = C.allocation_from_metadata(meta.get("labels"), meta.get("annotations"))
             if allocation is not None:
                 # the node CPU and memory it holds: what its pod asks of the node

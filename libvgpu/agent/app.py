@@ -10,6 +10,7 @@ waited for in one thread (the NVML wait blocks).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import signal
@@ -28,10 +29,11 @@ from traitlets.config import Application, Config
 from hubext import contract as L
 from libvgpu import ShimNotBuilt
 from libvgpu.backstop import EVENT_REASONS, REASONS, Backstop, Finding, Proc, Slice, evaluate
+from libvgpu.checkpoint import CudaCheckpoint
 from libvgpu.regions import NodeGPU, read_node_regions, write_priority_table
 from quotas import ConfigError
 
-from . import inventory
+from . import inventory, swap
 from .activity import ActivityPublisher, pod_activity
 from .install import install_shim
 from .kube import Kube, KubeError, ObjectRef, dump_gpus
@@ -199,6 +201,19 @@ class NodeAgent(Application):
         config=True,
         help="Change in a pod's GPU memory (MiB) that is patched at once. Default: 256.",
     )
+    swap_interval_seconds = Float(
+        2.0,
+        min=0.0,
+        config=True,
+        help="""Seconds between two looks (a list of this node's pods) for the hub's requests to swap
+        a kernel pod's GPU state out or in (annotation elastic-gpu.jupyter.org/swap), which the agent
+        carries out with the driver's checkpoint API on the pod's host pids. 0: never. Default: 2.""",
+    )
+    cuda_library = Unicode(
+        "libcuda.so.1",
+        config=True,
+        help="The CUDA driver library checkpoints go through (driver 570+). Default: libcuda.so.1.",
+    )
     k8s_api_request_timeout = Float(10.0, min=0.1, config=True, help="Seconds to wait for one Kubernetes API call.")
 
     classes = [Backstop]
@@ -292,6 +307,9 @@ class NodeAgent(Application):
             asyncio.ensure_future(self._every(self.refresh_interval_seconds, self._refresh, "metrics refresh")),
             asyncio.ensure_future(self._every(self.backstop.interval_seconds, self._check, "backstop")),
         ]
+        if self.swap_interval_seconds > 0:
+            self.checkpoint = CudaCheckpoint(self.cuda_library)
+            tasks.append(asyncio.ensure_future(self._every(self.swap_interval_seconds, self._swap, "swap")))
         try:
             await stop.wait()
         finally:
@@ -499,6 +517,31 @@ class NodeAgent(Application):
 
     async def _annotate_activity(self, namespace: str, name: str, value: str) -> None:
         await self.kube.annotate_pod(namespace, name, L.A_GPU_ACTIVITY, value)
+
+    # ---- swap (the hub's requests on kernel pods) -------------------------------------------
+
+    async def _swap(self) -> None:
+        for pod in list((await self._node_pods(force=True)).values()):
+            todo = swap.pending(pod.annotations)
+            if todo is None:
+                continue
+            request, generation = todo
+            if isinstance(request, str):
+                status = {"generation": generation, "ok": False, "message": request}
+            else:
+                pids = swap.pod_processes(pod.uid, self.proc_root)
+                status = await asyncio.to_thread(swap.perform, request, pids, self.checkpoint, self._used_mib)
+                self.log.info(
+                    "%s of pod %s (processes %s): %s", request.action, pod.key,
+                    ",".join(map(str, status["processes"])) or "none with CUDA state",
+                    "done" if status["ok"] else status["message"],
+                )  # fmt: skip
+            await self.kube.annotate_pod(pod.namespace, pod.name, L.A_SWAP_STATUS, json.dumps(status))
+
+    def _used_mib(self, pids: list[int]) -> int:
+        wanted = set(pids)
+        used = sum(p.used_bytes for ps in self._processes(self.gpus).values() for p in ps if p.pid in wanted)
+        return used >> 20
 
     # ---- the backstop --------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,8 @@ class PodInfo:
     phase: str
     allocation: Allocation | None
     priority: int | None = None  # the priority in the shim's limits file (annotation)
+    #: the hub's swap request and the agent's answer (libvgpu.agent.swap), no other annotation
+    annotations: dict[str, str] | None = field(default=None, hash=False, compare=False)
 
     @property
     def key(self) -> str:
@@ -106,6 +108,7 @@ def pod_info(pod: Any) -> PodInfo:
         phase=phase,
         allocation=L.allocation_from_metadata(labels, annotations),
         priority=limits_priority((annotations or {}).get(L.A_LIMITS, "")),
+        annotations={k: v for k, v in (annotations or {}).items() if k in (L.A_SWAP, L.A_SWAP_STATUS)},
     )
 
 

@@ -20,6 +20,16 @@ from hubext import contract as L
 from tests.hubrunner import HubRunner
 from tests.hubrunner import http as hub_http
 
+#: what a notebook's first cell does on a GPU: the driver, a context, 1 GiB of device memory
+CUDA_CELL = """
+import ctypes
+cuda = ctypes.CDLL("libcuda.so.1")
+ctx, ptr = ctypes.c_void_p(), ctypes.c_uint64()
+assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert cuda.cuCtxSetCurrent(ctx) == 0
+print("alloc", cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(1 << 30)))
+"""
+
 ADMISSION = {
     "priority_classes": {
         "high": {"value": 1000, "preempt": True, "borrow": False},
@@ -277,11 +287,13 @@ def kube_stack(
     admission: dict[str, Any] | None = None,
     sizes: list[dict[str, Any]] | None = None,
     extra_config: str = "",
+    emulator_options: dict[str, Any] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Kubernetes mode through the API emulator: one simulated H100 on gpu-node-1, alice's server pod running.
 
     ``admission`` and ``sizes`` replace the defaults (ADMISSION, SIZES); ``extra_config``: lines
-    appended to jupyterhub_config.py."""
+    appended to jupyterhub_config.py; ``emulator_options``: more KubeEmulator arguments (pod_env,
+    node_mounts)."""
     from kubernetes import client as kclient
     from kubernetes import config as kconfig
 
@@ -299,6 +311,7 @@ def kube_stack(
         ],
         namespaces=[NAMESPACE],
         restart_backoff_seconds=1.0,
+        **(emulator_options or {}),
     )
     emulator.start()
     hub = None

@@ -22,7 +22,7 @@ from hubext.metering.record import swapped_periods
 from hubext.metering.store import UsageStore
 from tests.culler.stack import CullerProcess, KernelTab, wait_until
 from tests.hubrunner import HubRunner
-from tests.kernelprovider.helpers import _broker_config, start_servers
+from tests.kernelprovider.helpers import CUDA_CELL, _broker_config, start_servers
 from tests.libvgpu.harness import build_all
 
 SIZES = [{"name": "gpu-10g", "display_name": "GPU 10 GiB", "memory_mib": 10240, "cores_percent": 50}]
@@ -35,16 +35,6 @@ ADMISSION = {
 SPEC = "elastic-gpu-gpu-10g"
 TOKEN = secrets.token_hex(16)  # the culler's
 CAP_MIB = 1536  # swapped-out kernels may hold this much host memory: one 1 GiB kernel, not two
-
-#: what a notebook's first cell does on a GPU: the driver, a context, 1 GiB of device memory
-CUDA_CELL = """
-import ctypes
-cuda = ctypes.CDLL("libcuda.so.1")
-ctx, ptr = ctypes.c_void_p(), ctypes.c_uint64()
-assert cuda.cuInit(0) == 0 and cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-assert cuda.cuCtxSetCurrent(ctx) == 0
-print("alloc", cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(1 << 30)))
-"""
 
 
 def machine_mib() -> int:

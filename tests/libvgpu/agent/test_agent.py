@@ -535,3 +535,53 @@ def test_a_bad_config_file_is_one_line_naming_the_setting(tmp_path):
     assert len(lines) == 1, proc.stderr
     for word in (str(cfg), "action", "Backstop", "'report'", "'kill'", "'explode'"):
         assert word in lines[0], lines[0]
+
+
+# ---- swap: the hub's requests on a kernel pod -------------------------------------------------
+
+
+def ask_swap(node: Node, pod: str, request: dict | str) -> dict:
+    """Annotate the pod as the hub does and wait for the agent's answer of that generation."""
+    text = request if isinstance(request, str) else json.dumps(request)
+    node.emu.patch("pods", pod, {"metadata": {"annotations": {L.A_SWAP: text}}}, NS)
+    generation = request.get("generation") if isinstance(request, dict) else -1
+
+    def answered():
+        status = (node.emu.get("pods", pod, NS)["metadata"].get("annotations") or {}).get(L.A_SWAP_STATUS)
+        data = json.loads(status) if status else None
+        return data if data and data.get("generation") == generation else None
+
+    return wait_for(answered, 20, f"the agent's answer to {text}")
+
+
+def driver_state(node: Node, pid: int) -> str:
+    """The process's checkpoint state, asked of the driver (the double) by another process."""
+    code = "import sys; from libvgpu.checkpoint import CudaCheckpoint as C; print(C().state(int(sys.argv[1])).name)"
+    out = subprocess.run([sys.executable, "-c", code, str(pid)], env={**clean_env(), **node.gpu_env}, cwd=REPO,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def test_the_agent_swaps_a_pods_cuda_processes_out_and_in_when_the_hub_asks(node):
+    pid = node.pids["pod-a"]
+    status = ask_swap(node, "pod-a", {"action": "suspend", "generation": 1, "lock_timeout_ms": 5000})
+    assert status["ok"] is True, (status, node.log())
+    assert status["processes"] == [pid] and status["host_mib"] >= 300, status
+    assert driver_state(node, pid) == "CHECKPOINTED"  # as the driver sees it: its GPU memory is in host memory
+    assert node.emu.get("pods", "pod-a", NS)["status"]["phase"] == "Running"
+
+    # a second suspend of a checkpointed pod is refused by the driver and changes nothing
+    again = ask_swap(node, "pod-a", {"action": "suspend", "generation": 2})
+    assert again["ok"] is False and "CUDA_ERROR_ILLEGAL_STATE" in again["message"] and not again["stuck"], again
+    assert driver_state(node, pid) == "CHECKPOINTED"
+
+    status = ask_swap(node, "pod-a", {"action": "resume", "generation": 3})
+    assert status["ok"] is True and status["processes"] == [pid], status
+    assert driver_state(node, pid) == "RUNNING"
+    assert "resume of pod jhub/pod-a" in node.log()
+
+    # what is not the hub's request shape gets a sentence, and nothing is done
+    bad = ask_swap(node, "pod-a", '{"action": "freeze"}')
+    assert bad == {"generation": -1, "ok": False, "message": f"the {L.A_SWAP} annotation's action must be "
+                   "'suspend' or 'resume'"}, bad

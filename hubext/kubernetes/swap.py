@@ -1,0 +1,135 @@
+"""Swapping a GPU kernel pod out and back in (Kubernetes mode), for ``GPUBroker.suspend`` / ``resume``.
+
+The driver's checkpoint API needs the kernel's *host* pids, which only its node knows: the hub
+asks the node agent by annotating the kernel pod (``elastic-gpu.jupyter.org/swap``: action and
+a generation) and waits for the agent's answer of that generation
+(``elastic-gpu.jupyter.org/swap-status``; see :mod:`libvgpu.agent.swap`). While the answer says
+suspended, the pod holds no slice (:func:`hubext.contract.swapped_out`: the ledger skips it).
+
+A suspend the agent does not answer in ``swap_answer_timeout_seconds`` is given up: the hub
+replaces it by a resume (a later generation), so an agent that acts late undoes it at once, and
+the kernel keeps its slice. A resume takes the new allocation's labels and annotations in the
+same patch, so the pod never names a slice it does not hold. The pod can only use the cards its
+container was given: a resume must land on them (``restorable_on``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from jupyterhub.utils import exponential_backoff
+from kubernetes_asyncio.client.rest import ApiException
+from traitlets import Bool, Float
+from traitlets.config import LoggingConfigurable
+
+from libvgpu.checkpoint import CheckpointError
+from quotas import Allocation
+
+from .. import contract as C
+from ..kernels import KernelRecord
+
+
+class PodSwapMixin(LoggingConfigurable):
+    """Suspend and resume through the node agent, for :class:`KubernetesKernelLauncher`."""
+
+    checkpoints_itself = True
+
+    swap_kernels = Bool(
+        False,
+        config=True,
+        help="""Swap idle GPU kernel pods out (their GPU memory to the node's host memory, their
+        slice back to the pool) instead of culling them; needs the node agent's swap (NodeAgent.
+        swap_interval_seconds > 0) and driver 570+. A swapped-out kernel pod does not yet ask for
+        its GPU back by itself: its next CUDA call waits until it is resumed (POST
+        /hub/api/gpu/kernels/<id>/resume, by its owner or an admin). Default: False (culled).""",
+    )
+    swap_answer_timeout_seconds = Float(
+        60.0,
+        config=True,
+        help="""Seconds the hub waits for the node agent to carry out a suspend or resume of a kernel
+        pod (it copies the kernel's GPU memory: about 1 s per 10 GiB on a GPU). A suspend not
+        answered in time is withdrawn and the kernel keeps its slice; a resume not answered in
+        time stops the kernel. Default: 60.""",
+    )
+
+    async def _ask_agent(self, record: KernelRecord, request: dict[str, Any], metadata: dict | None = None) -> dict:
+        generation = time.time_ns() // 1000
+        body: dict[str, Any] = {"metadata": {"annotations": {}}}
+        if metadata:
+            body["metadata"] = {"labels": metadata.get("labels", {}), "annotations": dict(metadata["annotations"])}
+        body["metadata"]["annotations"][C.A_SWAP] = json.dumps({**request, "generation": generation})
+        what = f"{request['action']} of kernel pod {record.namespace}/{record.holder}"
+        try:
+            await self._call(self.core.patch_namespaced_pod(record.holder, record.namespace, body))
+        except (ApiException, asyncio.TimeoutError) as e:
+            raise CheckpointError(f"the {what} could not be asked for ({e})", 0, request["action"], 0) from None
+
+        async def answered() -> dict | bool:
+            try:
+                pod = await self._call(self.core.read_namespaced_pod(record.holder, record.namespace))
+            except (ApiException, asyncio.TimeoutError) as e:
+                if getattr(e, "status", 0) == 404:
+                    raise CheckpointError(f"the kernel pod is gone ({what})", 0, request["action"], 0) from None
+                return False
+            text = (pod.metadata.annotations or {}).get(C.A_SWAP_STATUS)
+            try:
+                status = json.loads(text) if text else None
+            except ValueError:
+                return False
+            return status if isinstance(status, dict) and status.get("generation") == generation else False
+
+        try:
+            return await exponential_backoff(
+                answered, what, start_wait=0.1, max_wait=1.0, timeout=self.swap_answer_timeout_seconds
+            )
+        except asyncio.TimeoutError:
+            if request["action"] == "suspend":  # withdrawn: an agent acting late restores it at once
+                undo = {"action": "resume", "generation": generation + 1}
+                body = {"metadata": {"annotations": {C.A_SWAP: json.dumps(undo)}}}
+                await self._call(self.core.patch_namespaced_pod(record.holder, record.namespace, body))
+            raise CheckpointError(
+                f"the node agent did not answer the {what} within {self.swap_answer_timeout_seconds:g} s",
+                0,
+                request["action"],
+                0,
+            ) from None
+
+    async def checkpoint_suspend(self, record: KernelRecord, lock_timeout_ms: int) -> tuple[list[int], int]:
+        """Have the node agent checkpoint the pod's CUDA processes: (their host pids, MiB moved to host memory)."""
+        if not self.swap_kernels:
+            raise CheckpointError(
+                "swapping kernel pods is off (KubernetesKernelLauncher.swap_kernels)", 0, "suspend", 0
+            )
+        status = await self._ask_agent(record, {"action": "suspend", "lock_timeout_ms": lock_timeout_ms})
+        if not status.get("ok"):
+            raise CheckpointError(
+                status.get("message") or "the node agent could not swap it out",
+                0,
+                "suspend",
+                0,
+                bool(status.get("stuck")),
+            )
+        return list(status.get("processes") or []), int(status.get("host_mib") or 0)
+
+    def restorable_on(self, record: KernelRecord, allocation: Allocation) -> str:
+        """The pod sees only the cards its container was given: a resume must be granted on them."""
+        before = record.allocation
+        if allocation.node == before.get("node") and set(allocation.gpu_uuids) == set(before.get("gpu_uuids", [])):
+            return ""
+        return (
+            f"its pod can use only the card(s) it started on ({', '.join(before.get('gpu_uuids', []))} on node "
+            f"{before.get('node')}), and the slice free now is elsewhere; the next cell tries again"
+        )
+
+    async def checkpoint_resume(self, record: KernelRecord, allocation: Allocation, remap: dict[str, str]) -> None:
+        """Have the node agent restore the pod's processes; the pod names ``allocation`` from then on."""
+        metadata = {
+            "labels": C.allocation_labels(allocation, record.server_name),
+            "annotations": C.allocation_annotations(allocation),
+        }
+        status = await self._ask_agent(record, {"action": "resume", "remap": remap}, metadata)
+        if not status.get("ok"):
+            raise CheckpointError(status.get("message") or "the node agent could not resume it", 0, "resume", 0, True)
