@@ -342,9 +342,13 @@ class AdmissionState:
                 "capacity is needed back.",
             )
         if self._has_candidates(pc):
+            # A whole card's quota charge is its size: when the quota refuses the card placement
+            # found, evicting may free a smaller card, so the search weighs every node's cards
+            # instead of that placement (it waited with a victim's smaller card in reach).
+            search_base = None if whole and over is not None else base
             search = VictimSearch(
                 self, Ask(m, c, k, whole, group, cpu, hmem), pc, self._predicate[pc.name], levels,
-                asked_for, base,
+                asked_for, search_base,
             )
             solution = search.run()
             if solution is not None:

@@ -1,9 +1,9 @@
 """Preemption: fewest and lowest-priority victims, newest first, never equal or higher priority;
 borrowed allocations go first."""
 
-from quotas import PoolFull
+from quotas import GPU, Node, PoolFull
 
-from .builders import GIB, alloc, node, pool, req, state
+from .builders import GIB, alloc, grant, node, pool, req, state
 
 
 def full_card(*allocs):
@@ -134,3 +134,18 @@ def test_a_request_within_its_quota_reclaims_several_borrowed_allocations():
     )
     d = st.decide(req(memory_gib=50, priority_class="default"))
     assert d.kind == "preempt" and sorted(v.id for v in d.victims) == ["b1", "b2"]
+
+
+def test_a_whole_card_over_quota_on_the_free_card_preempts_for_the_smaller_card_it_frees():
+    """Whole cards are charged their size: with a 40 GiB quota, the 80 GiB card that is free
+    can never be had, but the 40 GiB card a lower-priority allocation holds can (it waited)."""
+    mixed = Node("a", (
+        GPU(uuid="a-gpu0", model="H100-80GB", memory_mib=80 * GIB, index=0),
+        GPU(uuid="a-gpu1", model="A100-40GB", memory_mib=40 * GIB, index=1),
+    ))
+    st = state(pool(mixed), {"vision": {"limits": {"memory_mib": 40 * GIB}}})
+    low = grant(st, req(whole=True, priority_class="low", ws="vision", rid="low"))
+    assert low.gpu_uuids == ("a-gpu1",)
+    d = st.decide(req(whole=True, priority_class="high", ws="vision", rid="high"))
+    assert d.kind == "preempt", d.reason
+    assert [v.id for v in d.victims] == ["low"] and d.allocation.gpu_uuids == ("a-gpu1",)
