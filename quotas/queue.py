@@ -159,25 +159,38 @@ class AdmissionQueue:
         return steps
 
 
+def _shape(request: GPURequest) -> tuple[int, int, int, bool, int, int]:
+    """(memory MiB and cores % per card — 0 for whole cards —, count, whole, CPU, host MiB)."""
+    whole = request.whole
+    return (0 if whole else request.memory_mib, 0 if whole else request.cores_percent,
+            request.count, whole, request.cpu_millicores, request.host_memory_mib)
+
+
+def _capable_cards(ix: CardIndex, request: GPURequest) -> Iterator[tuple[int, list[int]]]:
+    """Each node that could ever take ``request`` (its model's cards, CPU and host memory
+    enough when empty) with its cards big enough for one of the request's slices."""
+    group = request.model.lower() if request.model else ANY
+    m, c, k, whole, cpu, hmem = _shape(request)
+    for ni in ix.capable_nodes(m, c, k, whole, group):
+        if ix.cpu_static[ni] < cpu or ix.hmem_static[ni] < hmem:
+            continue
+        yield ni, [
+            gi for gi in (ix.wgpus if whole else ix.sgpus)[ni].get(group, ())
+            if whole or (ix.cap_m[gi] >= m and ix.cap_c[gi] >= c)
+        ]
+
+
 def reserve(
     state: AdmissionState, request: GPURequest, now: float, spots: int = 1
 ) -> Reservation | None:
     """The node and cards where ``request`` waits for the fewest allocations to leave, and up
     to ``spots - 1`` next-best ones on other nodes (the first of them to clear wins)."""
     ix = state._index
-    group = request.model.lower() if request.model else ANY
-    whole = request.whole
-    m = 0 if whole else request.memory_mib
-    c = 0 if whole else request.cores_percent
-    k, cpu, hmem = request.count, request.cpu_millicores, request.host_memory_mib
+    m, c, k, whole, cpu, hmem = _shape(request)
     options: list[tuple] = []
-    for ni in ix.capable_nodes(m, c, k, whole, group):
-        if ix.cpu_static[ni] < cpu or ix.hmem_static[ni] < hmem:
-            continue
+    for ni, candidates in _capable_cards(ix, request):
         cards = []
-        for gi in (ix.wgpus if whole else ix.sgpus)[ni].get(group, ()):
-            if not whole and (ix.cap_m[gi] < m or ix.cap_c[gi] < c):
-                continue
+        for gi in candidates:
             if ix.on[gi] and any(aid.startswith(HOLD) for aid in ix.on[gi]):
                 continue  # held for a request ahead
             fm = ix.cap_m[gi] - ix.used_m[gi]
@@ -238,20 +251,12 @@ def propose_moves(
     issue of "waiting only on fragmentation"); nothing is moved and ``state`` is left as it
     was. Whole-card and multi-card allocations are never moved."""
     ix = state._index
-    group = request.model.lower() if request.model else ANY
-    whole = request.whole
-    m = 0 if whole else request.memory_mib
-    c = 0 if whole else request.cores_percent
-    k, cpu, hmem = request.count, request.cpu_millicores, request.host_memory_mib
+    m, c, k, whole, cpu, hmem = _shape(request)
     allocs = state.allocations
     options = []
-    for ni in ix.capable_nodes(m, c, k, whole, group):
-        if ix.cpu_static[ni] < cpu or ix.hmem_static[ni] < hmem:
-            continue
+    for ni, candidates in _capable_cards(ix, request):
         cards = []
-        for gi in (ix.wgpus if whole else ix.sgpus)[ni].get(group, ()):
-            if not whole and (ix.cap_m[gi] < m or ix.cap_c[gi] < c):
-                continue
+        for gi in candidates:
             movable = [allocs.get(aid) for aid in ix.on[gi]]
             if any(a is None or a.whole or len(a.gpu_uuids) != 1 for a in movable):
                 continue  # held for someone, claimed elsewhere, whole or multi-card
