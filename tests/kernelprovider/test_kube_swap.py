@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -57,8 +58,11 @@ def stack(tmp_path_factory):
     state = work / "gpu.state"  # the card, shared by the agent (root) and the kernel (jovyan)
     state.touch()
     state.chmod(0o666)
-    for d in (work, *work.parents):  # the kernel's user reaches the double through pytest's 0700 dirs
-        if d == Path("/") or d == Path(tmp_path_factory.getbasetemp()).parent:
+    # the kernel's user (jovyan) reaches the double through pytest's 0700 dirs: every one of them,
+    # up to the system's temp dir (under xdist the tree is one level deeper: pytest-N/popen-gwK)
+    top = Path(tempfile.gettempdir()).resolve()
+    for d in (work, *work.parents):
+        if d in (top, Path("/")):
             break
         d.chmod(d.stat().st_mode | 0o011)
     double = {
