@@ -173,6 +173,10 @@ class ClaimsLedger:
         #: cluster, as last listed (None: unknown, then a silent hub's claims go after the TTL
         #: whatever runs)
         self.running: dict[str, tuple[str, Claim]] | None = None
+        #: when ``running`` was listed (a silent hub is rebuilt only from a list made after it
+        #: went silent: an older list may lack its newer pods, and an empty rebuild drops its entry
+        #: and with it the namespace that lets its pods be found later)
+        self.running_at = 0.0
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -217,6 +221,11 @@ class ClaimsLedger:
             if now - renewed_at <= self.ttl:
                 live[hub] = (renewed_at, claims)
             elif self.running is not None:
+                if self.running_at <= renewed_at + self.ttl:
+                    # the last pod list predates its silence (a claim taken between two syncs):
+                    # keep its entry as it is; the next sync lists the pods and decides
+                    live[hub] = (renewed_at, claims)
+                    continue
                 if where.get(hub):
                     kept = [
                         replace(claim, hub=hub)
@@ -367,7 +376,9 @@ class ClaimsLedger:
         async with self._lock:
             await self._refresh()
             if running is not None and self.silent_hubs():
+                listed_at = time.time()
                 self.running = await running()
+                self.running_at = listed_at
             now = time.time()
             nodes = set(self._objects) | {c.node for c in self.mine.values()}
             for node in sorted(nodes):

@@ -3,9 +3,11 @@ and the claims ledger's own checks."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from hubext.kubernetes.claims import Claim, overbooked, parse, valid_hub_id, without
+from hubext.kubernetes.claims import Claim, ClaimsLedger, overbooked, parse, valid_hub_id, without
 from hubext.kubernetes.pool import KubernetesPool
 from quotas import ConfigError, PoolFull
 from tests.quotas.builders import GIB, alloc, node, pool, req, state
@@ -88,3 +90,23 @@ async def test_a_hub_id_that_cannot_name_a_key_is_refused_with_a_sentence():
     p = KubernetesPool(namespace="ns", claims_namespace="claims", hub_id="teaching hub")
     with pytest.raises(ConfigError, match="KubernetesPool.hub_id 'teaching hub' cannot name a claims entry"):
         await p.start(lambda *_: None)
+
+
+def test_a_silent_hubs_entry_is_rebuilt_only_from_a_pod_list_made_after_it_went_silent():
+    """A claim taken between two syncs rewrites the node's object with the last pod list. If that
+    list predates the other hub's silence it may lack the pods that hub started since; an empty
+    rebuild dropped its entry, and with it the namespace that lets its pods be found: its running
+    pods then went unclaimed for good (seen in the two-hub-process test under CI load)."""
+    ledger = ClaimsLedger(None, "claims", "teaching", ttl_seconds=6, timeout=5, log=logging.getLogger("t"))
+    theirs = Claim("research", "r-new", "a", ("a-gpu0",), 10 * GIB, 20, False)
+    hubs = {"research": (100.0, [theirs])}
+    where = {"research": "research-ns"}
+    # listed at 90 s, before research went silent (at 106 s): its pod r-new is not in the list
+    ledger.running, ledger.running_at = {}, 90.0
+    assert ledger._others_live(hubs, 110.0, "a", where) == {"research": (100.0, [theirs])}
+    # listed after it went silent: what its pods hold is the truth (none here: the entry goes)
+    ledger.running_at = 107.0
+    assert ledger._others_live(hubs, 110.0, "a", where) == {}
+    running_pod = ("research-ns", Claim("", "r-new", "a", ("a-gpu0",), 10 * GIB, 20, False))
+    ledger.running = {"r-new": running_pod}
+    assert ledger._others_live(hubs, 110.0, "a", where) == {"research": (110.0, [theirs])}
