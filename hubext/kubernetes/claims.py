@@ -173,9 +173,10 @@ class ClaimsLedger:
         #: cluster, as last listed (None: unknown, then a silent hub's claims go after the TTL
         #: whatever runs)
         self.running: dict[str, tuple[str, Claim]] | None = None
-        #: when ``running`` was listed (a silent hub is rebuilt only from a list made after it
-        #: went silent: an older list may lack its newer pods, and an empty rebuild drops its entry
-        #: and with it the namespace that lets its pods be found later)
+        #: when ``running`` was last asked for (a silent hub is rebuilt, or expired where pods
+        #: cannot be listed, only after a list asked for since it went silent: an older list may
+        #: lack its newer pods, and an empty rebuild drops its entry and with it the namespace
+        #: that lets its pods be found later)
         self.running_at = 0.0
 
     # ---- reading ------------------------------------------------------------------------
@@ -220,12 +221,11 @@ class ClaimsLedger:
                 continue
             if now - renewed_at <= self.ttl:
                 live[hub] = (renewed_at, claims)
+            elif self.running_at <= renewed_at + self.ttl:
+                # no pod list made since it went silent (a claim taken between two syncs, or
+                # before the first): keep its entry as it is; the next sync lists and decides
+                live[hub] = (renewed_at, claims)
             elif self.running is not None:
-                if self.running_at <= renewed_at + self.ttl:
-                    # the last pod list predates its silence (a claim taken between two syncs):
-                    # keep its entry as it is; the next sync lists the pods and decides
-                    live[hub] = (renewed_at, claims)
-                    continue
                 if where.get(hub):
                     kept = [
                         replace(claim, hub=hub)

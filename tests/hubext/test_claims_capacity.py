@@ -101,6 +101,8 @@ def test_a_silent_hubs_entry_is_rebuilt_only_from_a_pod_list_made_after_it_went_
     theirs = Claim("research", "r-new", "a", ("a-gpu0",), 10 * GIB, 20, False)
     hubs = {"research": (100.0, [theirs])}
     where = {"research": "research-ns"}
+    # never listed yet (a claim before this hub's first sync): kept as it is
+    assert ledger._others_live(hubs, 110.0, "a", where) == {"research": (100.0, [theirs])}
     # listed at 90 s, before research went silent (at 106 s): its pod r-new is not in the list
     ledger.running, ledger.running_at = {}, 90.0
     assert ledger._others_live(hubs, 110.0, "a", where) == {"research": (100.0, [theirs])}
@@ -110,3 +112,6 @@ def test_a_silent_hubs_entry_is_rebuilt_only_from_a_pod_list_made_after_it_went_
     running_pod = ("research-ns", Claim("", "r-new", "a", ("a-gpu0",), 10 * GIB, 20, False))
     ledger.running = {"r-new": running_pod}
     assert ledger._others_live(hubs, 110.0, "a", where) == {"research": (110.0, [theirs])}
+    # asked after it went silent but this hub may not list pods cluster-wide: the TTL decides
+    ledger.running = None
+    assert ledger._others_live(hubs, 110.0, "a", where) == {}
