@@ -39,7 +39,7 @@ from traitlets.config import Config  # noqa: E402
 
 from hubext import contract as C  # noqa: E402
 from hubext.allocator import GPUAllocator  # noqa: E402
-from quotas import GPURequest, Owner  # noqa: E402
+from quotas import GPURequest, Owner, PoolFull  # noqa: E402
 from tests.kubeemu.emulator import KubeEmulator  # noqa: E402
 from tests.kubeemu.fixtures import _point_clients_at as point_clients_at  # noqa: E402
 
@@ -59,8 +59,11 @@ def hub(namespace: str, claims_namespace: str, tag: str) -> GPUAllocator:
     return GPUAllocator(config=c)
 
 
-async def churn(allocator: GPUAllocator, n: int, user: str, times: list[float] | None, rate: float = 0) -> None:
-    """``n`` grants (``rate`` per second at most; 0: as fast as they come), ~8 kept live."""
+async def churn(allocator: GPUAllocator, n: int, user: str, times: list[float] | None, rate: float = 0) -> int:
+    """``n`` decisions (``rate`` per second at most; 0: as fast as they come), ~8 grants kept
+    live. Returns how many were refused: under a flat-out second hub a claim can lose every
+    compare-and-swap round, and the requester gets the pool's "try again" sentence (timed too)."""
+    refused = 0
     live: list[str] = []
     loop = asyncio.get_running_loop()
     began = loop.time()
@@ -69,15 +72,22 @@ async def churn(allocator: GPUAllocator, n: int, user: str, times: list[float] |
             await asyncio.sleep(max(0.0, began + i / rate - loop.time()))
         request = GPURequest(owner=Owner(user=user), memory_mib=1024, cores_percent=5, request_id=f"{user}{i}")
         start = time.perf_counter()
-        allocation = await allocator.allocate(request, queue=False)
+        try:
+            allocation = await allocator.allocate(request, queue=False)
+        except PoolFull:
+            refused += 1
+            allocation = None
         if times is not None:
             times.append(time.perf_counter() - start)
+        if allocation is None:
+            continue
         live.append(allocation.id)
         if len(live) > 8:
             await allocator.release(live.pop(0))
         await asyncio.sleep(0)
     for allocation_id in live:
         await allocator.release(allocation_id)
+    return refused
 
 
 def serve(gpus: int) -> None:
@@ -130,6 +140,7 @@ async def run(args: argparse.Namespace) -> None:
         await churn(hub_a, args.decisions, "c", claimed)
         stats: dict[str, dict[str, int]] = {}
         contended: dict[float, list[float]] = {}
+        refused: dict[float, int] = {}
         for rate in (args.other_rate, 0.0):
             before = dict(hub_a.backend.claims.stats)
             # the second hub is its own process, as a second JupyterHub would be
@@ -147,7 +158,7 @@ async def run(args: argparse.Namespace) -> None:
             assert other.stdout is not None
             await other.stdout.readline()  # "ready": it is started and about to churn
             contended[rate] = []
-            await churn(hub_a, args.decisions, f"x{int(rate)}-", contended[rate])
+            refused[rate] = await churn(hub_a, args.decisions, f"x{int(rate)}-", contended[rate])
             other.kill()
             await other.wait()
             stats[f"{rate:g}"] = {k: v - before.get(k, 0) for k, v in hub_a.backend.claims.stats.items()}
@@ -173,7 +184,8 @@ async def run(args: argparse.Namespace) -> None:
         )
     print(
         f"hub A's ledger writes with the 2nd hub at {args.other_rate:g}/s: {stats[f'{args.other_rate:g}']}, "
-        f"flat out: {stats['0']} (stale: a 409 then a re-read; refused: a ClaimConflict, decided again)"
+        f"flat out: {stats['0']} (stale: a 409 then a re-read; refused: a ClaimConflict, decided again); "
+        f"requests refused after 50 rounds: {refused[args.other_rate]} and {refused[0.0]} of {args.decisions}"
     )
     claimed_p99 = percentile(contended[args.other_rate], 99) * 1000
     flat_p99 = percentile(contended[0.0], 99) * 1000
