@@ -69,6 +69,38 @@ def build_doubles(root: Path) -> Build:
     return b
 
 
+def gpu_node_root(
+    tmp_path_factory: pytest.TempPathFactory, name: str, **double: str
+) -> tuple[Path, Build, dict[str, str]]:
+    """A GPU node's work dir with the doubles built in it, and its driver's environment: one
+    state every process shares, 81559 MiB H100s, an empty XID file; ``double`` adds or overrides
+    ``CUDA_DOUBLE_<KEY>`` settings (e.g. ``DEVICES="2"``)."""
+    try:
+        libvgpu.library_files()
+    except libvgpu.ShimNotBuilt as e:
+        pytest.fail(str(e))
+    root = tmp_path_factory.mktemp(name)
+    build = build_doubles(root / "build")
+    (root / "xid").write_text("")
+    env = {
+        "LD_LIBRARY_PATH": str(build.lib_dir),
+        "CUDA_DOUBLE_STATE": str(root / "gpu.state"),
+        "CUDA_DOUBLE_DEVICES": "1",
+        "CUDA_DOUBLE_MEMORY_MIB": "81559",
+        "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",
+        "CUDA_DOUBLE_XID_FILE": str(root / "xid"),
+    }
+    env.update({f"CUDA_DOUBLE_{key}": value for key, value in double.items()})
+    return root, build, env
+
+
+def add_default_priority_class(emu: KubeEmulator) -> None:
+    """The chart's PriorityClass that GPU pods name (the API server refuses pods naming none)."""
+    emu.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                "metadata": {"name": "elastic-gpu-default"}, "value": 100},
+               "priorityclasses", None, group="scheduling.k8s.io")  # fmt: skip
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -237,24 +269,9 @@ def run_pod(node: Node, name: str, alloc: Allocation | None, steps: list[str], e
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    try:
-        libvgpu.library_files()
-    except libvgpu.ShimNotBuilt as e:
-        pytest.fail(str(e))
-    root = tmp_path_factory.mktemp("agent-node")
-    build = build_doubles(root / "build")
-    gpu_env = {
-        "LD_LIBRARY_PATH": str(build.lib_dir),
-        "CUDA_DOUBLE_STATE": str(root / "gpu.state"),
-        "CUDA_DOUBLE_DEVICES": "2",
-        "CUDA_DOUBLE_MEMORY_MIB": "81559",
-        "CUDA_DOUBLE_CONTEXT_MIB": "0",
-        "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",
-        "CUDA_DOUBLE_MIG": "1:3g.40gb,3g.40gb",
-        "CUDA_DOUBLE_TEMPERATURE_C": "52",
-        "CUDA_DOUBLE_XID_FILE": str(root / "xid"),
-    }
-    (root / "xid").write_text("")
+    root, build, gpu_env = gpu_node_root(
+        tmp_path_factory, "agent-node", DEVICES="2", CONTEXT_MIB="0", MIG="1:3g.40gb,3g.40gb", TEMPERATURE_C="52"
+    )
     emu = KubeEmulator(
         nodes=[NodeSpec(NODE, labels={"nvidia.com/gpu.present": "true"})],
         namespaces=[NS, NS_OTHER_HUB, "ml"],
@@ -267,9 +284,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
         images={"jupyter/gpu*": Image()},
     )
     emu.start()
-    emu.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                "metadata": {"name": "elastic-gpu-default"}, "value": 100},
-               "priorityclasses", None, group="scheduling.k8s.io")
+    add_default_priority_class(emu)
     for ns in (NS, NS_OTHER_HUB):
         create_host_claim(emu, ns, root / "host")  # the chart's claim of the agent's host directory
     n = Node(root, build, emu, root / "host", root / "proc", root / "xid", gpu_env)

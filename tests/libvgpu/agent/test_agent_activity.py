@@ -21,7 +21,6 @@ from collections.abc import Iterator
 
 import pytest
 
-import libvgpu
 from hubext import contract as L
 from libvgpu.agent.activity import ActivityPublisher, PodActivity, needs_patch
 from libvgpu.agent.pods import PodInfo
@@ -36,8 +35,9 @@ from tests.libvgpu.agent.test_agent import (
     NODE,
     NS,
     Node,
+    add_default_priority_class,
     allocation,
-    build_doubles,
+    gpu_node_root,
     gpu_pod,
     run_pod,
     start_agent,
@@ -54,30 +54,13 @@ def activity_of(node: Node, pod: str) -> dict | None:
 
 @pytest.fixture(scope="module")
 def anode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    try:
-        libvgpu.library_files()
-    except libvgpu.ShimNotBuilt as e:
-        pytest.fail(str(e))
-    root = tmp_path_factory.mktemp("activity-node")
-    build = build_doubles(root / "build")
-    gpu_env = {
-        "LD_LIBRARY_PATH": str(build.lib_dir),
-        "CUDA_DOUBLE_STATE": str(root / "gpu.state"),
-        "CUDA_DOUBLE_DEVICES": "1",
-        "CUDA_DOUBLE_MEMORY_MIB": "81559",
-        "CUDA_DOUBLE_CONTEXT_MIB": "0",
-        "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",
-        "CUDA_DOUBLE_XID_FILE": str(root / "xid"),
-    }
-    (root / "xid").write_text("")
+    root, build, gpu_env = gpu_node_root(tmp_path_factory, "activity-node", CONTEXT_MIB="0")
     emu = KubeEmulator(nodes=[NodeSpec(NODE, labels={"nvidia.com/gpu.present": "true"})], namespaces=[NS],
                        pod_env={**gpu_env, "CUDA_DOUBLE_HOST_PROC": HOST_PROC}, restart_backoff_seconds=1.0,
                        node_mounts=[str(root), f"/proc:{HOST_PROC}"],  # see test_agent.node
                        images={"jupyter/gpu*": Image()})  # root: the probe is in a 0700 tmp dir
     emu.start()
-    emu.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                "metadata": {"name": "elastic-gpu-default"}, "value": 100},
-               "priorityclasses", None, group="scheduling.k8s.io")
+    add_default_priority_class(emu)
     create_host_claim(emu, NS, root / "host")
     n = Node(root, build, emu, root / "host", root / "proc", root / "xid", gpu_env)
     n.proc_root.mkdir()

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import pytest
 
-import libvgpu
 from hubext import contract as L
 from tests.kubeemu import KubeEmulator, NodeSpec
 from tests.kubeemu.helpers import create_host_claim
@@ -23,9 +22,10 @@ from tests.libvgpu.agent.test_agent import (
     NS,
     REPO,
     Node,
+    add_default_priority_class,
     allocation,
-    build_doubles,
     clean_env,
+    gpu_node_root,
     gpu_pod,
     start_agent,
     wait_for,
@@ -55,29 +55,14 @@ def stop_agent(n: Node) -> None:
 
 @pytest.fixture(scope="module")
 def unode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
-    try:
-        libvgpu.library_files()
-    except libvgpu.ShimNotBuilt as e:
-        pytest.fail(str(e))
-    root = tmp_path_factory.mktemp("uninstall-node")
-    build = build_doubles(root / "build")
-    gpu_env = {
-        "LD_LIBRARY_PATH": str(build.lib_dir),
-        "CUDA_DOUBLE_STATE": str(root / "gpu.state"),
-        "CUDA_DOUBLE_DEVICES": "1",
-        "CUDA_DOUBLE_MEMORY_MIB": "81559",
-        "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",
-        "CUDA_DOUBLE_XID_FILE": str(root / "xid"),
-    }
-    (root / "xid").write_text("")
+    root, build, gpu_env = gpu_node_root(tmp_path_factory, "uninstall-node")
     orphan = NodeSpec(ORPHAN, labels={L.NODE_GPU_LABEL: "true"}, annotations={L.NODE_GPUS_ANNOTATION: "[]"})
     emu = KubeEmulator(
         nodes=[NodeSpec(NODE, labels={"nvidia.com/gpu.present": "true"}), orphan], namespaces=[NS],
         pod_env=gpu_env, node_mounts=[str(root), f"/proc:{HOST_PROC}"], images={"jupyter/gpu*": Image()},
     )  # fmt: skip
     emu.start()
-    emu.create({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                "metadata": {"name": "elastic-gpu-default"}, "value": 100})  # fmt: skip
+    add_default_priority_class(emu)
     create_host_claim(emu, NS, root / "host")
     n = Node(root, build, emu, root / "host", root / "proc", root / "xid", gpu_env)
     n.proc_root.mkdir()
