@@ -267,6 +267,17 @@ def run_pod(node: Node, name: str, alloc: Allocation | None, steps: list[str], e
     return pid
 
 
+def stop_agent(n: Node) -> None:
+    """SIGTERM the node's agent (SIGKILL after 10 s)."""
+    if n.agent and n.agent.poll() is None:
+        n.agent.send_signal(signal.SIGTERM)
+        try:
+            n.agent.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            n.agent.kill()
+            n.agent.wait()
+
+
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     root, build, gpu_env = gpu_node_root(
@@ -327,13 +338,7 @@ Backstop:
         n.pids["stray"] = stray.pid
         yield n
     finally:
-        if n.agent and n.agent.poll() is None:
-            n.agent.send_signal(signal.SIGTERM)
-            try:
-                n.agent.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                n.agent.kill()
-                n.agent.wait()
+        stop_agent(n)
         for p in n.others:
             if p.poll() is None:
                 p.kill()

@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import signal
-import subprocess
 import time
 from collections.abc import Iterator
 
@@ -41,6 +39,7 @@ from tests.libvgpu.agent.test_agent import (
     gpu_pod,
     run_pod,
     start_agent,
+    stop_agent,
     wait_for,
 )
 
@@ -89,13 +88,7 @@ Backstop:
         n.emu.wait_for_pod_phase("act-b", "Running", NS, timeout=20)
         yield n
     finally:
-        if n.agent and n.agent.poll() is None:
-            n.agent.send_signal(signal.SIGTERM)
-            try:
-                n.agent.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                n.agent.kill()
-                n.agent.wait()
+        stop_agent(n)
         emu.stop()
 
 

@@ -4,7 +4,6 @@ node whose agent does not answer is cleaned of its label and named."""
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from tests.libvgpu.agent.test_agent import (
     gpu_node_root,
     gpu_pod,
     start_agent,
+    stop_agent,
     wait_for,
 )
 
@@ -42,15 +42,6 @@ Backstop:
   interval_seconds: 3600
 """
 
-
-def stop_agent(n: Node) -> None:
-    if n.agent and n.agent.poll() is None:
-        n.agent.send_signal(signal.SIGTERM)
-        try:
-            n.agent.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            n.agent.kill()
-            n.agent.wait()
 
 
 @pytest.fixture(scope="module")
