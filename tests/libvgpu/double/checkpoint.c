@@ -162,20 +162,28 @@ static CUresult cp_step(int pid, CUprocessState from, struct dbl_pid **out) {
     return CUDA_SUCCESS;
 }
 
+/* Lock (RUNNING -> LOCKED: its calls block) or unlock (LOCKED -> RUNNING) ``pid``. */
+static CUresult cp_toggle_lock(int pid, int lock) {
+    dbl_lock();
+    struct dbl_pid *p;
+    CUresult rc = cp_step(pid, lock ? CU_PROCESS_STATE_RUNNING : CU_PROCESS_STATE_LOCKED, &p);
+    if (!rc) {
+        p->cp_state = lock ? CU_PROCESS_STATE_LOCKED : CU_PROCESS_STATE_RUNNING;
+        if (lock)
+            __atomic_add_fetch(&dbl->cp_busy, 1, __ATOMIC_RELEASE);
+        else
+            __atomic_sub_fetch(&dbl->cp_busy, 1, __ATOMIC_RELEASE);
+    }
+    dbl_unlock();
+    return rc;
+}
+
 EXPORT CUresult cuCheckpointProcessLock(int pid, CUcheckpointLockArgs *args) {
     dbl_ready();
     if (dbl_env.cp_unsupported) return CUDA_ERROR_NOT_SUPPORTED;
     if (args && (args->reserved0 || !cp_zero(args->reserved1, sizeof(args->reserved1))))
         return CUDA_ERROR_INVALID_VALUE;
-    dbl_lock();
-    struct dbl_pid *p;
-    CUresult rc = cp_step(pid, CU_PROCESS_STATE_RUNNING, &p);
-    if (!rc) {
-        p->cp_state = CU_PROCESS_STATE_LOCKED;
-        __atomic_add_fetch(&dbl->cp_busy, 1, __ATOMIC_RELEASE);
-    }
-    dbl_unlock();
-    return rc;
+    return cp_toggle_lock(pid, 1);
 }
 
 EXPORT CUresult cuCheckpointProcessCheckpoint(int pid, CUcheckpointCheckpointArgs *args) {
@@ -279,15 +287,7 @@ EXPORT CUresult cuCheckpointProcessUnlock(int pid, CUcheckpointUnlockArgs *args)
     dbl_ready();
     if (dbl_env.cp_unsupported) return CUDA_ERROR_NOT_SUPPORTED;
     if (args && !cp_zero(args, sizeof(*args))) return CUDA_ERROR_INVALID_VALUE;
-    dbl_lock();
-    struct dbl_pid *p;
-    CUresult rc = cp_step(pid, CU_PROCESS_STATE_LOCKED, &p);
-    if (!rc) {
-        p->cp_state = CU_PROCESS_STATE_RUNNING;
-        __atomic_sub_fetch(&dbl->cp_busy, 1, __ATOMIC_RELEASE);
-    }
-    dbl_unlock();
-    return rc;
+    return cp_toggle_lock(pid, 0);
 }
 
 typedef struct CUipcMemHandle_st {
