@@ -35,18 +35,14 @@ from quotas import AdmissionError, Allocation, GPURequest, Owner
 
 from ..allocator import GPUAllocator
 from ..backends import KernelLauncher, LaunchError, ReleaseCause, ServerRef
-from ..gpu_spawner import request_from_section, validate_gpu_section
+from ..gpu_spawner import request_from_section
 from ..hubstart import when_hub_is_up
 from ..kernels import KernelRecord
-from .sizes import SIGNATURE_SCHEMES, BrokerError, validate_sizes
+from .sizes import SIGNATURE_SCHEMES, BrokerError, SizesMixin, validate_sizes
 from .swap import SwapMixin, key_digest
 
-#: what a user's own gpu section may set; the rest (GRANTED_KEYS) comes only from a size they may see
-CUSTOM_KEYS = frozenset({"memory_mib", "cores_percent", "model"})
-GRANTED_KEYS = frozenset({"priority_class", "whole", "count", "mig_profile"})
 
-
-class GPUBroker(SwapMixin, SingletonConfigurable):
+class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
     """The hub's GPU kernel broker: one per hub process, next to the one GPUAllocator."""
 
     kernel_sizes = List(
@@ -232,51 +228,7 @@ class GPUBroker(SwapMixin, SingletonConfigurable):
             return None
         return user.spawners[server_name]
 
-    # ---- sizes and requests ----------------------------------------------------------------
-
-    def sizes_for(self, groups: set[str] | None) -> list[dict[str, Any]]:
-        """Sizes visible to a user in ``groups`` (None: all, for admins)."""
-        out = []
-        for size in self.sizes():
-            allowed = size.get("allowed_groups") or []
-            if groups is None or not allowed or groups & set(allowed):
-                out.append(size)
-        return out
-
-    def resolve_section(self, body: Mapping[str, Any], groups: set[str] | None) -> tuple[str, dict[str, Any]]:
-        """(size name, gpu section) of a create request; BrokerError naming what is allowed."""
-        size_name, gpu = body.get("size"), body.get("gpu")
-        if size_name is not None and gpu is not None:
-            raise BrokerError("Give either 'size' or 'gpu', not both.")
-        if gpu is not None:
-            try:
-                section = validate_gpu_section(gpu, "request")
-            except ValueError as e:
-                raise BrokerError(str(e)) from None
-            names = ", ".join(s["name"] for s in self.sizes_for(groups)) or "none"
-            allowed_groups = set(self.custom_gpu_allowed_groups)
-            may = groups is None or (self.allow_custom_gpu and (not allowed_groups or groups & allowed_groups))
-            if not may:
-                raise BrokerError(f"This hub offers GPU kernels in fixed sizes only; pick a 'size': {names}.", 403)
-            granted = sorted(set(section) & GRANTED_KEYS)
-            if granted and groups is not None:
-                raise BrokerError(
-                    f"A custom 'gpu' section may set only {', '.join(sorted(CUSTOM_KEYS))}; "
-                    f"{', '.join(granted)} come only from a size an admin grants you: pick a 'size' ({names}).",
-                    403,
-                )
-            return "custom", section
-        visible = self.sizes_for(groups)
-        if not isinstance(size_name, str) or not size_name:
-            names = ", ".join(s["name"] for s in visible) or "none"
-            raise BrokerError(f"Name a GPU kernel 'size' (one of: {names}) or give a 'gpu' section.")
-        for size in visible:
-            if size["name"] == size_name:
-                return size_name, dict(size["gpu"])
-        if any(s["name"] == size_name for s in self.sizes()):
-            raise BrokerError(f"GPU kernel size {size_name!r} is not available to you.", 403)
-        names = ", ".join(s["name"] for s in visible) or "none"
-        raise BrokerError(f"No GPU kernel size {size_name!r}; this hub offers: {names}.", 400)
+    # ---- requests ----------------------------------------------------------------------
 
     def owner_for(self, spawner: Any, user_name: str) -> Owner:
         if spawner is not None and hasattr(spawner, "gpu_owner"):

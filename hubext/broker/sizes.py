@@ -23,6 +23,9 @@ SIZE_KEYS = {
 }
 SIGNATURE_SCHEMES = tuple(f"hmac-{name}" for name in ("sha256", "sha512", "sha384", "sha224", "sha1", "md5"))
 _NAME_OK = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
+#: what a user's own gpu section may set; the rest (GRANTED_KEYS) comes only from a size they may see
+CUSTOM_KEYS = frozenset({"memory_mib", "cores_percent", "model"})
+GRANTED_KEYS = frozenset({"priority_class", "whole", "count", "mig_profile"})
 
 
 class BrokerError(GPUSpawnError):
@@ -77,3 +80,56 @@ def _default_display(section: Mapping[str, Any]) -> str:
     if section.get("count", 1) > 1:
         text = f"{section['count']}x {text}"
     return text
+
+
+class SizesMixin:
+    """Which sizes a user sees, and the gpu section a create request resolves to (the broker's
+    ``kernel_sizes``, ``allow_custom_gpu`` and ``custom_gpu_allowed_groups``)."""
+
+    sizes: Any
+    allow_custom_gpu: bool
+    custom_gpu_allowed_groups: Any
+
+    def sizes_for(self, groups: set[str] | None) -> list[dict[str, Any]]:
+        """Sizes visible to a user in ``groups`` (None: all, for admins)."""
+        out = []
+        for size in self.sizes():
+            allowed = size.get("allowed_groups") or []
+            if groups is None or not allowed or groups & set(allowed):
+                out.append(size)
+        return out
+
+    def resolve_section(self, body: Mapping[str, Any], groups: set[str] | None) -> tuple[str, dict[str, Any]]:
+        """(size name, gpu section) of a create request; BrokerError naming what is allowed."""
+        size_name, gpu = body.get("size"), body.get("gpu")
+        if size_name is not None and gpu is not None:
+            raise BrokerError("Give either 'size' or 'gpu', not both.")
+        if gpu is not None:
+            try:
+                section = validate_gpu_section(gpu, "request")
+            except ValueError as e:
+                raise BrokerError(str(e)) from None
+            names = ", ".join(s["name"] for s in self.sizes_for(groups)) or "none"
+            allowed_groups = set(self.custom_gpu_allowed_groups)
+            may = groups is None or (self.allow_custom_gpu and (not allowed_groups or groups & allowed_groups))
+            if not may:
+                raise BrokerError(f"This hub offers GPU kernels in fixed sizes only; pick a 'size': {names}.", 403)
+            granted = sorted(set(section) & GRANTED_KEYS)
+            if granted and groups is not None:
+                raise BrokerError(
+                    f"A custom 'gpu' section may set only {', '.join(sorted(CUSTOM_KEYS))}; "
+                    f"{', '.join(granted)} come only from a size an admin grants you: pick a 'size' ({names}).",
+                    403,
+                )
+            return "custom", section
+        visible = self.sizes_for(groups)
+        if not isinstance(size_name, str) or not size_name:
+            names = ", ".join(s["name"] for s in visible) or "none"
+            raise BrokerError(f"Name a GPU kernel 'size' (one of: {names}) or give a 'gpu' section.")
+        for size in visible:
+            if size["name"] == size_name:
+                return size_name, dict(size["gpu"])
+        if any(s["name"] == size_name for s in self.sizes()):
+            raise BrokerError(f"GPU kernel size {size_name!r} is not available to you.", 403)
+        names = ", ".join(s["name"] for s in visible) or "none"
+        raise BrokerError(f"No GPU kernel size {size_name!r}; this hub offers: {names}.", 400)
