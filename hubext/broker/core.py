@@ -38,6 +38,7 @@ from ..backends import KernelLauncher, LaunchError, ReleaseCause, ServerRef
 from ..gpu_spawner import request_from_section
 from ..hubstart import when_hub_is_up
 from ..kernels import KernelRecord
+from ..metering.meter import UsageMeter
 from .sizes import SIGNATURE_SCHEMES, BrokerError, SizesMixin, validate_sizes
 from .swap import SwapMixin, key_digest
 
@@ -390,6 +391,7 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
                     raise BrokerError("This GPU kernel belongs to a server that no longer runs.", 409)
             if record.swap:  # swapped out: its process (and the files it kept) go, a fresh one takes a slice
                 await self.allocator.backend.forget(record.allocation_id)
+                UsageMeter.instance().swap_ended(record.allocation_id, "restarted while swapped out")
                 record.swap = {}
                 self.launcher.mark_swapped(record, False)
             allocation = self.allocator.get(record.allocation_id)
@@ -450,6 +452,7 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
             finally:
                 if record.swap:  # its slice was released when it was swapped out: only its files are left
                     await self.allocator.backend.forget(record.allocation_id)
+                    UsageMeter.instance().swap_ended(record.allocation_id, why)  # metering: its swapped period ends
                 await self._release(record.allocation_id, why, cause)
                 self._persist()
                 self._locks.pop(record.id, None)

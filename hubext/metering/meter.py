@@ -211,6 +211,15 @@ class UsageMeter(SingletonConfigurable):
         if self.recorder is not None:
             self._submit({"event": "resumed", "id": allocation_id, "resumes": previous_id})
 
+    def swap_ended(self, previous_id: str, why: str, at: float | None = None) -> None:
+        """Say that the kernel swapped out of ``previous_id`` was stopped before it resumed: its
+        swapped period ends now (``at``). For the swap code, when it deletes a swapped-out kernel;
+        never waits."""
+        if self.recorder is not None:
+            self._submit(
+                {"event": "swap_ended", "id": previous_id, "at": time.time() if at is None else at, "why": why}
+            )
+
     def _submit(self, event: dict[str, Any]) -> None:
         if not self.recorder.submit(event) and self.metrics is not None:
             self.metrics.dropped.inc()

@@ -54,6 +54,10 @@ class UsageRecord:
     #: and resumed in this slice (UsageMeter.resumed; revision 0004). The gap between the two is
     #: the swapped period (swapped_periods()).
     resumes: str | None = None
+    #: of a record released as 'swapped': when its swapped period ended, at its resume's grant or
+    #: when the kernel was stopped while swapped out (UsageMeter.swap_ended); None: still swapped
+    #: out (revision 0005)
+    swap_ended_at: float | None = None
 
     @classmethod
     def from_allocation(
@@ -114,13 +118,14 @@ class UsageRecord:
 SWAPPED = "swapped"
 
 
-def swapped_periods(records: Iterable[UsageRecord]) -> list[tuple[UsageRecord, float, UsageRecord | None]]:
-    """(record swapped out, when, the record that resumed it or None: still swapped out) for every
-    record released as swapped: the kernel held no slice from its release to the resume's grant."""
+def swapped_periods(records: Iterable[UsageRecord]) -> list[tuple[UsageRecord, float, float | None]]:
+    """(record swapped out, from, until or None: still swapped out) for every record released as
+    swapped: the kernel held no slice from its release until its resume was granted or it was
+    stopped while swapped out (``swap_ended_at``; a resume among ``records`` also ends it)."""
     records = list(records)
-    resumed_by = {r.resumes: r for r in records if r.resumes}
+    resumed_at = {r.resumes: r.granted_at for r in records if r.resumes}
     return [
-        (r, r.released_at, resumed_by.get(r.id))
+        (r, r.released_at, r.swap_ended_at if r.swap_ended_at is not None else resumed_at.get(r.id))
         for r in records
         if r.release_cause == SWAPPED and r.released_at is not None
     ]

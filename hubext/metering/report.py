@@ -10,6 +10,10 @@ counts until ``now``). For that part, of ``h`` hours, it adds:
 - ``busy_gpu_hours`` / ``idle_gpu_hours``: ``gpu_hours`` split by the busy fraction measured by
   the activity samples (busy seconds / sampled seconds); records without activity add to
   ``unmetered_gpu_hours`` instead. ``idle_gpu_hours`` is the waste the culler could reclaim;
+- ``swapped_hours``: of a kernel swapped out to host memory (docs/culler.md), the hours from its
+  release (cause ``swapped``) until it resumed or was stopped, inside the period: it kept its
+  state and held no slice, so these hours cost nothing and are not in ``gpu_hours``; they fall
+  in the groups of the record it was swapped out of;
 - ``cost``: from the :class:`~.prices.PriceTable`; records whose model has no price add to
   ``unpriced_gpu_hours`` instead.
 
@@ -29,7 +33,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .prices import PriceTable
-from .record import UsageRecord
+from .record import UsageRecord, swapped_periods
 
 GROUP_KEYS = ("user", "namespace", "workspace", "group", "model", "kind", "node", "priority_class", "day", "month")
 METRICS = (
@@ -40,6 +44,7 @@ METRICS = (
     "busy_gpu_hours",
     "idle_gpu_hours",
     "unmetered_gpu_hours",
+    "swapped_hours",
     "cost",
     "unpriced_gpu_hours",
 )
@@ -160,13 +165,24 @@ def usage_report(
     bucket = "day" if "day" in by else "month" if "month" in by else None
     groups: dict[tuple[str, ...], dict[str, Any]] = {}
     sessions: dict[tuple[str, ...], set[str]] = {}
+
+    def key_of(record: UsageRecord, label: str) -> tuple[str, ...]:
+        return tuple(label if k in ("day", "month") else str(getattr(record, _RECORD_KEYS.get(k, k))) for k in by)
+
+    records = list(records)
     for record in records:
         t0, t1 = max(start, record.granted_at), min(end, record.end(now))
         for label, a, b in pieces(t0, t1, bucket):
-            key = tuple(label if k in ("day", "month") else str(getattr(record, _RECORD_KEYS.get(k, k))) for k in by)
+            key = key_of(record, label)
             row = groups.setdefault(key, _empty())
             sessions.setdefault(key, set()).add(record.id)
             _add(row, record, (b - a) / 3600.0, prices)
+    for record, swapped_at, until in swapped_periods(records):
+        t0, t1 = max(start, swapped_at), min(end, now if until is None else until)
+        for label, a, b in pieces(t0, t1, bucket):
+            row = groups.setdefault(key_of(record, label), _empty())
+            sessions.setdefault(key_of(record, label), set())
+            row["swapped_hours"] += (b - a) / 3600.0
     rows = []
     for key in sorted(groups):
         row = groups[key]

@@ -49,6 +49,8 @@ usage = Table(
     Column("busy_periods", Text, nullable=True),  # "0-30,90-150": seconds from the grant; NULL: unknown
     # revision 0004: the record this one continues after its kernel was swapped out
     Column("resumes", String(255), nullable=True),
+    # revision 0005: when its swapped period ended (its resume's grant, or the kernel stopped while swapped out)
+    Column("swap_ended_at", Double, nullable=True),
     Index("ix_elastic_gpu_usage_granted_at", "granted_at"),
     Index("ix_elastic_gpu_usage_released_at", "released_at"),
     Index("ix_elastic_gpu_usage_user", "user"),

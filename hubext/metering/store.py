@@ -14,7 +14,10 @@ idempotent (a replayed batch changes nothing):
 - ``{"event": "released", "id", "at", "cause", "why"}``: close it (first close wins);
 - ``{"event": "activity", "id", "busy_seconds", ...}``: absolute activity totals of an open record;
 - ``{"event": "resumed", "id", "resumes"}``: this record continues ``resumes`` (a kernel swapped
-  out, released with cause ``swapped``, and resumed in this slice);
+  out, released with cause ``swapped``, and resumed in this slice): that one's swapped period
+  ends at this one's grant;
+- ``{"event": "swap_ended", "id", "at", "why"}``: the kernel swapped out of record ``id`` was
+  stopped before it resumed: its swapped period ends at ``at`` (the first end wins);
 - ``{"event": "reconcile", "at", "live": [record, ...]}``: the allocator's ledger at ``at``:
   insert live allocations the store misses, mark them seen, and close open records that are
   no longer live at the last time they were seen (cause ``unrecorded``).
@@ -35,7 +38,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, and_, bindparam, create_engine, insert, or_, select, update
 from sqlalchemy.engine import Connection
 
-from .record import UNRECORDED, UsageRecord
+from .record import SWAPPED, UNRECORDED, UsageRecord
 from .schema import VERSION_TABLE, usage
 
 MIGRATIONS = Path(__file__).parent / "migrations"
@@ -56,7 +59,7 @@ def _chunks(items: list[Any], size: int) -> Iterable[list[Any]]:
         yield items[i : i + size]
 
 
-_KIND_ORDER = {"granted": 0, "activity": 1, "resumed": 1, "released": 2}
+_KIND_ORDER = {"granted": 0, "activity": 1, "resumed": 1, "released": 2, "swap_ended": 3}
 
 
 def _by_kind(events: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -173,6 +176,21 @@ class UsageStore:
                         update(usage).where(usage.c.id == bindparam("b_id")).values(resumes=bindparam("b_resumes")),
                         [{"b_id": e["id"], "b_resumes": e["resumes"]} for e in run],
                     )
+                    resume = usage.alias("resume")
+                    granted = select(resume.c.granted_at).where(resume.c.id == bindparam("b_id")).scalar_subquery()
+                    db.execute(
+                        update(usage)
+                        .where(usage.c.id == bindparam("b_resumes"), usage.c.swap_ended_at.is_(None))
+                        .values(swap_ended_at=granted),
+                        [{"b_id": e["id"], "b_resumes": e["resumes"]} for e in run],
+                    )
+                elif kind == "swap_ended":
+                    db.execute(
+                        update(usage)
+                        .where(usage.c.id == bindparam("b_id"), usage.c.swap_ended_at.is_(None))
+                        .values(swap_ended_at=bindparam("b_at")),
+                        [{"b_id": e["id"], "b_at": e["at"]} for e in run],
+                    )
                 elif kind == "reconcile":
                     for event in run:
                         self._reconcile(db, event["at"], event["live"])
@@ -214,14 +232,18 @@ class UsageStore:
     def records(
         self, start: float | None = None, end: float | None = None, users: Iterable[str] | None = None
     ) -> list[UsageRecord]:
-        """Records that overlap [start, end) (open records overlap everything after their grant)."""
+        """Records that overlap [start, end) (open records overlap everything after their grant),
+        and records whose swapped period does (released as swapped before ``start``)."""
         self.ensure_schema()
         query = select(usage)
         conditions = []
         if end is not None:
             conditions.append(usage.c.granted_at < end)
         if start is not None:
-            conditions.append(or_(usage.c.released_at.is_(None), usage.c.released_at > start))
+            swapped_into = and_(
+                usage.c.release_cause == SWAPPED, or_(usage.c.swap_ended_at.is_(None), usage.c.swap_ended_at > start)
+            )
+            conditions.append(or_(usage.c.released_at.is_(None), usage.c.released_at > start, swapped_into))
         if users is not None:
             conditions.append(usage.c.user.in_(list(users)))
         if conditions:

@@ -159,13 +159,15 @@ def test_idle_kernel_is_swapped_out_its_slice_serves_a_waiting_kernel_and_it_res
 
         def linked() -> list:
             mine = [r for r in store.records() if r.user == "alice"]
-            return [period for period in swapped_periods(mine) if period[2] is not None]
+            return [(p, r) for p in swapped_periods(mine) if p[2] is not None for r in mine if r.resumes == p[0].id]
 
-        ((swapped, swapped_at, resume),) = hub.wait_for(linked, 30, what="alice's swapped record and its resume")
+        (((swapped, swapped_at, ended), resume),) = hub.wait_for(
+            linked, 30, what="alice's swapped record and its resume"
+        )
     finally:
         store.close()
     assert (swapped.kind, swapped.release_cause, resume.resumes) == ("kernel", "swapped", swapped.id)
-    assert swapped.granted_at < swapped_at <= resume.granted_at and resume.released_at is None
+    assert swapped.granted_at < swapped_at <= resume.granted_at == ended and resume.released_at is None
     alice.close()
     bob.close()
     servers["alice"].api("DELETE", f"/sessions/{session['id']}")
@@ -176,7 +178,7 @@ def test_culler_swaps_idle_kernels_out_culls_what_cannot_be_swapped_with_the_rea
     stack,
 ):
     hub, servers, work = stack
-    started, tabs = {}, {}
+    started, tabs, since = {}, {}, time.time()
     for user in ("alice", "bob"):
         status, session = servers[user].start_session(SPEC)
         assert status == 201, session
@@ -213,6 +215,18 @@ def test_culler_swaps_idle_kernels_out_culls_what_cannot_be_swapped_with_the_rea
         status, kernels = hub.api("GET", "/gpu/kernels")
         assert not [k for k in kernels["kernels"] if k["kernel_id"] in started.values()], kernels
         assert f"GPU kernel {alice_id} of alice resumed" not in hub.log_tail(400)
+        # her usage: the swapped period ends when the culler shut the kernel down (docs/metering.md)
+        store = UsageStore(f"sqlite:///{hub.workdir / 'jupyterhub.sqlite'}")
+        try:
+
+            def ended() -> list:
+                mine = [r for r in store.records() if r.user == "alice"]
+                return [p for p in swapped_periods(mine) if p[1] >= since and p[2] is not None]
+
+            ((swapped, swapped_at, until),) = hub.wait_for(ended, 30, what="alice's swapped period ended")
+        finally:
+            store.close()
+        assert swapped.release_cause == "swapped" and swapped_at <= until
     finally:
         culler.stop()
         tabs["alice"].close()

@@ -173,6 +173,7 @@ async def test_the_usage_page_in_a_browser_shows_everyone_to_an_admin_and_only_t
             )
             if name == "usage-admin":
                 assert "Everyone's GPU use" in text and "alice" in rows
+                assert "kernel-hours swapped out" in text and "swapped out (h)" in text
                 assert await browser.evaluate("document.querySelectorAll('.egpu-chart svg rect title').length") >= 2
                 assert (
                     await browser.evaluate(

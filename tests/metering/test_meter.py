@@ -109,9 +109,21 @@ async def test_a_swapped_out_kernel_is_recorded_as_swapped_and_its_resume_contin
         second = await allocator.allocate(request("alice", 20, "k-1", kind="kernel"))
         meter.resumed(second.id, first.id)
         assert meter.recorder.flush()
-        ((swapped, start, resume),) = swapped_periods(meter.store.records())
-        assert (swapped.id, swapped.release_cause, resume.id) == (first.id, "swapped", second.id)
-        assert start == swapped.released_at <= resume.granted_at
+        ((swapped, start, ended),) = swapped_periods(meter.store.records())
+        resume = meter.store.records()[-1]
+        assert (swapped.id, swapped.release_cause, resume.id, resume.resumes) == (
+            first.id,
+            "swapped",
+            second.id,
+            first.id,
+        )
+        assert start == swapped.released_at <= resume.granted_at == ended
+        # swapped out again, then shut down while swapped out: the swapped period ends there
+        await allocator.release(second.id, "idle again", ReleaseCause.SWAPPED)
+        meter.swap_ended(second.id, "kernel shut down while swapped out")
+        assert meter.recorder.flush()
+        periods = {r.id: (start, ended) for r, start, ended in swapped_periods(meter.store.records())}
+        assert periods[second.id][1] is not None and periods[second.id][1] >= periods[second.id][0]
     finally:
         meter.close()
         await allocator.backend.stop()

@@ -4,6 +4,7 @@ refused with a sentence naming the key, CSV round trip, capacity planning by han
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 
@@ -35,7 +36,7 @@ def rec(rid, user, model, card, memory, cores, t0, t1, count=1, whole=False, bus
         user=user,
         namespace=kw.get("namespace", "default"),
         workspace=kw.get("workspace", "default"),
-        kind="notebook",
+        kind=kw.get("kind", "notebook"),
         priority_class="",
         node="n1",
         gpu_uuids=",".join(f"{rid}-gpu{i}" for i in range(count)),
@@ -80,6 +81,7 @@ def test_report_by_user_matches_the_hand_computed_example():
             "busy_gpu_hours": 0.25,
             "idle_gpu_hours": 0.75,
             "unmetered_gpu_hours": 4.0,
+            "swapped_hours": 0.0,
             "cost": 1.0 * 4.0 + 2 * 2 * 4.0,
             "unpriced_gpu_hours": 0.0,
         }
@@ -92,6 +94,34 @@ def test_report_by_user_matches_the_hand_computed_example():
     assert report.totals["gpu_hours"] == pytest.approx(6.75)
     assert report.totals["cost"] == pytest.approx(23.0)
     assert report.currency == "EUR"
+
+
+def test_swapped_hours_count_the_time_a_kernel_held_no_slice_inside_the_period():
+    """A kernel swapped out from 2 h to 5 h (then resumed) and one swapped out from 8 h and never
+    resumed (counts until the period's end): its slice's GPU-hours stop, its swapped hours run."""
+    swapped = dataclasses.replace(
+        rec("s1", "dora", "H100-80GB", 81920, 20480, 25, 1 * H, 2 * H, kind="kernel"),
+        release_cause="swapped",
+        swap_ended_at=5 * H,
+    )
+    resumed = dataclasses.replace(rec("s2", "dora", "H100-80GB", 81920, 20480, 25, 5 * H, 6 * H), resumes="s1")
+    still = dataclasses.replace(rec("s3", "dora", "H100-80GB", 81920, 20480, 25, 7 * H, 8 * H), release_cause="swapped")
+    ended_before = dataclasses.replace(
+        rec("s4", "erin", "H100-80GB", 81920, 20480, 25, -3 * H, -2 * H), release_cause="swapped", swap_ended_at=-H
+    )
+    report = usage_report([swapped, resumed, still, ended_before], 0.0, 10 * H, ["user"], now=12 * H)
+    (dora,) = report.rows
+    assert dora["swapped_hours"] == pytest.approx(3 + 2)
+    assert dora["slice_hours"] == pytest.approx(1 + 1 + 1) and dora["sessions"] == 3
+    assert report.totals["swapped_hours"] == pytest.approx(5)
+    # by day: the swapped hours fall in the day they were swapped out in
+    t0 = parse_time("2026-11-01T23:00:00Z")
+    night = dataclasses.replace(
+        rec("n", "dora", "H100-80GB", 81920, 20480, 25, t0 - H, t0), release_cause="swapped", swap_ended_at=t0 + 2 * H
+    )
+    by_day = usage_report([night], parse_time("2026-11-01"), parse_time("2026-11-03"), ["day"])
+    assert [(r["day"], r["swapped_hours"]) for r in by_day.rows] == [("2026-11-01", 1.0), ("2026-11-02", 1.0)]
+    assert "swapped_hours" in report_csv(report).splitlines()[0]
 
 
 def test_by_day_splits_a_session_at_midnight_utc():

@@ -41,7 +41,7 @@ def test_an_empty_database_is_migrated_to_head(tmp_path):
     store = UsageStore(f"sqlite:///{tmp_path / 'hub.sqlite'}")
     assert store.revision() is None
     store.upgrade()
-    assert store.revision() == head_revision() == "0004"
+    assert store.revision() == head_revision() == "0005"
     columns = {c["name"] for c in inspect(store.engine).get_columns("elastic_gpu_usage")}
     assert {
         "busy_seconds",
@@ -208,7 +208,7 @@ def test_a_swapped_out_kernel_and_its_resume_express_the_swapped_period_from_the
     path = tmp_path / "hub.sqlite"
     store = UsageStore(f"sqlite:///{path}")
     store.upgrade("0003")
-    old = {k: v for k, v in record("old").items() if k != "resumes"}  # a row the 0003 code wrote
+    old = {k: v for k, v in record("old").items() if k not in ("resumes", "swap_ended_at")}  # a 0003 row
     with sqlite3.connect(path) as db:
         db.execute(
             f"INSERT INTO elastic_gpu_usage ({', '.join(old)}) VALUES ({', '.join('?' * len(old))})", list(old.values())
@@ -227,7 +227,54 @@ def test_a_swapped_out_kernel_and_its_resume_express_the_swapped_period_from_the
     )
     by_id = {r.id: r for r in store.records()}
     assert by_id["old"].resumes is None and by_id["k-1"].resumes == "k-0"
-    periods = {
-        r.id: (start, resume.granted_at if resume else None) for r, start, resume in swapped_periods(by_id.values())
-    }
+    periods = {r.id: (start, ended) for r, start, ended in swapped_periods(by_id.values())}
     assert periods == {"k-0": (1600.0, 4000.0), "j-0": (2000.0, None)}  # j-0: still swapped out
+
+
+def test_a_kernel_stopped_while_swapped_out_ends_its_swapped_period_and_later_periods_still_see_it(tmp_path):
+    """A swapped-out kernel that is culled or shut down before it resumes has no resume to end its
+    swapped period: the 'swap_ended' event does. A record released (swapped) before a report's
+    period whose swapped time reaches into it is still returned for that period."""
+    store = UsageStore(f"sqlite:///{tmp_path / 'hub.sqlite'}")
+    store.upgrade()
+    events = [
+        {"event": "granted", "record": record("k-0", granted_at=1000.0, kind="kernel")},
+        {"event": "released", "id": "k-0", "at": 1600.0, "cause": "swapped", "why": "idle"},
+        {"event": "granted", "record": record("k-1", granted_at=4000.0, kind="kernel")},
+        {"event": "resumed", "id": "k-1", "resumes": "k-0"},
+        {"event": "granted", "record": record("j-0", granted_at=1000.0, kind="kernel")},
+        {"event": "released", "id": "j-0", "at": 2000.0, "cause": "swapped"},
+        {"event": "swap_ended", "id": "j-0", "at": 3000.0, "why": "culled: swapped out 1 h"},
+        {"event": "swap_ended", "id": "j-0", "at": 3900.0, "why": "a repeat changes nothing"},
+        {"event": "granted", "record": record("m-0", granted_at=1000.0, kind="kernel")},
+        {"event": "released", "id": "m-0", "at": 2500.0, "cause": "swapped"},
+        {"event": "granted", "record": record("old", granted_at=1000.0)},
+        {"event": "released", "id": "old", "at": 2000.0, "cause": "stopped"},
+    ]
+    store.apply(events)
+    periods = {r.id: (start, ended) for r, start, ended in swapped_periods(store.records())}
+    assert periods == {"k-0": (1600.0, 4000.0), "j-0": (2000.0, 3000.0), "m-0": (2500.0, None)}
+    # from 3500 on: k-0 was swapped out until 4000 and m-0 still is; j-0's period and 'old' ended before
+    assert sorted(r.id for r in store.records(start=3500.0, end=9000.0)) == ["k-0", "k-1", "m-0"]
+    assert sorted(r.id for r in store.records(start=4500.0, end=9000.0)) == ["k-1", "m-0"]
+
+
+def test_the_0005_migration_ends_the_swapped_periods_of_resumed_kernels(tmp_path):
+    path = tmp_path / "hub.sqlite"
+    store = UsageStore(f"sqlite:///{path}")
+    store.upgrade("0004")
+    rows = [
+        record("k-0", granted_at=1000.0, kind="kernel", released_at=1600.0, release_cause="swapped"),
+        record("k-1", granted_at=4000.0, kind="kernel", resumes="k-0"),
+        record("j-0", granted_at=1000.0, kind="kernel", released_at=2000.0, release_cause="swapped"),
+    ]
+    with sqlite3.connect(path) as db:
+        for row in rows:
+            row.pop("swap_ended_at", None)  # a row the 0004 code wrote
+            db.execute(
+                f"INSERT INTO elastic_gpu_usage ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
+                list(row.values()),
+            )
+    store.upgrade()
+    by_id = {r.id: r for r in store.records()}
+    assert (by_id["k-0"].swap_ended_at, by_id["j-0"].swap_ended_at, by_id["k-1"].swap_ended_at) == (4000.0, None, None)
