@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,8 @@ class GPUAllocator(SingletonConfigurable):
         self.listeners: list[Listener] = []
         #: allocation id -> why: holders being stopped on purpose (expect_stop)
         self._stopping: dict[str, str] = {}
+        #: allocation id -> why its old holder went ('' while none was reported): holders being replaced
+        self._handovers: dict[str, str] = {}
 
     # ---- start-up -------------------------------------------------------------------------
 
@@ -402,7 +405,30 @@ class GPUAllocator(SingletonConfigurable):
         the stop releases the slice, the release is still a stop (the usage record says so)."""
         self._stopping[allocation_id] = why
 
+    @asynccontextmanager
+    async def handover(self, allocation_id: str) -> AsyncIterator[None]:
+        """The holder of ``allocation_id`` is being replaced by a new one (called by
+        ``GPUBroker.restart`` around the launcher's restart and the bind of the new holder).
+
+        jupyter_client asks the old kernel to shut down before it asks for the restart, so the old
+        process (or pod) may end before the new one exists or is bound. Until the handover ends, the
+        pool's report that the holder is gone is about the old holder and keeps the slice for the
+        new one. If the handover fails after such a report, the slice is released then."""
+        self._handovers[allocation_id] = ""
+        try:
+            yield
+        except BaseException:
+            why = self._handovers.pop(allocation_id, "")
+            if why:
+                await self.release(allocation_id, why, ReleaseCause.HOLDER_GONE)
+            raise
+        self._handovers.pop(allocation_id, None)
+
     async def _holder_gone(self, allocation_id: str, why: str) -> None:
+        if allocation_id in self._handovers:  # the old holder of a restart: the new one takes over
+            self._handovers[allocation_id] = why
+            self.log.info("GPU slice %s: %s; kept for the holder replacing it", allocation_id, why)
+            return
         stopping = self._stopping.get(allocation_id)
         if stopping is not None:  # the pod went because its spawner stopped it
             await self.release(allocation_id, stopping, ReleaseCause.STOPPED)

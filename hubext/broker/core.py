@@ -377,7 +377,7 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
 
     async def restart(self, record: KernelRecord) -> KernelRecord:
         """A new kernel process in the same slice (re-admitted only if the slice was lost)."""
-        async with self._lock(record.id):
+        async with self._lock(record.id), self.allocator.handover(record.allocation_id):
             if record.id not in self.kernels:
                 raise BrokerError("This GPU kernel was deleted.", 404)
             spawner = self.spawner_for(record.user, record.server_name)

@@ -4,7 +4,9 @@ The hub writes the connection file (0600, the kernel's key) into a per-kernel di
 user cannot write; the shim's limits file and region come from the pool, as for notebooks.
 The kernel records are kept in the pool's ledger, so a restarted hub finds its kernels again.
 A restart starts the replacement process first (new ports, same allocation), then stops the
-old one, so the allocation is held by a live holder at every instant.
+old one. The old one may have exited already (jupyter_client sends it ``shutdown_request``
+before it asks for the restart): the broker restarts inside ``GPUAllocator.handover``, so the
+pool's report that the old holder is gone does not take the slice from the new process.
 """
 
 from __future__ import annotations

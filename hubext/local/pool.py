@@ -414,6 +414,8 @@ class LocalPool(PoolBackend):
         for row in self.ledger.rows():
             holder, started = row["holder"], row["holder_started"]
             if holder and holder.isdigit() and not process_alive(int(holder), started):
+                if self.ledger.holders().get(row["id"]) != holder:
+                    continue  # re-bound (a restarted kernel) or released while an earlier report was handled
                 gone.append(row["id"])
                 why = f"process {holder} exited"
                 if self._on_gone is not None:

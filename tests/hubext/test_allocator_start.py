@@ -68,3 +68,34 @@ async def test_no_queue_request_is_decided_once_with_the_queue_and_refused_with_
         assert released == [ReleaseCause.STOPPED]
     finally:
         await allocator.backend.stop()
+
+
+async def test_a_holder_gone_during_a_handover_keeps_the_slice_unless_the_handover_fails(tmp_path):
+    """A kernel restart replaces the holder: the old one's end is not the slice's end, unless no new
+    holder comes (then the slice is released as its holder's, when the handover fails)."""
+    allocator = _allocator(tmp_path, "local")
+    released = []
+
+    def listen(event, allocation, why, cause):
+        if event == "released":
+            released.append((allocation.id, cause))
+
+    allocator.listeners.append(listen)
+    try:
+        kept = await allocator.allocate(_request("alice", 1024, "a"), queue=False)
+        async with allocator.handover(kept.id):
+            await allocator._holder_gone(kept.id, "process 1 exited")
+            assert allocator.get(kept.id) is not None
+        assert allocator.get(kept.id) is not None and released == []
+
+        lost = await allocator.allocate(_request("alice", 1024, "b"), queue=False)
+        with pytest.raises(RuntimeError):
+            async with allocator.handover(lost.id):
+                await allocator._holder_gone(lost.id, "process 2 exited")
+                raise RuntimeError("the new kernel process did not start")
+        assert allocator.get(lost.id) is None and released == [(lost.id, ReleaseCause.HOLDER_GONE)]
+
+        await allocator._holder_gone(kept.id, "process 3 exited")  # no handover: the slice goes
+        assert allocator.get(kept.id) is None
+    finally:
+        await allocator.backend.stop()

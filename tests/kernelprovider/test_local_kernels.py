@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,17 @@ def stack(tmp_path_factory):
 
 
 @pytest.fixture()
-def alice(stack) -> Server:
+def alice(stack) -> Iterator[Server]:
     hub, tokens, _, _ = stack
-    return Server(hub, "alice", tokens["alice"])
+    server = Server(hub, "alice", tokens["alice"])
+    yield server
+    # a test that failed half-way must not leave its kernel behind to fill alice's quota for the
+    # tests after it: her sessions are shut down, then whatever GPU kernel of hers is left
+    status, sessions = server.api("GET", "/sessions")
+    for session in sessions if status == 200 else []:
+        server.api("DELETE", f"/sessions/{session['id']}")
+    for record in broker_kernels(hub, "alice"):
+        hub.api("DELETE", f"/gpu/kernels/{record['id']}")
 
 
 def broker_kernels(hub: HubRunner, user: str | None = None) -> list[dict]:

@@ -121,6 +121,37 @@ async def test_a_holder_that_exits_is_reported_gone_and_its_files_removed(tmp_pa
         await pool.stop()
 
 
+async def test_a_holder_bound_again_while_the_check_reports_another_is_not_reported_gone(tmp_path):
+    """One holder check finds two dead holders; while the first is reported, the second allocation
+    gets a live holder (a restarted kernel's new process): the check must not release it."""
+    reported: list[str] = []
+    replacement = sleeper()
+
+    async def on_gone(allocation_id: str, why: str) -> None:
+        reported.append(allocation_id)
+        other = "k-2" if allocation_id == "k-1" else "k-1"
+        await pool.bind(other, str(replacement.pid))  # the restart binds its new process meanwhile
+        await pool.forget(allocation_id)
+
+    pool = LocalPool(simulate_gpus="2xH100-80GB", data_dir=str(tmp_path), check_interval_seconds=3600)
+    await pool.start(on_gone)
+    try:
+        for aid in ("k-1", "k-2"):
+            await pool.record(alloc(aid, kind="kernel"))
+            old = sleeper(0)
+            old.wait()  # exited and reaped before the check
+            await pool.bind(aid, str(old.pid))
+        gone = await pool.check_holders()
+        assert gone == reported and len(gone) == 1, gone
+        [kept] = {"k-1", "k-2"} - set(gone)
+        assert pool.ledger.holders() == {kept: str(replacement.pid)}
+        assert await pool.check_holders() == []
+    finally:
+        replacement.kill()
+        replacement.wait()
+        await pool.stop()
+
+
 async def test_a_zombie_holder_counts_as_exited():
     holder = sleeper(0)
     deadline = time.monotonic() + 10
