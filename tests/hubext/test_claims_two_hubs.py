@@ -2,9 +2,10 @@
 
 Each hub is a real ``GPUAllocator`` with a real ``KubernetesPool`` in its own namespace, in one
 process (the same race between two JupyterHub processes, through the broker's REST API:
-test_claims_two_hub_processes.py). Both race 100 GPU requests each on one node with two cards; what the cards
-carry is checked from the pods of both namespaces and from the claims objects, never from
-either hub's view.
+test_claims_two_hub_processes.py). Both race 100 GPU requests each on one node with two cards,
+one of which carries a slice of each hub through the race (so the race's grants certainly meet
+the other hub's there); what the cards carry is checked from the pods of both namespaces and
+from the claims objects, never from either hub's view.
 """
 
 from __future__ import annotations
@@ -157,6 +158,13 @@ async def test_two_hubs_racing_for_one_node_never_overbook_a_card_and_a_dead_hub
     rng = random.Random(15)
     try:
         await asyncio.gather(hub_a.ensure_started(), hub_b.ensure_started())
+        # one card both hubs hold through the whole race, by construction (binpack): A's slice goes
+        # on the first card of the empty node, B's beside it (the tightest card it fits, or the
+        # first if B has not read A's claim yet); the race's slices then meet the other hub's there
+        held_a = await hub_a.allocate(GPURequest(owner=Owner("held-a"), memory_mib=4096, cores_percent=10))
+        held_b = await hub_b.allocate(GPURequest(owner=Owner("held-b"), memory_mib=4096, cores_percent=10))
+        assert held_a.gpu_uuids == held_b.gpu_uuids, (held_a, held_b)
+        held_pods = [(_pod(emu, held_a, ns_a), ns_a), (_pod(emu, held_b, ns_b), ns_b)]
         requests = []
         for i in range(200):
             hub, ns = (hub_a, ns_a) if i % 2 == 0 else (hub_b, ns_b)
@@ -189,8 +197,14 @@ async def test_two_hubs_racing_for_one_node_never_overbook_a_card_and_a_dead_hub
         raced = hub_a.backend.claims.stats + hub_b.backend.claims.stats
         assert raced["stale"] + raced["refused"] > 0, raced
         assert len(granted) == 200 and hub_a.queue() == [] and hub_b.queue() == []
-        assert samples > 20 and shared_seen, "both hubs should have shared a card at some moment"
+        assert samples > 20 and held_a.gpu_uuids[0] in shared_seen, "both hubs held one card through the race"
+        # the race placed slices on the card both hubs held: an overbooking there would have shown
+        assert any(held_a.gpu_uuids[0] in a.gpu_uuids for a in granted), "no race grant on the shared card"
         assert {a.node for a in granted} == {node}
+        for pod, ns in held_pods:
+            emu.delete("pods", pod, ns, grace_period_seconds=0)
+        await hub_a.release(held_a.id)
+        await hub_b.release(held_b.id)
 
         # the last slice: hub B holds one card whole and 30 GiB of the other; A may not take 20 GiB
         big = await hub_b.allocate(GPURequest(owner=Owner("b"), memory_mib=30720, cores_percent=50))
