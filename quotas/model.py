@@ -49,6 +49,10 @@ class GPURequest:
     kind: str = "notebook"
     cpu_millicores: int = 0
     host_memory_mib: int = 0
+    #: only on exactly these cards (uuids, of one node; as many as ``count``): a swapped-out
+    #: kernel pod's resume, whose container sees no other card. Empty: anywhere that fits.
+    #: A pinned request waits for its cards; it never preempts.
+    pinned_uuids: tuple[str, ...] = ()
 
     @classmethod
     def split(

@@ -431,6 +431,23 @@ class CardIndex:
                 return ni, cards
         return None
 
+    def fit_pinned(
+        self, uuids: tuple[str, ...], m: int, c: int, whole: bool, cpu: int = 0, hmem: int = 0
+    ) -> tuple[int, list[int]] | None:
+        """``uuids``' node and cards when each has room for the request now, else None (a pinned
+        request: see ``GPURequest.pinned_uuids``; the caller checked they exist on one node)."""
+        cards = [self.gi_of[u] for u in uuids]
+        ni = self.node_of_gpu[cards[0]]
+        if not self.node_fits(ni, cpu, hmem):
+            return None
+        for gi in cards:
+            if whole:
+                if self.nalloc[gi] or not self.whole_ok[gi]:
+                    return None
+            elif self.cap_m[gi] - self.used_m[gi] < m or self.cap_c[gi] - self.used_c[gi] < c:
+                return None
+        return ni, cards
+
     def _cards(
         self, ni: int, m: int, c: int, k: int, whole: bool, group: str, cpu: int, hmem: int
     ) -> list[int] | None:

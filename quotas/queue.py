@@ -171,12 +171,13 @@ def _capable_cards(ix: CardIndex, request: GPURequest) -> Iterator[tuple[int, li
     enough when empty) with its cards big enough for one of the request's slices."""
     group = request.model.lower() if request.model else ANY
     m, c, k, whole, cpu, hmem = _shape(request)
+    pins = {ix.gi_of[u] for u in request.pinned_uuids if u in ix.gi_of}
     for ni in ix.capable_nodes(m, c, k, whole, group):
         if ix.cpu_static[ni] < cpu or ix.hmem_static[ni] < hmem:
             continue
         yield ni, [
             gi for gi in (ix.wgpus if whole else ix.sgpus)[ni].get(group, ())
-            if whole or (ix.cap_m[gi] >= m and ix.cap_c[gi] >= c)
+            if (whole or (ix.cap_m[gi] >= m and ix.cap_c[gi] >= c)) and (not pins or gi in pins)
         ]
 
 

@@ -182,6 +182,32 @@ class AdmissionState:
         self._check(request)
 
     def _check(self, request: GPURequest) -> tuple[PriorityClass, str, tuple[Level, ...]]:
+        checked = self._check_shape(request)
+        if request.pinned_uuids:
+            self._check_pins(request, checked[1])
+        return checked
+
+    def _check_pins(self, request: GPURequest, group: str) -> None:
+        """A pinned request names ``count`` distinct cards of one node, of its model and mode."""
+        ix, pins = self._index, request.pinned_uuids
+        unknown = [u for u in pins if u not in ix.gi_of]
+        if unknown:
+            raise InvalidRequest(
+                f"The GPU(s) {', '.join(unknown)} this request must run on are not in the pool (any more)."
+            )
+        cards = [ix.gi_of[u] for u in pins]
+        if len(set(cards)) != request.count or len({ix.node_of_gpu[gi] for gi in cards}) != 1:
+            raise InvalidRequest(
+                f"A request pinned to GPUs names {request.count} different GPU(s) of one node; got {', '.join(pins)}."
+            )
+        ok = ix.whole_ok if request.whole else ix.slice_ok
+        if any(not ok[gi] or (group != ANY and ix.group[gi] != group) for gi in cards):
+            raise InvalidRequest(
+                f"The GPU(s) {', '.join(pins)} this request must run on cannot take it (another model, or not "
+                f"given out {'whole' if request.whole else 'in slices'})."
+            )
+
+    def _check_shape(self, request: GPURequest) -> tuple[PriorityClass, str, tuple[Level, ...]]:
         owner = request.owner
         if not isinstance(owner, Owner) or not isinstance(owner.user, str) or not owner.user:
             raise InvalidRequest("A GPU request needs an owner with a user name.")
@@ -319,10 +345,11 @@ class AdmissionState:
                     return Decision("reject", reason=error.message, error=error)
 
         cpu, hmem = request.cpu_millicores, request.host_memory_mib
-        base = ix.find(m, c, k, whole, group, cpu, hmem)
+        pinned = request.pinned_uuids
+        base = ix.fit_pinned(pinned, m, c, whole, cpu, hmem) if pinned else ix.find(m, c, k, whole, group, cpu, hmem)
         asked = asked_for(base[1] if base else None)
         over = self._first_deficit(levels, asked)
-        if whole and base is not None and over is not None and over[1] == "memory_mib":
+        if whole and base is not None and not pinned and over is not None and over[1] == "memory_mib":
             # whole cards differ in size: smaller ones elsewhere may fit the memory quota
             headroom = self._headroom(levels, "memory_mib")
             smaller = ix.find_whole_within(k, group, headroom, cpu, hmem)
@@ -341,7 +368,7 @@ class AdmissionState:
                 f"{_amount(res, limit)} in use); this allocation is preempted first when the "
                 "capacity is needed back.",
             )
-        if self._has_candidates(pc):
+        if self._has_candidates(pc) and not pinned:
             # A whole card's quota charge is its size: when the quota refuses the card placement
             # found, evicting may free a smaller card, so the search weighs every node's cards
             # instead of that placement (it waited with a victim's smaller card in reach).
@@ -459,7 +486,14 @@ class AdmissionState:
         cpu, hmem = request.cpu_millicores, request.host_memory_mib
         m = 0 if request.whole else request.memory_mib
         c = 0 if request.whole else request.cores_percent
-        if (cpu or hmem) and ix.find(m, c, k, request.whole, group) is not None:
+        if request.pinned_uuids:
+            node = ix.node_names[ix.node_of_gpu[ix.gi_of[request.pinned_uuids[0]]]]
+            text = (
+                f"The GPU this kernel's state can only go back to ({', '.join(request.pinned_uuids)} on "
+                f"node {node}) has no room for {msg.shape(request)} right now."
+            )
+            todo = "It resumes when that GPU has room again."
+        elif (cpu or hmem) and ix.find(m, c, k, request.whole, group) is not None:
             text = (
                 f"GPUs have room for {msg.shape(request)}, but no node with that room has "
                 f"{msg.node_needs(cpu, hmem)} free right now."
