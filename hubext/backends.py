@@ -191,10 +191,14 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
     #: the pids of ``kernel_processes`` (local)
     checkpoints_itself: ClassVar[bool] = False
 
-    async def checkpoint_suspend(self, record: KernelRecord, lock_timeout_ms: int) -> tuple[list[int], int]:
+    async def checkpoint_suspend(
+        self, record: KernelRecord, lock_timeout_ms: int, host_memory_percent: float, why: str = "", model: str = ""
+    ) -> tuple[list[int], int]:
         """Checkpoint the kernel's CUDA processes (all or none): (their pids, MiB moved to host
-        memory). Raises ``libvgpu.checkpoint.CheckpointError`` (``stuck``: it could not be undone).
-        Only where ``checkpoints_itself``. Called by ``GPUBroker.suspend``."""
+        memory), unless that brings what is swapped out on the kernel's machine over
+        ``host_memory_percent`` of its RAM. Raises ``libvgpu.checkpoint.CheckpointError``
+        (``stuck``: it could not be undone). Only where ``checkpoints_itself``. Called by
+        ``GPUBroker.suspend``."""
         raise NotImplementedError
 
     async def checkpoint_resume(self, record: KernelRecord, allocation: Allocation, remap: dict[str, str]) -> None:
@@ -206,6 +210,11 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         """Why the swapped-out kernel cannot be restored onto ``allocation`` ("" when it can): the
         resume gives the slice back and the kernel stays swapped out. Called by ``GPUBroker.resume``."""
         return ""
+
+    def resume_pins(self, record: KernelRecord) -> tuple[str, ...]:
+        """The cards (uuids) a swapped-out kernel can only be restored onto; empty: any card of its
+        model that the driver can restore onto. Called by ``GPUBroker.resume``."""
+        return ()
 
     def mark_swapped(self, record: KernelRecord, swapped: bool) -> None:
         """Tell the kernel whether its GPU state is in host memory (its next cell asks for a

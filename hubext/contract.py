@@ -80,6 +80,14 @@ A_GPU_ACTIVITY = PREFIX + "gpu-activity"
 # see libvgpu/agent/swap.py
 A_SWAP = PREFIX + "swap"
 A_SWAP_STATUS = PREFIX + "swap-status"
+# a kernel pod that resumes itself (its kernel asks the hub before a cell runs): where it asks,
+# and the digest of its connection key (the hub recognises the kernel by it, also after a restart)
+A_RESUME_URL = PREFIX + "resume-url"
+A_KEY_SHA256 = PREFIX + "key-sha256"
+#: the node agent's markers of swapped-out kernels, ``<node region dir>/swapped/<kernel id>``
+#: (root's, mode 0711: a kernel finds its own marker, lists none): present while the kernel's
+#: GPU state is in host memory, so its next cell asks for the resume first
+SWAP_MARKER_DIR = "swapped"
 
 
 def swapped_out(annotations: dict[str, str] | None) -> bool:

@@ -22,6 +22,7 @@ model's ``swap.position`` is its place in the GPU queue (the kernel prints it in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import hmac
 import time
@@ -61,8 +62,9 @@ class SwapMixin(Configurable):
         config=True,
         help="""Share of the machine's RAM, in percent, that swapped-out kernels' GPU memory may
         take in host memory, all of them together: a suspend past it is refused (the kernel is
-        culled instead) so that swapping never runs the node out of memory. 0: never swap.
-        Default: 50.""",
+        culled instead) so that swapping never runs the node out of memory. Kubernetes mode: of
+        each node's RAM, for the kernel pods swapped out on that node (the node agent checks it).
+        0: never swap. Default: 50.""",
     )
     resume_queue_seconds = Float(
         600.0,
@@ -111,7 +113,13 @@ class SwapMixin(Configurable):
             started = time.monotonic()
             try:
                 if self.launcher.checkpoints_itself:  # on the kernel's node (Kubernetes: the node agent)
-                    cuda, host_mib = await self.launcher.checkpoint_suspend(record, self.swap_lock_timeout_ms)
+                    cuda, host_mib = await self.launcher.checkpoint_suspend(
+                        record,
+                        self.swap_lock_timeout_ms,
+                        self.swap_host_memory_percent,
+                        why,
+                        self._model_of(record.allocation.get("gpu_uuids", [])),
+                    )
                 else:
                     cuda, host_mib = await self._suspend_here(record)
             except CheckpointError as e:
@@ -180,6 +188,11 @@ class SwapMixin(Configurable):
 
     async def resume(self, record: KernelRecord, wait_seconds: float = 0.0) -> KernelRecord:
         """Start (or join) the kernel's resume; wait up to ``wait_seconds`` for it to end."""
+        if not record.swap and self._lock(record.id).locked():
+            # a suspend in flight (its processes may be locked already): the kernel asking now
+            # must not run its cell into the lock, so the answer waits for the suspend's end
+            async with self._lock(record.id):
+                pass
         if not record.swap:
             return record
         if self._resumes is None:
@@ -212,6 +225,9 @@ class SwapMixin(Configurable):
             cpu_millicores=cpu,
             host_memory_mib=memory,
         )
+        pins = self.launcher.resume_pins(record)
+        if pins:  # only these cards can take its state back (a pod sees no other card)
+            request = dataclasses.replace(request, pinned_uuids=pins)
 
         def progress(reason: str, position: int | None) -> None:
             swap["position"], swap["waiting_reason"] = position, reason

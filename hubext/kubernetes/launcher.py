@@ -27,6 +27,7 @@ from ..kernels import KernelRecord
 from .objects import (
     HOST_CLAIM,
     RESOURCE_KEYS,
+    RESUME_EXT,
     apply_gpu_to_pod,
     check_size_overrides,
     cpu_and_memory,
@@ -42,7 +43,7 @@ from .objects import (
     shared_server_volumes,
     volume_sharing_problem,
 )
-from .status import api_message, apply_pod_status, notebook_status, record_from_pod, server_identity
+from .status import api_message, apply_pod_status, notebook_status, record_from_pod, server_identity, swap_from_pod
 from .swap import PodSwapMixin
 
 #: z2jh's tolerations of its dedicated user node pools (the key in both spellings z2jh uses)
@@ -150,11 +151,13 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
             "app.kubernetes.io/instance",
             "hub.jupyter.org/username",
             "hub.jupyter.org/servername",
+            "hub.jupyter.org/network-access-hub",
         ],
         config=True,
-        help="""Labels copied from the user's server pod onto its kernel pods (z2jh's release labels
-        and the user's). 'component' is never copied: KubeSpawner lists pods with
-        component=singleuser-server as servers.""",
+        help="""Labels copied from the user's server pod onto its kernel pods (z2jh's release labels,
+        the user's, and z2jh's hub.jupyter.org/network-access-hub: its hub NetworkPolicy then
+        admits a swapped-out kernel asking for its GPU back). 'component' is never copied:
+        KubeSpawner lists pods with component=singleuser-server as servers.""",
     )
     component_label = Unicode(
         "elastic-gpu-kernel",
@@ -224,7 +227,7 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
 
     @default("kernel_cmd")
     def _default_kernel_cmd(self) -> list[str]:
-        return ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+        return ["python", "-m", "ipykernel_launcher", "-f", "{connection_file}", RESUME_EXT]
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -373,6 +376,7 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
         self, record: KernelRecord, allocation: Allocation, server: ServerRef | None, source_pod: Any = None
     ) -> Any:
         settings = dict(server.gpu_settings) if server else {}
+        backend = settings.get("gpu_backend", self.gpu_backend)
         volumes, mounts, home = self._shared(source_pod if source_pod is not None else (server and server.pod))
         cwd = record.cwd if path_under_mounts(record.cwd, mounts) else home
         labels = {k: v for k, v in (server.pod_labels if server else {}).items() if k in self.inherited_server_labels}
@@ -398,11 +402,13 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
             volume_mounts=mounts,
             working_dir=cwd,
             home=home,
+            # the marker of a swapped-out kernel is in the node region dir, which 'native' pods see
+            resume_hook=bool(record.resume_url) and backend == "native" and RESUME_EXT in self.kernel_cmd,
         )
         apply_gpu_to_pod(
             pod,
             allocation,
-            backend=settings.get("gpu_backend", self.gpu_backend),
+            backend=backend,
             section=record.section,
             priority_value=self.priority_value(allocation.priority_class),
             priority_class_name=settings.get("gpu_priority_class_prefix", self.gpu_priority_class_prefix)
@@ -550,6 +556,8 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
                 return
             raise
         self._apply_pod_status(record, pod)
+        if not record.swap:  # a suspend the agent carried out after its hub stopped waiting (a restart)
+            record.swap = swap_from_pod(pod)
 
     async def delete(self, record: KernelRecord) -> None:
         ns = record.namespace or self._ns()

@@ -54,6 +54,16 @@ SECRET_MOUNT = "/var/run/elastic-gpu/kernel"
 SECRET_FILE = "connection.json"
 
 
+#: the kernel pod's resume hook, as the bootstrap writes it (``kernelprovider/resume.py``)
+RESUME_MODULE = "elastic_gpu_resume"
+RESUME_EXT = f"--ext={RESUME_MODULE}"
+
+
+def resume_hook_source() -> str:
+    """``kernelprovider/resume.py``: the kernel asks the hub for its GPU back before a cell runs."""
+    return resources.files("kernelprovider").joinpath("resume.py").read_text()
+
+
 def bootstrap_source() -> str:
     """The kernel pod's bootstrap program (``bootstrap.py`` of this package), passed with ``python -c``
     so kernel images need nothing of ours."""
@@ -334,9 +344,14 @@ def make_kernel_pod(
     volume_mounts: list[k8s.V1VolumeMount] | None = None,
     working_dir: str = "",
     home: str = "",
+    resume_hook: bool = False,
 ) -> k8s.V1Pod:
     """A kernel pod (without its GPU: :func:`apply_gpu_to_pod` adds the slice), sandboxed like a
-    z2jh user pod: the 'restricted' Pod Security fields, resources, the user's volumes."""
+    z2jh user pod: the 'restricted' Pod Security fields, resources, the user's volumes.
+
+    ``resume_hook``: the bootstrap installs :func:`resume_hook_source` (the kernel command loads
+    it), and the kernel asks ``record.resume_url`` for its GPU back while the node agent's marker of
+    it says it is swapped out (see :func:`resumes_itself`)."""
     env = [
         k8s.V1EnvVar(
             name="POD_IP",
@@ -347,6 +362,11 @@ def make_kernel_pod(
     ] + [k8s.V1EnvVar(name=k, value=v) for k, v in sorted((environment or {}).items())]
     if home and not any(e.name == "HOME" for e in env):
         env.append(k8s.V1EnvVar(name="HOME", value=home))
+    if resume_hook:
+        env += [
+            k8s.V1EnvVar(name="ELASTIC_GPU_RESUME_URL", value=record.resume_url),
+            k8s.V1EnvVar(name="ELASTIC_GPU_SWAP_FILE", value=f"{REGION_DIR}/node/{C.SWAP_MARKER_DIR}/{record.id}"),
+        ]
     requests = {k: v for k, v in (("cpu", cpu_request), ("memory", memory_request)) if v}
     limits = {k: v for k, v in (("cpu", cpu_limit), ("memory", memory_limit)) if v}
     ports_arg = json.dumps(record.ports, sort_keys=True)
@@ -354,7 +374,15 @@ def make_kernel_pod(
         name="kernel",
         image=image,
         image_pull_policy=image_pull_policy,
-        command=[kernel_cmd[0], "-c", bootstrap_source(), f"{SECRET_MOUNT}/{SECRET_FILE}", ports_arg, *kernel_cmd],
+        command=[
+            kernel_cmd[0],
+            "-c",
+            bootstrap_source(),
+            f"{SECRET_MOUNT}/{SECRET_FILE}",
+            ports_arg,
+            resume_hook_source() if resume_hook else "",
+            *kernel_cmd,
+        ],
         env=env,
         ports=[k8s.V1ContainerPort(container_port=p, name=n.split("_")[0][:15]) for n, p in record.ports.items()],
         resources=k8s.V1ResourceRequirements(requests=requests or None, limits=limits or None),
@@ -375,6 +403,8 @@ def make_kernel_pod(
         C.A_SIGNATURE_SCHEME: record.signature_scheme,
         C.A_KERNEL_CREATED_AT: repr(record.created_at),
         C.A_JUPYTER_KERNEL_ID: record.jupyter_kernel_id,
+        C.A_KEY_SHA256: record.key_sha256,
+        **({C.A_RESUME_URL: record.resume_url} if resume_hook else {}),
     }
     return k8s.V1Pod(
         api_version="v1",

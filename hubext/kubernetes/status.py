@@ -51,9 +51,34 @@ def record_from_pod(kid: str, pod: Any) -> KernelRecord | None:
         created_at=float(ann.get(C.A_KERNEL_CREATED_AT, "0") or 0),
         jupyter_kernel_id=ann.get(C.A_JUPYTER_KERNEL_ID, ""),
         cwd=(pod.spec.containers[0].working_dir or "") if pod.spec and pod.spec.containers else "",
+        key_sha256=ann.get(C.A_KEY_SHA256, ""),
+        resume_url=ann.get(C.A_RESUME_URL, ""),
     )
     record.set_allocation(allocation)
+    record.swap = swap_from_pod(pod)
     return record
+
+
+def swap_from_pod(pod: Any) -> dict[str, Any]:
+    """The broker's ``KernelRecord.swap`` of a swapped-out kernel pod ({} when it is on its GPU):
+    the hub's suspend request and the node agent's answer, kept on the pod, outlive the hub. The
+    pod's labels still name the slice it was swapped out of (its cards)."""
+    meta = pod.metadata
+    ann = meta.annotations or {}
+    if not C.swapped_out(ann):
+        return {}
+    request, status = json.loads(ann[C.A_SWAP]), json.loads(ann[C.A_SWAP_STATUS])
+    allocation = C.allocation_from_metadata(meta.labels, ann)
+    return {
+        "state": "swapped",
+        "since": float(request.get("since") or request["generation"] / 1e6),
+        "host_mib": int(status.get("host_mib") or 0),
+        "processes": list(status.get("processes") or []),
+        "gpu_uuids": list(allocation.gpu_uuids) if allocation else [],
+        "model": str(request.get("model") or ""),
+        "position": None,
+        "reason": str(request.get("reason") or ""),
+    }
 
 
 def apply_pod_status(

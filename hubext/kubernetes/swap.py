@@ -30,6 +30,7 @@ from quotas import Allocation
 
 from .. import contract as C
 from ..kernels import KernelRecord
+from .objects import RESUME_EXT
 
 
 class PodSwapMixin(LoggingConfigurable):
@@ -38,13 +39,14 @@ class PodSwapMixin(LoggingConfigurable):
     checkpoints_itself = True
 
     swap_kernels = Bool(
-        False,
+        True,
         config=True,
         help="""Swap idle GPU kernel pods out (their GPU memory to the node's host memory, their
-        slice back to the pool) instead of culling them; needs the node agent's swap (NodeAgent.
-        swap_interval_seconds > 0) and driver 570+. A swapped-out kernel pod does not yet ask for
-        its GPU back by itself: its next CUDA call waits until it is resumed (POST
-        /hub/api/gpu/kernels/<id>/resume, by its owner or an admin). Default: False (culled).""",
+        slice back to the pool) when the culler or a user asks, instead of culling them; the
+        kernel asks for its GPU back before its next cell (the resume hook its pod starts with:
+        'native' GPU backend, kernel_cmd with --ext=elastic_gpu_resume). Needs the node agent's
+        swap (NodeAgent.swap_interval_seconds > 0) and driver 570+; where the driver cannot
+        checkpoint, the suspend is refused and the kernel culled as before. Default: True.""",
     )
     swap_answer_timeout_seconds = Float(
         60.0,
@@ -97,13 +99,35 @@ class PodSwapMixin(LoggingConfigurable):
                 0,
             ) from None
 
-    async def checkpoint_suspend(self, record: KernelRecord, lock_timeout_ms: int) -> tuple[list[int], int]:
-        """Have the node agent checkpoint the pod's CUDA processes: (their host pids, MiB moved to host memory)."""
+    async def checkpoint_suspend(
+        self, record: KernelRecord, lock_timeout_ms: int, host_memory_percent: float, why: str = "", model: str = ""
+    ) -> tuple[list[int], int]:
+        """Have the node agent checkpoint the pod's CUDA processes: (their host pids, MiB moved to host memory).
+
+        The agent refuses when it would bring what the node's swapped-out pods hold in host memory
+        over ``host_memory_percent`` of the node's RAM. ``why`` and ``model`` stay on the pod
+        (with the time): a hub started later knows the kernel is swapped out (``swap_from_pod``)."""
         if not self.swap_kernels:
             raise CheckpointError(
                 "swapping kernel pods is off (KubernetesKernelLauncher.swap_kernels)", 0, "suspend", 0
             )
-        status = await self._ask_agent(record, {"action": "suspend", "lock_timeout_ms": lock_timeout_ms})
+        if not record.resume_url:
+            raise CheckpointError(
+                "its kernel would not ask for its GPU back by itself (a kernel pod started without the resume "
+                f"hook: a GPU backend other than 'native', or a kernel_cmd without {RESUME_EXT})",
+                0,
+                "suspend",
+                0,
+            )
+        request = {
+            "action": "suspend",
+            "lock_timeout_ms": lock_timeout_ms,
+            "host_memory_percent": host_memory_percent,
+            "since": time.time(),
+            "reason": why,
+            "model": model,
+        }
+        status = await self._ask_agent(record, request)
         if not status.get("ok"):
             raise CheckpointError(
                 status.get("message") or "the node agent could not swap it out",
@@ -113,6 +137,10 @@ class PodSwapMixin(LoggingConfigurable):
                 bool(status.get("stuck")),
             )
         return list(status.get("processes") or []), int(status.get("host_mib") or 0)
+
+    def resume_pins(self, record: KernelRecord) -> tuple[str, ...]:
+        """The pod's own cards: its container sees no other (NVIDIA_VISIBLE_DEVICES is fixed at its start)."""
+        return tuple(record.swap.get("gpu_uuids") or record.allocation.get("gpu_uuids", []))
 
     def restorable_on(self, record: KernelRecord, allocation: Allocation) -> str:
         """The pod sees only the cards its container was given: a resume must be granted on them."""

@@ -521,7 +521,8 @@ class NodeAgent(Application):
     # ---- swap (the hub's requests on kernel pods) -------------------------------------------
 
     async def _swap(self) -> None:
-        for pod in list((await self._node_pods(force=True)).values()):
+        pods = list((await self._node_pods(force=True)).values())
+        for pod in pods:
             todo = swap.pending(pod.annotations)
             if todo is None:
                 continue
@@ -530,7 +531,20 @@ class NodeAgent(Application):
                 status = {"generation": generation, "ok": False, "message": request}
             else:
                 pids = swap.pod_processes(pod.uid, self.proc_root)
-                status = await asyncio.to_thread(swap.perform, request, pids, self.checkpoint, self._used_mib)
+                elsewhere = sum(swap.swapped_mib(p.annotations) for p in pods if p.uid != pod.uid)
+                regions, kernel = Path(self.host_lib_dir) / "regions", (pod.annotations or {}).get(L.A_KERNEL_ID, "")
+                try:
+                    if request.action == "suspend":  # before the lock: a cell starting now asks the hub first
+                        await asyncio.to_thread(swap.set_marker, regions, kernel, True)
+                    status = await asyncio.to_thread(
+                        swap.perform, request, pids, self.checkpoint, self._used_mib, elsewhere, swap.node_memory_mib()
+                    )
+                    if status["ok"] == (request.action == "resume"):
+                        await asyncio.to_thread(swap.set_marker, regions, kernel, False)
+                except OSError as e:  # the marker: a suspend is not tried without it
+                    status = {"generation": generation, "action": request.action, "ok": False, "processes": [],
+                              "message": f"the kernel's swap marker in {regions} could not be written ({e})",
+                              "host_mib": 0, "stuck": False}  # fmt: skip
                 self.log.info(
                     "%s of pod %s (processes %s): %s", request.action, pod.key,
                     ",".join(map(str, status["processes"])) or "none with CUDA state",

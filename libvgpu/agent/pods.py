@@ -81,7 +81,7 @@ class PodInfo:
     phase: str
     allocation: Allocation | None
     priority: int | None = None  # the priority in the shim's limits file (annotation)
-    #: the hub's swap request and the agent's answer (libvgpu.agent.swap), no other annotation
+    #: the hub's swap request, the agent's answer (libvgpu.agent.swap) and the kernel id; no other annotation
     annotations: dict[str, str] | None = field(default=None, hash=False, compare=False)
 
     @property
@@ -108,7 +108,9 @@ def pod_info(pod: Any) -> PodInfo:
         phase=phase,
         allocation=L.allocation_from_metadata(labels, annotations),
         priority=limits_priority((annotations or {}).get(L.A_LIMITS, "")),
-        annotations={k: v for k, v in (annotations or {}).items() if k in (L.A_SWAP, L.A_SWAP_STATUS)},
+        annotations={
+            k: v for k, v in (annotations or {}).items() if k in (L.A_SWAP, L.A_SWAP_STATUS, L.A_KERNEL_ID)
+        },
     )
 
 

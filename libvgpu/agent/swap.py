@@ -4,7 +4,7 @@ The driver's checkpoint API (:mod:`libvgpu.checkpoint`) takes the target's *host
 caller must be on the pod's node in the host pid namespace: the agent. The hub asks by
 annotating the pod (``elastic-gpu.jupyter.org/swap``, JSON)::
 
-    {"action": "suspend", "generation": 3, "lock_timeout_ms": 10000}
+    {"action": "suspend", "generation": 3, "lock_timeout_ms": 10000, "host_memory_percent": 50}
     {"action": "resume", "generation": 4, "remap": {"GPU-old": "GPU-new"}}
 
 and the agent answers once per generation in ``elastic-gpu.jupyter.org/swap-status`` (JSON)::
@@ -13,14 +13,23 @@ and the agent answers once per generation in ``elastic-gpu.jupyter.org/swap-stat
      "host_mib": 1024, "stuck": false}
 
 A suspend is all or nothing (:meth:`CudaCheckpoint.suspend` undoes what it did when a step
-fails; ``stuck``: the undo failed too, the pod cannot run on). The agent needs no right beyond
-the pod patch it already has for the activity annotation.
+fails; ``stuck``: the undo failed too, the pod cannot run on). It is refused, the pod left
+running, when the GPU memory it would move brings what this node's swapped-out pods hold in host
+memory over ``host_memory_percent`` of the node's RAM (the hub's ``swap_host_memory_percent``).
+The agent needs no right beyond the pod patch it already has for the activity annotation.
+
+While a kernel pod is swapped out, its *marker* ``<node region dir>/swapped/<kernel id>`` exists
+(:func:`set_marker`; the pod sees the node region dir, so its kernel finds the marker before its
+next cell and asks the hub for the resume: ``kernelprovider/resume.py``). The marker is made
+before the checkpoint (a cell starting then asks the hub, which waits for the suspend to end)
+and removed when the suspend failed or the resume is done.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +47,8 @@ class SwapRequest:
     generation: int
     lock_timeout_ms: int = 10000
     remap: tuple[tuple[str, str], ...] = ()
+    #: suspend: share of the node's RAM (percent) swapped-out pods may hold; None: no cap
+    host_memory_percent: float | None = None
 
 
 def parse_request(text: str) -> SwapRequest | str:
@@ -54,7 +65,62 @@ def parse_request(text: str) -> SwapRequest | str:
     remap = data.get("remap") or {}
     if not isinstance(remap, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in remap.items()):
         return f"the {L.A_SWAP} annotation's remap must map GPU uuids to GPU uuids"
-    return SwapRequest(data["action"], generation, timeout, tuple(sorted(remap.items())))
+    percent = data.get("host_memory_percent")
+    if percent is not None and (isinstance(percent, bool) or not isinstance(percent, int | float) or percent < 0):
+        return f"the {L.A_SWAP} annotation's host_memory_percent must be a number of 0 or more"
+    return SwapRequest(data["action"], generation, timeout, tuple(sorted(remap.items())), percent)
+
+
+def swapped_mib(annotations: dict[str, str] | None) -> int:
+    """GPU memory (MiB) a swapped-out pod holds in host memory (0 when it is not swapped out)."""
+    if not L.swapped_out(annotations):
+        return 0
+    status = json.loads((annotations or {})[L.A_SWAP_STATUS])
+    return int(status.get("host_mib") or 0) if isinstance(status.get("host_mib"), int) else 0
+
+
+def node_memory_mib() -> int:
+    """This node's RAM (MiB)."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") >> 20
+
+
+_KERNEL_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def marker_dir(region_dir: str | os.PathLike[str]) -> Path:
+    """``<region dir>/swapped``, made (again) this process's own, mode 0711: the region dir is
+    writable by every pod (sticky), so whatever a pod left at that name is removed first."""
+    d = Path(region_dir) / L.SWAP_MARKER_DIR
+    try:
+        st = d.lstat()
+    except FileNotFoundError:
+        st = None
+    if st is not None and not (os.path.isdir(d) and not d.is_symlink() and st.st_uid == os.geteuid()):
+        if d.is_symlink() or not d.is_dir():
+            d.unlink()
+        else:
+            for entry in d.iterdir():
+                entry.unlink()
+            d.rmdir()
+        st = None
+    if st is None:
+        d.mkdir(mode=0o711)
+    os.chmod(d, 0o711)
+    return d
+
+
+def set_marker(region_dir: str | os.PathLike[str], kernel_id: str, present: bool) -> None:
+    """Make or remove kernel ``kernel_id``'s marker (a kernel id that is no file name: nothing)."""
+    if not _KERNEL_ID.match(kernel_id or ""):
+        return
+    path = marker_dir(region_dir) / kernel_id
+    if present:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644))
+    else:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
 
 
 def answered_generation(status_text: str) -> int | None:
@@ -90,9 +156,17 @@ def pod_processes(pod_uid: str, proc_root: str | os.PathLike[str]) -> list[int]:
 
 
 def perform(
-    request: SwapRequest, pids: Iterable[int], cp: CudaCheckpoint, memory_mib: Callable[[list[int]], int]
+    request: SwapRequest,
+    pids: Iterable[int],
+    cp: CudaCheckpoint,
+    memory_mib: Callable[[list[int]], int],
+    swapped_elsewhere_mib: int = 0,
+    ram_mib: int = 0,
 ) -> dict[str, Any]:
-    """Carry out ``request`` on the pod's processes (blocking: run it in a thread); the status."""
+    """Carry out ``request`` on the pod's processes (blocking: run it in a thread); the status.
+
+    ``swapped_elsewhere_mib``: what this node's other swapped-out pods hold in host memory;
+    ``ram_mib``: the node's RAM (for the request's host-memory cap)."""
     status: dict[str, Any] = {"generation": request.generation, "action": request.action, "ok": False,
                               "message": "", "processes": [], "host_mib": 0, "stuck": False}  # fmt: skip
     try:
@@ -100,6 +174,16 @@ def perform(
         if request.action == "suspend":
             cuda = cp.cuda_processes(pids)
             status["processes"], status["host_mib"] = cuda, memory_mib(cuda) if cuda else 0
+            if request.host_memory_percent is not None:
+                cap = int(ram_mib * request.host_memory_percent / 100)
+                total = swapped_elsewhere_mib + status["host_mib"]
+                if total > cap:
+                    status["message"] = (
+                        f"its {status['host_mib']} MiB of GPU memory would bring what swapped-out kernels hold in "
+                        f"this node's host memory to {total} MiB, over the cap of {cap} MiB "
+                        f"({request.host_memory_percent:g}% of the node's {ram_mib} MiB of RAM)"
+                    )
+                    return status
             cp.suspend(cuda, request.lock_timeout_ms)
         else:
             cuda = [p for p in sorted(set(pids)) if cp.state(p) is ProcessState.CHECKPOINTED]

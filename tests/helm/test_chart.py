@@ -665,3 +665,30 @@ def test_uninstall_hook_accepts_its_rendered_arguments(default):
 def test_uninstall_hook_can_be_switched_off():
     docs = tools.render(set_values=["nodeAgent.uninstallHook.enabled=false"])
     assert not tools.find(docs, "Job")
+
+
+def test_node_agent_gets_the_drivers_compute_library_for_the_checkpoint_api(default):
+    """The swap's checkpoint API is in libcuda.so.1, which the NVIDIA runtime mounts only with the
+    'compute' capability ('utility' alone: NVML only, every suspend refused)."""
+    _, _, c = _agent(default)
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert set(env["NVIDIA_DRIVER_CAPABILITIES"].split(",")) == {"utility", "compute"}
+
+
+def test_kernel_pods_may_reach_the_hubs_api_to_ask_for_their_gpu_back(rendered):
+    """A swapped-out kernel asks the hub (port 8081) for its resume before its next cell."""
+    for name, hub_ns in (("default", None), ("separate-user-namespace", "jhub")):
+        np = tools.one(rendered[name], "NetworkPolicy", f"{tools.RELEASE}-elastic-gpu-kernels")
+        hub = {"app": "jupyterhub", "component": "hub"}
+        rules = [
+            r
+            for r in np["spec"]["egress"]
+            if {"port": 8081} in (r.get("ports") or [])
+            and any(
+                p.get("podSelector") == {"matchLabels": hub}
+                and (hub_ns is None or p.get("namespaceSelector", {}).get("matchLabels", {}).get(
+                    "kubernetes.io/metadata.name") == hub_ns)
+                for p in r["to"]
+            )
+        ]
+        assert rules, (name, np["spec"]["egress"])

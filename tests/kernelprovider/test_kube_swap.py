@@ -1,12 +1,15 @@
-"""Kubernetes mode: a GPU kernel pod is swapped out and back in through the node agent.
+"""Kubernetes mode: a GPU kernel pod is swapped out through the node agent and resumes by itself
+on its next cell, also after the hub restarted, waiting in the GPU queue (position shown) when its
+card has no room.
 
 Real JupyterHub + broker + KubeSpawner + the user's jupyter-server against the Kubernetes API
 emulator (helpers.kube_stack); the kernel pod's cells use the CUDA double as a CUDA program
-does; the node agent (``python -m libvgpu.agent``) runs beside it as the DaemonSet does, with the
-double as the node's driver. The hub asks the agent by annotating the pod; the agent
-checkpoints the pod's host processes (found through their cgroup, written by the test into the
-agent's ``proc_root`` as in tests/libvgpu/agent/test_agent.py: these machines cannot create
-cgroups).
+does (a swapped-out process's CUDA calls block until it is restored); the node agent (``python
+-m libvgpu.agent``) runs beside it as the DaemonSet does, with the double as the node's driver and
+the chart's host directory (the one the kernel pods' claim mounts). The hub asks the agent by
+annotating the pod; the agent checkpoints the pod's host processes (found through their cgroup,
+written by the test into the agent's ``proc_root`` as in tests/libvgpu/agent/test_agent.py:
+these machines cannot create cgroups).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from hubext import contract as L
-from tests.kernelprovider.helpers import CUDA_CELL, NAMESPACE, NODE, kube_stack
+from tests.kernelprovider.helpers import ADMISSION, CUDA_CELL, NAMESPACE, NODE, SIZES, Server, kube_stack, start_server
 from tests.libvgpu.harness import CFLAGS, cc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,8 +81,14 @@ def stack(tmp_path_factory):
         "pod_env": {**double, "CUDA_DOUBLE_HOST_PROC": HOST_PROC},
         "node_mounts": [str(work), f"/proc:{HOST_PROC}"],
     }
-    config = "c.KubernetesKernelLauncher.swap_kernels = True\n"
-    with kube_stack(work / "stack", emulator_options=options, extra_config=config) as st:
+    # bob's large kernel fills the card, so alice's resume must wait for it (a user's own kernels
+    # are no reason to wait: admission refuses those at once)
+    admission = {**ADMISSION, "workspaces": {"default": {"namespaces": {"default": {"user_limits": {"memory_mib": 81920}}}}}}
+    sizes = [*SIZES, {"name": "gpu-75g", "display_name": "GPU 75 GiB", "memory_mib": 76800, "cores_percent": 50}]
+    with kube_stack(work / "stack", emulator_options=options, admission=admission, sizes=sizes) as st:  # swap: on by default
+        host = work / "stack" / "host-elastic-gpu"  # the chart's host directory (kube_stack's claim of it)
+        (host / "regions").mkdir(exist_ok=True)
+        (host / "regions").chmod(0o1777)  # as the agent's shim install leaves it
         proc_root = work / "proc"
         proc_root.mkdir()
         (work / "agent.yaml").write_text(
@@ -92,13 +101,13 @@ def stack(tmp_path_factory):
         log = work / "agent.log"
         agent = subprocess.Popen(
             [sys.executable, "-m", "libvgpu.agent", "--node-name", NODE, "--metrics-port", str(free_port()),
-             "--config", str(work / "agent.yaml"), "--host-lib-dir", str(work / "host")],
+             "--config", str(work / "agent.yaml"), "--host-lib-dir", str(host)],
             env=env, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
         )  # fmt: skip
         try:
             st["hub"].wait_for(lambda: agent.poll() is not None or "GPU(s)" in log.read_text(), 30, 0.1, "the agent")
             assert agent.poll() is None, log.read_text()
-            yield st, proc_root, log
+            yield st, proc_root, log, host
         finally:
             agent.send_signal(signal.SIGTERM)
             try:
@@ -108,49 +117,81 @@ def stack(tmp_path_factory):
                 agent.wait()
 
 
-def test_a_kernel_pod_is_swapped_out_by_the_node_agent_its_slice_freed_and_resumed_with_its_state(stack):
-    st, proc_root, log = stack
+def pod_cgroups(emu, proc_root: Path, pod: str) -> None:
+    """The kubelet's cgroup of the pod's processes, as the agent reads it from its proc_root."""
+    uid = emu.get("pods", pod, NAMESPACE)["metadata"]["uid"].replace("-", "_")
+    for pid in descendants(emu.pod_pid(pod, NAMESPACE)):
+        (proc_root / str(pid)).mkdir(exist_ok=True)
+        (proc_root / str(pid) / "cgroup").write_text(
+            f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/"
+            f"cri-containerd-{'ab' * 32}.scope\n"
+        )
+
+
+def slices(hub) -> list[str]:
+    status, pool = hub.api("GET", "/gpu/pool")
+    assert status == 200, pool
+    return [s["allocation_id"] for n in pool["nodes"] for g in n["gpus"] for s in g["slices"]]
+
+
+def test_a_swapped_out_kernel_pod_resumes_on_its_next_cell_after_a_hub_restart_waiting_in_the_queue(stack):
+    st, proc_root, log, host = stack
     hub, emu, alice = st["hub"], st["emulator"], st["alice"]
     status, session = alice.start_session(SPEC)
     assert status == 201, session
     kernel = alice.connect(session["kernel"]["id"])
+    bob, second = None, None
     try:
         out = kernel.execute(CUDA_CELL + "notes = {'answer': 42}")
         assert out["status"] == "ok" and "alloc 0" in out["text"], out
         status, body = hub.api("GET", "/gpu/kernels?user=alice")
         [record] = body["kernels"]
         pod = record["holder"]
-        uid = emu.get("pods", pod, NAMESPACE)["metadata"]["uid"].replace("-", "_")
-        for pid in descendants(emu.pod_pid(pod, NAMESPACE)):  # the kubelet's cgroup of the pod's processes
-            (proc_root / str(pid)).mkdir()
-            (proc_root / str(pid) / "cgroup").write_text(
-                f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/"
-                f"cri-containerd-{'ab' * 32}.scope\n"
-            )
+        pod_cgroups(emu, proc_root, pod)
 
         status, model = hub.api("POST", f"/gpu/kernels/{record['id']}/suspend?reason=idle", timeout=90)
         assert status == 200 and model["gpu_swapped"] is True, (status, model, log.read_text())
         assert model["swap"]["host_mib"] >= 1024, (model["swap"], log.read_text())
-        # the slice is back in the pool; the pod runs on without it
-        status, pool = hub.api("GET", "/gpu/pool")
-        assert [s for n in pool["nodes"] for g in n["gpus"] for s in g["slices"]] == [], pool
+        assert slices(hub) == []  # the slice is back in the pool; the pod runs on without it
         assert emu.get("pods", pod, NAMESPACE)["status"]["phase"] == "Running"
-        assert L.swapped_out(emu.get("pods", pod, NAMESPACE)["metadata"]["annotations"])
-        # its Python state is untouched (a cell without the GPU runs while it is swapped out)
-        out = kernel.execute("print(notes['answer'])")
-        assert out["status"] == "ok" and out["text"].strip() == "42", out
+        marker = host / "regions" / L.SWAP_MARKER_DIR / record["id"]
+        assert marker.exists()  # what the kernel looks for before each cell
 
-        status, model = hub.api("POST", f"/gpu/kernels/{record['id']}/resume?wait=30", timeout=90)
-        assert status == 200 and model["gpu_swapped"] is False, (status, model, log.read_text())
+        # the hub restarts: the swapped-out kernel is still known as swapped out (from its pod)
+        kernel.close()
+        hub.restart()
+        status, body = hub.api("GET", "/gpu/kernels?user=alice")
+        [again] = body["kernels"]
+        assert again["gpu_swapped"] is True and again["swap"]["host_mib"] == model["swap"]["host_mib"], again
+        assert slices(hub) == []
+
+        # bob's kernel takes 75 of the card's 80 GiB: the resume (10 GiB, on this card only) must wait
+        bob = Server(hub, "bob", hub.user_token("bob"))
+        start_server(hub, "bob", bob.token)
+        status, second = bob.start_session("elastic-gpu-gpu-75g")
+        assert status == 201, second
+        kernel = alice.connect(session["kernel"]["id"])
+        msg_id = kernel.execute_async(CUDA_CELL + "print(notes)")
+        assert kernel.wait_for_output(msg_id, "position 1 in the GPU queue", timeout=60), hub.log_tail()
+        status, body = bob.api("DELETE", f"/sessions/{second['id']}")
+        assert status == 204, body
+        second = None
+
+        out = kernel.collect(msg_id, timeout=90)
+        assert out["status"] == "ok" and "GPU resumed after" in out["text"], (out, log.read_text())
+        assert "alloc 0" in out["text"] and "{'answer': 42}" in out["text"], out  # its Python state survived
+        status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
+        assert model["gpu_swapped"] is False and model["allocation"]["gpu_uuids"] == record["allocation"]["gpu_uuids"]
         new_id = model["allocation"]["id"]
-        assert new_id != record["allocation"]["id"]
-        status, pool = hub.api("GET", "/gpu/pool")
-        assert [s["allocation_id"] for n in pool["nodes"] for g in n["gpus"] for s in g["slices"]] == [new_id], pool
+        assert new_id != record["allocation"]["id"] and slices(hub) == [new_id]
         labels = emu.get("pods", pod, NAMESPACE)["metadata"]["labels"]
         assert labels[L.ALLOCATION_ID] == L.label_value(new_id)  # the pod names the slice it holds now
-        out = kernel.execute(CUDA_CELL + "print(notes)")
-        assert out["status"] == "ok" and "alloc 0" in out["text"] and "{'answer': 42}" in out["text"], out
+        assert not marker.exists()
+        out = kernel.execute("print(notes['answer'] + 1)")  # the next cell runs at once
+        assert out["status"] == "ok" and out["text"].strip() == "43", out
     finally:
         kernel.close()
-        status, body = alice.api("DELETE", f"/sessions/{session['id']}")
-        assert status == 204, body
+        for server, s in ((alice, session), (bob, second)):
+            if s is not None:
+                status, body = server.api("DELETE", f"/sessions/{s['id']}")
+                assert status == 204, body

@@ -215,8 +215,8 @@ def test_pod_bootstrap_builds_a_private_connection_file_from_the_secret(tmp_path
     secret.write_text(json.dumps({"key": "k" * 32, "signature_scheme": "hmac-sha256", "transport": "tcp"}))
     ports = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
     show = (
-        "import json, os, sys; p = sys.argv[1]; "
-        "print(json.dumps([json.load(open(p)), oct(os.stat(p).st_mode & 0o777)]))"
+        "import json, os, sys, elastic_gpu_resume as hook; p = sys.argv[1]; "
+        "print(json.dumps([json.load(open(p)), oct(os.stat(p).st_mode & 0o777), hook.HOOK]))"
     )
     result = subprocess.run(
         [
@@ -225,6 +225,7 @@ def test_pod_bootstrap_builds_a_private_connection_file_from_the_secret(tmp_path
             bootstrap_source(),
             str(secret),
             json.dumps(ports),
+            "HOOK = 'the resume hook'",  # the kernel imports it (kernel_cmd: --ext=elastic_gpu_resume)
             sys.executable,
             "-c",
             show,
@@ -236,9 +237,9 @@ def test_pod_bootstrap_builds_a_private_connection_file_from_the_secret(tmp_path
         timeout=30,
     )
     assert result.returncode == 0, result.stderr
-    info, mode = json.loads(result.stdout)
+    info, mode, hook = json.loads(result.stdout)
     assert info == {"key": "k" * 32, "signature_scheme": "hmac-sha256", "transport": "tcp", "ip": "10.1.2.3", **ports}
-    assert mode == "0o600"
+    assert mode == "0o600" and hook == "the resume hook"
 
 
 # ---- the local launcher ---------------------------------------------------------------------------

@@ -885,8 +885,8 @@ class PodRuntime:
     def _set_ownership(self, pod: dict, v: dict) -> None:
         """emptyDir is world-writable; with fsGroup, volumes belong to that group (setgid)."""
         path = self.volume_dir(v["name"])
-        if v.get("hostPath") is not None:
-            return
+        if v.get("hostPath") is not None or self._host_path_claim(v):
+            return  # the kubelet manages no hostPath volume's ownership (nor a hostPath PV's)
         writable = not any(v.get(k) is not None for k in ("secret", "configMap", "downwardAPI",
                                                             "projected"))
         if v.get("emptyDir") is not None or not (set(v) - {"name"}):
@@ -1013,6 +1013,18 @@ class PodRuntime:
             if not e.message.startswith("MountVolume"):
                 raise PrepareError(e.reason, fail + e.message, e.event_reason) from None
             raise
+
+    def _host_path_claim(self, v: dict) -> bool:
+        """Whether volume ``v`` is a claim bound to a hostPath PersistentVolume."""
+        if v.get("persistentVolumeClaim") is None:
+            return False
+        try:
+            pvc = self.emu.store.get(BY_KEY[("", "persistentvolumeclaims")], self.ns,
+                                     v["persistentVolumeClaim"]["claimName"])
+            pv = self._bound_volume(pvc)
+        except (ApiError, PrepareError):
+            return False
+        return pv is not None and (pv.get("spec") or {}).get("hostPath") is not None
 
     def _bound_volume(self, pvc: dict) -> dict | None:
         """The PersistentVolume a claim names in spec.volumeName (static binding), or None for a

@@ -268,7 +268,8 @@ def test_pod_security_baseline_refuses_host_paths_and_a_host_path_volume_claim_i
 ):
     """A namespace labelled pod-security.kubernetes.io/enforce=baseline refuses a hostPath volume
     with the API server's 403 and sentence; a claim bound to a hostPath PersistentVolume (the
-    chart's claim of the agent's directory) is admitted and mounts that directory of the node."""
+    chart's claim of the agent's directory) is admitted and mounts that directory of the node,
+    whose ownership the pod's fsGroup leaves alone (the kubelet manages no hostPath volume's)."""
     from tests.kubeemu.helpers import create_host_claim
     from tests.kubeemu.podsecurity import ENFORCE_LABEL
 
@@ -282,10 +283,14 @@ def test_pod_security_baseline_refuses_host_paths_and_a_host_path_volume_claim_i
     assert json.loads(e.value.body)["message"] == (
         'pods "hostpath" is forbidden: violates PodSecurity "baseline:latest": hostPath volumes (volumes "host")')
     create_host_claim(kube_emulator, kube_namespace, tmp_path, name="agent-dir")
+    (tmp_path / "agents-own").mkdir(mode=0o711)
+    before = [(p.stat().st_gid, p.stat().st_mode) for p in (tmp_path, tmp_path / "agents-own")]
     core.create_namespaced_pod(kube_namespace, pod(
         "claim", py("print(open('/etc/preload').read(), end='')"), restartPolicy="Never",
+        securityContext={"fsGroup": 2000},
         volumeMounts=[{"name": "host", "mountPath": "/etc/preload", "subPath": "ld.so.preload", "readOnly": True}],
         volumes=[{"name": "host", "persistentVolumeClaim": {"claimName": "agent-dir"}}]))
     done = kube_emulator.wait_for_pod_phase("claim", ("Succeeded", "Failed"), kube_namespace)
     assert done["status"]["phase"] == "Succeeded", kube_emulator.pod_log("claim", kube_namespace)
     assert kube_emulator.pod_log("claim", kube_namespace) == "from the node\n"
+    assert [(p.stat().st_gid, p.stat().st_mode) for p in (tmp_path, tmp_path / "agents-own")] == before

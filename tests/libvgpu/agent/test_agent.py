@@ -22,6 +22,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -605,3 +606,30 @@ def test_the_agent_swaps_a_pods_cuda_processes_out_and_in_when_the_hub_asks(node
     bad = ask_swap(node, "pod-a", '{"action": "freeze"}')
     assert bad == {"generation": -1, "ok": False, "message": f"the {L.A_SWAP} annotation's action must be "
                    "'suspend' or 'resume'"}, bad
+
+
+def test_a_swapped_out_kernel_pod_has_its_marker_and_the_host_memory_cap_refuses_a_suspend_leaving_it_running(node):
+    pid, kernel = node.pids["pod-a"], "0123456789abcdef0123456789abcdef"
+    node.emu.patch("pods", "pod-a", {"metadata": {"annotations": {L.A_KERNEL_ID: kernel}}}, NS)
+    markers = node.host_dir / "regions" / L.SWAP_MARKER_DIR
+    # a pod planted a file where the agent keeps its markers (the region dir is every pod's)
+    markers.parent.mkdir(exist_ok=True)
+    (markers.parent / L.SWAP_MARKER_DIR).write_text("planted")
+    os.chown(markers.parent / L.SWAP_MARKER_DIR, 1000, 1000)
+
+    # over the cap (a ten-thousandth of the node's RAM: less than the pod's 300 MiB): refused, still running
+    status = ask_swap(node, "pod-a", {"action": "suspend", "generation": 11, "host_memory_percent": 0.0001})
+    assert status["ok"] is False and not status["stuck"], status
+    assert "over the cap of" in status["message"] and "of the node's" in status["message"], status
+    assert driver_state(node, pid) == "RUNNING"
+    assert not (markers / kernel).exists()  # no marker left behind: the next cell does not ask
+
+    status = ask_swap(node, "pod-a", {"action": "suspend", "generation": 12, "host_memory_percent": 90})
+    assert status["ok"] is True, (status, node.log())
+    assert driver_state(node, pid) == "CHECKPOINTED"
+    assert (markers / kernel).is_file() and markers.stat().st_uid == 0, list(markers.iterdir())
+    assert stat.S_IMODE(markers.stat().st_mode) == 0o711  # a kernel finds its own marker, lists none
+
+    status = ask_swap(node, "pod-a", {"action": "resume", "generation": 13})
+    assert status["ok"] is True and driver_state(node, pid) == "RUNNING", status
+    assert not (markers / kernel).exists()
