@@ -83,9 +83,11 @@ def stack(tmp_path_factory):
     }
     # bob's large kernel fills the card, so alice's resume must wait for it (a user's own kernels
     # are no reason to wait: admission refuses those at once)
-    admission = {**ADMISSION, "workspaces": {"default": {"namespaces": {"default": {"user_limits": {"memory_mib": 81920}}}}}}
+    limits = {"user_limits": {"memory_mib": 81920}}
+    admission = {**ADMISSION, "workspaces": {"default": {"namespaces": {"default": limits}}}}
     sizes = [*SIZES, {"name": "gpu-75g", "display_name": "GPU 75 GiB", "memory_mib": 76800, "cores_percent": 50}]
-    with kube_stack(work / "stack", emulator_options=options, admission=admission, sizes=sizes) as st:  # swap: on by default
+    # KubernetesKernelLauncher.swap_kernels: on by default
+    with kube_stack(work / "stack", emulator_options=options, admission=admission, sizes=sizes) as st:
         host = work / "stack" / "host-elastic-gpu"  # the chart's host directory (kube_stack's claim of it)
         (host / "regions").mkdir(exist_ok=True)
         (host / "regions").chmod(0o1777)  # as the agent's shim install leaves it
