@@ -522,6 +522,15 @@ class NodeAgent(Application):
 
     async def _swap(self) -> None:
         pods = list((await self._node_pods(force=True)).values())
+        regions = Path(self.host_lib_dir) / "regions"
+        keep = {(p.annotations or {}).get(L.A_KERNEL_ID, "") for p in pods if swap.keeps_marker(p.annotations)}
+        try:
+            swept = await asyncio.to_thread(swap.sweep_markers, regions, keep)
+        except OSError as e:
+            self.log.warning("Swap markers in %s not swept: %s", regions, e)
+        else:
+            if swept:
+                self.log.info("Swap markers of kernels no longer swapped out here removed: %s", ", ".join(swept))
         for pod in pods:
             todo = swap.pending(pod.annotations)
             if todo is None:
@@ -532,7 +541,7 @@ class NodeAgent(Application):
             else:
                 pids = swap.pod_processes(pod.uid, self.proc_root)
                 elsewhere = sum(swap.swapped_mib(p.annotations) for p in pods if p.uid != pod.uid)
-                regions, kernel = Path(self.host_lib_dir) / "regions", (pod.annotations or {}).get(L.A_KERNEL_ID, "")
+                kernel = (pod.annotations or {}).get(L.A_KERNEL_ID, "")
                 try:
                     if request.action == "suspend":  # before the lock: a cell starting now asks the hub first
                         await asyncio.to_thread(swap.set_marker, regions, kernel, True)

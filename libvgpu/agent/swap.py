@@ -109,6 +109,26 @@ def marker_dir(region_dir: str | os.PathLike[str]) -> Path:
     return d
 
 
+def sweep_markers(region_dir: str | os.PathLike[str], keep: set[str]) -> list[str]:
+    """Remove the markers of kernels not in ``keep`` (their pod went, or was restarted while
+    swapped out, which makes a fresh process of the same kernel); the kernel ids removed."""
+    d = Path(region_dir) / L.SWAP_MARKER_DIR
+    if not d.is_dir() or d.is_symlink():
+        return []
+    gone = sorted(entry.name for entry in d.iterdir() if entry.name not in keep)
+    for name in gone:
+        set_marker(region_dir, name, False)
+    return gone
+
+
+def keeps_marker(annotations: dict[str, str] | None) -> bool:
+    """Whether a pod's kernel keeps its marker: swapped out, or its suspend is being carried out."""
+    todo = pending(annotations)
+    return L.swapped_out(annotations) or (
+        todo is not None and isinstance(todo[0], SwapRequest) and todo[0].action == "suspend"
+    )
+
+
 def set_marker(region_dir: str | os.PathLike[str], kernel_id: str, present: bool) -> None:
     """Make or remove kernel ``kernel_id``'s marker (a kernel id that is no file name: nothing)."""
     if not _KERNEL_ID.match(kernel_id or ""):

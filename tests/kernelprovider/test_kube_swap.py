@@ -14,6 +14,7 @@ these machines cannot create cgroups).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -158,6 +159,8 @@ def test_a_swapped_out_kernel_pod_resumes_on_its_next_cell_after_a_hub_restart_w
         assert emu.get("pods", pod, NAMESPACE)["status"]["phase"] == "Running"
         marker = host / "regions" / L.SWAP_MARKER_DIR / record["id"]
         assert marker.exists()  # what the kernel looks for before each cell
+        asked = json.loads(emu.get("pods", pod, NAMESPACE)["metadata"]["annotations"][L.A_SWAP])
+        assert asked["host_memory_percent"] == 50  # the node agent's cap (GPUBroker.swap_host_memory_percent)
 
         # the hub restarts: the swapped-out kernel is still known as swapped out (from its pod)
         kernel.close()

@@ -633,3 +633,7 @@ def test_a_swapped_out_kernel_pod_has_its_marker_and_the_host_memory_cap_refuses
     status = ask_swap(node, "pod-a", {"action": "resume", "generation": 13})
     assert status["ok"] is True and driver_state(node, pid) == "RUNNING", status
     assert not (markers / kernel).exists()
+
+    # the marker of a kernel whose pod went while swapped out (or was restarted) does not stay
+    (markers / ("f" * 32)).touch()
+    wait_for(lambda: not (markers / ("f" * 32)).exists(), 15, "the stray marker to be swept")
