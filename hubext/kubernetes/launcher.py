@@ -30,7 +30,6 @@ from .objects import (
     RESUME_EXT,
     apply_gpu_to_pod,
     check_size_overrides,
-    cpu_and_memory,
     kernel_base_name,
     kernel_pod_name,
     kernel_ports,
@@ -43,7 +42,8 @@ from .objects import (
     shared_server_volumes,
     volume_sharing_problem,
 )
-from .status import api_message, apply_pod_status, notebook_status, record_from_pod, server_identity, swap_from_pod
+from .quantities import cpu_and_memory
+from .status import api_message, apply_pod_status, notebook_status, record_from_pod, server_identity
 from .swap import PodSwapMixin
 
 #: z2jh's tolerations of its dedicated user node pools (the key in both spellings z2jh uses)
@@ -154,10 +154,9 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
             "hub.jupyter.org/network-access-hub",
         ],
         config=True,
-        help="""Labels copied from the user's server pod onto its kernel pods (z2jh's release labels,
-        the user's, and z2jh's hub.jupyter.org/network-access-hub: its hub NetworkPolicy then
-        admits a swapped-out kernel asking for its GPU back). 'component' is never copied:
-        KubeSpawner lists pods with component=singleuser-server as servers.""",
+        help="""Labels copied from the user's server pod onto its kernel pods (z2jh's release labels, the
+        user's, network-access-hub: a swapped-out kernel asks the hub for its GPU). 'component' is
+        never copied: KubeSpawner lists pods with component=singleuser-server as servers.""",
     )
     component_label = Unicode(
         "elastic-gpu-kernel",
@@ -376,7 +375,6 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
         self, record: KernelRecord, allocation: Allocation, server: ServerRef | None, source_pod: Any = None
     ) -> Any:
         settings = dict(server.gpu_settings) if server else {}
-        backend = settings.get("gpu_backend", self.gpu_backend)
         volumes, mounts, home = self._shared(source_pod if source_pod is not None else (server and server.pod))
         cwd = record.cwd if path_under_mounts(record.cwd, mounts) else home
         labels = {k: v for k, v in (server.pod_labels if server else {}).items() if k in self.inherited_server_labels}
@@ -402,13 +400,12 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
             volume_mounts=mounts,
             working_dir=cwd,
             home=home,
-            # the marker of a swapped-out kernel is in the node region dir, which 'native' pods see
-            resume_hook=bool(record.resume_url) and backend == "native" and RESUME_EXT in self.kernel_cmd,
+            resume_hook=self.resumes_itself(record, settings.get("gpu_backend", self.gpu_backend)),
         )
         apply_gpu_to_pod(
             pod,
             allocation,
-            backend=backend,
+            backend=settings.get("gpu_backend", self.gpu_backend),
             section=record.section,
             priority_value=self.priority_value(allocation.priority_class),
             priority_class_name=settings.get("gpu_priority_class_prefix", self.gpu_priority_class_prefix)
@@ -556,8 +553,6 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
                 return
             raise
         self._apply_pod_status(record, pod)
-        if not record.swap:  # a suspend the agent carried out after its hub stopped waiting (a restart)
-            record.swap = swap_from_pod(pod)
 
     async def delete(self, record: KernelRecord) -> None:
         ns = record.namespace or self._ns()

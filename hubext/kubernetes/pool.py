@@ -29,7 +29,7 @@ from .. import contract as C
 from ..backends import GoneCallback, PoolBackend, ReleaseCause
 from .claims import Claim, ClaimsLedger, valid_hub_id, without
 from .launcher import KubernetesKernelLauncher
-from .objects import cpu_and_memory
+from .quantities import cpu_and_memory
 from .rest import call_json
 
 

@@ -55,7 +55,6 @@ def record_from_pod(kid: str, pod: Any) -> KernelRecord | None:
         resume_url=ann.get(C.A_RESUME_URL, ""),
     )
     record.set_allocation(allocation)
-    record.swap = swap_from_pod(pod)
     return record
 
 
@@ -88,6 +87,8 @@ def apply_pod_status(
 
     ``unschedulable_since`` remembers since when each kernel's pod is Unschedulable."""
     record.activity = C.gpu_activity((pod.metadata.annotations or {}).get(C.A_GPU_ACTIVITY))
+    if not record.swap:  # swapped out before this hub started, or after it stopped waiting for the agent
+        record.swap = swap_from_pod(pod)
     status = pod.status
     phase = status.phase if status else "Pending"
     record.ip = (status.pod_ip if status else "") or ""

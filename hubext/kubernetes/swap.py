@@ -138,6 +138,11 @@ class PodSwapMixin(LoggingConfigurable):
             )
         return list(status.get("processes") or []), int(status.get("host_mib") or 0)
 
+    def resumes_itself(self, record: KernelRecord, backend: str) -> bool:
+        """Whether ``record``'s pod starts with the resume hook: it has the hub's URL, sees the node
+        region dir with its marker ('native' pods) and loads the hook (``kernel_cmd``)."""
+        return bool(record.resume_url) and backend == "native" and RESUME_EXT in self.kernel_cmd
+
     def resume_pins(self, record: KernelRecord) -> tuple[str, ...]:
         """The pod's own cards: its container sees no other (NVIDIA_VISIBLE_DEVICES is fixed at its start)."""
         return tuple(record.swap.get("gpu_uuids") or record.allocation.get("gpu_uuids", []))
