@@ -461,3 +461,41 @@ def test_kernel_pod_settings_per_size_override_the_launchers(no_allocator):
 def test_a_size_override_with_an_unknown_key_is_refused_with_a_sentence(no_allocator):
     with pytest.raises(Exception, match=r"size_overrides\['gpu-10g'\].*'gpus'.*allowed"):
         KubernetesKernelLauncher(size_overrides={"gpu-10g": {"gpus": 2}})
+
+
+def test_a_kernel_pod_carries_its_resume_hook_and_a_restarted_hub_reads_its_swap_state_back(no_allocator):
+    import json
+
+    from hubext.kubernetes.status import apply_pod_status, record_from_pod
+
+    record = kernel_record()
+    record.resume_url, record.key_sha256 = "http://hub:8081/hub/api/gpu/kernels/x/resume", "ab" * 32
+    launcher = KubernetesKernelLauncher(namespace="jhub", image="kernel:1")
+    pod = launcher._pod(record, ALLOCATION, server_ref())
+    [c] = pod.spec.containers
+    env = {e.name: e.value for e in c.env}
+    assert env["ELASTIC_GPU_RESUME_URL"] == record.resume_url
+    assert env["ELASTIC_GPU_SWAP_FILE"] == f"/var/run/libvgpu/node/{L.SWAP_MARKER_DIR}/{record.id}"
+    assert "def resume_if_swapped" in c.command[5] and c.command[-1] == "--ext=elastic_gpu_resume"
+    # a pod whose marker it could not see (not 'native') is started without the hook
+    assert not launcher.resumes_itself(record, "hami") and launcher.resumes_itself(record, "native")
+
+    # as the hub's suspend and the node agent's answer leave the pod
+    pod.metadata.annotations[L.A_SWAP] = json.dumps(
+        {"action": "suspend", "generation": 7, "since": 1700000000.5, "reason": "idle 2 h", "model": "H100-80GB"}
+    )
+    pod.metadata.annotations[L.A_SWAP_STATUS] = json.dumps(
+        {"generation": 7, "action": "suspend", "ok": True, "processes": [41], "host_mib": 2048}
+    )
+    again = record_from_pod(record.id, pod)
+    assert (again.key_sha256, again.resume_url) == (record.key_sha256, record.resume_url)
+    apply_pod_status(again, pod, {}, 0.0)
+    assert again.swap == {
+        "state": "swapped", "since": 1700000000.5, "host_mib": 2048, "processes": [41],
+        "gpu_uuids": list(ALLOCATION.gpu_uuids), "model": "H100-80GB", "position": None, "reason": "idle 2 h",
+    }  # fmt: skip
+    # the agent's answer to another generation (or a refusal) is no swapped-out pod
+    pod.metadata.annotations[L.A_SWAP_STATUS] = json.dumps({"generation": 7, "ok": False, "message": "no"})
+    fresh = record_from_pod(record.id, pod)
+    apply_pod_status(fresh, pod, {}, 0.0)
+    assert fresh.swap == {}
