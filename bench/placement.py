@@ -40,9 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from quotas import GPU, AdmissionState, GPURequest, Node, Owner, Placement, Pool, load_config  # noqa: E402
-from quotas.errors import PoolFull  # noqa: E402
-from quotas.model import Decision  # noqa: E402
-from quotas.queue import AdmissionQueue, Step, propose_moves  # noqa: E402
+from quotas.queue import AdmissionQueue  # noqa: E402
 
 GIB = 1024
 CARD_MIB = 80 * GIB
@@ -110,10 +108,9 @@ def product_request(pod: Pod, i: int, owner: Owner) -> GPURequest:
     )
 
 
-def config(node: str, gpu: str, reserve_after: float | None = None):
-    """An admission config with this placement; ``reserve_after`` None: never reserve."""
-    return load_config({"placement": {"node": node, "gpu": gpu},
-                        "queue": {"reserve_after_seconds": reserve_after}})
+def config(node: str, gpu: str, queue: dict | None = None):
+    """An admission config with this placement and ``queue`` section ({}/None: the defaults)."""
+    return load_config({"placement": {"node": node, "gpu": gpu}, "queue": queue or {}})
 
 
 def product_alloc_ratio(nodes, pods, node_policy: str, gpu_policy: str) -> float:
@@ -297,6 +294,15 @@ def session_trace(seed: int, hours: float, load: float, capacity_gib: float) -> 
     return trace
 
 
+#: the queue's rules switched off one by one (``--compare``): the admission config's ``queue``
+COMPARE = {
+    "no reservation": {"reserve_after_seconds": None, "hold": False, "moves": None},
+    "reserve only": {"hold": False, "moves": None},
+    "reserve + hold, no moves": {"moves": None},
+    "reserve + moves, no hold": {"hold": False},
+}
+
+
 def wait_nodes(n_nodes: int = 12) -> list[tuple[int, int, int]]:
     return [(8, 64_000, 512)] * (n_nodes // 2) + [(4, 32_000, 256)] * (n_nodes - n_nodes // 2)
 
@@ -320,65 +326,27 @@ class WaitRun:
     nodes_with_room: float = 0.0
     nodes: int = 0
     cpu_used: float = 0.0
-    #: slices moved (only with move_up_to)
+    #: slices the queue moved (swapped out) for overdue heads
     moves: int = 0
 
 
-class HoldingQueue(AdmissionQueue):
-    """A model, NOT product code: the product's queue order, but once the head of a class has
-    waited ``reserve_after_seconds`` for capacity, nobody of its class or lower behind it is
-    granted until it is (freed capacity is held for it anywhere in the pool, not on one node)."""
+def wait_run(node_policy: str, gpu_policy: str, seed: int, hours: float, n_nodes: int = 12,
+             load: float = 0.85, queue: dict | None = None) -> WaitRun:
+    """One arrival/departure run through the product's queue (``AdmissionQueue.from_policy``,
+    its ``pump`` with holding and moves) and admission core; ``queue``: the admission config's
+    ``queue`` section ({}: the product's defaults).
 
-    def pump(self, state: AdmissionState, now: float) -> list[Step]:
-        steps: list[Step] = []
-        held_at = None
-        for w in self.ordered():
-            if held_at is not None and w.priority_value <= held_at:
-                steps.append(Step(w, Decision("wait", reason="behind an overdue head")))
-                continue
-            d = state.decide(w.request, now=now)
-            steps.append(Step(w, d))
-            if d.granted or d.kind == "reject":
-                self._waiting.remove(w)
-                if d.granted:
-                    state.apply(d)
-            elif isinstance(d.error, PoolFull) and now - w.enqueued_at >= (self.reserve_after_seconds or 0):
-                held_at = w.priority_value
-        return steps
-
-
-def move_for_head(state: AdmissionState, queue: AdmissionQueue, now: float, up_to: int,
-                  bound: float) -> int:
-    """A model of the issue's optional item, NOT something the product does: when the first
-    waiting request is a whole card that has waited past the bound, carry out at once the
-    product's move proposal for it (``quotas.queue.propose_moves``: the fewest slices, at most
-    ``up_to``, that placed elsewhere clear a place for it), as if each moved slice were stopped
-    and started again at once. Returns how many slices moved (0: no proposal)."""
-    line = queue.ordered()
-    if not line or not line[0].request.whole or now - line[0].enqueued_at < bound:
-        return 0
-    proposal = propose_moves(state, line[0].request, now, up_to)
-    if proposal is None:
-        return 0
-    for mv in proposal.moves:
-        state.remove(mv.allocation.id)
-    for mv in proposal.moves:
-        state.add(mv.to)
-    return len(proposal.moves)
-
-
-def wait_run(node_policy: str, gpu_policy: str, reserve_after: float | None, seed: int,
-             hours: float, n_nodes: int = 12, load: float = 0.85,
-                      spots: int | None = None, move_up_to: int = 0, hold: bool = False) -> WaitRun:
-    """One arrival/departure run through the product's queue and admission core;
-    ``move_up_to`` > 0 adds :func:`move_for_head` and ``hold`` puts :class:`HoldingQueue` in the
-    product queue's place (the bench's models of moving slices and holding capacity)."""
+    Every session is a GPU kernel of the default priority class. A slice the pump moves
+    (``Step.moves``) is treated as the product treats it — swapped out: its slice goes back to
+    the pool and the kernel asks again — except that here it asks again at once (in the product
+    it asks on its next cell, usually later): a conservative stand-in, since it competes for
+    room at the worst moment. Its wait to come back counts as a small request's wait, and it
+    runs on for what was left of its length once granted again."""
     nodes = wait_nodes(n_nodes)
     pool = product_pool(nodes)
-    cfg = config(node_policy, gpu_policy, reserve_after)
+    cfg = config(node_policy, gpu_policy, queue)
     state = AdmissionState(cfg, pool)
-    queue = (HoldingQueue if hold else AdmissionQueue)(
-        cfg.policy.reserve_after_seconds, spots or cfg.policy.reserve_spots)
+    line = AdmissionQueue.from_policy(cfg.policy)
     end = hours * 3600
     events: list[tuple[float, int, str, str]] = []
     sessions = {}
@@ -387,6 +355,8 @@ def wait_run(node_policy: str, gpu_policy: str, reserve_after: float | None, see
         heapq.heappush(events, (t, i, "arrive", f"s{i}"))
         sessions[f"s{i}"] = (session, user, length)
     arrived: dict[str, tuple[float, bool, float]] = {}
+    requests: dict[str, GPURequest] = {}
+    leave_at: dict[str, float] = {}  # a moved session's old departure no longer counts
     waits: dict[bool, list[float]] = {True: [], False: []}
     owner_of = [Owner(f"user{u}") for u in range(200)]
     seq = len(events)
@@ -398,29 +368,35 @@ def wait_run(node_policy: str, gpu_policy: str, reserve_after: float | None, see
     ix = state._index  # read-only, for the "why" figures
     cpu_total = sum(cpu for _, cpu, _ in nodes)
     large_cpu, large_hmem = SESSIONS[-1][1], SESSIONS[-1][2] * GIB
+    bound = cfg.policy.reserve_after_seconds
     while events:
         now, _, kind, rid = heapq.heappop(events)
         area += large_waiting * (now - last)
         last = now
         if kind == "leave":
+            if leave_at.get(rid) != now:
+                continue  # moved since: it leaves later
+            del leave_at[rid]
             state.remove(rid)
         elif kind == "arrive":
             (gib, cpu, mem, _), user, length = sessions.pop(rid)
             large = gib == 0
-            request = GPURequest(
+            request = requests[rid] = GPURequest(
                 owner_of[user],
                 memory_mib=CARD_MIB if large else gib * GIB,
                 cores_percent=100 if large else max(5, gib * 100 // 80),
                 whole=large, cpu_millicores=cpu, host_memory_mib=mem * GIB, request_id=rid,
+                kind="kernel",
             )
             arrived[rid] = (now, large, length)
             large_waiting += large
-            queue.push(request, 100, now)
-            if large and move_up_to and reserve_after is not None:
+            line.push(request, 100, now)
+            if bound is not None:
                 seq += 1  # look again once it is overdue
-                heapq.heappush(events, (now + reserve_after + 1e-3, seq, "tick", ""))
+                heapq.heappush(events, (now + bound + 1e-3, seq, "tick", ""))
         for _ in range(8):
-            for step in queue.pump(state, now):
+            moved = 0
+            for step in line.pump(state, now):
                 w = step.waiting
                 if step.decision.granted:
                     got = w.request.request_id
@@ -433,12 +409,18 @@ def wait_run(node_policy: str, gpu_policy: str, reserve_after: float | None, see
                         to_grant.append(now - r.made_at)
                         out.granted_on_reserved += set(step.decision.allocation.gpu_uuids) <= set(r.cards)
                     seq += 1
+                    leave_at[got] = now + length
                     heapq.heappush(events, (now + length, seq, "leave", got))
-            moved = move_for_head(state, queue, now, move_up_to, reserve_after or 0) if move_up_to else 0
+                for mv in step.moves:  # swapped out: the slice is free, the kernel asks again
+                    aid = mv.allocation.id
+                    state.remove(aid)
+                    arrived[aid] = (now, False, leave_at.pop(aid) - now)
+                    line.push(requests[aid], 100, now)
+                    moved += 1
             out.moves += moved
             if not moved:
                 break
-        overdue = [w for w in queue.ordered() if w.request.whole and w.reservation is not None]
+        overdue = [w for w in line.ordered() if w.request.whole and w.reservation is not None]
         if overdue and kind == "arrive":
             samples += 1
             out.nodes_with_room += sum(
@@ -509,12 +491,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hours", type=float, default=72.0, help="simulated hours in the wait run")
     parser.add_argument("--load", type=float, default=0.85,
                         help="offered GPU memory in the wait run, as a share of the pool's (default 0.85)")
-    parser.add_argument("--move-up-to", type=int, default=0, metavar="N",
-                        help="also run the wait run with the bench's model of moving up to N slices "
-                             "for an overdue whole-card head (not product code; default 0: off)")
+    parser.add_argument("--compare", action="store_true",
+                        help="also run the wait run with the queue's rules switched off one by one "
+                             "(no reservation; reservation only; + holding; + moves)")
     args = parser.parse_args(argv)
-    if args.move_up_to < 0:
-        parser.error("--move-up-to must be 0 or more")
     if args.nodes < 1 or args.hours <= 0 or not 0 < args.load < 2:
         parser.error("--nodes must be at least 1, --hours above 0 and --load between 0 and 2")
 
@@ -540,48 +520,41 @@ def main(argv: list[str] | None = None) -> None:
     default_ratio = product_alloc_ratio(nodes, pods, default.node, default.gpu)
 
     cfg_default = load_config({})
-    waits = {}
+    bound = cfg_default.policy.reserve_after_seconds
+    variants = {"the product's default queue": {}}
+    if args.compare:
+        variants.update(COMPARE)
     runs = {}
-    for label, reserve in (("no reservation", None),
-                           (f"reserve after {cfg_default.policy.reserve_after_seconds:g} s", "default")):
-        r = cfg_default.policy.reserve_after_seconds if reserve == "default" else None
+    for label, queue in variants.items():
         t0 = time.perf_counter()
-        run = runs[label] = wait_run(default.node, default.gpu, r, args.seed, args.hours, load=args.load)
-        waits[label] = (run.large_p95_s, run.small_p95_s)
+        run = runs[label] = wait_run(default.node, default.gpu, args.seed, args.hours, load=args.load,
+                                     queue=queue)
         print(f"  waits ({default_name}, {label}, load {args.load:g}): large p95 "
-              f"{run.large_p95_s:.0f} s, small p95 {run.small_p95_s:.0f} s "
-              f"({run.requests} requests, {time.perf_counter() - t0:.1f} s)")
-    run = runs[f"reserve after {cfg_default.policy.reserve_after_seconds:g} s"]
+              f"{run.large_p95_s:.0f} s, small p95 {run.small_p95_s:.0f} s, {run.moves} slices moved "
+              f"({run.moves / args.hours:.1f} per hour; {run.requests} requests, "
+              f"{time.perf_counter() - t0:.1f} s)")
+    run = runs["the product's default queue"]
     print(f"  why: {run.reservations} heads held a reservation, {run.granted_on_reserved} were granted "
           f"on the reserved cards (p50 {run.reserved_to_grant_p50_s:.0f} s after reserving); "
           f"{run.large_waiting_mean:.1f} whole-card requests waiting on average; while an overdue "
           f"one waited, {run.nodes_with_room:.1f} of {run.nodes} nodes had the CPU and memory for "
           f"one more whole-card session and {100 * run.cpu_used:.0f} % of the pool's CPU was in use")
-    if args.move_up_to:
-        for hold in (False, True):
-            t0 = time.perf_counter()
-            moved = wait_run(default.node, default.gpu, cfg_default.policy.reserve_after_seconds, args.seed,
-                             args.hours, load=args.load, move_up_to=args.move_up_to, hold=hold)
-            print(f"  model (not the product): moving up to {args.move_up_to} slices for an overdue "
-                  f"whole-card head{', nobody passing it' if hold else ''}: large p95 "
-                  f"{moved.large_p95_s:.0f} s, small p95 {moved.small_p95_s:.0f} s, {moved.moves} slices "
-                  f"moved ({moved.moves / args.hours:.1f} per hour; {time.perf_counter() - t0:.1f} s)")
     ideal_large, ideal_small = pooled_wait_run(args.seed, args.hours, load=args.load)
     print(f"  ideal pool (one machine with the pool's totals, backfill; this file's own code): "
           f"large p95 {ideal_large:.0f} s, small p95 {ideal_small:.0f} s "
           f"({'within' if ideal_large <= 3 * max(ideal_small, 30) else 'NOT within'} 3 x max(small, 30))")
-    bound = cfg_default.policy.reserve_after_seconds
     held_large, held_small = pooled_wait_run(args.seed, args.hours, load=args.load, hold_after=bound)
     print(f"  ideal pool, nobody passes a whole-card request that waited {bound:g} s: large p95 "
           f"{held_large:.0f} s, small p95 {held_small:.0f} s")
-    large, small = waits[f"reserve after {cfg_default.policy.reserve_after_seconds:g} s"]
+    large, small = run.large_p95_s, run.small_p95_s
     ok_alloc = default_ratio >= ratios["reference fgd"]
     ok_wait = large <= 3 * max(small, 30)
     print(f"default alloc_ratio >= reference fgd: {'met' if ok_alloc else 'NOT met'}; "
           f"large_wait_p95 <= 3 x max(small_wait_p95, 30 s): {'met' if ok_wait else 'NOT met'}")
     print(f"placement policy={default_name} alloc_ratio={default_ratio:.3f} "
           f"random={ratios['reference random']:.3f} bestfit={ratios['reference bestfit']:.3f} "
-          f"fgd={ratios['reference fgd']:.3f} large_wait_p95_s={large:.0f} small_wait_p95_s={small:.0f}")
+          f"fgd={ratios['reference fgd']:.3f} large_wait_p95_s={large:.0f} small_wait_p95_s={small:.0f} "
+          f"moves_per_h={run.moves / args.hours:.1f}")
 
 
 if __name__ == "__main__":

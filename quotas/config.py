@@ -18,6 +18,7 @@ from .policy import (
     RESERVE_AFTER_SECONDS,
     STRATEGIES,
     AdmissionConfig,
+    MovePolicy,
     Placement,
     Policy,
     PriorityClass,
@@ -27,8 +28,9 @@ from .tree import Limits, NamespaceQuota, QuotaTree, WorkspaceQuota
 CONFIG_KEYS = (
     "priority_classes", "default_priority_class", "placement", "workspaces", "preemption", "queue",
 )
-QUEUE_KEYS = ("reserve_after_seconds", "reserve_spots")
-CLASS_KEYS = ("value", "preempt", "borrow")
+QUEUE_KEYS = ("reserve_after_seconds", "reserve_spots", "hold", "moves")
+MOVE_KEYS = ("max_slices", "per_hour", "same_session_after_seconds")
+CLASS_KEYS = ("value", "preempt", "borrow", "movable")
 PLACEMENT_KEYS = ("node", "gpu")
 PREEMPTION_KEYS = ("max_candidate_nodes",)
 WORKSPACE_KEYS = ("limits", "namespaces")
@@ -152,8 +154,27 @@ def _load_classes(value: Any) -> dict[str, PriorityClass]:
             value=_any_int(body["value"], _join(path, "value")),
             preempt=_bool(body.get("preempt", False), _join(path, "preempt")),
             borrow=_bool(body.get("borrow", False), _join(path, "borrow")),
+            movable=_bool(body.get("movable", False), _join(path, "movable")),
         )
     return classes
+
+
+def _load_moves(value: Any) -> MovePolicy:
+    """``queue.moves``: ``{max_slices, per_hour, same_session_after_seconds}``; null: never move."""
+    if value is None:
+        return MovePolicy(max_slices=0)
+    data = _mapping(value, "queue.moves", MOVE_KEYS)
+    default = MovePolicy()
+    after = data.get("same_session_after_seconds", default.same_session_after_seconds)
+    if isinstance(after, bool) or not isinstance(after, (int, float)) or after < 0:
+        raise ConfigError(f"must be a number of seconds >= 0, got {_shown(after)}",
+                          "queue.moves.same_session_after_seconds")
+    return MovePolicy(
+        max_slices=_int(data.get("max_slices", default.max_slices), "queue.moves.max_slices",
+                        minimum=0),
+        per_hour=_int(data.get("per_hour", default.per_hour), "queue.moves.per_hour", minimum=0),
+        same_session_after_seconds=float(after),
+    )
 
 
 def _load_workspaces(value: Any) -> QuotaTree:
@@ -256,6 +277,8 @@ def load_config(data: Mapping | None) -> AdmissionConfig:
         max_preemption_nodes=max_nodes,
         reserve_after_seconds=None if reserve_after is None else float(reserve_after),
         reserve_spots=_int(queue.get("reserve_spots", 1), "queue.reserve_spots"),
+        hold_for_overdue_head=_bool(queue.get("hold", True), "queue.hold"),
+        moves=_load_moves(queue.get("moves", {})),
     )
     return AdmissionConfig(policy=policy, quotas=_load_workspaces(data.get("workspaces")))
 

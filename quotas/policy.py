@@ -20,12 +20,14 @@ STRATEGIES = ("binpack", "spread", "fgd")
 class PriorityClass:
     """``value``: higher wins. ``preempt``: may evict allocations of strictly lower value.
     ``borrow``: may go over quota while the pool has idle capacity (such grants are marked
-    borrowed and are the first to be preempted)."""
+    borrowed and are the first to be preempted). ``movable``: its GPU kernels' slices may be
+    swapped out to make room for an overdue head of the queue (see quotas.moving)."""
 
     name: str
     value: int
     preempt: bool = False
     borrow: bool = False
+    movable: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,9 +42,20 @@ class Placement:
 
 DEFAULT_PRIORITY_CLASSES: Mapping[str, PriorityClass] = {
     "high": PriorityClass("high", 1000, preempt=True, borrow=False),
-    "default": PriorityClass("default", 100, preempt=False, borrow=False),
-    "low": PriorityClass("low", 10, preempt=False, borrow=True),
+    "default": PriorityClass("default", 100, preempt=False, borrow=False, movable=True),
+    "low": PriorityClass("low", 10, preempt=False, borrow=True, movable=True),
 }
+
+
+@dataclass(frozen=True)
+class MovePolicy:
+    """How the queue moves slices for an overdue head (quotas.moving): at most ``max_slices``
+    slices for one head (0: never move), at most ``per_hour`` slices in an hour in the whole
+    pool, and never the same session again within ``same_session_after_seconds``."""
+
+    max_slices: int = 8
+    per_hour: int = 60
+    same_session_after_seconds: float = 1800.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,11 @@ class Policy:
     #: on how many nodes at once capacity is reserved for an overdue head (the first to
     #: clear wins; more spots: shorter waits for the head, less capacity for the others)
     reserve_spots: int = 1
+    #: once the head of a class is overdue, requests of its class and lower are not granted on
+    #: nodes where it could be placed (quotas.moving.held_nodes)
+    hold_for_overdue_head: bool = True
+    #: moving movable kernels' slices for an overdue head
+    moves: MovePolicy = field(default_factory=MovePolicy)
 
     def priority_class(self, name: str | None) -> PriorityClass:
         """The class of a request (``None`` -> the default); InvalidRequest if unknown."""

@@ -28,14 +28,15 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from .errors import PoolFull
 from .model import Allocation, Decision, GPURequest, Owner
+from .moving import MOVE_GRACE_SECONDS, Movable, MoveLimiter, held_nodes, move_key
 from .placement import ANY, CardIndex
-from .policy import RESERVE_AFTER_SECONDS
+from .policy import RESERVE_AFTER_SECONDS, MovePolicy
 from .state import AdmissionState
 
 
@@ -68,15 +69,20 @@ class Waiting:
     reason: str = ""
     reservation: Reservation | None = None
     extra: dict = field(default_factory=dict)
+    #: slices being moved for it: allocation id -> when the move was decided
+    moving: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Step:
     """What one pump did with one request: granted (``decision.granted``; the state already
-    holds the allocation and no longer the victims), rejected, or still waiting."""
+    holds the allocation and no longer the victims), rejected, or still waiting. ``moves``:
+    slices to swap out so that this (overdue, waiting) request fits; they are still in the
+    state — the caller removes each as its swap-out releases it."""
 
     waiting: Waiting
     decision: Decision
+    moves: tuple[Move, ...] = ()
 
 
 class AdmissionQueue:
@@ -86,6 +92,8 @@ class AdmissionQueue:
         self,
         reserve_after_seconds: float | None = RESERVE_AFTER_SECONDS,
         reserve_spots: int = 1,
+        hold: bool = True,
+        moves: MovePolicy | None = None,
     ) -> None:
         if reserve_after_seconds is not None and reserve_after_seconds < 0:
             raise ValueError(
@@ -96,6 +104,8 @@ class AdmissionQueue:
             raise ValueError(f"reserve_spots must be a whole number >= 1, got {reserve_spots!r}")
         self.reserve_after_seconds = reserve_after_seconds
         self.reserve_spots = reserve_spots
+        self.hold = hold
+        self.limiter = MoveLimiter(moves or MovePolicy(max_slices=0))
         self._waiting: list[Waiting] = []
         self._seq = itertools.count()
 
@@ -129,15 +139,26 @@ class AdmissionQueue:
         """Waiting requests in queue order (priority, then arrival)."""
         return sorted(self._waiting, key=lambda w: (-w.priority_value, w.seq))
 
-    def pump(self, state: AdmissionState, now: float) -> list[Step]:
+    @classmethod
+    def from_policy(cls, policy) -> AdmissionQueue:
+        """The queue an admission config's ``queue`` section describes."""
+        return cls(policy.reserve_after_seconds, policy.reserve_spots,
+                   policy.hold_for_overdue_head, policy.moves)
+
+    def pump(self, state: AdmissionState, now: float, movable: Movable | None = None) -> list[Step]:
         """Decide every waiting request in order, applying grants to ``state`` as they happen;
-        returns one step per request. Granted and rejected requests leave the queue."""
+        returns one step per request. Granted and rejected requests leave the queue.
+        ``movable``: the edge's say on which allocations it can swap out (see quotas.moving)."""
         steps: list[Step] = []
         ahead = 0
         heads: set[int] = set()
+        held: set[str] = set()  # nodes held for overdue heads ahead
+        held_for = ""
         with _holds(state) as hold:
             for w in self.ordered():
                 d = state.decide(w.request, now=now)
+                if d.granted and d.allocation.node in held:
+                    d = Decision("wait", reason=held_for, error=PoolFull(held_for))
                 steps.append(Step(w, d))
                 if d.granted or d.kind == "reject":
                     self._waiting.remove(w)
@@ -151,12 +172,55 @@ class AdmissionQueue:
                 if not head or not isinstance(d.error, PoolFull):
                     continue  # only a head waiting for capacity (not quota) reserves
                 bound = self.reserve_after_seconds
-                if bound is not None and now - w.enqueued_at >= bound:
+                overdue = bound is not None and now - w.enqueued_at >= bound
+                if overdue:
                     if w.reservation is None:
                         w.reservation = reserve(state, w.request, now, self.reserve_spots)
+                    if self.hold:
+                        held |= held_nodes(state, w.request)
+                        held_for = (
+                            f"Waiting behind a request that has waited {now - w.enqueued_at:.0f} s "
+                            f"for room on the same GPUs; it goes first. {d.reason}"
+                        )
+                    if w.reservation is not None:
+                        moves = self._moves(state, w, now, movable)
+                        if moves:
+                            steps[-1] = Step(w, d, moves)
                 if w.reservation is not None:
                     hold(w.reservation)
         return steps
+
+    def _moves(self, state: AdmissionState, w: Waiting, now: float,
+               movable: Movable | None) -> tuple[Move, ...]:
+        """The slices to move for the overdue head ``w`` now (recorded as moving), or ()."""
+        if w.moving:
+            if any(aid in state.allocations for aid in w.moving) and \
+                    now - max(w.moving.values()) < MOVE_GRACE_SECONDS:
+                return ()  # the last moves are still under way
+            w.moving.clear()
+        budget = self.limiter.budget(now)
+        if budget < 1:
+            return ()
+        key = move_key(state, movable)
+        keys: dict[str, str] = {}
+
+        def can_move(a: Allocation) -> bool:
+            if a.id not in keys:
+                k = key(a)
+                keys[a.id] = k if k is not None and self.limiter.allowed(k, now) else ""
+            return bool(keys[a.id])
+
+        proposal = propose_moves(state, w.request, now, budget, can_move)
+        if proposal is None:
+            return ()
+        self.limiter.record((keys[mv.allocation.id] for mv in proposal.moves), now)
+        w.moving = {mv.allocation.id: now for mv in proposal.moves}
+        return proposal.moves
+
+    def move_failed(self, waiting: Waiting, allocation_id: str) -> None:
+        """The caller could not carry out the move of ``allocation_id`` (it stays where it is;
+        its session is not proposed again within the policy's interval)."""
+        waiting.moving.pop(allocation_id, None)
 
 
 def _shape(request: GPURequest) -> tuple[int, int, int, bool, int, int]:
@@ -244,13 +308,14 @@ class MoveProposal:
 
 
 def propose_moves(
-    state: AdmissionState, request: GPURequest, now: float, up_to: int = 8
+    state: AdmissionState, request: GPURequest, now: float, up_to: int = 8,
+    can_move: Callable[[Allocation], bool] | None = None,
 ) -> MoveProposal | None:
     """The fewest single-card slices (at most ``up_to``) that, each placed now where it has
     room, clear a place where ``request`` (waiting for capacity) then fits: its cards, and its
     node's CPU and host memory. None if there is no such set. A proposal for an admin (the
     issue of "waiting only on fragmentation"); nothing is moved and ``state`` is left as it
-    was. Whole-card and multi-card allocations are never moved."""
+    was. Whole-card and multi-card allocations are never moved, nor those ``can_move`` refuses."""
     ix = state._index
     m, c, k, whole, cpu, hmem = _shape(request)
     allocs = state.allocations
@@ -259,7 +324,8 @@ def propose_moves(
         cards = []
         for gi in candidates:
             movable = [allocs.get(aid) for aid in ix.on[gi]]
-            if any(a is None or a.whole or len(a.gpu_uuids) != 1 for a in movable):
+            if any(a is None or a.whole or len(a.gpu_uuids) != 1
+                   or (can_move is not None and not can_move(a)) for a in movable):
                 continue  # held for someone, claimed elsewhere, whole or multi-card
             fm, fc = ix.cap_m[gi] - ix.used_m[gi], ix.cap_c[gi] - ix.used_c[gi]
             out = []
@@ -279,7 +345,8 @@ def propose_moves(
         free_hmem = ix.hmem_free[ni] + sum(a.host_memory_mib for a in moves)
         rest = sorted(
             (a for a in ix.node_allocs[ni].values()
-             if a.id not in taken and not a.whole and len(a.gpu_uuids) == 1 and a.id in allocs),
+             if a.id not in taken and not a.whole and len(a.gpu_uuids) == 1 and a.id in allocs
+             and (can_move is None or can_move(a))),
             key=lambda a: (-a.cpu_millicores, -a.host_memory_mib, a.id),
         )
         for a in rest:
