@@ -10,8 +10,10 @@ Queue order is priority (higher first), then arrival (``quotas.queue.AdmissionQu
 It is best-effort FIFO, as Kueue's default: a later request that fits is granted even while an
 earlier, bigger one waits, so one large request cannot block a card for everyone; the earlier
 one keeps its place. So that small requests cannot pass a large one for ever, the head of a
-priority class that waited ``queue.reserve_after_seconds`` gets capacity reserved: later
-requests are not placed on the cards it waits for.
+priority class that waited ``queue.reserve_after_seconds`` gets capacity reserved, nobody of
+its class or lower is granted where it could go, and movable kernels' slices are swapped out
+to make room for it (``queue.moves``; carried out by the :class:`~hubext.moves.SliceMover`,
+the GPU broker: see hubext/moves.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from quotas import (
 from quotas.queue import AdmissionQueue, Waiting, propose_moves
 
 from .backends import POOL_ENTRY_POINTS, ClaimConflict, PoolBackend, ReleaseCause
+from .moves import SliceMover, carry_out
 
 #: progress callback: (message, position in queue or None)
 ProgressCallback = Callable[[str, "int | None"], None]
@@ -141,6 +144,9 @@ class GPUAllocator(SingletonConfigurable):
         self._stopping: dict[str, str] = {}
         #: allocation id -> why its old holder went ('' while none was reported): holders being replaced
         self._handovers: dict[str, str] = {}
+        #: swaps slices out for the queue's moves (the GPU broker sets itself); None: nothing moves
+        self.mover: SliceMover | None = None
+        self._moving: set[asyncio.Task] = set()
 
     # ---- start-up -------------------------------------------------------------------------
 
@@ -202,7 +208,7 @@ class GPUAllocator(SingletonConfigurable):
         ledger = await self.backend.allocations()
         self.state = AdmissionState(self.config_data, pool)
         policy = self.config_data.policy
-        self._queue = AdmissionQueue(policy.reserve_after_seconds, policy.reserve_spots)
+        self._queue = AdmissionQueue.from_policy(policy)
         for allocation in ledger:
             self.state.add(allocation)
         self.log.info(
@@ -452,6 +458,11 @@ class GPUAllocator(SingletonConfigurable):
                 if self.state.pool == before:
                     return
 
+    def move_failed(self, entry: Waiting, allocation_id: str) -> None:
+        """A move the queue decided could not be carried out (its holder keeps the slice)."""
+        if self._queue is not None:
+            self._queue.move_failed(entry, allocation_id)
+
     async def _pump_once(self) -> bool:
         """One pass over the queue; True when a grant was refused by the pool's shared ledger."""
         conflicted = False
@@ -459,9 +470,14 @@ class GPUAllocator(SingletonConfigurable):
             for waiter in list(self._waiters):
                 if waiter.future.done():
                     self._drop(waiter)
+            sessions = self.mover.movable_sessions() if self.mover is not None else {}
             # decides everyone in order; grants are already recorded in the state (victims gone)
-            steps = self._queue.pump(self.state, time.time())
+            steps = self._queue.pump(self.state, time.time(), lambda a: sessions.get(a.id))
             for step in steps:
+                if step.moves:  # swapped out outside the lock: each swap-out releases through it
+                    task = asyncio.ensure_future(carry_out(self, step.waiting, step.moves))
+                    self._moving.add(task)
+                    task.add_done_callback(self._moving.discard)
                 waiter, decision = step.waiting.extra["waiter"], step.decision
                 if decision.granted:
                     for victim in decision.victims:

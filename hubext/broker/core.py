@@ -170,6 +170,7 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
             if record.state in ("pending", "running"):
                 self._expect_claim(record)
         self.allocator.listeners.append(self._on_allocation_event)
+        self.allocator.mover = self  # the queue's moves swap kernels out (hubext/moves.py)
         await self.reconcile()
         self._task = asyncio.ensure_future(self._reconcile_forever())
         self.log.info(

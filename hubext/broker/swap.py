@@ -34,11 +34,12 @@ from traitlets.config import Configurable
 from libvgpu.checkpoint import CheckpointError, CheckpointUnavailable, CudaCheckpoint, ProcessState
 from quotas import AdmissionError
 
-from ..backends import ReleaseCause
+from ..backends import KernelLauncher, ReleaseCause
 from ..gpu_spawner import request_from_section
 from ..kernels import KernelRecord
 from ..local.inventory import machine_resources, nvml_process_memory_mib
 from ..metering.meter import UsageMeter
+from ..moves import SliceMover
 from .sizes import BrokerError
 
 
@@ -184,6 +185,26 @@ class SwapMixin(Configurable):
                     return gpu.model
         return ""
 
+    # ---- moves (the allocator's SliceMover: hubext/moves.py) --------------------------------
+
+    def movable_sessions(self) -> dict[str, str]:
+        """Allocation id -> kernel id of every running kernel this broker could swap out now (its
+        mode reaches its processes, swapping is on). The admission policy then says which of them
+        may move (``movable`` priority classes)."""
+        launcher = self.launcher
+        if launcher is None or self.swap_host_memory_percent <= 0 or not (
+            launcher.checkpoints_itself or type(launcher).kernel_processes is not KernelLauncher.kernel_processes
+        ):
+            return {}
+        return {r.allocation_id: r.id for r in self.kernels.values() if r.state == "running" and not r.swap}
+
+    async def move_out(self, allocation_id: str, why: str) -> None:
+        """Swap out the kernel holding ``allocation_id`` for the queue (BrokerError if it cannot be)."""
+        record = next((r for r in self.kernels.values() if r.allocation_id == allocation_id and not r.swap), None)
+        if record is None:
+            raise BrokerError("No running GPU kernel holds this slice any more.", 409)
+        await self.suspend(record, why)
+
     # ---- resume ----------------------------------------------------------------------------
 
     async def resume(self, record: KernelRecord, wait_seconds: float = 0.0) -> KernelRecord:
@@ -278,3 +299,6 @@ class SwapMixin(Configurable):
             ",".join(allocation.gpu_uuids),
             f" (moved from {','.join(remap)})" if remap else "",
         )
+
+
+SliceMover.register(SwapMixin)

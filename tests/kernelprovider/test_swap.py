@@ -4,7 +4,9 @@ CUDA/NVML doubles as the machine's driver (one 16 GiB card; the pool is read thr
 kernels' cells use the driver (ctypes) as a CUDA program does, so the hub checkpoints real
 CUDA processes of the double.
 
-Two 16 GiB cards and one 10 GiB size: two kernels do not fit on one card.
+Two 16 GiB cards and a 10 GiB size: two such kernels do not fit on one card. The default priority
+class is movable and the queue reserves after 1 s: the queue may swap out an idle kernel to make
+room for a whole-card request (docs/admission.md, "The queue").
 """
 
 from __future__ import annotations
@@ -25,11 +27,16 @@ from tests.hubrunner import HubRunner
 from tests.kernelprovider.helpers import CUDA_CELL, _broker_config, start_servers
 from tests.libvgpu.harness import build_all
 
-SIZES = [{"name": "gpu-10g", "display_name": "GPU 10 GiB", "memory_mib": 10240, "cores_percent": 50}]
+SIZES = [
+    {"name": "gpu-10g", "display_name": "GPU 10 GiB", "memory_mib": 10240, "cores_percent": 50},
+    {"name": "gpu-4g", "display_name": "GPU 4 GiB", "memory_mib": 4096, "cores_percent": 25},
+    {"name": "gpu-whole", "display_name": "A whole GPU", "whole": True},
+]
 ADMISSION = {
-    "priority_classes": {"default": {"value": 100, "preempt": False, "borrow": False}},
+    "priority_classes": {"default": {"value": 100, "preempt": False, "borrow": False, "movable": True}},
     "default_priority_class": "default",
     "placement": {"node": "binpack", "gpu": "binpack"},
+    "queue": {"reserve_after_seconds": 1},
     "workspaces": {"default": {"namespaces": {"default": {}}}},
 }
 SPEC = "elastic-gpu-gpu-10g"
@@ -280,3 +287,55 @@ def test_a_kernel_that_cannot_be_checkpointed_keeps_its_slice_and_is_culled_with
         culler.wait_log(rf"Culled GPU kernel {kernel_id} of bob")
     finally:
         culler.stop()
+
+
+def test_a_whole_card_request_waiting_on_fragmentation_gets_in_once_the_queue_swaps_out_an_idle_kernel(stack):
+    hub, servers, _ = stack
+    hub.wait_for(lambda: not slices(hub), 30, what="an empty pool")
+    sessions = {}
+    for name, user, spec in (("p", "bob", SPEC), ("q", "bob", SPEC), ("r", "alice", "elastic-gpu-gpu-4g")):
+        status, sessions[name] = servers[user].start_session(spec)
+        assert status == 201, sessions[name]
+    kernel = {name: broker_kernel(hub, s["kernel"]["id"]) for name, s in sessions.items()}
+    card = {name: k["allocation"]["gpu_uuids"][0] for name, k in kernel.items()}
+    assert card["p"] != card["q"]  # one 10 GiB kernel per card; alice's 4 GiB one beside one of them
+    alice = servers["alice"].connect(sessions["r"]["kernel"]["id"])
+    out = alice.execute(CUDA_CELL + "notes = {'answer': 41}")
+    assert out["status"] == "ok" and "alloc 0" in out["text"], out
+    # the 10 GiB kernel beside alice's stops: each card now holds one kernel, 22 GiB are free, no card is
+    beside = "p" if card["p"] == card["r"] else "q"
+    other = "q" if beside == "p" else "p"
+    status, _ = servers["bob"].api("DELETE", f"/sessions/{sessions[beside]['id']}")
+    assert status == 204
+    hub.wait_for(lambda: len(slices(hub)) == 2, 30, what="bob's kernel to give its slice back")
+
+    status, whole = servers["bob"].start_session("elastic-gpu-gpu-whole")  # waits, then gets alice's card
+    assert status == 201, (whole, hub.log_tail(40))
+    moved = broker_kernel(hub, sessions["r"]["kernel"]["id"])
+    assert moved["gpu_swapped"] and "moved to make room for" in moved["swap"]["reason"], moved
+    assert broker_kernel(hub, whole["kernel"]["id"])["allocation"]["gpu_uuids"] == [card["r"]]
+    log = hub.log_tail(200)
+    assert "GPU move: " in log and "whole GPU) waiting" in log, log
+
+    # alice's next cell brings her GPU back, on the card that has room (bob's 10 GiB one), state intact
+    out = alice.execute(
+        "print('answer', notes['answer'] + 1); print('again', cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20))"
+    )
+    assert out["status"] == "ok" and "answer 42" in out["text"] and "again 0" in out["text"], out
+    assert "GPU resumed" in out["text"], out
+    after = broker_kernel(hub, sessions["r"]["kernel"]["id"])
+    assert not after["gpu_swapped"] and after["allocation"]["gpu_uuids"] == [card[other]]
+    store = UsageStore(f"sqlite:///{hub.workdir / 'jupyterhub.sqlite'}")
+    try:
+
+        def released() -> list:
+            return [r for r in store.records() if r.user == "alice" and r.release_cause == "swapped"
+                    and "moved to make room for" in (r.release_why or "")]
+
+        hub.wait_for(released, 30, what="alice's usage record closed by the move, with the reason")
+    finally:
+        store.close()
+    alice.close()
+    servers["alice"].api("DELETE", f"/sessions/{sessions['r']['id']}")
+    for name in (other, "whole"):
+        servers["bob"].api("DELETE", f"/sessions/{(whole if name == 'whole' else sessions[name])['id']}")
