@@ -147,6 +147,7 @@ class GPUAllocator(SingletonConfigurable):
         #: swaps slices out for the queue's moves (the GPU broker sets itself); None: nothing moves
         self.mover: SliceMover | None = None
         self._moving: set[asyncio.Task] = set()
+        self._wake: asyncio.TimerHandle | None = None
 
     # ---- start-up -------------------------------------------------------------------------
 
@@ -458,6 +459,20 @@ class GPUAllocator(SingletonConfigurable):
                 if self.state.pool == before:
                     return
 
+    def _wake_when_overdue(self) -> None:
+        """Pass over the queue again when the next waiting request reaches
+        ``queue.reserve_after_seconds`` (it may then hold capacity and have slices moved for it),
+        even if no request or release comes by then. Called at the end of each pass."""
+        if self._wake is not None:
+            self._wake.cancel()
+            self._wake = None
+        bound, now = self._queue.reserve_after_seconds, time.time()
+        due = [w.entry.enqueued_at + bound for w in self._waiters
+               if bound is not None and w.entry and w.entry.reservation is None and w.entry.enqueued_at + bound > now]
+        if due:
+            delay = min(due) - now + 0.05
+            self._wake = asyncio.get_running_loop().call_later(delay, lambda: asyncio.ensure_future(self._pump()))
+
     def move_failed(self, entry: Waiting, allocation_id: str) -> None:
         """A move the queue decided could not be carried out (its holder keeps the slice)."""
         if self._queue is not None:
@@ -526,4 +541,5 @@ class GPUAllocator(SingletonConfigurable):
                     waiter.position, waiter.reason = ahead, decision.reason
                     if waiter.progress:
                         waiter.progress(decision.reason, ahead)
+            self._wake_when_overdue()
         return conflicted

@@ -154,11 +154,21 @@ class AdmissionQueue:
         heads: set[int] = set()
         held: set[str] = set()  # nodes held for overdue heads ahead
         held_for = ""
-        with _holds(state) as hold:
+        stood: set[str] = set()  # held nodes closed off for the rest of this pump
+        with _holds(state) as (hold, hold_node):
             for w in self.ordered():
                 d = state.decide(w.request, now=now)
-                if d.granted and d.allocation.node in held:
-                    d = Decision("wait", reason=held_for, error=PoolFull(held_for))
+                while d.granted and d.allocation.node in held:
+                    # it would start where the head could run: close that node and look again
+                    node = d.allocation.node
+                    if node in stood or len(stood) >= MAX_CLOSED_NODES or len(held) >= len(state.pool.nodes):
+                        d = Decision("wait", reason=held_for, error=PoolFull(held_for))
+                        break
+                    hold_node(node)
+                    stood.add(node)
+                    d = state.decide(w.request, now=now)
+                    if not d.granted:  # it fits only where the head could run: it waits for the head
+                        d = Decision("wait", reason=held_for, error=PoolFull(held_for))
                 steps.append(Step(w, d))
                 if d.granted or d.kind == "reject":
                     self._waiting.remove(w)
@@ -178,10 +188,7 @@ class AdmissionQueue:
                         w.reservation = reserve(state, w.request, now, self.reserve_spots)
                     if self.hold:
                         held |= held_nodes(state, w.request)
-                        held_for = (
-                            f"Waiting behind a request that has waited {now - w.enqueued_at:.0f} s "
-                            f"for room on the same GPUs; it goes first. {d.reason}"
-                        )
+                        held_for = _held_reason(w, now)
                     if w.reservation is not None:
                         moves = self._moves(state, w, now, movable)
                         if moves:
@@ -221,6 +228,17 @@ class AdmissionQueue:
         """The caller could not carry out the move of ``allocation_id`` (it stays where it is;
         its session is not proposed again within the policy's interval)."""
         waiting.moving.pop(allocation_id, None)
+
+
+def _held_reason(head: Waiting, now: float) -> str:
+    r = head.request
+    what = (f"{r.count} whole GPU{'s' if r.count != 1 else ''}" if r.whole
+            else f"{r.count} x {r.memory_mib // 1024} GiB" if r.count > 1 else f"{r.memory_mib // 1024} GiB")
+    return (
+        f"A request for {what} has waited {now - head.enqueued_at:.0f} s for room on the GPUs this "
+        f"one could use and goes first: nothing of its priority or lower starts there before it "
+        f"does. Wait a moment or try again."
+    )
 
 
 def _shape(request: GPURequest) -> tuple[int, int, int, bool, int, int]:
@@ -416,6 +434,10 @@ def _in_way(ix: CardIndex, gi: int, m: int, c: int, whole: bool) -> bool:
     return ix.cap_m[gi] - ix.used_m[gi] < m or ix.cap_c[gi] - ix.used_c[gi] < c
 
 
+#: at most this many held nodes are closed off in one pump for the requests behind an overdue
+#: head to look elsewhere (beyond it, a request that would start on a held node just waits)
+MAX_CLOSED_NODES = 32
+
 #: id prefix of the stand-in allocations that hold reserved capacity during a pump
 HOLD = "\0hold:"
 
@@ -423,10 +445,23 @@ HOLD = "\0hold:"
 @contextmanager
 def _holds(state: AdmissionState) -> Iterator:
     """Within the block, ``hold(reservation)`` keeps its cards and node CPU/memory from every
-    later decision; all holds are gone afterwards (the state is the ledger again)."""
+    later decision, ``hold_node(name)`` all the cards of a node; all holds are gone afterwards
+    (the state is the ledger again)."""
     ix = state._index
     placed: list[Allocation] = []
     no = (False,) * ix.n_pred  # never a preemption victim
+
+    def hold_node(node: str) -> None:
+        ni = ix.ni_of.get(node)
+        if ni is None or not ix.node_gpus[ni]:
+            return
+        a = Allocation(
+            id=f"{HOLD}{len(placed)}", owner=Owner(HOLD), node=node,
+            gpu_uuids=tuple(ix.gpus[gi].uuid for gi in ix.node_gpus[ni]), memory_mib=0,
+            cores_percent=0, priority_class="", whole=True,
+        )
+        ix.apply(a, no, 1)
+        placed.append(a)
 
     def hold(r: Reservation) -> None:
         for node, cards in ((r.node, r.cards), *r.also):
@@ -442,7 +477,7 @@ def _holds(state: AdmissionState) -> Iterator:
             placed.append(a)
 
     try:
-        yield hold
+        yield hold, hold_node
     finally:
         for a in reversed(placed):
             ix.apply(a, no, -1)
