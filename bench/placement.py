@@ -326,8 +326,13 @@ class WaitRun:
     nodes_with_room: float = 0.0
     nodes: int = 0
     cpu_used: float = 0.0
-    #: slices the queue moved (swapped out) for overdue heads
+    #: slices the queue moved (swapped out) for overdue heads, and how many sessions that was
     moves: int = 0
+    moved_sessions: int = 0
+    sessions: int = 0
+    #: p95 wait of a moved kernel to come back; share of small first starts that waited > 60 s
+    resume_p95_s: float = 0.0
+    small_over_60s: float = 0.0
 
 
 def wait_run(node_policy: str, gpu_policy: str, seed: int, hours: float, n_nodes: int = 12,
@@ -358,9 +363,12 @@ def wait_run(node_policy: str, gpu_policy: str, seed: int, hours: float, n_nodes
     requests: dict[str, GPURequest] = {}
     leave_at: dict[str, float] = {}  # a moved session's old departure no longer counts
     waits: dict[bool, list[float]] = {True: [], False: []}
+    first_small: list[float] = []  # small requests' waits to start (not to come back)
+    resumes: list[float] = []
+    moved_ids: set[str] = set()
     owner_of = [Owner(f"user{u}") for u in range(200)]
     seq = len(events)
-    out = WaitRun(0, 0, 0, nodes=len(nodes))
+    out = WaitRun(0, 0, 0, nodes=len(nodes), sessions=len(sessions))
     to_grant: list[float] = []
     large_waiting = 0
     area = last = 0.0
@@ -369,6 +377,7 @@ def wait_run(node_policy: str, gpu_policy: str, seed: int, hours: float, n_nodes
     cpu_total = sum(cpu for _, cpu, _ in nodes)
     large_cpu, large_hmem = SESSIONS[-1][1], SESSIONS[-1][2] * GIB
     bound = cfg.policy.reserve_after_seconds
+    moving: set[str] = set()  # moved, not back yet
     while events:
         now, _, kind, rid = heapq.heappop(events)
         area += large_waiting * (now - last)
@@ -402,6 +411,11 @@ def wait_run(node_policy: str, gpu_policy: str, seed: int, hours: float, n_nodes
                     got = w.request.request_id
                     t0, large, length = arrived.pop(got)
                     waits[large].append(now - t0)
+                    if got in moving:
+                        moving.discard(got)
+                        resumes.append(now - t0)
+                    elif not large:
+                        first_small.append(now - t0)
                     large_waiting -= large
                     r = w.reservation
                     if r is not None:
@@ -413,6 +427,8 @@ def wait_run(node_policy: str, gpu_policy: str, seed: int, hours: float, n_nodes
                     heapq.heappush(events, (now + length, seq, "leave", got))
                 for mv in step.moves:  # swapped out: the slice is free, the kernel asks again
                     aid = mv.allocation.id
+                    moving.add(aid)
+                    moved_ids.add(aid)
                     state.remove(aid)
                     arrived[aid] = (now, False, leave_at.pop(aid) - now)
                     line.push(requests[aid], 100, now)
@@ -431,6 +447,8 @@ def wait_run(node_policy: str, gpu_policy: str, seed: int, hours: float, n_nodes
         waits[large].append(end - t0)
     out.large_p95_s, out.small_p95_s = percentile(waits[True], 95), percentile(waits[False], 95)
     out.requests = len(waits[True]) + len(waits[False])
+    out.moved_sessions, out.resume_p95_s = len(moved_ids), percentile(resumes, 95)
+    out.small_over_60s = sum(w > 60 for w in first_small) / max(1, len(first_small))
     out.reserved_to_grant_p50_s = percentile(to_grant, 50)
     out.large_waiting_mean = area / max(last, 1e-9)
     if samples:
@@ -531,8 +549,9 @@ def main(argv: list[str] | None = None) -> None:
                                      queue=queue)
         print(f"  waits ({default_name}, {label}, load {args.load:g}): large p95 "
               f"{run.large_p95_s:.0f} s, small p95 {run.small_p95_s:.0f} s, {run.moves} slices moved "
-              f"({run.moves / args.hours:.1f} per hour; {run.requests} requests, "
-              f"{time.perf_counter() - t0:.1f} s)")
+              f"({run.moves / args.hours:.1f} per hour, {run.moved_sessions} of {run.sessions} sessions; "
+              f"back in p95 {run.resume_p95_s:.0f} s); {100 * run.small_over_60s:.0f} % of small "
+              f"starts waited > 60 s ({run.requests} requests, {time.perf_counter() - t0:.1f} s)")
     run = runs["the product's default queue"]
     print(f"  why: {run.reservations} heads held a reservation, {run.granted_on_reserved} were granted "
           f"on the reserved cards (p50 {run.reserved_to_grant_p50_s:.0f} s after reserving); "

@@ -22,7 +22,8 @@ priority class with ``movable: true``, the caller's edge can swap it out (``mova
 the session's key, or None), and that session was not moved within
 ``queue.moves.same_session_after_seconds``; at most ``queue.moves.per_hour`` slices move in an
 hour and ``queue.moves.max_slices`` for one head. Until the moved slices have left the state
-(or :data:`MOVE_GRACE_SECONDS` passed), no further move is proposed for that head.
+(or :data:`MOVE_GRACE_SECONDS` passed), no further move is proposed for that head, and the
+queue looks for moves for one head at most every :data:`MOVE_RETRY_SECONDS`.
 
 Pure: the caller passes ``now`` and does the swapping.
 """
@@ -42,6 +43,9 @@ Movable = Callable[[Allocation], "str | None"]
 
 #: seconds the queue waits for moved slices to leave the state before it may move others
 MOVE_GRACE_SECONDS = 120.0
+
+#: seconds between two looks for slices to move for the same head (a look walks the pool)
+MOVE_RETRY_SECONDS = 5.0
 
 
 class MoveLimiter:

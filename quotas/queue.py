@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from .errors import PoolFull
 from .model import Allocation, Decision, GPURequest, Owner
-from .moving import MOVE_GRACE_SECONDS, Movable, MoveLimiter, held_nodes, move_key
+from .moving import MOVE_GRACE_SECONDS, MOVE_RETRY_SECONDS, Movable, MoveLimiter, held_nodes, move_key
 from .placement import ANY, CardIndex
 from .policy import RESERVE_AFTER_SECONDS, MovePolicy
 from .state import AdmissionState
@@ -71,6 +71,8 @@ class Waiting:
     extra: dict = field(default_factory=dict)
     #: slices being moved for it: allocation id -> when the move was decided
     moving: dict[str, float] = field(default_factory=dict)
+    #: when the queue last looked for slices to move for it
+    moves_looked_at: float = float("-inf")
 
 
 @dataclass(frozen=True)
@@ -206,8 +208,9 @@ class AdmissionQueue:
                 return ()  # the last moves are still under way
             w.moving.clear()
         budget = self.limiter.budget(now)
-        if budget < 1:
+        if budget < 1 or now - w.moves_looked_at < MOVE_RETRY_SECONDS:
             return ()
+        w.moves_looked_at = now
         key = move_key(state, movable)
         keys: dict[str, str] = {}
 
