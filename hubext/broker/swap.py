@@ -188,15 +188,20 @@ class SwapMixin(Configurable):
     # ---- moves (the allocator's SliceMover: hubext/moves.py) --------------------------------
 
     def movable_sessions(self) -> dict[str, str]:
-        """Allocation id -> kernel id of every running kernel this broker could swap out now (its
-        mode reaches its processes, swapping is on). The admission policy then says which of them
-        may move (``movable`` priority classes)."""
+        """Allocation id -> kernel id of every running kernel this broker could move now: its mode
+        reaches its processes, swapping is on, and its resume may land on other cards (a kernel
+        that can only come back to its own cards, as a Kubernetes pod, would just wait for them).
+        The admission policy then says which of them may move (``movable`` priority classes)."""
         launcher = self.launcher
         if launcher is None or self.swap_host_memory_percent <= 0 or not (
             launcher.checkpoints_itself or type(launcher).kernel_processes is not KernelLauncher.kernel_processes
         ):
             return {}
-        return {r.allocation_id: r.id for r in self.kernels.values() if r.state == "running" and not r.swap}
+        return {
+            r.allocation_id: r.id
+            for r in self.kernels.values()
+            if r.state == "running" and not r.swap and not launcher.resume_pins(r)
+        }
 
     async def move_out(self, allocation_id: str, why: str) -> None:
         """Swap out the kernel holding ``allocation_id`` for the queue (BrokerError if it cannot be)."""
