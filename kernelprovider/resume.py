@@ -6,12 +6,17 @@ looks for that file (one ``stat``); when it is there it asks the hub for the res
 (``$ELASTIC_GPU_RESUME_URL``, authenticated by the kernel's own connection key) and waits,
 printing into the cell's output where it stands ("position 2 in the GPU queue"), then the cell
 runs on the restored GPU state. Every execute request passes here, whichever client sent it.
+When the GPU cannot be had back (refused, the hub out of reach), the cell is not run: it ends
+with ``InputRejected`` and the reason (run, its first CUDA call would wait on the locked driver
+for ever); the next cell asks again.
 
-Loaded by the hub's local kernels (``--ext=kernelprovider.resume`` in their command line).
+Loaded by the hub's local kernels (``--ext=kernelprovider.resume`` in their command line) and by
+kernel pods (their bootstrap writes this file as ``elastic_gpu_resume``; ``--ext=elastic_gpu_resume``).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import time
@@ -89,9 +94,35 @@ def resume_if_swapped(say: Any = print) -> bool:
             shown = line
 
 
+class _Unresumed(ast.NodeTransformer):
+    """Rejects the cell whose GPU could not be had back (IPython's documented way for an AST
+    transformer to keep a cell from running: raise ``InputRejected``)."""
+
+    reason = ""
+
+    def visit(self, node: ast.AST) -> ast.AST:
+        reason, self.reason = self.reason, ""
+        if reason:
+            from IPython.core.error import InputRejected
+
+            raise InputRejected(reason)
+        return node
+
+
 def load_ipython_extension(ip: Any) -> None:
+    guard = _Unresumed()
+
     def before_cell(info: Any = None) -> None:
-        if not _from_culler(ip):
-            resume_if_swapped(lambda text: print(text, flush=True))
+        if _from_culler(ip):
+            return
+        said: list[str] = []
+
+        def say(text: str) -> None:
+            print(text, flush=True)
+            said.append(text)
+
+        if not resume_if_swapped(say):
+            guard.reason = said[-1] if said else "The GPU of this kernel is swapped out and could not be resumed."
 
     ip.events.register("pre_run_cell", before_cell)
+    ip.ast_transformers.append(guard)

@@ -170,12 +170,22 @@ def test_a_swapped_out_kernel_pod_resumes_on_its_next_cell_after_a_hub_restart_w
         assert again["gpu_swapped"] is True and again["swap"]["host_mib"] == model["swap"]["host_mib"], again
         assert slices(hub) == []
 
+        # alice's own second kernel takes 75 of the card's 80 GiB: her resume cannot wait for her own
+        # kernels (refused at once), so the cell is not run, rather than hang on its locked GPU
+        status, own = alice.start_session("elastic-gpu-gpu-75g")
+        assert status == 201, own
+        kernel = alice.connect(session["kernel"]["id"])
+        out = kernel.execute(CUDA_CELL + "print(notes)", timeout=60)
+        assert out["status"] == "error" and out["ename"] == "InputRejected", out
+        assert "Stop one of your kernels" in out["text"] and "alloc" not in out["text"], out
+        status, body = alice.api("DELETE", f"/sessions/{own['id']}")
+        assert status == 204, body
+
         # bob's kernel takes 75 of the card's 80 GiB: the resume (10 GiB, on this card only) must wait
         bob = Server(hub, "bob", hub.user_token("bob"))
         start_server(hub, "bob", bob.token)
         status, second = bob.start_session("elastic-gpu-gpu-75g")
         assert status == 201, second
-        kernel = alice.connect(session["kernel"]["id"])
         msg_id = kernel.execute_async(CUDA_CELL + "print(notes)")
         assert kernel.wait_for_output(msg_id, "position 1 in the GPU queue", timeout=60), hub.log_tail()
         status, body = bob.api("DELETE", f"/sessions/{second['id']}")
