@@ -207,7 +207,9 @@ class NodeAgent(Application):
         config=True,
         help="""Seconds between two looks (a list of this node's pods) for the hub's requests to swap
         a kernel pod's GPU state out or in (annotation elastic-gpu.jupyter.org/swap), which the agent
-        carries out with the driver's checkpoint API on the pod's host pids. 0: never. Default: 2.""",
+        carries out with the driver's checkpoint API on the pod's host pids. A watch of the node's
+        pods wakes it as soon as a request comes; the looks are the fallback when the watch
+        breaks. 0: never swap. Default: 2.""",
     )
     cuda_library = Unicode(
         "libcuda.so.1",
@@ -309,7 +311,10 @@ class NodeAgent(Application):
         ]
         if self.swap_interval_seconds > 0:
             self.checkpoint = CudaCheckpoint(self.cuda_library)
-            tasks.append(asyncio.ensure_future(self._every(self.swap_interval_seconds, self._swap, "swap")))
+            self._swap_wake = asyncio.Event()
+            tasks.append(asyncio.ensure_future(self._swap_loop()))
+            namespaces = dict.fromkeys([self.pod_namespace, *self.extra_pod_namespaces]) if self.pod_namespace else [""]
+            tasks += [asyncio.ensure_future(self._watch_swaps(ns)) for ns in namespaces]
         try:
             await stop.wait()
         finally:
@@ -519,6 +524,38 @@ class NodeAgent(Application):
         await self.kube.annotate_pod(namespace, name, L.A_GPU_ACTIVITY, value)
 
     # ---- swap (the hub's requests on kernel pods) -------------------------------------------
+
+    async def _swap_loop(self) -> None:
+        """Carry out the hub's swap requests as soon as the watch sees one, else every
+        swap_interval_seconds (a broken watch only slows it down)."""
+        while True:
+            try:
+                await asyncio.wait_for(self._swap_wake.wait(), self.swap_interval_seconds)
+            except asyncio.TimeoutError:
+                pass
+            self._swap_wake.clear()
+            try:
+                await self._swap()
+            except KubeError as e:
+                self.log.warning("swap: %s (retrying)", e)
+            except Exception:
+                self.log.exception("swap failed (retrying)")
+
+    async def _watch_swaps(self, namespace: str) -> None:
+        """Wake the swap loop when a pod of this node carries a request not answered yet."""
+        while True:
+            try:
+                async for pod in self.kube.watch_node_pods(namespace):
+                    if swap.pending(pod_info(pod).annotations) is not None:
+                        self._swap_wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.log.warning(
+                    "Watch of this node's pods%s broke (%s); swap requests are looked for every %g s meanwhile",
+                    f" in {namespace}" if namespace else "", e, self.swap_interval_seconds,
+                )  # fmt: skip
+                await asyncio.sleep(min(30.0, 5 * self.swap_interval_seconds))
 
     async def _swap(self) -> None:
         pods = list((await self._node_pods(force=True)).values())

@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client import models as k8s
 from kubernetes_asyncio.client.rest import ApiException
 
@@ -134,6 +134,20 @@ class Kube:
                 f"list pods on node {self.node_name}", self.core.list_pod_for_all_namespaces(**kw)
             )
         return list(result.items)
+
+    async def watch_node_pods(self, namespace: str = "", timeout_seconds: int = 300) -> AsyncIterator[Any]:
+        """Our pods on this node as they change (a watch from now, which the API server ends after
+        ``timeout_seconds``): each changed pod."""
+        kw = {
+            "field_selector": f"spec.nodeName={self.node_name}",
+            "label_selector": f"{L.MANAGED}=true",
+            "timeout_seconds": timeout_seconds,
+        }
+        lister = self.core.list_namespaced_pod if namespace else self.core.list_pod_for_all_namespaces
+        async with watch.Watch() as w:
+            async for event in w.stream(lister, *([namespace] if namespace else []), **kw):
+                if isinstance(event, dict) and event.get("type") in ("ADDED", "MODIFIED"):
+                    yield event["object"]
 
     async def pods_on_node(self) -> dict[str, str]:
         """Every pod on this node, of any workload: uid -> "namespace/name" (needs a cluster-wide

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,7 @@ def stack(tmp_path_factory):
         proc_root.mkdir()
         (work / "agent.yaml").write_text(
             f"NodeAgent:\n  proc_root: {proc_root}\n  pod_namespace: {NAMESPACE}\n  publish_inventory: false\n"
-            "  install_shim: false\n  publish_activity: false\n  swap_interval_seconds: 0.2\n"
+            "  install_shim: false\n  publish_activity: false\n  swap_interval_seconds: 30\n"
             "  metrics_ip: 127.0.0.1\nBackstop:\n  action: report\n"
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "KUBERNETES_"))}
@@ -152,8 +153,12 @@ def test_a_swapped_out_kernel_pod_resumes_on_its_next_cell_after_a_hub_restart_w
         pod = record["holder"]
         pod_cgroups(emu, proc_root, pod)
 
+        # the agent looks for requests every 30 s here: its watch of the node's pods must carry it
+        asked_at = time.monotonic()
         status, model = hub.api("POST", f"/gpu/kernels/{record['id']}/suspend?reason=idle", timeout=90)
+        freed_after = time.monotonic() - asked_at
         assert status == 200 and model["gpu_swapped"] is True, (status, model, log.read_text())
+        assert freed_after < 2.0, f"the slice was freed {freed_after:.1f} s after the suspend was asked"
         assert model["swap"]["host_mib"] >= 1024, (model["swap"], log.read_text())
         assert slices(hub) == []  # the slice is back in the pool; the pod runs on without it
         assert emu.get("pods", pod, NAMESPACE)["status"]["phase"] == "Running"
