@@ -311,6 +311,10 @@ def reserve(
     )
 
 
+#: places a move proposal tries out (fewest moves first)
+TRIES = 10
+
+
 @dataclass(frozen=True)
 class Move:
     """One slice to move: ``allocation`` as it is, ``to`` the same slice at a place with room."""
@@ -341,9 +345,12 @@ def propose_moves(
     m, c, k, whole, cpu, hmem = _shape(request)
     allocs = state.allocations
     options = []
+    ones = 0
     for ni, candidates in _capable_cards(ix, request):
         cards = []
         for gi in candidates:
+            if whole and len(ix.on[gi]) > up_to:
+                continue  # more slices than may move
             movable = [allocs.get(aid) for aid in ix.on[gi]]
             if any(a is None or a.whole or len(a.gpu_uuids) != 1
                    or (can_move is not None and not can_move(a)) for a in movable):
@@ -364,7 +371,7 @@ def propose_moves(
         taken = {a.id for a in moves}
         free_cpu = ix.cpu_free[ni] + sum(a.cpu_millicores for a in moves)
         free_hmem = ix.hmem_free[ni] + sum(a.host_memory_mib for a in moves)
-        rest = sorted(
+        rest = () if free_cpu >= cpu and free_hmem >= hmem else sorted(
             (a for a in ix.node_allocs[ni].values()
              if a.id not in taken and not a.whole and len(a.gpu_uuids) == 1 and a.id in allocs
              and (can_move is None or can_move(a))),
@@ -377,8 +384,11 @@ def propose_moves(
             free_cpu, free_hmem = free_cpu + a.cpu_millicores, free_hmem + a.host_memory_mib
         if moves and len(moves) <= up_to and free_cpu >= cpu and free_hmem >= hmem:
             options.append((len(moves), ni, [gi for _, _, gi, _ in chosen], moves))
+            ones += len(moves) == 1
+            if ones >= TRIES:
+                break  # enough places that one move clears (none clears with fewer)
     options.sort(key=lambda o: o[:2])
-    for _, ni, cards, moves in options[:10]:
+    for _, ni, cards, moves in options[:TRIES]:
         found = _try_moves(state, request, now, ni, cards, moves)
         if found is not None:
             return MoveProposal(ix.node_names[ni], tuple(ix.gpus[gi].uuid for gi in cards), found)

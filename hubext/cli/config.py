@@ -112,8 +112,9 @@ def admission_yaml(gpus: list[dict[str, Any]], admins: list[str], users: list[st
         f" {total} MiB in all. Format: docs/single-machine.md.",
         "priority_classes:",
         "  high:    {value: 1000, preempt: true,  borrow: false}   # may stop lower-priority slices",
-        "  default: {value: 100,  preempt: false, borrow: false}",
-        "  low:     {value: 10,   preempt: false, borrow: true}    # may use idle GPUs above its quota",
+        "  default: {value: 100,  preempt: false, borrow: false, movable: true}   # kernels may be swapped out"
+        " to make room for a request that waited (docs/admission.md)",
+        "  low:     {value: 10,   preempt: false, borrow: true,  movable: true}   # may use idle GPUs above its quota",
         "default_priority_class: default",
         "placement: {node: binpack, gpu: binpack}   # binpack: fill a card before the next; spread: even out",
         "workspaces:",

@@ -69,6 +69,8 @@ def test_init_writes_a_config_that_loads_sized_from_the_simulated_gpus(tmp_path)
 
     admission = load_config(yaml.safe_load((tmp_path / "elastic-gpu.yaml").read_text()))
     assert set(admission.priority_classes) == {"high", "default", "low"}
+    # as without priority_classes: idle kernels of default and low may be swapped out for an overdue request
+    assert [n for n, pc in admission.priority_classes.items() if pc.movable] == ["default", "low"]
     namespace = admission.workspaces["default"].namespaces["default"]
     assert namespace.limits_for("bo").memory_mib == 40960  # one card's memory per user
     assert namespace.limits_for("ada").memory_mib == 40960  # the admin: the whole (one-card) pool
