@@ -72,7 +72,7 @@ def make_pool(n_nodes: int) -> Pool:
     return Pool(tuple(nodes))
 
 
-def make_config(n_workspaces: int = 24, placement: str | None = None):
+def make_config(n_workspaces: int = 24, placement: str | None = None, queue: dict | None = None):
     workspaces = {}
     for w in range(n_workspaces):
         namespaces = {
@@ -84,7 +84,7 @@ def make_config(n_workspaces: int = 24, placement: str | None = None):
             "limits": {"memory_mib": (2_000 if w % 6 == 0 else 60_000) * GIB},
             "namespaces": namespaces,
         }
-    data = {"priority_classes": CLASSES, "workspaces": workspaces}
+    data = {"priority_classes": CLASSES, "workspaces": workspaces, "queue": queue or {}}
     if placement:
         data["placement"] = {"node": placement, "gpu": placement}
     return load_config(data)
@@ -259,13 +259,18 @@ def main(argv: list[str] | None = None) -> None:
     cpu_p99 = percentile(cpu_times, 99) * 1000
     print(f"CPU time per decision (excludes waiting for a core on a shared machine): "
           f"p50 {percentile(cpu_times, 50) * 1000:.3f} ms, p99 {cpu_p99:.3f} ms")
-    pumps, looks, grants, moves = time_pumps(state, rng, now)
-    pumps.sort()
-    looks.sort()
-    print(f"queue: {len(pumps)} pumps of 51 waiting requests behind an overdue whole H100 request, no "
-          f"H100 free (reserve, hold, look for slices to move): p50 {percentile(pumps, 50) * 1000:.1f} ms, "
-          f"max {pumps[-1] * 1000:.1f} ms ({grants} grants, {moves} slices moved); a look for slices to "
-          f"move alone: p50 {percentile(looks, 50) * 1000:.1f} ms, max {looks[-1] * 1000:.1f} ms")
+    ledger = list(state.allocations.values())
+    for label, queue in (("reserve only (hold off, no moves)", {"hold": False, "moves": None}),
+                         ("the default (reserve, hold, look for slices to move)", {})):
+        pumps, looks, grants, moves = time_pumps(
+            AdmissionState(make_config(placement=args.placement, queue=queue), pool, ledger),
+            random.Random(args.seed), now)
+        pumps.sort()
+        looks.sort()
+        print(f"queue, {label}: {len(pumps)} pumps of 51 waiting requests behind an overdue whole H100 "
+              f"request, no H100 free: p50 {percentile(pumps, 50) * 1000:.1f} ms, max "
+              f"{pumps[-1] * 1000:.1f} ms ({grants} grants, {moves} slices moved); a look for slices "
+              f"to move alone: p50 {percentile(looks, 50) * 1000:.1f} ms, max {looks[-1] * 1000:.1f} ms")
     print(f"admission p50_ms={p50:.3f} p99_ms={p99:.3f} decisions_per_s={args.decisions / total_s:.0f} "
           f"cpu_p99_ms={cpu_p99:.3f}")
 

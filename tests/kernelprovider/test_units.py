@@ -353,3 +353,28 @@ def test_a_kernel_request_asks_for_the_kernel_pods_cpu_and_memory(no_allocator):
     request = broker._request(record, QOwner(user="u"))
     assert (request.cpu_millicores, request.host_memory_mib) == (500, 1024)
     GPUBroker.clear_instance()
+
+
+def test_the_broker_offers_for_moves_only_running_kernels_whose_resume_may_land_on_another_card(
+    tmp_path, no_allocator
+):
+    """Moving a slice (docs/admission.md, "The queue") swaps its kernel out; a kernel pod can only
+    come back to its own card, so it would just wait for the card it made room on."""
+    from hubext.broker import GPUBroker
+
+    def record(kid: str, state: str = "running", **kw) -> KernelRecord:
+        return KernelRecord(id=kid, user="u", server_name="", size="s", allocation_id=f"a-{kid}", state=state,
+                            allocation={"node": "n", "gpu_uuids": ["GPU-1"]}, **kw)
+
+    broker = GPUBroker()
+    try:
+        broker.kernels = {k.id: k for k in (record("k1"), record("k2", "pending"), record("k3", swap={"state": "x"}))}
+        broker.launcher = LocalKernelLauncher(state_dir=str(tmp_path))
+        assert broker.movable_sessions() == {"a-k1": "k1"}  # running, on its GPU; the session key is the kernel
+        broker.swap_host_memory_percent = 0
+        assert broker.movable_sessions() == {}  # swapping is off
+        broker.swap_host_memory_percent = 50
+        broker.launcher = KubernetesKernelLauncher(namespace="jhub")
+        assert broker.movable_sessions() == {}  # its resume is pinned to GPU-1
+    finally:
+        GPUBroker.clear_instance()
