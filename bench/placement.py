@@ -1,7 +1,7 @@
 """Placement quality: how much of the pool a policy fills before requests fail, and how long big
 requests wait next to small ones.
 
-    python bench/placement.py [--seed 1] [--nodes 100] [--hours 72]
+    python bench/placement.py [--seed 1] [--nodes 100] [--hours 72] [--load 0.85] [--compare]
 
 Two runs, both driven through the real admission core (``AdmissionState.decide()``, and for the
 second the real queue, ``quotas.queue.AdmissionQueue``):
@@ -14,16 +14,19 @@ second the real queue, ``quotas.queue.AdmissionQueue``):
    and, side by side, through this file's own implementations of Random, Best-fit and FGD as
    published (scalar GPU shares, the trace's task mix as FGD's target workload; the product's
    code is not used for them).
-2. **Waits**: notebook sessions (small slices of 4-20 GiB and whole 80 GiB cards, with CPU and
-   memory) arrive and leave (Poisson arrivals, log-normal lengths of 2 h on average, ``--load``
-   offered GPU memory, 85 % by default, on 12 nodes)
-   for ``--hours`` simulated hours; every request waits in the queue until granted. The figures
-   are the 95th percentile waits of large (whole-card) and small (slice) requests; requests
-   still waiting at the end count with the wait they had so far.
+2. **Waits**: sessions — GPU kernels of the default priority class, small slices of 4-20 GiB
+   and whole 80 GiB cards, with CPU and memory — arrive and leave (Poisson arrivals, log-normal
+   lengths of 2 h on average, ``--load`` offered GPU memory, 85 % by default, on 12 nodes) for
+   ``--hours`` simulated hours; every request waits in the product's queue, with the product's
+   defaults (reservation, holding, moves), until granted. A moved kernel asks again at once (see
+   :func:`wait_run`). The figures are the 95th percentile waits of large (whole-card) and small
+   (slice) requests; requests still waiting at the end count with the wait they had so far.
+   ``--compare`` also runs the queue with its rules switched off one by one.
 
 The last line is ``placement policy=<default> alloc_ratio=<n> random=<n> bestfit=<n> fgd=<n>
-large_wait_p95_s=<n> small_wait_p95_s=<n>`` (the product's default placement first, then the
-reference implementations).
+large_wait_p95_s=<n> small_wait_p95_s=<n> moves_per_h=<n>`` (the product's default placement
+first, then the reference implementations; the waits and the slices moved per hour with the
+product's default queue).
 """
 
 from __future__ import annotations
@@ -255,7 +258,7 @@ def ref_alloc_ratio(nodes, pods, policy, seed: int) -> float:
 
 # ---- waits with arrivals and departures -------------------------------------------------------
 
-#: notebook sessions: (GiB of an 80 GiB card, or 0 for a whole card; CPU millicores; memory GiB; weight)
+#: sessions: (GiB of an 80 GiB card, or 0 for a whole card; CPU millicores; memory GiB; weight)
 SESSIONS = [(4, 500, 4, 30), (8, 1_000, 8, 20), (10, 1_000, 8, 15), (16, 2_000, 16, 10),
             (20, 2_000, 16, 10), (0, 8_000, 64, 15)]
 
