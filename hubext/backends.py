@@ -102,7 +102,9 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         config=True,
         help="""The kernel's command line; '{connection_file}' is replaced by the path of the
         connection file. Default: the Python of the launcher ('python' in pods) running
-        ipykernel_launcher.""",
+        ipykernel_launcher with the swap's resume hook (--ext=kernelprovider.resume locally,
+        --ext=elastic_gpu_resume in pods: keep it in a command of your own, or the kernel is
+        never swapped out).""",
     )
     environment = Dict(
         Unicode(),
