@@ -103,8 +103,8 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         help="""The kernel's command line; '{connection_file}' is replaced by the path of the
         connection file. Default: the Python of the launcher ('python' in pods) running
         ipykernel_launcher with the swap's resume hook (--ext=kernelprovider.resume locally,
-        --ext=elastic_gpu_resume in pods: keep it in a command of your own, or the kernel is
-        never swapped out).""",
+        --ext=elastic_gpu_resume in pods: keep it in a command of your own; a pod without it
+        is never swapped out, a local kernel without it waits for a resume through the API).""",
     )
     environment = Dict(
         Unicode(),
