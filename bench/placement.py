@@ -434,7 +434,7 @@ def wait_run(node_policy: str, gpu_policy: str, seed: int, hours: float, n_nodes
                     moved_ids.add(aid)
                     state.remove(aid)
                     arrived[aid] = (now, False, leave_at.pop(aid) - now)
-                    line.push(requests[aid], 100, now)
+                    line.push(requests[aid], 100, now, moved=True)
                     moved += 1
             out.moves += moved
             if not moved:

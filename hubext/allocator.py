@@ -241,11 +241,13 @@ class GPUAllocator(SingletonConfigurable):
         timeout: float | None = None,
         queue: bool = True,
         server_name: str = "",
+        moved: bool = False,
     ) -> Allocation:
         """Grant ``request`` now, or after waiting in the queue; raise AdmissionError otherwise.
 
         With ``queue=False`` the request is decided once, in the same pass as the queue, and a
-        request that does not fit now is refused with the admission sentence alone.
+        request that does not fit now is refused with the admission sentence alone. ``moved``: a
+        kernel the queue moved for another request, asking back: never held behind an overdue one.
         Nothing is left allocated when this raises (a timed-out or cancelled waiter leaves the queue).
         """
         await self.ensure_started()
@@ -262,7 +264,7 @@ class GPUAllocator(SingletonConfigurable):
         )
         async with self._lock:
             self._waiters.append(waiter)
-            waiter.entry = self._queue.push(request, waiter.priority_value, time.time())
+            waiter.entry = self._queue.push(request, waiter.priority_value, time.time(), moved=moved)
             waiter.entry.extra["waiter"] = waiter
         await self._pump()  # decides this request in queue order, with everyone else's
         if not queue:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -67,6 +67,8 @@ class Waiting:
     enqueued_at: float
     position: int | None = None
     reason: str = ""
+    #: a moved kernel asking back (see AdmissionQueue.push)
+    moved: bool = False
     reservation: Reservation | None = None
     extra: dict = field(default_factory=dict)
     #: slices being moved for it: allocation id -> when the move was decided
@@ -111,9 +113,11 @@ class AdmissionQueue:
         self._waiting: list[Waiting] = []
         self._seq = itertools.count()
 
-    def push(self, request: GPURequest, priority_value: int, now: float) -> Waiting:
-        """Put a request in line (the caller has checked it is not rejected)."""
-        w = Waiting(request, priority_value, next(self._seq), now)
+    def push(self, request: GPURequest, priority_value: int, now: float, moved: bool = False) -> Waiting:
+        """Put a request in line (the caller has checked it is not rejected). ``moved``: a kernel
+        the queue moved to make room for another, asking for its slice back: never held behind an
+        overdue head (it still keeps off reserved cards)."""
+        w = Waiting(request, priority_value, next(self._seq), now, moved=moved)
         self._waiting.append(w)
         return w
 
@@ -156,18 +160,21 @@ class AdmissionQueue:
         heads: set[int] = set()
         held: set[str] = set()  # nodes held for overdue heads ahead
         held_for = ""
-        stood: set[str] = set()  # held nodes closed off for the rest of this pump
+        stood: dict[str, Allocation] = {}  # held nodes closed off for the rest of this pump
         with _holds(state) as (hold, hold_node):
             for w in self.ordered():
-                d = state.decide(w.request, now=now)
-                while d.granted and d.allocation.node in held:
+                if w.moved and stood:
+                    with _lifted(state, stood.values()):  # never held: the closed nodes are open to it
+                        d = state.decide(w.request, now=now)
+                else:
+                    d = state.decide(w.request, now=now)
+                while d.granted and d.allocation.node in held and not w.moved:
                     # it would start where the head could run: close that node and look again
                     node = d.allocation.node
                     if node in stood or len(stood) >= MAX_CLOSED_NODES or len(held) >= len(state.pool.nodes):
                         d = Decision("wait", reason=held_for, error=PoolFull(held_for))
                         break
-                    hold_node(node)
-                    stood.add(node)
+                    stood[node] = hold_node(node)
                     d = state.decide(w.request, now=now)
                     if not d.granted:  # it fits only where the head could run: it waits for the head
                         d = Decision("wait", reason=held_for, error=PoolFull(held_for))
@@ -456,6 +463,21 @@ HOLD = "\0hold:"
 
 
 @contextmanager
+def _lifted(state: AdmissionState, holds: Iterable[Allocation | None]) -> Iterator[None]:
+    """Within the block, the stand-ins ``holds`` are out of the card index (put back after)."""
+    ix = state._index
+    no = (False,) * ix.n_pred
+    lifted = [a for a in holds if a is not None]
+    for a in lifted:
+        ix.apply(a, no, -1)
+    try:
+        yield
+    finally:
+        for a in lifted:
+            ix.apply(a, no, 1)
+
+
+@contextmanager
 def _holds(state: AdmissionState) -> Iterator:
     """Within the block, ``hold(reservation)`` keeps its cards and node CPU/memory from every
     later decision, ``hold_node(name)`` all the cards of a node; all holds are gone afterwards
@@ -464,10 +486,10 @@ def _holds(state: AdmissionState) -> Iterator:
     placed: list[Allocation] = []
     no = (False,) * ix.n_pred  # never a preemption victim
 
-    def hold_node(node: str) -> None:
+    def hold_node(node: str) -> Allocation | None:
         ni = ix.ni_of.get(node)
         if ni is None or not ix.node_gpus[ni]:
-            return
+            return None
         a = Allocation(
             id=f"{HOLD}{len(placed)}", owner=Owner(HOLD), node=node,
             gpu_uuids=tuple(ix.gpus[gi].uuid for gi in ix.node_gpus[ni]), memory_mib=0,
@@ -475,6 +497,7 @@ def _holds(state: AdmissionState) -> Iterator:
         )
         ix.apply(a, no, 1)
         placed.append(a)
+        return a
 
     def hold(r: Reservation) -> None:
         for node, cards in ((r.node, r.cards), *r.also):

@@ -209,6 +209,9 @@ class SwapMixin(Configurable):
         if record is None:
             raise BrokerError("No running GPU kernel holds this slice any more.", 409)
         await self.suspend(record, why)
+        if record.swap:  # made room for another: its resume is not held behind an overdue request
+            record.swap["moved"] = True
+            self._persist()
 
     # ---- resume ----------------------------------------------------------------------------
 
@@ -261,7 +264,11 @@ class SwapMixin(Configurable):
         started = time.monotonic()
         try:
             allocation = await self.allocator.allocate(
-                request, progress=progress, timeout=self.resume_queue_seconds, server_name=record.server_name
+                request,
+                progress=progress,
+                timeout=self.resume_queue_seconds,
+                server_name=record.server_name,
+                moved=bool(swap.get("moved")),
             )
         except AdmissionError as e:
             swap["state"], swap["position"] = "swapped", None

@@ -313,6 +313,7 @@ def test_a_whole_card_request_waiting_on_fragmentation_gets_in_once_the_queue_sw
     assert status == 201, (whole, hub.log_tail(40))
     moved = broker_kernel(hub, sessions["r"]["kernel"]["id"])
     assert moved["gpu_swapped"] and "moved to make room for" in moved["swap"]["reason"], moved
+    assert moved["swap"]["moved"]  # its resume is not held behind another overdue request
     assert broker_kernel(hub, whole["kernel"]["id"])["allocation"]["gpu_uuids"] == [card["r"]]
     log = hub.log_tail(200)
     assert "GPU move: " in log and "whole GPU) waiting" in log, log

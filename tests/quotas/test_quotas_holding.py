@@ -100,6 +100,20 @@ def test_the_pump_moves_a_movable_kernel_for_an_overdue_head_and_grants_it_once_
     assert st_.allocations["head"].gpu_uuids == ("a-gpu1",)
 
 
+def test_a_moved_kernel_asking_back_is_not_held_but_keeps_off_the_reserved_cards():
+    st_ = state(pool(h100s("a", 3)), priority_classes=MOVABLE, allocations=[
+        alloc("x", "a-gpu0", 30), alloc("y", "a-gpu1", 40), alloc("z", "a-gpu2", 60)])
+    q = queue_for(st_)
+    head = q.push(req(**WHOLE, rid="head"), 100, 0.0)
+    q.push(req(memory_gib=20, rid="new"), 100, 70.0)
+    back = q.push(req(memory_gib=20, rid="back"), 100, 70.0, moved=True)
+    steps = {s.waiting.request.request_id: s for s in q.pump(st_, 70.0)}
+    assert head.reservation.cards == ("a-gpu0",)  # the fewest and least in the way
+    assert steps["new"].decision.kind == "wait" and "goes first" in steps["new"].decision.reason
+    assert steps["back"].waiting is back and steps["back"].decision.granted
+    assert st_.allocations["back"].gpu_uuids == ("a-gpu2",)  # held node, but not the reserved card
+
+
 @pytest.mark.parametrize("why", ["notebook", "class", "edge", "off"])
 def test_only_movable_kernels_move(why):
     st_ = fragmented(**({"moves": None} if why == "off" else {}))
@@ -231,14 +245,17 @@ def test_holding_never_overfits_and_the_head_is_granted_within_its_blockers_depa
                 continue
             if step.waiting is waiting:
                 granted = True
-            elif overdue and not granted:  # behind the head (its class or lower): never where it could run
+            elif overdue and not granted and not step.waiting.moved:  # behind the head: never where it could run
                 assert step.decision.allocation.node not in held, "a later request took held capacity"
+            if overdue and reservation is not None and not granted:  # nobody behind it takes its cards
+                assert not set(step.decision.allocation.gpu_uuids) & set(reservation.cards) or (
+                    step.waiting is waiting)
         if overdue and after_moves:
             assert granted, "the moves were carried out, yet the head still waits"
         if overdue and reservation is not None and reservation.blockers <= gone:
             assert granted, "everything in its way left or moved, yet the head still waits"
         for step in steps:
-            for mv in step.moves:  # carried out: swapped out now, asks again at once
+            for mv in step.moves:  # carried out: swapped out now, asks again at once (not held)
                 assert mv.allocation.kind == "kernel" and not mv.allocation.whole
                 gone.add(mv.allocation.id)
                 st_.remove(mv.allocation.id)
@@ -246,7 +263,7 @@ def test_holding_never_overfits_and_the_head_is_granted_within_its_blockers_depa
                     head, request_id=mv.allocation.id + "'", memory_mib=mv.allocation.memory_mib,
                     cores_percent=mv.allocation.cores_percent, count=1, whole=False, model=None,
                     cpu_millicores=mv.allocation.cpu_millicores,
-                    host_memory_mib=mv.allocation.host_memory_mib), 100, now)
+                    host_memory_mib=mv.allocation.host_memory_mib), 100, now, moved=True)
                 moved_total += 1
         assert_pool_holds(pool_, list(st_.allocations.values()))
 
