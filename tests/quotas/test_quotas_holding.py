@@ -20,6 +20,7 @@ from .test_quotas_properties import (
     SMALL,
     WORKSPACES,
     assert_pool_holds,
+    drive_queue,
     requests,
 )
 
@@ -230,9 +231,9 @@ def test_holding_never_overfits_and_the_head_is_granted_within_its_blockers_depa
     q = AdmissionQueue.from_policy(cfg.policy)
     waiting = q.push(head, 100, 0.0)
     requests_of = {}
-    now, gone, granted, moved_total = 0.0, set(), False, 0
+    gone, granted, moved_total = set(), False, 0
 
-    def pump() -> None:
+    def pump(now: float) -> None:
         nonlocal granted, moved_total
         overdue = waiting in q and waiting.reservation is not None
         held = held_nodes(st_, head) if overdue else set()
@@ -267,26 +268,10 @@ def test_holding_never_overfits_and_the_head_is_granted_within_its_blockers_depa
                 moved_total += 1
         assert_pool_holds(pool_, list(st_.allocations.values()))
 
-    pump()
-    for kind, op in ops:
-        if granted:
-            break
-        if kind == "arrive":
-            requests_of[op.request_id] = op
-            q.push(op, 100 if op.priority_class == "default" else 10, now)
-        elif kind == "depart":
-            live = sorted(st_.allocations)
-            if live:
-                gone.add(live[op % len(live)])
-                st_.remove(live[op % len(live)])
-        else:
-            now += op
-        pump()
+    def arrive(op, now: float) -> None:
+        requests_of[op.request_id] = op
+        q.push(op, 100 if op.priority_class == "default" else 10, now)
+
+    drive_queue(st_, waiting, ops, arrive, pump, lambda: granted, gone)
     event("granted" if granted else "still waiting")
     event("moved" if moved_total else "no move")
-    if not granted and waiting.reservation is not None:  # the bound is real
-        for aid in sorted(waiting.reservation.blockers & set(st_.allocations)):
-            gone.add(aid)
-            st_.remove(aid)
-        pump()
-        assert granted

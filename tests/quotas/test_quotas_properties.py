@@ -401,11 +401,10 @@ def test_an_overdue_head_is_granted_once_the_allocations_in_its_way_have_left(sc
     if state.decide(head).kind != "wait":
         return  # the head must wait to begin with
     waiting = queue.push(head, 100, 0.0)
-    now = 0.0
     departed: set[str] = set()
     granted = False
 
-    def pump() -> None:
+    def pump(now: float) -> None:
         nonlocal granted
         was_waiting_for_capacity = waiting in queue
         reservation = waiting.reservation
@@ -417,12 +416,22 @@ def test_an_overdue_head_is_granted_once_the_allocations_in_its_way_have_left(sc
         if was_waiting_for_capacity and reservation is not None and reservation.blockers <= departed:
             assert granted, "every allocation in its way has left, yet the head still waits"
 
-    pump()
+    drive_queue(state, waiting, ops, lambda op, now: queue.push(op, 100, now), pump, lambda: granted,
+                departed)
+
+
+def drive_queue(state: AdmissionState, waiting, ops, arrive, pump, granted, departed: set[str]) -> None:
+    """Play a queue scenario's ops — ``arrive(request, now)``, the departure of any live
+    allocation (added to ``departed``), clock ticks — with ``pump(now)`` after each, until
+    ``granted()``; then check the bound is real: with everything that stood in the head's
+    reservation's way gone, the next pump grants it."""
+    now = 0.0
+    pump(now)
     for kind, op in ops:
-        if granted:
+        if granted():
             break
         if kind == "arrive":
-            queue.push(op, 100, now)
+            arrive(op, now)
         elif kind == "depart":
             live = sorted(state.allocations)
             if live:
@@ -430,11 +439,10 @@ def test_an_overdue_head_is_granted_once_the_allocations_in_its_way_have_left(sc
                 state.remove(live[op % len(live)])
         else:
             now += op
-        pump()
-    # and the bound is real: with everything that was there gone, it is granted
-    if not granted and waiting.reservation is not None:
+        pump(now)
+    if not granted() and waiting.reservation is not None:
         for aid in sorted(waiting.reservation.blockers & set(state.allocations)):
             departed.add(aid)
             state.remove(aid)
-        pump()
-        assert granted
+        pump(now)
+        assert granted()
