@@ -301,7 +301,7 @@ def session_trace(seed: int, hours: float, load: float, capacity_gib: float) -> 
 COMPARE = {
     "no reservation": {"reserve_after_seconds": None, "hold": False, "moves": None},
     "reserve only": {"hold": False, "moves": None},
-    "reserve + hold, no moves": {"moves": None},
+    "reserve + hold, no moves": {"hold": True, "moves": None},
     "reserve + moves, no hold": {"hold": False},
 }
 

@@ -487,9 +487,10 @@ class GPUAllocator(SingletonConfigurable):
             for waiter in list(self._waiters):
                 if waiter.future.done():
                     self._drop(waiter)
-            sessions = self.mover.movable_sessions() if self.mover is not None else {}
+            possible = self.mover is not None and self.mover.can_move()
+            sessions = self.mover.movable_sessions() if possible else {}
             # decides everyone in order; grants are already recorded in the state (victims gone)
-            steps = self._queue.pump(self.state, time.time(), lambda a: sessions.get(a.id))
+            steps = self._queue.pump(self.state, time.time(), lambda a: sessions.get(a.id), possible)
             for step in steps:
                 if step.moves:  # swapped out outside the lock: each swap-out releases through it
                     task = asyncio.ensure_future(carry_out(self, step.waiting, step.moves))

@@ -27,6 +27,14 @@ class SliceMover(ABC):
     """What can move a slice elsewhere without losing its holder's state (the GPU broker)."""
 
     @abstractmethod
+    def can_move(self) -> bool:
+        """Whether this mover can move any slice at all (its mode swaps kernels out and brings
+        them back on other cards); where it cannot, the queue does not hold capacity for an
+        overdue request either (``queue.hold: with-moves``, the default).
+
+        Called by ``GPUAllocator._pump_once``, under its lock, once per pass over the queue."""
+
+    @abstractmethod
     def movable_sessions(self) -> Mapping[str, str]:
         """Allocation id -> the key of its session (the same across the session's successive
         allocations), for every allocation this mover could swap out now.

@@ -159,6 +159,15 @@ def _load_classes(value: Any) -> dict[str, PriorityClass]:
     return classes
 
 
+def _hold(value: Any) -> bool | None:
+    """``queue.hold``: true, false, or 'with-moves' (None: hold where slices can move too)."""
+    if value == "with-moves":
+        return None
+    if not isinstance(value, bool):
+        raise ConfigError(f"must be true, false or 'with-moves', got {_shown(value)}", "queue.hold")
+    return value
+
+
 def _load_moves(value: Any) -> MovePolicy:
     """``queue.moves``: ``{max_slices, per_hour, same_session_after_seconds}``; null: never move."""
     if value is None:
@@ -277,7 +286,7 @@ def load_config(data: Mapping | None) -> AdmissionConfig:
         max_preemption_nodes=max_nodes,
         reserve_after_seconds=None if reserve_after is None else float(reserve_after),
         reserve_spots=_int(queue.get("reserve_spots", 1), "queue.reserve_spots"),
-        hold_for_overdue_head=_bool(queue.get("hold", True), "queue.hold"),
+        hold_for_overdue_head=_hold(queue.get("hold", "with-moves")),
         moves=_load_moves(queue.get("moves", {})),
     )
     return AdmissionConfig(policy=policy, quotas=_load_workspaces(data.get("workspaces")))

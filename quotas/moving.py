@@ -4,7 +4,9 @@ Two rules of the queue (:class:`quotas.queue.AdmissionQueue`), both for the **ov
 priority class: its first waiting request, waiting for capacity (``PoolFull``, not its quota),
 that has waited ``queue.reserve_after_seconds``.
 
-*Holding* (``queue.hold``, default on). While an overdue head waits, no request behind it — its
+*Holding* (``queue.hold``; default ``with-moves``: only where moves are on and the caller's
+edge can move slices, ``pump(moves_possible=...)`` — holding alone makes everyone wait). While
+an overdue head waits, no request behind it — its
 class and lower — is granted on a node where the head could ever be placed (a node with cards
 of its model that can hold its slice, enough of them, and the CPU and host memory it asks for
 when empty: :func:`held_nodes`). Such a request waits ("behind an overdue request"); it may

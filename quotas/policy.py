@@ -75,8 +75,9 @@ class Policy:
     #: clear wins; more spots: shorter waits for the head, less capacity for the others)
     reserve_spots: int = 1
     #: once the head of a class is overdue, requests of its class and lower are not granted on
-    #: nodes where it could be placed (quotas.moving.held_nodes)
-    hold_for_overdue_head: bool = True
+    #: nodes where it could be placed (quotas.moving.held_nodes); None: only where slices can be
+    #: moved for it too (holding alone makes everyone wait)
+    hold_for_overdue_head: bool | None = None
     #: moving movable kernels' slices for an overdue head
     moves: MovePolicy = field(default_factory=MovePolicy)
 

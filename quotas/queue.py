@@ -96,7 +96,7 @@ class AdmissionQueue:
         self,
         reserve_after_seconds: float | None = RESERVE_AFTER_SECONDS,
         reserve_spots: int = 1,
-        hold: bool = True,
+        hold: bool | None = True,
         moves: MovePolicy | None = None,
     ) -> None:
         if reserve_after_seconds is not None and reserve_after_seconds < 0:
@@ -151,10 +151,15 @@ class AdmissionQueue:
         return cls(policy.reserve_after_seconds, policy.reserve_spots,
                    policy.hold_for_overdue_head, policy.moves)
 
-    def pump(self, state: AdmissionState, now: float, movable: Movable | None = None) -> list[Step]:
+    def pump(
+        self, state: AdmissionState, now: float, movable: Movable | None = None, moves_possible: bool = True
+    ) -> list[Step]:
         """Decide every waiting request in order, applying grants to ``state`` as they happen;
         returns one step per request. Granted and rejected requests leave the queue.
-        ``movable``: the edge's say on which allocations it can swap out (see quotas.moving)."""
+        ``movable``: the edge's say on which allocations it can swap out (see quotas.moving);
+        ``moves_possible``: whether the edge can move slices at all (with ``hold`` None, the queue
+        holds for an overdue head only where moves are on and possible)."""
+        holding = self.hold if self.hold is not None else (moves_possible and self.limiter.policy.max_slices > 0)
         steps: list[Step] = []
         ahead = 0
         heads: set[int] = set()
@@ -195,10 +200,10 @@ class AdmissionQueue:
                 if overdue:
                     if w.reservation is None:
                         w.reservation = reserve(state, w.request, now, self.reserve_spots)
-                    if self.hold:
+                    if holding:
                         held |= held_nodes(state, w.request)
                         held_for = _held_reason(w, now)
-                    if w.reservation is not None:
+                    if w.reservation is not None and moves_possible:
                         moves = self._moves(state, w, now, movable)
                         if moves:
                             steps[-1] = Step(w, d, moves)

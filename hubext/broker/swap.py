@@ -187,16 +187,24 @@ class SwapMixin(Configurable):
 
     # ---- moves (the allocator's SliceMover: hubext/moves.py) --------------------------------
 
+    def can_move(self) -> bool:
+        """Kernels can be moved: swapping is on, this mode reaches their processes, and a resume
+        may land on other cards (a kernel that can only come back to its own cards, as a
+        Kubernetes pod, would just wait for them)."""
+        launcher, base = self.launcher, KernelLauncher
+        return (
+            launcher is not None
+            and self.swap_host_memory_percent > 0
+            and (launcher.checkpoints_itself or type(launcher).kernel_processes is not base.kernel_processes)
+            and type(launcher).resume_pins is base.resume_pins
+        )
+
     def movable_sessions(self) -> dict[str, str]:
-        """Allocation id -> kernel id of every running kernel this broker could move now: its mode
-        reaches its processes, swapping is on, and its resume may land on other cards (a kernel
-        that can only come back to its own cards, as a Kubernetes pod, would just wait for them).
-        The admission policy then says which of them may move (``movable`` priority classes)."""
-        launcher = self.launcher
-        if launcher is None or self.swap_host_memory_percent <= 0 or not (
-            launcher.checkpoints_itself or type(launcher).kernel_processes is not KernelLauncher.kernel_processes
-        ):
+        """Allocation id -> kernel id of every running kernel this broker could move now (see
+        :meth:`can_move`). The admission policy then says which may move (``movable`` classes)."""
+        if not self.can_move():
             return {}
+        launcher = self.launcher
         return {
             r.allocation_id: r.id
             for r in self.kernels.values()

@@ -370,11 +370,11 @@ def test_the_broker_offers_for_moves_only_running_kernels_whose_resume_may_land_
     try:
         broker.kernels = {k.id: k for k in (record("k1"), record("k2", "pending"), record("k3", swap={"state": "x"}))}
         broker.launcher = LocalKernelLauncher(state_dir=str(tmp_path))
-        assert broker.movable_sessions() == {"a-k1": "k1"}  # running, on its GPU; the session key is the kernel
+        assert broker.can_move() and broker.movable_sessions() == {"a-k1": "k1"}  # the session key: the kernel
         broker.swap_host_memory_percent = 0
-        assert broker.movable_sessions() == {}  # swapping is off
+        assert not broker.can_move() and broker.movable_sessions() == {}  # swapping is off
         broker.swap_host_memory_percent = 50
         broker.launcher = KubernetesKernelLauncher(namespace="jhub")
-        assert broker.movable_sessions() == {}  # its resume is pinned to GPU-1
+        assert not broker.can_move() and broker.movable_sessions() == {}  # its resume is pinned to GPU-1
     finally:
         GPUBroker.clear_instance()

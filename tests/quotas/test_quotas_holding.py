@@ -78,6 +78,21 @@ def test_with_holding_off_later_requests_still_start_beside_the_reservation(hold
         assert st_.allocations["late"].gpu_uuids == ("a-gpu1",)  # beside the reservation
 
 
+@pytest.mark.parametrize("hold, moves, possible, held", [
+    ("with-moves", {}, True, True), ("with-moves", {}, False, False), ("with-moves", None, True, False),
+    (True, None, False, True), (False, {}, True, False),
+])
+def test_by_default_the_queue_holds_only_where_slices_can_be_moved_too(hold, moves, possible, held):
+    """Holding without moving makes everyone wait (docs/admission.md): by default ('with-moves')
+    the queue holds only where moves are on and the edge can move slices (not on Kubernetes)."""
+    st_ = state(pool(h100s("a", 3)), allocations=[alloc("x", "a-gpu0", 30), alloc("y", "a-gpu1", 40)],
+                queue={"hold": hold, "moves": moves})
+    q = queue_for(st_)
+    q.push(req(**WHOLE, count=2, rid="head"), 100, 0.0)
+    q.push(req(memory_gib=20, rid="late"), 100, 70.0)
+    assert kinds(q.pump(st_, 70.0, moves_possible=possible))["late"] == ("wait" if held else "grant")
+
+
 def fragmented(**queue):
     """Two H100s with a movable kernel slice on each: 100 GiB free, no card free."""
     return state(pool(h100s("a", 2)), priority_classes=MOVABLE, queue=queue, allocations=[
@@ -162,8 +177,10 @@ def test_the_queue_config_says_what_is_wrong():
                                                              "same_session_after_seconds": 60}}}).policy
     assert not policy.hold_for_overdue_head and (policy.moves.max_slices, policy.moves.per_hour) == (2, 5)
     assert load_config({"queue": {"moves": None}}).policy.moves.max_slices == 0
+    assert load_config({}).policy.hold_for_overdue_head is None  # 'with-moves'
+    assert load_config({"queue": {"hold": "with-moves"}}).policy.hold_for_overdue_head is None
     for bad, message in [
-        ({"hold": "yes"}, "queue.hold: must be true or false, got 'yes'"),
+        ({"hold": "yes"}, "queue.hold: must be true, false or 'with-moves', got 'yes'"),
         ({"moves": {"per_hour": -1}}, "queue.moves.per_hour: must be an integer >= 0, got -1"),
         ({"moves": {"slices": 1}}, "queue.moves.slices: unknown key; allowed keys: max_slices, per_hour"),
         ({"moves": {"same_session_after_seconds": "1h"}}, "must be a number of seconds >= 0, got '1h'"),
@@ -183,7 +200,7 @@ def holding_scenarios(draw):
     total, few cards free), a big head, then arrivals (its class or lower), departures and clock
     ticks; moves on or off."""
     unlimited = {ws: {"namespaces": {ns: {} for ns in NAMESPACES}} for ws in WORKSPACES} | {"default": {}}
-    queue = {"moves": draw(st.sampled_from([{}, {}, None])),
+    queue = {"moves": draw(st.sampled_from([{}, {}, None])), "hold": True,
              "reserve_after_seconds": draw(st.sampled_from([0, 60]))}
     cfg = load_config({"priority_classes": MOVABLE, "queue": queue, "workspaces": unlimited,
                        "placement": {"node": draw(st.sampled_from(["binpack", "spread", "fgd"])),
