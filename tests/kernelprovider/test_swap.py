@@ -293,50 +293,55 @@ def test_a_whole_card_request_waiting_on_fragmentation_gets_in_once_the_queue_sw
     hub, servers, _ = stack
     hub.wait_for(lambda: not slices(hub), 30, what="an empty pool")
     sessions = {}
-    for name, user, spec in (("p", "bob", SPEC), ("q", "bob", SPEC), ("r", "alice", "elastic-gpu-gpu-4g")):
-        status, sessions[name] = servers[user].start_session(spec)
-        assert status == 201, sessions[name]
-    kernel = {name: broker_kernel(hub, s["kernel"]["id"]) for name, s in sessions.items()}
-    card = {name: k["allocation"]["gpu_uuids"][0] for name, k in kernel.items()}
-    assert card["p"] != card["q"]  # one 10 GiB kernel per card; alice's 4 GiB one beside one of them
-    alice = servers["alice"].connect(sessions["r"]["kernel"]["id"])
-    out = alice.execute(CUDA_CELL + "notes = {'answer': 41}")
-    assert out["status"] == "ok" and "alloc 0" in out["text"], out
-    # the 10 GiB kernel beside alice's stops: each card now holds one kernel, 22 GiB are free, no card is
-    beside = "p" if card["p"] == card["r"] else "q"
-    other = "q" if beside == "p" else "p"
-    status, _ = servers["bob"].api("DELETE", f"/sessions/{sessions[beside]['id']}")
-    assert status == 204
-    hub.wait_for(lambda: len(slices(hub)) == 2, 30, what="bob's kernel to give its slice back")
-
-    status, whole = servers["bob"].start_session("elastic-gpu-gpu-whole")  # waits, then gets alice's card
-    assert status == 201, (whole, hub.log_tail(40))
-    moved = broker_kernel(hub, sessions["r"]["kernel"]["id"])
-    assert moved["gpu_swapped"] and "moved to make room for" in moved["swap"]["reason"], moved
-    assert moved["swap"]["moved"]  # its resume is not held behind another overdue request
-    assert broker_kernel(hub, whole["kernel"]["id"])["allocation"]["gpu_uuids"] == [card["r"]]
-    log = hub.log_tail(200)
-    assert "GPU move: " in log and "whole GPU) waiting" in log, log
-
-    # alice's next cell brings her GPU back, on the card that has room (bob's 10 GiB one), state intact
-    out = alice.execute(
-        "print('answer', notes['answer'] + 1); print('again', cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20))"
-    )
-    assert out["status"] == "ok" and "answer 42" in out["text"] and "again 0" in out["text"], out
-    after = broker_kernel(hub, sessions["r"]["kernel"]["id"])
-    assert not after["gpu_swapped"] and after["allocation"]["gpu_uuids"] == [card[other]]
-    assert f"(moved from {card['r']})" in hub.log_tail(200)  # the driver remapped its GPU state
-    store = UsageStore(f"sqlite:///{hub.workdir / 'jupyterhub.sqlite'}")
+    users = {"whole": "bob"}
     try:
+        for name, user, spec in (("p", "bob", SPEC), ("q", "bob", SPEC), ("r", "alice", "elastic-gpu-gpu-4g")):
+            status, sessions[name] = servers[user].start_session(spec)
+            assert status == 201, sessions[name]
+            users[name] = user
+        kernel = {name: broker_kernel(hub, s["kernel"]["id"]) for name, s in sessions.items()}
+        card = {name: k["allocation"]["gpu_uuids"][0] for name, k in kernel.items()}
+        assert card["p"] != card["q"]  # one 10 GiB kernel per card; alice's 4 GiB one beside one of them
+        alice = servers["alice"].connect(sessions["r"]["kernel"]["id"])
+        out = alice.execute(CUDA_CELL + "notes = {'answer': 41}")
+        assert out["status"] == "ok" and "alloc 0" in out["text"], out
+        # the 10 GiB kernel beside alice's stops: each card now holds one kernel, 22 GiB are free, no card is
+        beside = "p" if card["p"] == card["r"] else "q"
+        other = "q" if beside == "p" else "p"
+        status, _ = servers["bob"].api("DELETE", f"/sessions/{sessions[beside]['id']}")
+        assert status == 204
+        hub.wait_for(lambda: len(slices(hub)) == 2, 30, what="bob's kernel to give its slice back")
 
-        def released() -> list:
-            return [r for r in store.records() if r.user == "alice" and r.release_cause == "swapped"
-                    and "moved to make room for" in (r.release_why or "")]
+        status, whole = servers["bob"].start_session("elastic-gpu-gpu-whole")  # waits, then gets alice's card
+        sessions["whole"] = whole
+        assert status == 201, (whole, hub.log_tail(40))
+        moved = broker_kernel(hub, sessions["r"]["kernel"]["id"])
+        assert moved["gpu_swapped"] and "moved to make room for" in moved["swap"]["reason"], moved
+        assert moved["swap"]["moved"]  # its resume is not held behind another overdue request
+        assert broker_kernel(hub, whole["kernel"]["id"])["allocation"]["gpu_uuids"] == [card["r"]]
+        log = hub.log_tail(200)
+        assert "GPU move: " in log and "whole GPU) waiting" in log, log
 
-        hub.wait_for(released, 30, what="alice's usage record closed by the move, with the reason")
-    finally:
-        store.close()
-    alice.close()
-    servers["alice"].api("DELETE", f"/sessions/{sessions['r']['id']}")
-    for name in (other, "whole"):
-        servers["bob"].api("DELETE", f"/sessions/{(whole if name == 'whole' else sessions[name])['id']}")
+        # alice's next cell brings her GPU back, on the card that has room (bob's 10 GiB one), state intact
+        out = alice.execute(
+            "print('answer', notes['answer'] + 1); print('again', cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20))"
+        )
+        assert out["status"] == "ok" and "answer 42" in out["text"] and "again 0" in out["text"], out
+        after = broker_kernel(hub, sessions["r"]["kernel"]["id"])
+        assert not after["gpu_swapped"] and after["allocation"]["gpu_uuids"] == [card[other]]
+        assert f"(moved from {card['r']})" in hub.log_tail(200)  # the driver remapped its GPU state
+        store = UsageStore(f"sqlite:///{hub.workdir / 'jupyterhub.sqlite'}")
+        try:
+
+            def released() -> list:
+                return [r for r in store.records() if r.user == "alice" and r.release_cause == "swapped"
+                        and "moved to make room for" in (r.release_why or "")]
+
+            hub.wait_for(released, 30, what="alice's usage record closed by the move, with the reason")
+        finally:
+            store.close()
+        alice.close()
+    finally:  # the kernels run as another account: they outlive the hub unless their sessions go
+        for name, model in sessions.items():
+            if isinstance(model, dict) and "id" in model:
+                servers[users[name]].api("DELETE", f"/sessions/{model['id']}")
