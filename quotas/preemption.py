@@ -479,40 +479,21 @@ class VictimSearch:
                 break  # weighed enough candidate nodes
             # capacity: the k cards of this node that are cheapest to clear ...
             per_card = self._card_costs(ni)
-            if len(per_card) < a.k:
+            got = None
+            while len(per_card) >= a.k:
+                if best is not None and max(len(v) for _, v, _ in per_card[: a.k]) > best[0]:
+                    break  # clearing the hardest of its cards alone takes more than the best
+                got = self._node_plan(ni, per_card[: a.k], quota, widest)
+                if got is not None or not (a.whole and self.levels):
+                    break
+                # whole cards are charged their size: when the quota refuses these, try the
+                # node's smaller cards (a free big card is cheap to clear but never allowed)
+                gpus = self.ix.gpus
+                biggest = max(gpus[gi].memory_mib for _, _, gi in per_card[: a.k])
+                per_card = [p for p in per_card if gpus[p[2]].memory_mib < biggest]
+            if got is None:
                 continue
-            if best is not None and max(len(v) for _, v in per_card[: a.k]) > best[0]:
-                continue  # clearing the hardest of its cards alone takes more than the best
-            chosen: dict[str, Allocation] = {}
-            for _, victims in per_card[: a.k]:
-                for v in victims:
-                    chosen[v.id] = v
-            if (a.cpu or a.hmem) and not self.ix.node_fits(ni, a.cpu, a.hmem):
-                # ... plus what frees the node's CPU and host memory
-                t = self._trial(list(chosen.values()))
-                for v in self._node_victims(ni, t):
-                    if self.ix.node_fits(ni, a.cpu, a.hmem, t.freed):
-                        break
-                    chosen[v.id] = v
-                    self._change(t, v, 1)
-                if not self.ix.node_fits(ni, a.cpu, a.hmem, t.freed):
-                    continue
-            # ... plus the quota's own victims. If a capacity victim also counts against a
-            # level in deficit, or cards differ in size (whole), work it out in full.
-            simple = not a.whole and all(
-                len(v.gpu_uuids) == 1
-                and (widest is None or v.borrowed or not self._belongs(v, widest.key))
-                for v in chosen.values()
-            )
-            if simple:
-                for v in quota:
-                    chosen[v.id] = v
-                victims = list(chosen.values())
-            else:
-                got = self._full(ni, list(chosen.values()))
-                if got is None:
-                    continue
-                victims = got
+            victims, simple = got
             score = (len(victims), tuple(sorted((keys[v.id] for v in victims), reverse=True)),
                      rank)
             if best is None or score < best:
@@ -525,6 +506,41 @@ class VictimSearch:
             return None
         cards = self._reprieve(ni, t)
         return Solution(list(t.victims), ni, cards)
+
+    def _node_plan(
+        self, ni: int, cards: list[tuple[tuple, list[Allocation], int]], quota: list[Allocation],
+        widest: Level | None,
+    ) -> tuple[list[Allocation], bool] | None:
+        """Victims on node ``ni`` that clear ``cards`` (from :meth:`_card_costs`), free the node's
+        CPU and host memory and fix the quota, and whether that was the simple case; or None."""
+        a = self.ask
+        chosen: dict[str, Allocation] = {}
+        for _, victims, _ in cards:
+            for v in victims:
+                chosen[v.id] = v
+        if (a.cpu or a.hmem) and not self.ix.node_fits(ni, a.cpu, a.hmem):
+            # ... plus what frees the node's CPU and host memory
+            t = self._trial(list(chosen.values()))
+            for v in self._node_victims(ni, t):
+                if self.ix.node_fits(ni, a.cpu, a.hmem, t.freed):
+                    break
+                chosen[v.id] = v
+                self._change(t, v, 1)
+            if not self.ix.node_fits(ni, a.cpu, a.hmem, t.freed):
+                return None
+        # ... plus the quota's own victims. If a capacity victim also counts against a
+        # level in deficit, or cards differ in size (whole), work it out in full.
+        simple = not a.whole and all(
+            len(v.gpu_uuids) == 1
+            and (widest is None or v.borrowed or not self._belongs(v, widest.key))
+            for v in chosen.values()
+        )
+        if simple:
+            for v in quota:
+                chosen[v.id] = v
+            return list(chosen.values()), True
+        got = self._full(ni, list(chosen.values()))
+        return None if got is None else (got, False)
 
     def _full(self, ni: int, capacity: list[Allocation]) -> list[Allocation] | None:
         """Victims on node ``ni``: the capacity victims, then quota victims while a level is
@@ -549,10 +565,10 @@ class VictimSearch:
         self._reprieve(ni, t)
         return list(t.victims)
 
-    def _card_costs(self, ni: int) -> list[tuple[tuple, list[Allocation]]]:
+    def _card_costs(self, ni: int) -> list[tuple[tuple, list[Allocation], int]]:
         """For each card of node ``ni`` the request could use: the fewest, least valuable
         eligible allocations on it whose removal makes it fit (greedy in preference order,
-        then the superfluous ones given back), cheapest cards first."""
+        then the superfluous ones given back), cheapest cards first: (cost, victims, card)."""
         ix, a = self.ix, self.ask
         keys, allocs = self.st._key, self.st._allocs
         m, c = a.m, a.c
@@ -567,15 +583,15 @@ class VictimSearch:
             on = on_all[gi]
             if a.whole:
                 if not on:
-                    result.append((free, []))
+                    result.append((free, [], gi))
                 elif en[gi] == nalloc[gi]:  # every allocation on it may be evicted
                     ks = sorted(keys[aid] for aid in on)
-                    result.append(((len(ks), tuple(reversed(ks))), [allocs[k[3]] for k in ks]))
+                    result.append(((len(ks), tuple(reversed(ks))), [allocs[k[3]] for k in ks], gi))
                 continue
             need_m = m - cap_m[gi] + used_m[gi]
             need_c = c - cap_c[gi] + used_c[gi]
             if need_m <= 0 and need_c <= 0:
-                result.append((free, []))
+                result.append((free, [], gi))
                 continue
             if em[gi] < need_m or ec[gi] < need_c:
                 continue  # even every allocation it may evict here would not make room
@@ -602,6 +618,7 @@ class VictimSearch:
             result.append((
                 (len(chosen), tuple(item[0] for item in reversed(chosen))),
                 [allocs[item[0][3]] for item in chosen],
+                gi,
             ))
         result.sort(key=lambda item: item[0])
         return result

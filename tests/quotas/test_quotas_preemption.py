@@ -149,3 +149,25 @@ def test_a_whole_card_over_quota_on_the_free_card_preempts_for_the_smaller_card_
     d = st.decide(req(whole=True, priority_class="high", ws="vision", rid="high"))
     assert d.kind == "preempt", d.reason
     assert [v.id for v in d.victims] == ["low"] and d.allocation.gpu_uuids == ("a-gpu1",)
+
+
+def test_a_whole_card_over_quota_clears_the_small_card_when_the_free_big_one_is_cheaper_to_take():
+    """Found by the preemption property (hypothesis): a 24 GiB quota with 1 GiB in use. The free
+    80 GiB card is the cheapest card of the node to clear but the quota never allows it; the
+    24 GiB card a borrowed allocation holds does, once that one and the 1 GiB slice are evicted.
+    The search used to weigh only the cheapest card per node and waited."""
+    mixed = Node("m", (
+        GPU(uuid="m-gpu0", model="H100-80GB", memory_mib=80 * GIB, index=0),
+        GPU(uuid="m-gpu1", model="L4-24GB", memory_mib=24 * GIB, index=1),
+    ))
+    st = state(
+        pool(node("a", 1), mixed),
+        {"w1": {"limits": {"memory_mib": 24 * GIB}}},
+        allocations=(
+            alloc("slice", "a-gpu0", 1, 5, ws="w1", pc="low"),
+            alloc("borrowed", "m-gpu1", 24, 100, ws="w1", pc="low", whole=True, borrowed=True),
+        ),
+    )
+    d = st.decide(req(whole=True, priority_class="high", ws="w1", rid="high"))
+    assert d.kind == "preempt", d.reason
+    assert sorted(v.id for v in d.victims) == ["borrowed", "slice"] and d.allocation.gpu_uuids == ("m-gpu1",)
