@@ -79,6 +79,30 @@ BAD_VALUES = [
         "'per_hour' not allowed",
     ),
     ({"metering": {"currency": ""}}, "/metering/currency", "does not match"),
+    # the queue and movable classes (quotas.load_config's queue.*, priority_classes.*.movable)
+    ({"admission": {"queue": {"hold": "sometimes"}}}, "/admission/queue/hold", "'with-moves'"),
+    (
+        {"admission": {"priority_classes": {"low": {"value": 10, "movable": "yes"}}}},
+        "/admission/priority_classes/low/movable",
+        "want boolean",
+    ),
+    ({"admission": {"queue": {"reserve_spots": 0}}}, "/admission/queue/reserve_spots", "minimum"),
+    (
+        {"admission": {"queue": {"reserve_after_seconds": -1}}},
+        "/admission/queue/reserve_after_seconds",
+        "minimum",
+    ),
+    ({"admission": {"queue": {"moves": {"per_hour": -1}}}}, "/admission/queue/moves/per_hour", "minimum"),
+    (
+        {"admission": {"queue": {"moves": {"max_slice": 2}}}},
+        "/admission/queue/moves",
+        "'max_slice' not allowed",
+    ),
+    (
+        {"admission": {"preemption": {"max_candidate_nodes": 0}}},
+        "/admission/preemption/max_candidate_nodes",
+        "minimum",
+    ),
 ]
 
 
@@ -91,10 +115,17 @@ def test_bad_value_fails_template_naming_the_key(tmp_path, values, key, allowed)
     assert "panic" not in proc.stderr and "goroutine" not in proc.stderr
 
 
-def test_bad_value_fails_lint_naming_the_key(tmp_path):
-    proc = tools.lint([_values_file(tmp_path, {"admission": {"placement": {"node": 5}}})])
+@pytest.mark.parametrize(
+    ("values", "key"),
+    [
+        ({"admission": {"placement": {"node": 5}}}, "/admission/placement/node"),
+        ({"admission": {"queue": {"hold": "sometimes"}}}, "/admission/queue/hold"),
+    ],
+)
+def test_bad_value_fails_lint_naming_the_key(tmp_path, values, key):
+    proc = tools.lint([_values_file(tmp_path, values)])
     assert proc.returncode != 0
-    assert "/admission/placement/node" in proc.stdout + proc.stderr
+    assert key in proc.stdout + proc.stderr
 
 
 def test_bad_value_fails_helm_install_naming_the_key(tmp_path):
