@@ -15,6 +15,14 @@ nothing. A hub renews its key; any hub drops the key of a hub that did not renew
 Each entry also names the namespace of its hub's pods (``"namespace"``): when a hub went
 silent, the others rebuild its claims from its pods that still run there (a dead hub's
 notebooks still use the cards, whatever its last write held).
+
+Each hub process also writes its random ``"instance"`` id (new at every start) in its entries.
+Two processes with one hub id (two replicas, a second hub started with the same config) would
+each take the other's claims for their own and overwrite them; so a process that finds its hub
+id's entry written by another instance that renewed it within ``ttl`` writes nothing and grants
+nothing (:class:`HubIdInUse`) until that instance has been silent for ``ttl``. A process that
+stops cleanly removes its instance id from its entries (:meth:`ClaimsLedger.hand_over`), so its
+successor takes over at once.
 """
 
 from __future__ import annotations
@@ -25,10 +33,11 @@ import random
 import re
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, replace
 from logging import Logger
 from typing import Any
+from uuid import uuid4
 
 from kubernetes_asyncio.client.rest import ApiException
 
@@ -77,17 +86,33 @@ def object_name(node: str) -> str:
     return f"elastic-gpu-claims.{node}"[:253]
 
 
-def namespaces(obj: Mapping[str, Any] | None) -> dict[str, str]:
-    """Per hub: the namespace of its pods, as its entry in a claims object names it."""
+class HubIdInUse(ClaimConflict):
+    """Another live hub process writes this hub's id: this process may not claim (see the
+    module docstring); ``message`` names the hub id, the other instance and what to change."""
+
+
+def _field(obj: Mapping[str, Any] | None, name: str) -> dict[str, str]:
+    """Per hub: the string ``name`` of its entry in a claims object (entries without it left out)."""
     found = {}
     for key, raw in ((obj or {}).get("data") or {}).items():
         try:
-            namespace = json.loads(raw).get("namespace") if key.startswith(HUB_KEY) else None
+            value = json.loads(raw).get(name) if key.startswith(HUB_KEY) else None
         except (ValueError, AttributeError):
             continue
-        if isinstance(namespace, str) and namespace:
-            found[key[len(HUB_KEY) :]] = namespace
+        if isinstance(value, str) and value:
+            found[key[len(HUB_KEY) :]] = value
     return found
+
+
+def namespaces(obj: Mapping[str, Any] | None) -> dict[str, str]:
+    """Per hub: the namespace of its pods, as its entry in a claims object names it."""
+    return _field(obj, "namespace")
+
+
+def instances(obj: Mapping[str, Any] | None) -> dict[str, str]:
+    """Per hub: the instance id of the hub process that last wrote its entry (none: an entry
+    handed over by a process that stopped, or written before instance ids existed)."""
+    return _field(obj, "instance")
 
 
 def parse(obj: Mapping[str, Any] | None, node: str) -> dict[str, tuple[float, list[Claim]]]:
@@ -156,8 +181,13 @@ class ClaimsLedger:
         timeout: float,
         log: Logger,
         pod_namespace: str = "",
+        instance: str = "",
     ) -> None:
         self.api, self.namespace, self.hub_id = api, namespace, hub_id
+        #: this process's id in its entries (random per start: tells two processes of one hub id apart)
+        self.instance = instance or uuid4().hex[:12]
+        #: (instance, node, renewed_at) of another live process writing this hub id, as last read
+        self.rival: tuple[str, str, float] | None = None
         #: where this hub's pods live (written in its entry, for the others to check its pods)
         self.pod_namespace = pod_namespace
         self.ttl, self.timeout, self.log = ttl_seconds, timeout, log
@@ -178,6 +208,13 @@ class ClaimsLedger:
         #: lack its newer pods, and an empty rebuild drops its entry and with it the namespace
         #: that lets its pods be found later)
         self.running_at = 0.0
+        #: set by hand_over: this process's entries no longer name it
+        self._leaving = False
+        #: allocation ids of the pods that run in this hub's namespace (set by the pool): when this
+        #: process takes over its hub id's entry from another process, it keeps that process's
+        #: claims whose pods still run (``adopted``) until they end
+        self.pods_here: Callable[[], Collection[str]] | None = None
+        self.adopted: set[str] = set()
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -207,6 +244,46 @@ class ClaimsLedger:
             if node:
                 objects[node] = obj
         self._objects = objects
+        self._find_rival(time.time())
+
+    def _rival_on(self, node: str, obj: Mapping[str, Any], now: float) -> tuple[str, str, float] | None:
+        """(instance, node, renewed_at) when this hub id's entry on ``node`` was renewed within
+        the TTL by another process."""
+        entry = parse(obj, node).get(self.hub_id)
+        other = instances(obj).get(self.hub_id, "")
+        if entry is not None and other and other != self.instance and now - entry[0] <= self.ttl:
+            return (other, node, entry[0])
+        return None
+
+    def _find_rival(self, now: float) -> None:
+        """Update :attr:`rival` from the objects as last read; say so when it appears or goes."""
+        found = next(
+            (r for node, obj in sorted(self._objects.items()) if (r := self._rival_on(node, obj, now))), None
+        )
+        if found and not self.rival:
+            self.log.error("%s", self.rival_message(found, now))
+        elif self.rival and not found:
+            self.log.warning(
+                "Hub id %s: instance %s has been silent for %.0f s; this hub process (instance %s) "
+                "claims GPUs again.",
+                self.hub_id,
+                self.rival[0],
+                now - self.rival[2],
+                self.instance,
+            )
+        self.rival = found
+
+    def rival_message(self, rival: tuple[str, str, float], now: float | None = None) -> str:
+        """The sentence a refused grant and the log carry while another process uses this hub id."""
+        now = time.time() if now is None else now
+        instance, node, renewed_at = rival
+        return (
+            f"another hub process uses hub id {self.hub_id} in namespace {self.pod_namespace} "
+            f"(instance {instance}, last seen {max(0.0, now - renewed_at):.0f} s ago on node {node}; "
+            f"this is instance {self.instance}); give each hub its own c.KubernetesPool.hub_id or "
+            f"run one replica. This hub process grants no GPU until the other has been silent for "
+            f"{self.ttl:.0f} s."
+        )
 
     def _others_live(
         self, hubs: dict[str, tuple[float, list[Claim]]], now: float, node: str, where: Mapping[str, str]
@@ -249,14 +326,15 @@ class ClaimsLedger:
         }
 
     def others(self, now: float | None = None) -> list[Claim]:
-        """Live claims of other hubs (as last read), on every node."""
+        """Live claims of other hubs (as last read), on every node; and those taken over from
+        another process of this hub id (``adopted``: this process's allocator does not hold them)."""
         now = time.time() if now is None else now
         return [
             c
             for node, obj in self._objects.items()
             for _, claims in self._others_live(parse(obj, node), now, node, namespaces(obj)).values()
             for c in claims
-        ]
+        ] + [self.mine[a] for a in sorted(self.adopted) if a in self.mine]
 
     # ---- writing ------------------------------------------------------------------------
 
@@ -273,12 +351,14 @@ class ClaimsLedger:
         if version:
             meta["resourceVersion"] = version
         where = {**where, self.hub_id: self.pod_namespace}
+        who = {**instances(obj), self.hub_id: "" if self._leaving else self.instance}
         data = {
             HUB_KEY + hub: json.dumps(
                 {
                     "renewed_at": renewed_at,
                     "claims": {c.allocation_id: c.to_json() for c in claims},
                     **({"namespace": where[hub]} if where.get(hub) else {}),
+                    **({"instance": who[hub]} if who.get(hub) else {}),
                 },
                 sort_keys=True,
             )
@@ -297,8 +377,20 @@ class ClaimsLedger:
             if obj is None:
                 obj = self._objects[node] = await self._read(node)
             now = time.time()
+            rival = self._rival_on(node, obj, now)
+            if rival is not None:
+                if cached:
+                    self._objects.pop(node, None)  # seen in what we last read: read it fresh first
+                    continue
+                if not self.rival:
+                    self.log.error("%s", self.rival_message(rival, now))
+                self.rival = rival
+                self.stats["refused"] += 1
+                raise HubIdInUse(self.rival_message(rival, now))
             hubs, where = parse(obj, node), namespaces(obj)
             live = self._others_live(hubs, now, node, where)
+            if self.hub_id in hubs and instances(obj).get(self.hub_id, "") != self.instance:
+                self._adopt(hubs[self.hub_id][1])
             mine = [c for c in self.mine.values() if c.node == node]
             if check is not None:
                 try:
@@ -314,6 +406,7 @@ class ClaimsLedger:
             old_mine = hubs.get(self.hub_id, (0.0, []))[1]
             if (
                 not force
+                and (not mine or instances(obj).get(self.hub_id, "") == ("" if self._leaving else self.instance))
                 and all(hubs.get(h) == v for h, v in live.items())
                 and live.keys() == hubs.keys() - {self.hub_id}
                 and sorted(old_mine, key=lambda c: c.allocation_id) == sorted(mine, key=lambda c: c.allocation_id)
@@ -347,6 +440,16 @@ class ClaimsLedger:
             return True
         raise ClaimConflict(f"The claims on node {node} changed 50 times while this hub tried to write; try again.")
 
+    def _adopt(self, claims: list[Claim]) -> None:
+        """Taking over this hub id's entry from another process (silent past the TTL, or handed
+        over): its claims whose pods still run in this hub's namespace stay claimed, as this
+        process's, until their pods end (the pool drops them then)."""
+        running = set(self.pods_here()) if self.pods_here is not None else set()
+        for claim in claims:
+            if claim.allocation_id in running and claim.allocation_id not in self.mine:
+                self.mine[claim.allocation_id] = claim
+                self.adopted.add(claim.allocation_id)
+
     async def take(self, claim: Claim, gpus: Mapping[str, GPU]) -> None:
         """Add ``claim`` to the cluster ledger, or raise ClaimConflict (nothing written)."""
 
@@ -356,6 +459,10 @@ class ClaimsLedger:
                 raise ClaimConflict(why)
 
         async with self._lock:
+            self._find_rival(time.time())
+            if self.rival is not None:  # on any node: this process's view of its hub's claims is not its own
+                self.stats["refused"] += 1
+                raise HubIdInUse(self.rival_message(self.rival))
             self.mine[claim.allocation_id] = claim
             try:
                 await self._swap(claim.node, check, force=True)
@@ -379,6 +486,8 @@ class ClaimsLedger:
                 listed_at = time.time()
                 self.running = await running()
                 self.running_at = listed_at
+            if self.rival is not None:
+                return  # another process writes this hub id: write nothing over its entries
             now = time.time()
             nodes = set(self._objects) | {c.node for c in self.mine.values()}
             for node in sorted(nodes):
@@ -388,6 +497,21 @@ class ClaimsLedger:
                     await self._swap(node, force=due and mine_here)
                 except (ApiException, ClaimConflict, asyncio.TimeoutError) as e:
                     self.log.warning("Could not update the GPU claims of node %s: %s", node, e)
+
+
+    async def hand_over(self) -> None:
+        """Called by the pool's ``stop``: write this hub's entries once more without this
+        process's instance id, so a successor with the same hub id claims at once instead of
+        waiting for the TTL. The claims stay (its pods may still run)."""
+        async with self._lock:
+            self._leaving = True
+            for node, obj in sorted(self._objects.items()):
+                if instances(obj).get(self.hub_id) != self.instance:
+                    continue
+                try:
+                    await self._swap(node, force=True)
+                except (ApiException, ClaimConflict, asyncio.TimeoutError) as e:
+                    self.log.warning("Could not hand over the GPU claims of node %s: %s", node, e)
 
 
 def without(nodes: list[Node], others: list[Claim]) -> list[Node]:

@@ -100,7 +100,9 @@ class KubernetesPool(PoolBackend):
     hub_id = Unicode(
         config=True,
         help="""This hub's name in the claims ledger (letters, digits, '-', '_', '.'; unique among
-        the hubs sharing claims_namespace). Default: the pool's namespace.""",
+        the hubs sharing claims_namespace). Default: the pool's namespace. A second hub process
+        found writing the same id (two hubs in one namespace, two replicas) is detected: the
+        later one grants nothing until the other has been silent for claims_ttl_seconds.""",
     )
     claims_ttl_seconds = Float(
         60.0,
@@ -170,6 +172,7 @@ class KubernetesPool(PoolBackend):
                 self.log,
                 pod_namespace=self.namespace,
             )
+            self.claims.pods_here = lambda: self._live().keys()
             await self.claims.refresh()  # this hub's own entries are renewed once allocations() is read
         self.reflector = ManagedPodReflector(parent=self, namespace=self.namespace)
         await self.reflector.start()
@@ -180,6 +183,8 @@ class KubernetesPool(PoolBackend):
             self._task.cancel()
         if self.reflector:
             await self.reflector.stop()
+        if self.claims is not None and self._claims_adopted:
+            await self.claims.hand_over()  # a successor with this hub id claims at once
 
     async def inventory(self) -> Pool:
         nodes: list[Node] = list(load_pool(self.static_inventory).nodes) if self.static_inventory else []
@@ -382,9 +387,10 @@ class KubernetesPool(PoolBackend):
         hubs hold changed (so waiters are decided on the capacity left)."""
         if self.claims is None or not self._claims_adopted:
             return
+        blocked = self.claims.rival is not None
         await self.claims.sync(self._running_allocations)
         held = frozenset(self.claims.others())
-        if held != self._others_seen:
+        if held != self._others_seen or (blocked and self.claims.rival is None):
             self._others_seen = held
             if self.capacity_changed is not None:
                 await self.capacity_changed()
@@ -435,6 +441,9 @@ class KubernetesPool(PoolBackend):
                     self._seen.discard(allocation_id)
                     if self._on_gone:
                         await self._on_gone(allocation_id, "its pod is gone")
+                    if self.claims is not None and allocation_id in self.claims.adopted:
+                        self.claims.adopted.discard(allocation_id)  # another process's grant, taken over
+                        await self.claims.drop(allocation_id)
                 await self._sync_claims()
             except Exception:
                 self.log.exception("GPU ledger reconciliation failed; retrying")

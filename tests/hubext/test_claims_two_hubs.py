@@ -358,6 +358,11 @@ async def test_a_restarted_hub_claims_again_what_its_pods_hold_and_a_gone_pod_fr
         assert second.get(allocation.id) is not None
         assert second.backend.claims.mine.keys() == {allocation.id}
         assert claimed() == {allocation.id}
+        # the first stopped cleanly (handed its entry over): the successor with its hub id claims
+        # at once, without waiting for the TTL (30 s here)
+        more = await second.allocate(GPURequest(owner=Owner("a"), memory_mib=4096, cores_percent=10), queue=False)
+        assert claimed() == {allocation.id, more.id}
+        await second.release(more.id)
         # the pod goes: the allocation is released and its claim leaves the ledger
         emu.delete("pods", pod, ns_a, grace_period_seconds=0)
         loop = asyncio.get_running_loop()
@@ -387,3 +392,57 @@ async def test_a_missing_claims_namespace_refuses_the_grant_with_a_sentence(kube
         await hub_a.backend.stop()
         emu.remove_node(node)
         emu.delete("namespaces", ns_a, None)
+
+
+async def test_two_hub_processes_with_one_hub_id_never_both_grant_and_the_second_takes_over_once_the_first_is_silent(
+    kube_emulator,  # noqa: F811
+    caplog,
+):
+    """A second hub process with the same hub id (a Deployment with 2 replicas, a second hub
+    started by mistake): it must not grant from the shared pool while the first renews its
+    entry, says why, and takes over by itself once the first has been silent for the TTL."""
+    emu, tag = kube_emulator, uuid.uuid4().hex[:6]
+    node, uuids = _node(emu, tag)
+    ns_a, ns_claims = _namespace(emu, "hub-a"), _namespace(emu, "claims")
+    ttl = 3.0
+    first, second = _hub(ns_a, ns_claims, tag, ttl=ttl), _hub(ns_a, ns_claims, tag, ttl=ttl)
+    loop = asyncio.get_running_loop()
+    try:
+        await first.ensure_started()
+        held = await first.allocate(GPURequest(owner=Owner("a"), memory_mib=0, cores_percent=0, whole=True))
+        await second.ensure_started()
+        # the second process may not grant a card: one card is the first's, and its own view of
+        # the ledger cannot tell its grants from the first's
+        whole = GPURequest(owner=Owner("b"), memory_mib=0, cores_percent=0, whole=True)
+        for _ in range(2):
+            with pytest.raises(PoolFull, match=f"another hub process uses hub id {ns_a} in namespace {ns_a}"):
+                await second.allocate(whole, queue=False)
+        assert second.state.allocations == {}
+        assert _claims_of(emu, ns_claims, ns_a) == {held.id}, "the first's claim was overwritten"
+        assert "c.KubernetesPool.hub_id" in caplog.text
+        # the first keeps granting; this grant's pod starts after the second process did
+        later = await first.allocate(GPURequest(owner=Owner("a"), memory_mib=4096, cores_percent=10))
+        assert later.gpu_uuids != held.gpu_uuids
+        later_pod = _pod(emu, later, ns_a)
+        # the first process dies (no hand-over); it renewed last at most a reconcile ago
+        first.backend._task.cancel()
+        await first.backend.reflector.stop()
+        died = loop.time()
+        # the second grants within the TTL of the first's last renewal (waiting, not refused): the
+        # card the first held without a pod; the first's running pod keeps its claim
+        got = await second.allocate(whole, timeout=ttl + 5)
+        assert loop.time() - died <= ttl + 1.5, loop.time() - died
+        assert got.gpu_uuids == held.gpu_uuids
+        assert _claims_of(emu, ns_claims, ns_a) == {got.id, later.id}
+        # that pod ends: its claim goes
+        emu.delete("pods", later_pod, ns_a, grace_period_seconds=0)
+        deadline = loop.time() + 5
+        while _claims_of(emu, ns_claims, ns_a) != {got.id} and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert _claims_of(emu, ns_claims, ns_a) == {got.id}
+    finally:
+        await first.backend.stop()
+        await second.backend.stop()
+        emu.remove_node(node)
+        for ns in (ns_a, ns_claims):
+            emu.delete("namespaces", ns, None)
