@@ -304,6 +304,11 @@ class PoolBackend(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
 
         Called by ``GPUAllocator`` when a decision names victims."""
 
+    def server_running(self, pid: int, user: str) -> None:
+        """A user's server runs as process ``pid`` (GPU or not): the account it runs as is one the
+        hub answers for. Called by the local spawner after start and on every poll; the local pool
+        then stops GPU processes of that account that belong to no slice. A no-op elsewhere."""
+
     async def stop(self) -> None:
         """Release connections and watches. Called when the hub shuts down."""
 

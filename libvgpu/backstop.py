@@ -185,6 +185,9 @@ def describe(finding: Finding, tolerance_bytes: int, outcome: str) -> str:
             owner = f"pod {finding.pod}, which holds no slice of this card"
         elif finding.allocation_id:
             owner = f"allocation {finding.allocation_id}{who}, which holds no slice of this card"
+        elif finding.user:  # one machine: a process of a server account, linked to no slice
+            owner = (f"account {finding.user}, which the hub runs servers as, but to no live slice (it left its "
+                     "slice: a detached session without the slice's allocation id)")
         elif finding.processes and finding.processes[0].other_pod:
             owner = (f"pod {finding.processes[0].other_pod}, which is not one of the hub's GPU pods "
                      "(another workload on a managed card)")

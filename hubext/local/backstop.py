@@ -16,24 +16,37 @@ judges it with the same :func:`~libvgpu.backstop.evaluate` and :class:`~libvgpu.
 * ``no-shim``, per process: a process of a (not whole-card) slice uses a card but holds no slot
   of its allocation's container region, so no libvgpu accounts for it.
 
-Processes of no slice are not the hub's: they are left alone. Each confirmed finding is logged
-(naming the user and the allocation), recorded in the ledger's events (the admin page and
+* ``unregistered``, per process: a GPU process of an account the hub runs servers or GPU kernels
+  as (:meth:`LocalPool.server_running`: the shared ``elastic-gpu`` account, a user's own account
+  under PAM, the hub's own when servers run as it) that belongs to no live slice. A user's code
+  can leave its slice: double-fork with ``setsid`` (a session and group of its own, re-parented to
+  init) and clear its environment (no allocation id, no ``LD_PRELOAD``); nothing links it to a
+  slice, so it would use the card outside every limit and quota. Whatever its memory (compute
+  alone is worth stopping), it is stopped like the others. A kernel as it starts is linked from
+  its first GPU call (its environment carries the allocation id from exec, and the allocation is
+  in the ledger before it is launched); a slice being stopped is left to its stop (its grace);
+  a resumed kernel's processes, whose environment names the allocation it was swapped out of,
+  belong to the one it resumed in.
+
+GPU processes of other accounts (root, the hub's own when no server runs as it, an admin's own
+jobs) are not the hub's: they are left alone. Each confirmed finding is logged
+(naming the user or account and the allocation), recorded in the ledger's events (the admin page and
 ``elastic-gpu status`` show them) and, in kill mode, its processes get SIGKILL, every time it
 happens (a respawned hog too).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from libvgpu.backstop import NO_SHIM, Backstop, Finding, Proc, Slice, evaluate
+from libvgpu.backstop import NO_SHIM, UNREGISTERED, Backstop, Finding, Proc, Slice, evaluate
 from libvgpu.regions import RegionError, read_container_region
 from quotas import Allocation
 
-from .processes import allocations_of
+from .processes import allocations_of, process_uid
 
 MIB = 1 << 20
 
@@ -46,12 +59,12 @@ class LocalBackstop:
         backstop: Backstop,
         processes: Callable[[str], list[Any]],
         region_of: Callable[[str], Path],
-        record: Callable[[Allocation, str], None],
+        record: Callable[[str, str, str], None],
         log: Any,
     ) -> None:
         """``processes(uuid)``: NVML's processes on a card (``.pid``, ``.used_bytes``);
-        ``region_of(allocation_id)``: its container region; ``record(allocation, message)``: the
-        ledger's event."""
+        ``region_of(allocation_id)``: its container region; ``record(allocation_id, user, message)``:
+        the ledger's event (allocation id '' and the account for a process of no slice)."""
         self.backstop = backstop
         self._processes = processes
         self._region_of = region_of
@@ -67,9 +80,14 @@ class LocalBackstop:
         return {pid for p in usage.processes if p.alive is not False for pid in (p.pid, p.host_pid or 0) if pid}
 
     async def check(self, gpus: Sequence[tuple[str, int]], allocations: Sequence[Allocation],
-                    holders: dict[str, int]) -> list[Finding]:
+                    holders: dict[str, int], *, accounts: Mapping[int, str] | None = None,
+                    aliases: Mapping[str, str] | None = None, stopping: set[str] | None = None) -> list[Finding]:
         """Judge every card once and act on confirmed findings; returns those acted on.
-        ``gpus``: (uuid, NVML index) of each card; ``holders``: allocation id -> holder pid."""
+        ``gpus``: (uuid, NVML index) of each card; ``holders``: allocation id -> holder pid;
+        ``accounts``: uid -> name of the accounts servers run as (their processes must belong to a
+        live slice); ``aliases``: allocation id a process may carry -> the live one it stands for;
+        ``stopping``: allocation ids whose processes the pool is stopping (left to that)."""
+        accounts, aliases, stopping = accounts or {}, aliases or {}, stopping or set()
         gpu_uuids = [uuid for uuid, _ in gpus]
         by_id = {a.id: a for a in allocations}
         on_card = {}
@@ -79,12 +97,15 @@ class LocalBackstop:
             except Exception as e:  # an NVML error on one card: the others are still checked
                 self.log.debug("Backstop: no process list for GPU %s: %s", uuid, e)
         pids = {p.pid for procs in on_card.values() for p in procs}
-        owner = {pid: a for pid, a in allocations_of(pids, {pid: a for a, pid in holders.items()}).items()
-                 if a in by_id}
+        linked = {pid: aliases.get(a, a) for pid, a in
+                  allocations_of(pids, {pid: a for a, pid in holders.items()}).items()}
+        owner = {pid: a for pid, a in linked.items() if a in by_id}
         shimmed = {a: self._shimmed(a) for a in set(owner.values())}
         findings: list[Finding] = []
         for uuid, index in gpus:
             procs = on_card.get(uuid, [])
+            findings += self._sliceless(uuid, index, [p for p in procs if p.pid not in owner and linked.get(p.pid)
+                                                      not in stopping], accounts)
             views = [Proc(pid=p.pid, used_bytes=p.used_bytes, name=_comm(p.pid), allocation_id=owner[p.pid])
                      for p in procs if p.pid in owner]
             if not views:
@@ -106,6 +127,18 @@ class LocalBackstop:
         findings = [replace(f, user=by_id[f.allocation_id].owner.user) if not f.user and f.allocation_id in by_id
                     else f for f in findings]
         return await self.backstop.act(findings, _Actions(self, by_id))
+
+    @staticmethod
+    def _sliceless(uuid: str, index: int, procs: Sequence[Any], accounts: Mapping[int, str]) -> list[Finding]:
+        """One finding per process of a server account that belongs to no live slice."""
+        out = []
+        for p in procs:
+            uid = process_uid(p.pid)
+            if uid is not None and uid in accounts:
+                view = Proc(pid=p.pid, used_bytes=p.used_bytes, name=_comm(p.pid))
+                out.append(Finding(UNREGISTERED, uuid, index, (view,), p.used_bytes, 0, "", "", "",
+                                   accounts[uid]))
+        return out
 
 
 def _comm(pid: int) -> str:
@@ -130,8 +163,10 @@ class _Actions:
 
     async def record(self, finding: Finding, message: str) -> None:
         allocation = self.allocations.get(finding.allocation_id)
-        if allocation is not None:
-            try:
-                self.owner._record(allocation, f"backstop {finding.reason}: {message}")
-            except Exception as e:  # the ledger is busy or gone: the log line stays
-                self.owner.log.warning("Backstop event for %s not recorded: %s", allocation.id, e)
+        if allocation is None and finding.allocation_id:
+            return  # an allocation released meanwhile
+        user = allocation.owner.user if allocation is not None else finding.user
+        try:
+            self.owner._record(finding.allocation_id, user, f"backstop {finding.reason}: {message}")
+        except Exception as e:  # the ledger is busy or gone: the log line stays
+            self.owner.log.warning("Backstop event for %s not recorded: %s", finding.allocation_id or user, e)

@@ -123,12 +123,13 @@ class Ledger:
         return json.loads(row.data), bool(row.simulated)
 
     def add_event(self, allocation: Allocation, kind: str, reason: str) -> None:
+        self.add_event_for(allocation.id, allocation.owner.user, kind, reason)
+
+    def add_event_for(self, allocation_id: str, user: str, kind: str, reason: str) -> None:
+        """An event by id and user ('' allocation id: about a process of no slice, ``user`` its account)."""
         with self.engine.begin() as conn:
-            conn.execute(
-                sa.insert(EVENTS).values(
-                    at=time.time(), allocation_id=allocation.id, user=allocation.owner.user, kind=kind, reason=reason
-                )
-            )
+            row = {"at": time.time(), "allocation_id": allocation_id, "user": user, "kind": kind, "reason": reason}
+            conn.execute(sa.insert(EVENTS).values(**row))
 
     def events(self, limit: int = 20) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:

@@ -37,7 +37,7 @@ from .backstop import LocalBackstop
 from .inventory import detect_nvml_gpus, machine_resources, nvml_activity, shim_library
 from .launcher import LocalKernelLauncher
 from .ledger import LEDGER_FILE, Ledger
-from .processes import process_alive, process_start_time, signal_all, slice_processes, stop_slice
+from .processes import process_alive, process_start_time, process_uid, signal_all, slice_processes, stop_slice
 
 
 class LocalPool(PoolBackend):
@@ -90,8 +90,9 @@ class LocalPool(PoolBackend):
         help="""Run the enforcement backstop on this machine's real GPUs (never on simulated
         ones): what the driver reports per process is checked against each slice every
         Backstop.interval_seconds, and an over-slice process, or one that bypasses the shim
-        (LD_PRELOAD unset, LIBVGPU_CONFIG repointed, a card its slice does not hold), is
-        killed (Backstop.action = 'kill', the default) or reported, with a log line naming the
+        (LD_PRELOAD unset, LIBVGPU_CONFIG repointed, a card its slice does not hold), or a GPU
+        process of an account servers run as that belongs to no slice (detached and its
+        environment cleared), is killed (Backstop.action = 'kill', the default) or reported, with a log line naming the
         user and the allocation. Configure it with c.Backstop.*. Default: True.""",
     )
     nvml_library = Unicode(
@@ -112,6 +113,8 @@ class LocalPool(PoolBackend):
         self._evicted: set[str] = set()
         self._kill_tasks: dict[str, asyncio.Task] = {}  # allocation id -> the stop of its processes
         self._backstop_task: asyncio.Task | None = None
+        self._server_accounts: dict[int, set[str]] = {}  # uid -> hub users whose servers ran as it
+        self._aliases: dict[str, str] = {}  # a swapped-out allocation id -> the one its kernel resumed in
 
     # ---- paths ------------------------------------------------------------------------------
 
@@ -157,6 +160,10 @@ class LocalPool(PoolBackend):
         self.ledger.save_inventory(self._pool, self.simulated)
         self._drop_stale()
         held = set(self.ledger.holders())
+        for allocation in self.ledger.allocations():  # servers and kernels that outlived the last hub
+            holder = self.ledger.holders().get(allocation.id)
+            if holder and holder.isdigit() and process_alive(int(holder)):
+                self.server_running(int(holder), allocation.owner.user)
         self._set_priorities({k: v for k, v in read_priority_table(node_regions).items() if k in held})
         self._task = asyncio.ensure_future(self._watch())
         if self.backstop and not self.simulated and any(n.gpus for n in self._pool.nodes):
@@ -219,7 +226,11 @@ class LocalPool(PoolBackend):
             self.log.warning(
                 "GPU ledger: holder %r of %s is not a process id; it is never checked", holder, allocation_id
             )
-        if not self.ledger.set_holder(allocation_id, holder, started):
+        if self.ledger.set_holder(allocation_id, holder, started):
+            if holder.isdigit():  # a GPU server or kernel: the account it runs as is a server account
+                owner = next((a.owner.user for a in self.ledger.allocations() if a.id == allocation_id), "")
+                self.server_running(int(holder), owner)
+        else:
             if allocation_id in self._evicted and holder.isdigit():
                 self.log.warning(
                     "GPU ledger: %s was preempted before process %s started; stopping it", allocation_id, holder
@@ -227,6 +238,28 @@ class LocalPool(PoolBackend):
                 self._stop_slice(allocation_id, int(holder), self.evict_grace_seconds)
             else:
                 self.log.warning("GPU ledger: bind of unknown allocation %s to %s ignored", allocation_id, holder)
+
+    def server_running(self, pid: int, user: str) -> None:
+        uid = process_uid(pid)
+        if uid is None or uid == 0:  # gone already, or root: never a server's account (spawners refuse it)
+            return
+        users = self._server_accounts.setdefault(uid, set())
+        if user and user not in users:
+            users.add(user)
+            self.log.debug("GPU backstop: uid %d runs servers (%s)", uid, ", ".join(sorted(users)))
+
+    def server_accounts(self) -> dict[int, str]:
+        """uid -> account name of every account the hub ran a server or GPU kernel as (the backstop
+        stops their GPU processes that belong to no slice)."""
+        import pwd
+
+        out = {}
+        for uid in self._server_accounts:
+            try:
+                out[uid] = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                out[uid] = f"uid {uid}"
+        return out
 
     async def forget(self, allocation_id: str, cause: ReleaseCause = ReleaseCause.STOPPED) -> None:
         """The slice is gone: no process of it may run on (a holder's ``setsid`` child included),
@@ -343,6 +376,10 @@ class LocalPool(PoolBackend):
         ):
             if old.exists():
                 os.replace(old, new)
+        self._aliases[old_id] = new_id  # what its processes' environment names is the new slice now
+        for old, new in list(self._aliases.items()):
+            if new == old_id:
+                self._aliases[old] = new_id
 
     def _remove_files(self, allocation_id: str) -> None:
         table = read_priority_table(self.regions_dir / "node")
@@ -392,7 +429,8 @@ class LocalPool(PoolBackend):
             return
         gpus = [(g.uuid, g.index) for n in self._pool.nodes for g in n.gpus]
         checker = LocalBackstop(self.backstop_policy, nvml.processes, lambda a: self.region_dir(a) / "container.region",
-                                lambda a, message: self.ledger.add_event(a, "backstop", message), self.log)
+                                lambda a, user, message: self.ledger.add_event_for(a, user, "backstop", message),
+                                self.log)
         self.log.info("GPU backstop on: %d GPU(s) checked every %.1f s, action '%s'", len(gpus),
                       self.backstop_policy.interval_seconds, self.backstop_policy.action)
 
@@ -402,7 +440,8 @@ class LocalPool(PoolBackend):
                 try:
                     rows = self.ledger.rows()
                     holders = {r["id"]: int(r["holder"]) for r in rows if r["holder"] and r["holder"].isdigit()}
-                    await checker.check(gpus, self.ledger.allocations(), holders)
+                    await checker.check(gpus, self.ledger.allocations(), holders, accounts=self.server_accounts(),
+                                        aliases=self._aliases, stopping=set(self._kill_tasks))
                 except Exception:
                     self.log.exception("GPU backstop: the check failed")
 

@@ -61,6 +61,17 @@ def process_alive(pid: int, started: str | None = None) -> bool:
     return True
 
 
+def process_uid(pid: int) -> int | None:
+    """The real uid ``pid`` runs as (None when it is gone or unreadable)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def process_cmdline(pid: int) -> list[str]:
     """The command line of ``pid`` ([] when it is gone or unreadable)."""
     try:

@@ -346,6 +346,7 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
                 )
                 self.gpu_progress("Starting the server with its GPU slice", 30)
             result = await super().start()
+            self.gpu_allocator.backend.server_running(self.pid, self.user.name)  # GPU or not: see the backstop
             if allocation is not None:
                 await self.gpu_allocator.bind(allocation.id, str(self.pid))
             return result
@@ -356,6 +357,8 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
 
     async def poll(self) -> int | None:
         status = await super().poll()
+        if status is None and self.pid:  # also the hub's first poll of a server that outlived it
+            self.gpu_allocator.backend.server_running(self.pid, self.user.name)
         if status is not None and self._gpu_allocation_id:
             await self.gpu_release(f"server exited ({status})")
         return status

@@ -3,13 +3,22 @@ driver (here the NVML double) reports per process. As a user would try it: a hog
 LD_PRELOAD and fills the card, the same hog restarted, a process that repoints LIBVGPU_CONFIG to
 limits of its own, and one that uses a card its slice does not hold. Each is killed within 10 s,
 every time, with a log line and a ledger event naming the user and the allocation; a process
-that keeps to its slice runs on."""
+that keeps to its slice runs on.
+
+And a user who leaves every slice: code in a server (run as the shared server account) that
+double-forks with ``setsid``, clears its environment (no allocation id, no shim) and uses the
+GPU is linked to no slice; it is killed all the same, as a process of an account the hub runs
+servers as, while the GPU processes of other accounts (the hub's, an admin's) run on."""
 
 from __future__ import annotations
 
 import logging
+import os
+import pwd
+import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from traitlets.config import Config
@@ -26,10 +35,15 @@ async def machine(build, make_node, tmp_path, monkeypatch):
     node = make_node(CUDA_DOUBLE_DEVICES=2)
     for key, value in node.double_env.items():  # the pool's NVML reads the same simulated cards
         monkeypatch.setenv(key, value)
+    # a copy of the NVML double per test: the double reads its environment (this node's card) once
+    # per load, and a library loaded again from the same path is the same load
+    nvml = tmp_path / "nvml" / "libnvidia-ml.so.1"
+    nvml.parent.mkdir()
+    shutil.copy(build.lib_dir / "libnvidia-ml.so.1", nvml)
     pool = LocalPool(
         config=Config({"Backstop": {"interval_seconds": INTERVAL}}),
         data_dir=str(tmp_path / "hub"),
-        nvml_library=str(build.lib_dir / "libnvidia-ml.so.1"),
+        nvml_library=str(nvml),
     )
 
     async def gone(allocation_id: str, why: str) -> None:
@@ -56,9 +70,11 @@ async def machine(build, make_node, tmp_path, monkeypatch):
     pynvml._nvmlGetFunctionPointer_cache.clear()
 
 
-def start(node, env, *steps):
+def start(node, env, *steps, account: str | None = None, session: bool = False):
+    """The probe with ``steps``, then 'ready' and a wait; as ``account`` (default: the test's own)."""
+    as_account = {"user": account, "group": pwd.getpwnam(account).pw_gid, "extra_groups": []} if account else {}
     proc = subprocess.Popen([str(node.build.probe), *steps, "ready", "wait"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=session, **as_account)
     node.processes.append(proc)
     line = proc.stdout.readline()
     while line and "ready" not in line:
@@ -99,3 +115,96 @@ async def test_over_slice_and_shim_bypassing_processes_are_killed_every_time(mac
     assert all("alice" in m and "alloc-alice-1" in m and "Killed process" in m for m in lines)
     events = [e for e in pool.events(50) if e["kind"] == "backstop"]
     assert len(events) >= 5 and all(e["user"] == "alice" for e in events)
+
+
+SERVER_ACCOUNT = "nobody"  # what the shared server account (`elastic-gpu`) is here: unprivileged, not the hub's
+OTHER_ACCOUNT = "daemon"  # an account the hub runs no server as
+
+#: a user's code in their server: detach (setsid in a child that its parent leaves: a double fork,
+#: re-parented to init, a session and group of its own), drop the environment, use the GPU
+ESCAPE = """#!/bin/sh
+out="$1"; shift
+setsid -f sh -c 'out="$1"; shift; echo $$ > "$out.pid"; exec "$@" > "$out" 2>&1' escape "$out" "$@"
+exec sleep 300
+"""
+
+
+def reachable(path: Path) -> None:
+    """Let other accounts reach ``path`` through pytest's 0700 directories (up to the sticky temp dir)."""
+    for d in (path, *path.parents):
+        if d == Path("/") or d.stat().st_mode & 0o1000:
+            break
+        d.chmod(d.stat().st_mode | 0o011)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+async def test_a_detached_process_of_a_server_account_that_dropped_its_slice_is_killed(machine, caplog):
+    import asyncio
+
+    pool, node, alice_allocation, _ = machine
+    if os.geteuid() != 0:
+        pytest.skip("runs processes as other accounts (the hub runs as root in `elastic-gpu up`)")
+    server_uid = pwd.getpwnam(SERVER_ACCOUNT).pw_uid
+    for path in (node.build.root, node.root, Path(pool.data_dir)):
+        reachable(path)
+    state = Path(node.double_env["CUDA_DOUBLE_STATE"])  # the card: every account's driver uses it
+    state.touch()
+    state.chmod(0o666)
+    # bob's GPU server, run as the server account (the hub binds it as it does a spawned server)
+    bob = Allocation(id="alloc-bob-1", owner=Owner("bob"), node="localhost",
+                     gpu_uuids=alice_allocation.gpu_uuids, memory_mib=1024, cores_percent=50,
+                     priority_class="default")
+    await pool.record(bob)
+    bob_env = node.env(pool.holder_env(bob, 10, server_uid, pwd.getpwnam(SERVER_ACCOUNT).pw_gid))
+    bob_env["LD_PRELOAD"] = node.build.preload()
+    (node.root / "escape").mkdir()
+    (node.root / "escape").chmod(0o777)
+    script = node.root / "escape.sh"
+    script.write_text(ESCAPE)
+    script.chmod(0o755)
+    hardware = [f"{k}={v}" for k, v in node.double_env.items()] + [f"LD_LIBRARY_PATH={node.build.lib_dir}"]
+    bound = 10
+    with caplog.at_level(logging.WARNING):
+        # GPU work of accounts the hub runs no server as: the hub's own (an admin's job), another one
+        admin = start(node, node.env(), "init", "ctx", "alloc:100M")
+        other = start(node, node.env(), "init", "ctx", "alloc:100M", account=OTHER_ACCOUNT, session=True)
+        # a kernel of bob's as it starts: its own session, not yet bound; its environment carries the slice
+        kernel = start(node, bob_env, "init", "ctx", "alloc:200M", account=SERVER_ACCOUNT, session=True)
+        server = subprocess.Popen(
+            [str(script), str(node.root / "escape" / "out"), "env", "-i", *hardware, str(node.build.probe), "init",
+             "ctx", "alloc:100M", "ready", "wait"],
+            env=bob_env, user=SERVER_ACCOUNT, group=pwd.getpwnam(SERVER_ACCOUNT).pw_gid, extra_groups=[],
+            start_new_session=True)
+        node.processes.append(server)
+        try:
+            await pool.bind(bob.id, str(server.pid))
+            out = node.root / "escape" / "out"
+            began = time.monotonic()
+            while "ready" not in (out.read_text() if out.exists() else ""):
+                assert time.monotonic() - began < bound, out.read_text() if out.exists() else "no output"
+                await asyncio.sleep(0.05)
+            escaped = int(Path(f"{out}.pid").read_text())
+            environ = Path(f"/proc/{escaped}/environ").read_bytes()
+            assert b"ELASTIC_GPU_ALLOCATION_ID" not in environ and b"LD_PRELOAD" not in environ
+            assert Path(f"/proc/{escaped}/stat").read_text().rsplit(")", 1)[1].split()[1] != str(server.pid)
+            while alive(escaped):
+                assert time.monotonic() - began < bound, "the detached process was not stopped"
+                await asyncio.sleep(0.05)
+        finally:
+            pid_file = Path(f"{node.root / 'escape' / 'out'}.pid")
+            if pid_file.exists() and alive(int(pid_file.read_text())):
+                os.kill(int(pid_file.read_text()), 9)
+    # the checks that judged the detached process judged these too, and left them alone
+    assert admin.poll() is None and other.poll() is None and kernel.poll() is None
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Backstop")]
+    assert any(str(escaped) in m and SERVER_ACCOUNT in m and "Killed process" in m for m in lines), lines
+    assert not any(str(p.pid) in m for m in lines for p in (admin, other, kernel)), lines
+    events = [e for e in pool.events(50) if e["kind"] == "backstop"]
+    assert any(str(escaped) in e["reason"] and SERVER_ACCOUNT in e["user"] for e in events), events
