@@ -233,3 +233,26 @@ async def test_every_progress_reader_gets_each_event_and_ends_when_admission_fin
     await asyncio.wait_for(asyncio.gather(*readers), 10)  # the spawner's start_timeout is 60 s
     expected = ["Checking GPU quota", "Queued: no requests ahead.", "Placed on node-1 / GPU-1"]
     assert seen == {"fast": expected, "slow": expected}
+
+
+async def test_the_account_a_running_server_runs_as_is_one_the_backstop_answers_for(simulated_allocator):
+    """A CPU server too: its user could leave it (setsid, env -i) and open the GPU; the backstop
+    then kills GPU processes of that account that belong to no slice (tests/libvgpu/test_backstop_local.py).
+    The hub's first poll of a server that outlived it reports it the same way."""
+    import os
+    import pwd
+    import subprocess
+
+    if os.geteuid() != 0:
+        pytest.skip("runs a server process as another account")
+    nobody = pwd.getpwnam("nobody")
+    server = subprocess.Popen(["sleep", "60"], user=nobody.pw_uid, group=nobody.pw_gid, extra_groups=[])
+    try:
+        sp = spawner()
+        sp.pid = server.pid
+        assert nobody.pw_uid not in simulated_allocator.backend.server_accounts()
+        assert await sp.poll() is None
+        assert simulated_allocator.backend.server_accounts()[nobody.pw_uid] == "nobody"
+    finally:
+        server.kill()
+        server.wait()
