@@ -446,3 +446,31 @@ async def test_two_hub_processes_with_one_hub_id_never_both_grant_and_the_second
         emu.remove_node(node)
         for ns in (ns_a, ns_claims):
             emu.delete("namespaces", ns, None)
+
+
+async def test_two_processes_of_one_hub_id_racing_for_their_first_claim_get_one_grant(
+    kube_emulator,  # noqa: F811
+):
+    """Both start with an empty ledger and claim at once: the compare-and-swap lets one write
+    land; the other reads it again, sees another instance's entry and refuses."""
+    emu, tag = kube_emulator, uuid.uuid4().hex[:6]
+    node, uuids = _node(emu, tag)
+    ns_a, ns_claims = _namespace(emu, "hub-a"), _namespace(emu, "claims")
+    one, two = _hub(ns_a, ns_claims, tag), _hub(ns_a, ns_claims, tag)
+    try:
+        await asyncio.gather(one.ensure_started(), two.ensure_started())
+        whole = GPURequest(owner=Owner("a"), memory_mib=0, cores_percent=0, whole=True)
+        results = await asyncio.gather(
+            one.allocate(whole, queue=False), two.allocate(whole, queue=False), return_exceptions=True
+        )
+        granted = [r for r in results if isinstance(r, Allocation)]
+        refused = [r for r in results if isinstance(r, PoolFull)]
+        assert len(granted) == 1 and len(refused) == 1, results
+        assert f"another hub process uses hub id {ns_a}" in refused[0].message
+        assert _claims_of(emu, ns_claims, ns_a) == {granted[0].id}
+    finally:
+        await one.backend.stop()
+        await two.backend.stop()
+        emu.remove_node(node)
+        for ns in (ns_a, ns_claims):
+            emu.delete("namespaces", ns, None)
