@@ -22,7 +22,7 @@ each take the other's claims for their own and overwrite them; so a process that
 id's entry written by another instance that renewed it within ``ttl`` writes nothing and grants
 nothing (:class:`HubIdInUse`) until that instance has been silent for ``ttl``. A process that
 stops cleanly removes its instance id from its entries (:meth:`ClaimsLedger.hand_over`), so its
-successor takes over at once.
+successor takes over at once; so does one that finds the other instance's pod gone (:mod:`.hubpod`).
 """
 
 from __future__ import annotations
@@ -46,12 +46,15 @@ from quotas.placement import capacity
 
 from .. import contract as C
 from ..backends import ClaimConflict
+from .hubpod import entry_pods, own_pod, why_gone
 from .rest import call_json
 
 #: label of every claims object (the hubs list them by it)
 CLAIMS_LABEL = C.PREFIX + "gpu-claims"
 #: key prefix of one hub's entry in a claims object
 HUB_KEY = "hub."
+#: seconds between two reads of the pod of another live instance of this hub id
+POD_RECHECK_SECONDS = 2.0
 _HUB_ID = re.compile(r"^[-._a-zA-Z0-9]{1,200}$")
 
 
@@ -215,6 +218,13 @@ class ClaimsLedger:
         #: claims whose pods still run (``adopted``) until they end
         self.pods_here: Callable[[], Collection[str]] | None = None
         self.adopted: set[str] = set()
+        #: the pod this process runs in (namespace, name, uid), written in its entries (set by
+        #: :meth:`find_own_pod`; None: not in a pod, or its pod could not be read)
+        self.pod: dict[str, str] | None = None
+        #: other instances of this hub id whose pod is gone: their entries are this process's to take
+        self._gone: set[str] = set()
+        #: instance -> when its pod was last read and found running
+        self._pod_checked: dict[str, float] = {}
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -244,14 +254,52 @@ class ClaimsLedger:
             if node:
                 objects[node] = obj
         self._objects = objects
+        for node, obj in sorted(objects.items()):
+            await self._rival_gone(node, obj)
         self._find_rival(time.time())
+
+    async def find_own_pod(self, name: str, namespace: str) -> None:
+        """Called by the pool's ``start`` when the hub runs in a pod: its uid goes in this
+        process's entries (:mod:`.hubpod`); a pod that cannot be read is not written."""
+        try:
+            self.pod = await own_pod(self.api, name, namespace, self.timeout)
+        except (ApiException, asyncio.TimeoutError) as e:
+            self.log.warning(
+                "Cannot read this hub's pod %s/%s (%s): a hub process replacing this one waits "
+                "claims_ttl_seconds (%.0f s) before it grants GPUs.",
+                *(namespace, name, getattr(e, "reason", None) or type(e).__name__, self.ttl),
+            )
+
+    async def _rival_gone(self, node: str, obj: Mapping[str, Any]) -> bool:
+        """Whether the other instance that renewed this hub id's entry on ``node`` within the TTL
+        is provably gone (:func:`.hubpod.why_gone`); then this process takes the entry over now."""
+        now = time.time()
+        rival, pod = self._rival_on(node, obj, now), entry_pods(obj, HUB_KEY).get(self.hub_id)
+        if rival is None or pod is None or now - self._pod_checked.get(rival[0], 0.0) < POD_RECHECK_SECONDS:
+            return False
+        where = f"{pod['namespace']}/{pod['name']}"
+        try:
+            why = await why_gone(self.api, pod, self.timeout)
+        except (ApiException, asyncio.TimeoutError) as e:
+            why = ""
+            self.log.warning("Cannot read pod %s of hub id %s's other instance: %s", where, self.hub_id, e)
+        if not why:
+            self._pod_checked[rival[0]] = now
+            return False
+        self._gone.add(rival[0])
+        self.log.warning(
+            "Hub id %s: the pod %s of instance %s %s; this hub process (instance %s) takes over its "
+            "claims entries now.",
+            *(self.hub_id, where, rival[0], why, self.instance),
+        )
+        return True
 
     def _rival_on(self, node: str, obj: Mapping[str, Any], now: float) -> tuple[str, str, float] | None:
         """(instance, node, renewed_at) when this hub id's entry on ``node`` was renewed within
         the TTL by another process."""
         entry = parse(obj, node).get(self.hub_id)
         other = instances(obj).get(self.hub_id, "")
-        if entry is not None and other and other != self.instance and now - entry[0] <= self.ttl:
+        if entry is not None and other and other not in (self.instance, *self._gone) and now - entry[0] <= self.ttl:
             return (other, node, entry[0])
         return None
 
@@ -262,7 +310,7 @@ class ClaimsLedger:
         )
         if found and not self.rival:
             self.log.error("%s", self.rival_message(found, now))
-        elif self.rival and not found:
+        elif self.rival and not found and self.rival[0] not in self._gone:
             self.log.warning(
                 "Hub id %s: instance %s has been silent for %.0f s; this hub process (instance %s) "
                 "claims GPUs again.",
@@ -352,6 +400,7 @@ class ClaimsLedger:
             meta["resourceVersion"] = version
         where = {**where, self.hub_id: self.pod_namespace}
         who = {**instances(obj), self.hub_id: "" if self._leaving else self.instance}
+        their_pods: dict[str, Any] = {**entry_pods(obj, HUB_KEY), self.hub_id: None if self._leaving else self.pod}
         data = {
             HUB_KEY + hub: json.dumps(
                 {
@@ -359,6 +408,7 @@ class ClaimsLedger:
                     "claims": {c.allocation_id: c.to_json() for c in claims},
                     **({"namespace": where[hub]} if where.get(hub) else {}),
                     **({"instance": who[hub]} if who.get(hub) else {}),
+                    **({"pod": their_pods[hub]} if their_pods.get(hub) else {}),
                 },
                 sort_keys=True,
             )
@@ -382,6 +432,8 @@ class ClaimsLedger:
                 if cached:
                     self._objects.pop(node, None)  # seen in what we last read: read it fresh first
                     continue
+                if await self._rival_gone(node, obj):
+                    continue  # its pod is gone: take its entry over
                 if not self.rival:
                     self.log.error("%s", self.rival_message(rival, now))
                 self.rival = rival
@@ -497,7 +549,6 @@ class ClaimsLedger:
                     await self._swap(node, force=due and mine_here)
                 except (ApiException, ClaimConflict, asyncio.TimeoutError) as e:
                     self.log.warning("Could not update the GPU claims of node %s: %s", node, e)
-
 
     async def hand_over(self) -> None:
         """Called by the pool's ``stop``: write this hub's entries once more without this

@@ -102,7 +102,8 @@ class KubernetesPool(PoolBackend):
         help="""This hub's name in the claims ledger (letters, digits, '-', '_', '.'; unique among
         the hubs sharing claims_namespace). Default: the pool's namespace. A second hub process
         found writing the same id (two hubs in one namespace, two replicas) is detected: the
-        later one grants nothing until the other has been silent for claims_ttl_seconds.""",
+        later one grants nothing until the other has been silent for claims_ttl_seconds or its pod
+        is gone (hub_pod_name).""",
     )
     claims_ttl_seconds = Float(
         60.0,
@@ -110,6 +111,27 @@ class KubernetesPool(PoolBackend):
         help="""Seconds after which the claims of a hub that stopped renewing them are dropped by
         any other hub (each hub renews every third of it). Default: 60.""",
     )
+
+    hub_pod_name = Unicode(
+        config=True,
+        help="""The pod this hub process runs in, written in its claims entries with the pod's uid,
+        so that a process replacing it (a hub Deployment's restart) takes over at once when that
+        pod is gone instead of waiting claims_ttl_seconds. Default: $HOSTNAME in a pod (where
+        $KUBERNETES_SERVICE_HOST is set), else empty (not written). The hub needs get on pods in
+        hub_pod_namespace (z2jh's hub Role has it).""",
+    )
+    hub_pod_namespace = Unicode(
+        config=True,
+        help="Namespace of hub_pod_name. Default: $POD_NAMESPACE (z2jh sets it), else the pool's namespace.",
+    )
+
+    @default("hub_pod_name")
+    def _default_hub_pod_name(self) -> str:
+        return os.environ.get("HOSTNAME", "") if os.environ.get("KUBERNETES_SERVICE_HOST") else ""
+
+    @default("hub_pod_namespace")
+    def _default_hub_pod_namespace(self) -> str:
+        return os.environ.get("POD_NAMESPACE") or self.namespace
 
     device_plugin_resource = Unicode(
         config=True,
@@ -173,6 +195,8 @@ class KubernetesPool(PoolBackend):
                 pod_namespace=self.namespace,
             )
             self.claims.pods_here = lambda: self._live().keys()
+            if self.hub_pod_name:
+                await self.claims.find_own_pod(self.hub_pod_name, self.hub_pod_namespace)
             await self.claims.refresh()  # this hub's own entries are renewed once allocations() is read
         self.reflector = ManagedPodReflector(parent=self, namespace=self.namespace)
         await self.reflector.start()

@@ -25,6 +25,8 @@ from hubext.backends import ClaimConflict
 from hubext.kubernetes.claims import CLAIMS_LABEL
 from quotas import Allocation, GPURequest, Owner, PoolFull
 from tests.kubeemu.fixtures import kube_emulator, kube_namespace  # noqa: F401
+from tests.kubeemu.helpers import pod as pod_manifest
+from tests.kubeemu.helpers import py
 
 CARD_MIB = 40960
 SIZES = [(4096, 10), (8192, 25), (10240, 25), (20480, 50)]
@@ -49,8 +51,12 @@ def _node(emu, tag: str) -> tuple[str, list[str]]:
     return node, uuids
 
 
-def _hub(namespace: str, claims_namespace: str, tag: str, ttl: float = 30.0) -> GPUAllocator:
+def _hub(namespace: str, claims_namespace: str, tag: str, ttl: float = 30.0, pod: str = "") -> GPUAllocator:
+    """A hub's allocator; ``pod``: the hub process runs in that pod of ``namespace``."""
     c = Config()
+    if pod:
+        c.KubernetesPool.hub_pod_name = pod
+        c.KubernetesPool.hub_pod_namespace = namespace
     c.GPUAllocator.pool_backend_class = "kubernetes"
     c.KubernetesPool.namespace = namespace
     c.KubernetesPool.claims_namespace = claims_namespace
@@ -474,3 +480,78 @@ async def test_two_processes_of_one_hub_id_racing_for_their_first_claim_get_one_
         emu.remove_node(node)
         for ns in (ns_a, ns_claims):
             emu.delete("namespaces", ns, None)
+
+
+async def test_a_restarted_hub_whose_old_pod_is_gone_claims_at_once_and_one_whose_old_pod_runs_waits(
+    kube_emulator,  # noqa: F811
+):
+    """A hub Deployment's restart (strategy Recreate: the old pod is gone before the new one
+    starts; JupyterHub's shutdown stops no pool, so the old entry names a live-looking instance):
+    the new process finds the old instance's pod gone and takes over at once, well within the
+    TTL. While the old instance's pod still runs (two replicas), the new one is refused."""
+    emu, tag = kube_emulator, uuid.uuid4().hex[:6]
+    node, uuids = _node(emu, tag)
+    ns_a, ns_claims = _namespace(emu, "hub-a"), _namespace(emu, "claims")
+    ttl = 30.0
+
+    def hub_in_pod(pod: str) -> GPUAllocator:
+        emu.create(pod_manifest(pod, py("import time; time.sleep(600)"), nodeName=node), "pods", ns_a)
+        emu.wait_for_pod_phase(pod, "Running", ns_a, timeout=20)
+        return _hub(ns_a, ns_claims, tag, ttl=ttl, pod=pod)
+
+    first = hub_in_pod("hub-old")
+    second = third = fourth = None
+    loop = asyncio.get_running_loop()
+    try:
+        held = await first.allocate(GPURequest(owner=Owner("a"), memory_mib=0, cores_percent=0, whole=True))
+        # two replicas: the old pod runs, so the second is refused as before
+        second = hub_in_pod("hub-replica")
+        whole = GPURequest(owner=Owner("b"), memory_mib=0, cores_percent=0, whole=True)
+        with pytest.raises(PoolFull, match=f"another hub process uses hub id {ns_a}"):
+            await second.allocate(whole, queue=False)
+        assert second.state.allocations == {}
+        await second.backend.stop()
+        emu.delete("pods", "hub-replica", ns_a, grace_period_seconds=0)
+        # the restart: the old process dies without stopping its pool, its pod is deleted, the
+        # new pod's process starts and grants the card the old one held (no pod) at once
+        first.backend._task.cancel()
+        await first.backend.reflector.stop()
+        died = loop.time()
+        emu.delete("pods", "hub-old", ns_a, grace_period_seconds=0)
+        third = hub_in_pod("hub-new")
+        got = await third.allocate(whole, queue=False)
+        assert loop.time() - died < ttl / 3, loop.time() - died
+        assert got.gpu_uuids == held.gpu_uuids
+        assert _claims_of(emu, ns_claims, ns_a) == {got.id}
+        # a StatefulSet's restart: a new pod of the same name (another uid) replaces the old one
+        third.backend._task.cancel()
+        await third.backend.reflector.stop()
+        await third.release(got.id)
+        died = loop.time()
+        emu.delete("pods", "hub-new", ns_a, grace_period_seconds=0)
+        emu.wait_for(lambda: emu.get("pods", "hub-new", ns_a) is None, message="hub-new deleted")
+        fourth = hub_in_pod("hub-new")
+        again = await fourth.allocate(whole, queue=False)
+        assert loop.time() - died < ttl / 3, loop.time() - died
+        assert _claims_of(emu, ns_claims, ns_a) == {again.id}
+    finally:
+        for hub in (first, second, third, fourth):
+            if hub is not None:
+                await hub.backend.stop()
+        emu.remove_node(node)
+        for ns in (ns_a, ns_claims):
+            emu.delete("namespaces", ns, None)
+
+
+def test_the_hub_pod_is_hostname_and_pod_namespace_in_a_pod_and_none_outside(monkeypatch):
+    from hubext.kubernetes.pool import KubernetesPool
+
+    monkeypatch.setenv("HOSTNAME", "hub-7d9f-abcde")
+    monkeypatch.setenv("POD_NAMESPACE", "jhub")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert KubernetesPool().hub_pod_name == "", "outside a pod, HOSTNAME is the machine's name"
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    pool = KubernetesPool(namespace="users")
+    assert (pool.hub_pod_name, pool.hub_pod_namespace) == ("hub-7d9f-abcde", "jhub")
+    monkeypatch.delenv("POD_NAMESPACE")
+    assert KubernetesPool(namespace="users").hub_pod_namespace == "users"
