@@ -140,8 +140,8 @@ class GPUAllocator(SingletonConfigurable):
         self._lock = asyncio.Lock()
         self._started: asyncio.Future | None = None
         self.listeners: list[Listener] = []
-        #: allocation id -> why: holders being stopped on purpose (expect_stop)
-        self._stopping: dict[str, str] = {}
+        #: allocation id -> (why, cause): holders being stopped on purpose (expect_stop)
+        self._stopping: dict[str, tuple[str, ReleaseCause]] = {}
         #: allocation id -> why its old holder went ('' while none was reported): holders being replaced
         self._handovers: dict[str, str] = {}
         #: swaps slices out for the queue's moves (the GPU broker sets itself); None: nothing moves
@@ -408,11 +408,12 @@ class GPUAllocator(SingletonConfigurable):
             self.state.set_pool(pool)
         await self._pump()
 
-    def expect_stop(self, allocation_id: str, why: str) -> None:
+    def expect_stop(self, allocation_id: str, why: str, cause: ReleaseCause = ReleaseCause.STOPPED) -> None:
         """The holder of ``allocation_id`` is being stopped on purpose (called by the spawner's
-        stop before it deletes the pod or process): if the pool reports the holder gone before
-        the stop releases the slice, the release is still a stop (the usage record says so)."""
-        self._stopping[allocation_id] = why
+        stop before it deletes the pod or process, and by the broker when a kernel's server asks
+        it to shut down or the culler culls it): if the pool reports the holder gone before the
+        stop releases the slice, the release is still that stop (the usage record says so)."""
+        self._stopping[allocation_id] = (why, cause)
 
     @asynccontextmanager
     async def handover(self, allocation_id: str) -> AsyncIterator[None]:
@@ -439,8 +440,8 @@ class GPUAllocator(SingletonConfigurable):
             self.log.info("GPU slice %s: %s; kept for the holder replacing it", allocation_id, why)
             return
         stopping = self._stopping.get(allocation_id)
-        if stopping is not None:  # the pod went because its spawner stopped it
-            await self.release(allocation_id, stopping, ReleaseCause.STOPPED)
+        if stopping is not None:  # the pod or process went because it was stopped on purpose
+            await self.release(allocation_id, *stopping)
         else:
             await self.release(allocation_id, why, ReleaseCause.HOLDER_GONE)
 

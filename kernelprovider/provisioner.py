@@ -392,6 +392,12 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
             await self._restart_remote()
         elif not restart:
             self._shutting_down = True
+            if self.remote_id is not None and not self._deleted:
+                # the kernel may exit before cleanup() deletes it: the hub then records a stop
+                try:
+                    await self._api("POST", self._kernel_path("/stopping"), timeout=10)
+                except Exception as e:  # noqa: BLE001 - only the usage record's cause is at stake
+                    self.log.debug("GPU kernel %s: could not announce its shutdown: %s", self.remote_id, e)
 
     async def cleanup(self, restart: bool = False) -> None:
         if restart:

@@ -15,6 +15,7 @@ Endpoints (under ``/hub/api``)::
     DELETE /gpu/kernels/<id>                  stop it and give the slice back
     POST   /gpu/kernels/<id>/restart          a new kernel process in the same slice (new ports)
     POST   /gpu/kernels/<id>/interrupt        SIGINT (local kernels only; else use the control channel)
+    POST   /gpu/kernels/<id>/stopping         its server is shutting it down (the release is a stop)
 
 Authorization: see ``hubext.broker.handlers``.
 """
@@ -436,6 +437,14 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
         shuts the kernel down through its server, and by its ``DELETE ?cause=culled``): whoever
         deletes it next, its slice is released as culled (the usage record says so)."""
         self._culled[record.id] = reason
+        self.allocator.expect_stop(record.allocation_id, *self._stop_cause(record, ""))
+
+    def mark_stopping(self, record: KernelRecord) -> None:
+        """The kernel's server is shutting it down (``POST /gpu/kernels/<id>/stopping``, from the
+        provisioner's ``shutdown_requested``): the kernel may exit before the server deletes it,
+        and the pool's holder check then releases its slice as stopped (or culled), not as gone."""
+        why = f"kernel shut down by {record.user}"
+        self.allocator.expect_stop(record.allocation_id, *self._stop_cause(record, why))
 
     def _stop_cause(self, record: KernelRecord, why: str, forget: bool = False) -> tuple[str, ReleaseCause]:
         """Why and how a stopped kernel's slice is released: culled when the culler said so."""

@@ -218,7 +218,10 @@ class KernelHandler(BrokerAPIHandler):
 
 
 class KernelActionHandler(BrokerAPIHandler):
-    """POST /hub/api/gpu/kernels/<id>/(restart|interrupt|cull)
+    """POST /hub/api/gpu/kernels/<id>/(restart|interrupt|cull|stopping)
+
+    ``stopping`` (its server, from the provisioner's ``shutdown_requested``): a shutdown is under
+    way; if the kernel exits before the server deletes it, its slice is released as stopped.
 
     ``cull`` (GPU admins: the culler, before it shuts the kernel down through its server;
     body ``{"reason": ...}``): the kernel's next release is recorded as culled."""
@@ -234,6 +237,11 @@ class KernelActionHandler(BrokerAPIHandler):
             return
         if not self.is_gpu_admin:
             self.broker.claim(record)
+        if action == "stopping":
+            self.broker.mark_stopping(record)
+            self.set_status(204)
+            self.finish()
+            return
         if action == "restart":
             record = await self.broker.restart(record)
             self.finish(json.dumps(record.model()))
@@ -320,7 +328,7 @@ BROKER_HANDLERS: list[tuple[str, type]] = [
     (r"/api/gpu/kernel-sizes", KernelSizesHandler),
     (r"/api/gpu/kernels", KernelsHandler),
     (r"/api/gpu/kernels/([0-9a-f]{32})", KernelHandler),
-    (r"/api/gpu/kernels/([0-9a-f]{32})/(restart|interrupt|cull)", KernelActionHandler),
+    (r"/api/gpu/kernels/([0-9a-f]{32})/(restart|interrupt|cull|stopping)", KernelActionHandler),
     (r"/api/gpu/kernels/([0-9a-f]{32})/(suspend|resume)", KernelSwapHandler),
 ]
 

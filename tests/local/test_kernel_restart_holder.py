@@ -130,3 +130,42 @@ async def test_restart_keeps_the_slice_when_the_old_kernel_exits_first_and_the_h
     await broker.delete(record)
     await _wait_dead(new_pid)
     assert broker.allocator.get(allocation_id) is None and pool.ledger.holders() == {}
+
+
+@pytest.mark.parametrize(
+    "how, cause, why",
+    [
+        ("shut down", "stopped", "kernel shut down by alice"),
+        ("culled", "culled", "culled: idle 10 min"),
+    ],
+)
+async def test_a_kernel_that_exits_on_its_shutdown_request_before_its_delete_is_recorded_as_stopped_or_culled(
+    broker, tmp_path, how, cause, why
+):
+    """jupyter_client sends ``shutdown_request`` and waits for the kernel to exit before the
+    provisioner deletes it, so the pool's holder check may see the process gone first. A CI run
+    recorded such a stop as 'holder-gone'. The provisioner says the shutdown is coming
+    (``shutdown_requested``: the broker's ``stopping``); a culled kernel was marked by the culler."""
+    pool = broker.allocator.backend
+    record = await _start_kernel(broker, tmp_path)
+    pid, allocation_id = int(record.holder), record.allocation_id
+    released: list[tuple[str, str]] = []
+    broker.allocator.listeners.append(
+        lambda event, allocation, w, c: released.append((c.value, w)) if event == "released" else None
+    )
+    if how == "culled":
+        broker.mark_culled(record, "idle 10 min")
+    broker.mark_stopping(record)  # what the provisioner's shutdown_requested asks for
+    client = AsyncKernelClient()
+    client.load_connection_file(str(broker.launcher.kernel_dir(record.id) / "connection.json"))
+    client.start_channels()
+    try:
+        client.shutdown(restart=False)
+        await _wait_dead(pid)
+    finally:
+        client.stop_channels()
+    assert await pool.check_holders() == [allocation_id]
+    await exponential_backoff(lambda: bool(released), "the slice's release", timeout=10)
+    assert released == [(cause, why)]
+    await broker.delete(record, "kernel shut down by alice")  # the provisioner's delete, after the exit
+    assert broker.allocator.get(allocation_id) is None and released == [(cause, why)]
