@@ -66,6 +66,16 @@ def _hub(namespace: str, claims_namespace: str, tag: str, ttl: float = 30.0, pod
     return GPUAllocator(config=c)
 
 
+async def _tear_down(emu, node: str, namespaces: tuple[str, ...], *hubs: GPUAllocator | None) -> None:
+    """Stop the hubs' pools (those that were made), then remove the node and the namespaces."""
+    for hub in hubs:
+        if hub is not None:
+            await hub.backend.stop()
+    emu.remove_node(node)
+    for ns in namespaces:
+        emu.delete("namespaces", ns, None)
+
+
 def _over(emu, namespaces: list[str], claims_namespace: str) -> tuple[list[str], set[str]]:
     """What overbooks a card, counted from the pods and from the claims objects; and the cards
     both hubs use at this moment (their pods or their claims)."""
@@ -268,11 +278,7 @@ async def test_two_hubs_racing_for_one_node_never_overbook_a_card_and_a_dead_hub
         emu.delete("pods", late_pod, ns_b, grace_period_seconds=0)
         assert await b_claims_become(set()) == set()
     finally:
-        await hub_a.backend.stop()
-        await hub_b.backend.stop()
-        emu.remove_node(node)
-        for ns in (ns_a, ns_b, ns_claims):
-            emu.delete("namespaces", ns, None)
+        await _tear_down(emu, node, (ns_a, ns_b, ns_claims), hub_a, hub_b)
 
 
 async def test_a_claim_that_would_overbook_a_card_is_refused_with_the_card_and_the_hubs(
@@ -318,11 +324,7 @@ async def test_a_claim_that_would_overbook_a_card_is_refused_with_the_card_and_t
         assert set(cm["data"]) == {f"hub.{ns_a}", f"hub.{ns_b}"}
         assert set(json.loads(cm["data"][f"hub.{ns_a}"])["claims"]) == {"a-2"}
     finally:
-        await hub_a.backend.stop()
-        await hub_b.backend.stop()
-        emu.remove_node(node)
-        for ns in (ns_a, ns_b, ns_claims):
-            emu.delete("namespaces", ns, None)
+        await _tear_down(emu, node, (ns_a, ns_b, ns_claims), hub_a, hub_b)
 
 
 async def test_a_restarted_hub_claims_again_what_its_pods_hold_and_a_gone_pod_frees_its_claim(
@@ -377,12 +379,7 @@ async def test_a_restarted_hub_claims_again_what_its_pods_hold_and_a_gone_pod_fr
             await asyncio.sleep(0.05)
         assert claimed() == set() and second.get(allocation.id) is None
     finally:
-        await first.backend.stop()
-        if second is not None:
-            await second.backend.stop()
-        emu.remove_node(node)
-        for ns in (ns_a, ns_claims):
-            emu.delete("namespaces", ns, None)
+        await _tear_down(emu, node, (ns_a, ns_claims), first, second)
 
 
 async def test_a_missing_claims_namespace_refuses_the_grant_with_a_sentence(kube_emulator):  # noqa: F811
@@ -395,9 +392,7 @@ async def test_a_missing_claims_namespace_refuses_the_grant_with_a_sentence(kube
             await hub_a.allocate(GPURequest(owner=Owner("a"), memory_mib=1024, cores_percent=10), queue=False)
         assert hub_a.state.allocations == {}
     finally:
-        await hub_a.backend.stop()
-        emu.remove_node(node)
-        emu.delete("namespaces", ns_a, None)
+        await _tear_down(emu, node, (ns_a,), hub_a)
 
 
 async def test_two_hub_processes_with_one_hub_id_never_both_grant_and_the_second_takes_over_once_the_first_is_silent(
@@ -447,11 +442,7 @@ async def test_two_hub_processes_with_one_hub_id_never_both_grant_and_the_second
             await asyncio.sleep(0.05)
         assert _claims_of(emu, ns_claims, ns_a) == {got.id}
     finally:
-        await first.backend.stop()
-        await second.backend.stop()
-        emu.remove_node(node)
-        for ns in (ns_a, ns_claims):
-            emu.delete("namespaces", ns, None)
+        await _tear_down(emu, node, (ns_a, ns_claims), first, second)
 
 
 async def test_two_processes_of_one_hub_id_racing_for_their_first_claim_get_one_grant(
@@ -475,11 +466,7 @@ async def test_two_processes_of_one_hub_id_racing_for_their_first_claim_get_one_
         assert f"another hub process uses hub id {ns_a}" in refused[0].message
         assert _claims_of(emu, ns_claims, ns_a) == {granted[0].id}
     finally:
-        await one.backend.stop()
-        await two.backend.stop()
-        emu.remove_node(node)
-        for ns in (ns_a, ns_claims):
-            emu.delete("namespaces", ns, None)
+        await _tear_down(emu, node, (ns_a, ns_claims), one, two)
 
 
 async def test_a_restarted_hub_whose_old_pod_is_gone_claims_at_once_and_one_whose_old_pod_runs_waits(
@@ -535,12 +522,7 @@ async def test_a_restarted_hub_whose_old_pod_is_gone_claims_at_once_and_one_whos
         assert loop.time() - died < ttl / 3, loop.time() - died
         assert _claims_of(emu, ns_claims, ns_a) == {again.id}
     finally:
-        for hub in (first, second, third, fourth):
-            if hub is not None:
-                await hub.backend.stop()
-        emu.remove_node(node)
-        for ns in (ns_a, ns_claims):
-            emu.delete("namespaces", ns, None)
+        await _tear_down(emu, node, (ns_a, ns_claims), first, second, third, fourth)
 
 
 def test_the_hub_pod_is_hostname_and_pod_namespace_in_a_pod_and_none_outside(monkeypatch):
