@@ -9,34 +9,19 @@ import dataclasses
 
 import pytest
 
-import libvgpu
 from libvgpu.agent.install import install_shim
 from tests.kubeemu import KubeEmulator, NodeSpec
 from tests.kubeemu.helpers import create_host_claim
 from tests.kubeemu.images import Image
-from tests.libvgpu.agent.test_agent import HOST_PROC, NODE, NS, Node, allocation, build_doubles, gpu_pod
+from tests.libvgpu.agent.test_agent import HOST_PROC, NODE, NS, Node, allocation, gpu_node_root, gpu_pod
 from tests.libvgpu.harness import Result
 
 
 @pytest.fixture(scope="module")
 def gpu_node(tmp_path_factory: pytest.TempPathFactory):
-    try:
-        libvgpu.library_files()
-    except libvgpu.ShimNotBuilt as e:
-        pytest.fail(str(e))
-    root = tmp_path_factory.mktemp("gpu-pod")
-    build = build_doubles(root / "build")
+    root, build, gpu_env = gpu_node_root(tmp_path_factory, "gpu-pod")
     host_dir = root / "host"
     install_shim(host_dir)  # what the node agent puts on the host (lib/, ld.so.preload, regions/)
-    gpu_env = {
-        "LD_LIBRARY_PATH": str(build.lib_dir),
-        "CUDA_DOUBLE_STATE": str(root / "gpu.state"),
-        "CUDA_DOUBLE_DEVICES": "1",
-        "CUDA_DOUBLE_MEMORY_MIB": "81559",
-        "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",
-        "CUDA_DOUBLE_XID_FILE": str(root / "xid"),
-    }
-    (root / "xid").write_text("")
     emu = KubeEmulator(
         nodes=[NodeSpec(NODE, labels={"nvidia.com/gpu.present": "true"})], namespaces=[NS],
         pod_env={**gpu_env, "CUDA_DOUBLE_HOST_PROC": HOST_PROC},
