@@ -2,8 +2,10 @@
  * libvgpu: shared types of the shim.
  *
  * Files: hooks.c (the hook table, driver resolution, cuGetProcAddress, the dlopen redirect),
- * config.c (limits file / env), region.c (shared-memory regions), memory.c (allocation
- * accounting), compute.c (launch gate, rate limiter), priority.c (node-wide priority),
+ * config.c (limits file / env), region.c (shared-memory regions), memory accounting in
+ * memory.c (the counters and the allocation table), alloc.c (allocation hooks and queries),
+ * pools.c (stream-ordered pools, graph memory) and context.c (contexts, modules; the four
+ * share memory.h), compute.c (launch gate, rate limiter), priority.c (node-wide priority),
  * nvml.c (NVML hooks and the shim's own NVML queries).
  *
  * The region layouts below are a contract with libvgpu/regions.py (Python reader used by the
@@ -310,7 +312,7 @@ void vgpu_publish_usage(int dev);        /* mirrors the container's usage to nod
 void vgpu_region_hold_host_pid(unsigned int pid); /* registered while this process lives */
 int vgpu_region_host_pid_held(unsigned int pid); /* 1: another process of it registered pid */
 
-/* memory.c */
+/* memory.c (alloc.c, pools.c, context.c: memory.h) */
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead);
 void vgpu_mem_release(int dev, uint64_t bytes, int overhead);
 void vgpu_mem_true_up(int dev, int now_please);
@@ -348,8 +350,8 @@ static inline unsigned int vgpu_self_nvml_pid(void) {
     return h > 0 ? (unsigned int)h : 0;
 }
 
-/* ---- the hooks (exported under the driver's own names; defined in memory.c, compute.c,
- * hooks.c, nvml.c) ------------------------------------------------------------------------ */
+/* ---- the hooks (exported under the driver's own names; defined in alloc.c, pools.c,
+ * context.c, compute.c, hooks.c, nvml.c) ------------------------------------------------- */
 VGPU_EXPORT CUresult cuInit(unsigned int);
 VGPU_EXPORT CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
 VGPU_EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
