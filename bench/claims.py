@@ -37,8 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from traitlets.config import Config  # noqa: E402
 
-from hubext import contract as C  # noqa: E402
 from hubext.allocator import GPUAllocator  # noqa: E402
+from libvgpu import contract as C  # noqa: E402
 from quotas import GPURequest, Owner, PoolFull  # noqa: E402
 from tests.kubeemu.emulator import KubeEmulator  # noqa: E402
 from tests.kubeemu.fixtures import _point_clients_at as point_clients_at  # noqa: E402

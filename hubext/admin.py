@@ -24,7 +24,6 @@ from tornado import web
 from quotas import AdmissionState
 
 from .allocator import GPUAllocator
-from .contract import allocation_to_dict, pool_to_dict
 from .pages import kernel_records, server_names, slice_row
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -56,7 +55,7 @@ def pool_view(
     slice (the admin page's stop buttons need them).
 
     ``nodes`` is load_pool's format (``[{name, gpus: [{uuid, model, memory_mib, ...}]}]``),
-    ``allocations`` dicts as :func:`hubext.local_pool.allocation_to_dict` writes them.
+    ``allocations`` dicts as :meth:`quotas.Allocation.to_dict` writes them.
     """
     now = time.time() if now is None else now
     activity = activity or {}
@@ -130,7 +129,8 @@ def pool_view(
             totals["gpus"] += 1
             totals["memory_mib"] += capacity_memory
             totals["used_memory_mib"] += used_memory
-        out_nodes.append({"name": node["name"], "gpus": gpus})
+        # the node as the pool codec writes it (CPU and host memory included), its cards in full
+        out_nodes.append({**node, "gpus": gpus})
     return {
         "source": source,
         "simulated": simulated,
@@ -167,8 +167,8 @@ async def hub_pool_view(allocator: GPUAllocator, users: Iterable[Any] = ()) -> d
         row = slice_row(a, servers, kernels)
         holders[a.id] = {"server_name": row["server_name"], "kernel_id": row["kernel_id"]}
     return pool_view(
-        pool_to_dict(pool),
-        [allocation_to_dict(a) for a in allocations],
+        pool.to_dict()["nodes"],
+        [a.to_dict() for a in allocations],
         simulated=bool(backend.simulated),
         activity=activity,
         queue=allocator.queue(),

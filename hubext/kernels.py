@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from quotas import Allocation
+from jupyter_client.connect import port_names
 
-from .contract import PORT_NAMES
+from quotas import Allocation
 
 STATES = ("pending", "running", "stopped", "failed")
 
@@ -66,7 +66,7 @@ class KernelRecord:
             "ip": self.ip,
             "transport": self.transport,
             "signature_scheme": self.signature_scheme,
-            **{name: self.ports.get(name, 0) for name in PORT_NAMES},
+            **{name: self.ports.get(name, 0) for name in port_names},
             "generation": self.generation,
             "holder": self.holder,
             "created_at": self.created_at,

@@ -6,8 +6,13 @@ from .model import GPURequest
 from .tree import Level
 
 
-def mib(n: int) -> str:
-    """40960 -> '40 GiB', 1536 -> '1.5 GiB', 1000 -> '1000 MiB'."""
+def mib(n: int | float | None) -> str:
+    """The one size formatter (sentences, pages, the CLI, the culler): 40960 -> '40 GiB',
+    1536 -> '1.5 GiB', 1000 -> '1000 MiB', 10300 -> '10300 MiB' (never rounded: people compare
+    these sizes with their quota), None -> '-'."""
+    if n is None:
+        return "-"
+    n = int(n)
     if n >= 1024 and n % 1024 == 0:
         return f"{n // 1024} GiB"
     if n >= 1024 and (n * 10) % 1024 == 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
@@ -171,6 +172,8 @@ class Pool:
         return [gpu for node in self.nodes for gpu in node.gpus]
 
     def to_dict(self) -> dict[str, Any]:
+        """The inventory format that :func:`quotas.load_pool` reads back (the one pool codec:
+        the local ledger, ``/hub/api/gpu/pool`` and the CLI write it)."""
         return {"nodes": [n.to_dict() for n in self.nodes]}
 
 
@@ -192,6 +195,46 @@ class Allocation:
     created_at: float = 0.0
     cpu_millicores: int = 0
     host_memory_mib: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready form (the local ledger's, the APIs' and the CLI's) that
+        :meth:`from_dict` reads back."""
+        return {
+            "id": self.id,
+            "user": self.owner.user,
+            "namespace": self.owner.namespace,
+            "workspace": self.owner.workspace,
+            "node": self.node,
+            "gpu_uuids": list(self.gpu_uuids),
+            "memory_mib": self.memory_mib,
+            "cores_percent": self.cores_percent,
+            "priority_class": self.priority_class,
+            "whole": self.whole,
+            "borrowed": self.borrowed,
+            "kind": self.kind,
+            "created_at": self.created_at,
+            "cpu_millicores": self.cpu_millicores,
+            "host_memory_mib": self.host_memory_mib,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Allocation:
+        """The inverse of :meth:`to_dict`."""
+        return cls(
+            id=data["id"],
+            owner=Owner(user=data["user"], namespace=data["namespace"], workspace=data["workspace"]),
+            node=data["node"],
+            gpu_uuids=tuple(data["gpu_uuids"]),
+            memory_mib=int(data["memory_mib"]),
+            cores_percent=int(data["cores_percent"]),
+            priority_class=data["priority_class"],
+            whole=bool(data.get("whole", False)),
+            borrowed=bool(data.get("borrowed", False)),
+            kind=data.get("kind", "notebook"),
+            created_at=float(data.get("created_at", 0.0)),
+            cpu_millicores=int(data.get("cpu_millicores", 0)),
+            host_memory_mib=int(data.get("host_memory_mib", 0)),
+        )
 
 
 DecisionKind = Literal["grant", "preempt", "wait", "reject"]

@@ -45,11 +45,46 @@ def test_hub_modules_stay_small_and_modes_have_their_folders():
 
 
 def test_the_gpu_model_name_is_defined_once():
-    """One NVML-name -> pool-model function (hubext.contract.model_name); copies drifted before."""
+    """One NVML-name -> pool-model function (libvgpu.contract.model_name); copies drifted before."""
     hits = [
         str(path.relative_to(REPO))
         for folder in ("hubext", "libvgpu", "culler", "kernelprovider", "quotas")
         for path in (REPO / folder).rglob("*.py")
         if "def model_name(" in path.read_text()
     ]
-    assert hits == ["hubext/contract.py"], hits
+    assert hits == ["libvgpu/contract.py"], hits
+
+
+def _imports(path: Path) -> set[str]:
+    """The absolute modules a Python file imports (``import a.b``, ``from a.b import c``)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_the_shims_package_imports_nothing_of_the_hub():
+    """libvgpu owns the shim's file contract (libvgpu/contract.py); the hub, the culler and the
+    node agent import it from there, so the node agent's image needs no JupyterHub code."""
+    offenders = sorted(
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in (REPO / "libvgpu").rglob("*.py")
+        for name in _imports(path)
+        if name == "hubext" or name.startswith("hubext.")
+    )
+    assert not offenders, offenders
+
+
+def test_metering_does_not_import_the_cli_above_it():
+    offenders = sorted(
+        f"{path.relative_to(REPO)} imports {name}"
+        for path in (REPO / "hubext" / "metering").rglob("*.py")
+        for name in _imports(path)
+        if name.startswith("hubext.cli")
+    )
+    assert not offenders, offenders

@@ -6,7 +6,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..contract import mib_text
+from quotas.messages import mib
+
 from ..gpu_spawner import GPUSpawnError, validate_gpu_section
 
 SIZE_KEYS = {
@@ -76,7 +77,7 @@ def _default_display(section: Mapping[str, Any]) -> str:
     if section.get("whole"):
         n = section.get("count", 1)
         return f"{n} whole GPU{'s' if n != 1 else ''}"
-    text = f"GPU {mib_text(section.get('memory_mib', 0))}"
+    text = f"GPU {mib(section.get('memory_mib', 0))}"
     if section.get("count", 1) > 1:
         text = f"{section['count']}x {text}"
     return text

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .base import DEFAULT_IP, DEFAULT_PORT, DEFAULT_SIMULATED, default_config_dir, say
+from .base import CONFIG_FILE, DEFAULT_IP, DEFAULT_PORT, DEFAULT_SIMULATED, default_config_dir, say
 from .client import fetch_view
 from .config import default_admin, init_config
 from .render import render_pool, render_quota
@@ -209,9 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p_usage = sub.add_parser("usage", help=USAGE_HELP, description=USAGE_HELP)
-    add_usage_arguments(p_usage)
+    hub_config = default_config_dir() / CONFIG_FILE
+    add_usage_arguments(p_usage, hub_config)
     p_usage.set_defaults(func=run_usage)
     p_simulate = sub.add_parser("simulate", help=SIMULATE_HELP, description=SIMULATE_HELP)
-    add_simulate_arguments(p_simulate)
+    add_simulate_arguments(p_simulate, hub_config)
     p_simulate.set_defaults(func=run_simulate)
     return parser

@@ -29,19 +29,18 @@ def detect_inventory(simulate: str) -> tuple[str, list[dict[str, Any]]]:
     """(simulate spec or '' for real GPUs, GPUs as dicts) — NVML first, else the simulated default."""
     from quotas import ConfigError, parse_simulated
 
-    from ..contract import gpu_to_dict
     from ..local.inventory import detect_nvml_gpus
 
     if not simulate:
         gpus = detect_nvml_gpus()
         if gpus:
-            return "", [gpu_to_dict(g) for g in gpus]
+            return "", [g.to_dict() for g in gpus]
         simulate = DEFAULT_SIMULATED
     try:
         pool = parse_simulated(simulate)
     except ConfigError as e:
         raise CLIError(f"--simulate-gpus: {e}") from None
-    return simulate, [gpu_to_dict(g) for n in pool.nodes for g in n.gpus]
+    return simulate, [g.to_dict() for n in pool.nodes for g in n.gpus]
 
 
 def default_profiles(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:

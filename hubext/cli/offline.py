@@ -12,7 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..contract import allocation_from_dict, allocation_to_dict
+from quotas import Allocation
+
 from ..local.ledger import LEDGER_FILE, Ledger
 from ..local.processes import process_alive, stop_slice
 from .base import ADMISSION_FILE, CLIError
@@ -40,11 +41,11 @@ def offline_view(config_dir: Path, what: str) -> dict[str, Any]:
             holder, started = row["holder"], row["holder_started"]
             if holder and holder.isdigit() and not process_alive(int(holder), started):
                 continue  # its process has exited: the hub drops it when it starts
-            allocations.append(allocation_from_dict(json.loads(row["data"])))
+            allocations.append(Allocation.from_dict(json.loads(row["data"])))
         if what == "pool":
             return pool_view(
                 nodes,
-                [allocation_to_dict(a) for a in allocations],
+                [a.to_dict() for a in allocations],
                 simulated=simulated,
                 events=ledger.events(),
                 source="ledger",

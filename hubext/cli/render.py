@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..contract import mib_text
+from quotas.messages import mib
 
 
 def bar(used: float, total: float, width: int = 20) -> str:
@@ -18,7 +18,7 @@ def render_pool(view: dict[str, Any], origin: str) -> str:
         out.append("SIMULATED GPUs: no real GPU is used; allocations and quotas are real.")
     t = view["totals"]
     out.append(
-        f"{t['gpus']} GPU(s), {mib_text(t['used_memory_mib'])} of {mib_text(t['memory_mib'])} allocated "
+        f"{t['gpus']} GPU(s), {mib(t['used_memory_mib'])} of {mib(t['memory_mib'])} allocated "
         f"in {t['slices']} slice(s)"
     )
     for node in view["nodes"]:
@@ -33,7 +33,7 @@ def render_pool(view: dict[str, Any], origin: str) -> str:
             )
             out.append(
                 f"  memory  {bar(g['used_memory_mib'], g['capacity_memory_mib'])} "
-                f"{mib_text(g['used_memory_mib'])} / {mib_text(g['capacity_memory_mib'])}   "
+                f"{mib(g['used_memory_mib'])} / {mib(g['capacity_memory_mib'])}   "
                 f"compute {bar(g['used_cores_percent'], g['capacity_cores_percent'], 10)} "
                 f"{g['used_cores_percent']} / {g['capacity_cores_percent']} %   activity: {activity}"
             )
@@ -43,7 +43,7 @@ def render_pool(view: dict[str, Any], origin: str) -> str:
                 age = f"{s['age_seconds'] // 60} min" if s.get("age_seconds") is not None else ""
                 flags = " borrowed" if s.get("borrowed") else ""
                 out.append(
-                    f"  {s['user']:<14} {s['kind']:<8} {mib_text(s['memory_mib']):>9} {s['cores_percent']:>4} %  "
+                    f"  {s['user']:<14} {s['kind']:<8} {mib(s['memory_mib']):>9} {s['cores_percent']:>4} %  "
                     f"{s['workspace']}/{s['namespace']}  {s['priority_class']}{flags}  {age}  {s['allocation_id']}"
                 )
     out.append("")
@@ -51,7 +51,7 @@ def render_pool(view: dict[str, Any], origin: str) -> str:
         out.append("Queue:")
         for i, q in enumerate(view["queue"], 1):
             out.append(
-                f"  {i}. {q['user']} ({q['workspace']}): {q['count']} × {mib_text(q['memory_mib'])}, "
+                f"  {i}. {q['user']} ({q['workspace']}): {q['count']} × {mib(q['memory_mib'])}, "
                 f"{q['cores_percent']} % — waiting {q['waiting_seconds']:.0f} s: {q['reason']}"
             )
     else:
@@ -94,7 +94,7 @@ def render_quota(view: dict[str, Any], origin: str) -> str:
     def cells(level: dict[str, Any]) -> list[tuple[str, str]]:
         u, lim = level["used"], level["limits"]
         return [
-            (mib_text(u["memory_mib"]), limit(lim["memory_mib"], mib_text)),
+            (mib(u["memory_mib"]), limit(lim["memory_mib"], mib)),
             (f"{u['cores_percent']} %", limit(lim["cores_percent"], lambda v: f"{v} %")),
             (str(u["gpus"]), limit(lim["gpus"], str)),
         ]

@@ -41,10 +41,10 @@ from uuid import uuid4
 
 from kubernetes_asyncio.client.rest import ApiException
 
+from libvgpu import contract as C
 from quotas import GPU, Node
 from quotas.placement import capacity
 
-from .. import contract as C
 from ..backends import ClaimConflict
 from .hubpod import entry_pods, own_pod, why_gone
 from .rest import call_json

@@ -19,9 +19,9 @@ from kubernetes_asyncio.client.rest import ApiException
 from kubespawner.clients import load_config, shared_client
 from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 
+from libvgpu import contract as C
 from quotas import Allocation
 
-from .. import contract as C
 from ..backends import KernelLauncher, LaunchError, ServerRef
 from ..kernels import KernelRecord
 from .objects import (

@@ -27,12 +27,13 @@ from collections.abc import Mapping
 from importlib import resources
 from typing import Any
 
+from jupyter_client.connect import port_names
 from kubernetes_asyncio.client import models as k8s
 from traitlets import TraitError
 
+from libvgpu import contract as C
 from quotas import Allocation
 
-from .. import contract as C
 from ..gpu_spawner import GPUSpawnError
 from ..kernels import KernelRecord
 from .quantities import quantity
@@ -87,7 +88,7 @@ def kernel_ports(base: int, generation: int) -> dict[str, int]:
     """The ZMQ ports of a kernel pod of this generation (two alternating sets, so that
     jupyter-server sees the ports change after a restart and reconnects)."""
     first = base + 10 * (generation % 2)
-    return {name: first + i for i, name in enumerate(C.PORT_NAMES)}
+    return {name: first + i for i, name in enumerate(port_names)}
 
 
 def owner_references(pod_name: str, pod_uid: str) -> list[k8s.V1OwnerReference] | None:

@@ -23,9 +23,9 @@ from kubespawner.clients import load_config, shared_client
 from kubespawner.reflector import ResourceReflector
 from traitlets import Bool, Float, List, Unicode, default
 
+from libvgpu import contract as C
 from quotas import GPU, Allocation, ConfigError, Node, Pool, load_pool
 
-from .. import contract as C
 from ..backends import GoneCallback, PoolBackend, ReleaseCause
 from .claims import Claim, ClaimsLedger, valid_hub_id, without
 from .launcher import KubernetesKernelLauncher

@@ -6,7 +6,10 @@ import json
 import time
 from typing import Any
 
-from .. import contract as C
+from jupyter_client.connect import port_names
+
+from libvgpu import contract as C
+
 from ..kernels import KernelRecord
 
 #: container waiting reasons that will not resolve by waiting
@@ -42,7 +45,7 @@ def record_from_pod(kid: str, pod: Any) -> KernelRecord | None:
         size=ann.get(C.A_SIZE, ""),
         allocation_id=allocation.id,
         section=section,
-        ports={k: int(v) for k, v in ports.items() if k in C.PORT_NAMES},
+        ports={k: int(v) for k, v in ports.items() if k in port_names},
         signature_scheme=ann.get(C.A_SIGNATURE_SCHEME, "hmac-sha256"),
         server_identity=ann.get(C.A_SERVER_IDENTITY, ""),
         holder=meta.name,

@@ -4,7 +4,7 @@ The driver's checkpoint API needs the kernel's *host* pids, which only its node 
 asks the node agent by annotating the kernel pod (``elastic-gpu.jupyter.org/swap``: action and
 a generation) and waits for the agent's answer of that generation
 (``elastic-gpu.jupyter.org/swap-status``; see :mod:`libvgpu.agent.swap`). While the answer says
-suspended, the pod holds no slice (:func:`hubext.contract.swapped_out`: the ledger skips it).
+suspended, the pod holds no slice (:func:`libvgpu.contract.swapped_out`: the ledger skips it).
 
 A suspend the agent does not answer in ``swap_answer_timeout_seconds`` is given up: the hub
 replaces it by a resume (a later generation), so an agent that acts late undoes it at once, and
@@ -25,10 +25,10 @@ from kubernetes_asyncio.client.rest import ApiException
 from traitlets import Bool, Float
 from traitlets.config import LoggingConfigurable
 
+from libvgpu import contract as C
 from libvgpu.checkpoint import CheckpointError
 from quotas import Allocation
 
-from .. import contract as C
 from ..kernels import KernelRecord
 from .objects import RESUME_EXT
 

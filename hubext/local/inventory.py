@@ -1,6 +1,6 @@
 """This machine's GPUs (NVML, through ``pynvml`` from nvidia-ml-py) and the shim's library.
 
-Model names come from :func:`hubext.contract.model_name`, the same function the node agent
+Model names come from :func:`libvgpu.contract.model_name`, the same function the node agent
 uses, so a profile's ``model`` means the same card on one machine and on Kubernetes.
 """
 
@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 
+from libvgpu.contract import model_name
 from quotas import GPU
-
-from ..contract import model_name
 
 MIB = 1024 * 1024
 

@@ -23,11 +23,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jupyter_client.connect import port_names
 from traitlets import Bool, Float, List, Unicode, default
 
+from libvgpu import contract as C
 from quotas import Allocation
 
-from .. import contract as C
 from ..backends import KernelLauncher, LaunchError, ServerRef
 from ..gpu_spawner import GPUSpawnerMixin
 from ..kernels import KernelRecord
@@ -333,8 +334,8 @@ class LocalKernelLauncher(KernelLauncher):
 
     def _initial_ports(self) -> dict[str, int]:
         if self.kernel_binds_ports:
-            return dict.fromkeys(C.PORT_NAMES, 0)
-        return dict(zip(C.PORT_NAMES, free_local_ports(self.ip), strict=True))
+            return dict.fromkeys(port_names, 0)
+        return dict(zip(port_names, free_local_ports(self.ip), strict=True))
 
     def _bound_ports(self, record: KernelRecord) -> dict[str, int] | None:
         """The ports the kernel wrote back into its connection file, or None while it has not."""
@@ -346,7 +347,7 @@ class LocalKernelLauncher(KernelLauncher):
             return None  # not there, or being written
         if not isinstance(info, dict):
             return None
-        ports = {name: info.get(name) for name in C.PORT_NAMES}
+        ports = {name: info.get(name) for name in port_names}
         if all(isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536 for p in ports.values()):
             return ports  # type: ignore[return-value]
         return None

@@ -17,8 +17,6 @@ import sqlalchemy as sa
 
 from quotas import Allocation, Pool
 
-from ..contract import allocation_from_dict, allocation_to_dict, pool_to_dict
-
 LEDGER_FILE = "elastic-gpu-ledger.sqlite"
 
 _metadata = sa.MetaData()
@@ -75,7 +73,7 @@ class Ledger:
             return [dict(r._mapping) for r in result]
 
     def allocations(self) -> list[Allocation]:
-        return [allocation_from_dict(json.loads(r["data"])) for r in self.rows()]
+        return [Allocation.from_dict(json.loads(r["data"])) for r in self.rows()]
 
     def holders(self) -> dict[str, str | None]:
         return {r["id"]: r["holder"] for r in self.rows()}
@@ -86,7 +84,7 @@ class Ledger:
             conn.execute(
                 sa.insert(ALLOCATIONS).values(
                     id=allocation.id,
-                    data=json.dumps(allocation_to_dict(allocation)),
+                    data=json.dumps(allocation.to_dict()),
                     holder=None,
                     recorded_at=time.time(),
                 )
@@ -110,7 +108,7 @@ class Ledger:
             conn.execute(sa.delete(INVENTORY).where(INVENTORY.c.key == "pool"))
             conn.execute(
                 sa.insert(INVENTORY).values(
-                    key="pool", data=json.dumps(pool_to_dict(pool)), simulated=simulated, updated_at=time.time()
+                    key="pool", data=json.dumps(pool.to_dict()["nodes"]), simulated=simulated, updated_at=time.time()
                 )
             )
 

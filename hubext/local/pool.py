@@ -27,11 +27,11 @@ from typing import Any
 
 from traitlets import Bool, Float, Instance, Unicode
 
+from libvgpu import contract as C
 from libvgpu.backstop import Backstop
 from libvgpu.regions import read_priority_table, write_priority_table
 from quotas import Allocation, ConfigError, Node, Pool, parse_simulated
 
-from .. import contract as C
 from ..backends import GoneCallback, PoolBackend, ReleaseCause
 from .backstop import LocalBackstop
 from .inventory import detect_nvml_gpus, machine_resources, nvml_activity, shim_library

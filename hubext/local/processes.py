@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..contract import ENV_ALLOCATION_ID
+from libvgpu.contract import ENV_ALLOCATION_ID
 
 
 def _stat_fields(pid: int) -> list[str] | None:

@@ -1,6 +1,6 @@
 """How busy a slice was: samples of its GPU activity record, summed per allocation.
 
-The activity record is what the culler reads (``hubext.contract.gpu_activity``): the time of
+The activity record is what the culler reads (``libvgpu.contract.gpu_activity``): the time of
 the last kernel launch and the memory in use. Local mode reads the shim's activity file of
 the allocation (``LocalPool.activity_path``); Kubernetes reads the node agent's
 ``gpu-activity`` annotation on the pod that holds it (from the pool's pod reflector). A slice
@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hubext import contract as C
 from hubext.backends import PoolBackend
+from libvgpu import contract as C
 
 from .record import UsageRecord
 

@@ -36,13 +36,9 @@ SIMULATE_HELP = (
 )
 
 
-def _default_config() -> Path:
-    from hubext.cli.base import default_config_dir  # the CLI's one rule (root: /var/lib/elastic-gpu)
-
-    return default_config_dir() / "jupyterhub_config.py"
-
-
-def _common(parser: argparse.ArgumentParser) -> None:
+def _common(parser: argparse.ArgumentParser, default_config: Path | None) -> None:
+    # the caller (the `elastic-gpu` CLI) knows where its hub config lives; nothing here imports it
+    parser.set_defaults(default_config=default_config)
     parser.add_argument("--from", dest="start", default="", help="start (ISO date/time, UTC; default: 30 days ago)")
     parser.add_argument("--to", dest="end", default="", help="end (ISO date/time, UTC; default: now)")
     parser.add_argument("--db-url", default="", help="the usage store's database (default: the hub config's)")
@@ -51,8 +47,9 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
-    _common(parser)
+def add_usage_arguments(parser: argparse.ArgumentParser, default_config: Path | None = None) -> None:
+    """``elastic-gpu usage``'s arguments; ``default_config``: the hub config read without --config."""
+    _common(parser, default_config)
     parser.add_argument("--by", default="user", help=f"comma-separated groups: {', '.join(GROUP_KEYS)}")
     parser.add_argument("--user", default="", help="only this user's records")
     out = parser.add_mutually_exclusive_group()
@@ -62,8 +59,9 @@ def add_usage_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--svg", metavar="FILE", default="", help="write a stacked GPU-hours chart to FILE")
 
 
-def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
-    _common(parser)
+def add_simulate_arguments(parser: argparse.ArgumentParser, default_config: Path | None = None) -> None:
+    """``elastic-gpu simulate``'s arguments; ``default_config``: the hub config read without --config."""
+    _common(parser, default_config)
     parser.add_argument(
         "--sessions",
         metavar="CSV",
@@ -96,11 +94,11 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _load(args: argparse.Namespace) -> tuple[UsageStore, PriceTable]:
     config: Any = None
-    path = Path(args.config) if args.config else _default_config()
+    path = Path(args.config) if args.config else getattr(args, "default_config", None)
     if args.config and not path.is_file():
         raise ReportError(f"hub config {path} does not exist; pass --config with the hub's jupyterhub_config.py.")
     hub_db_url = ""
-    if path.is_file():
+    if path is not None and path.is_file():
         from traitlets.config.loader import PyFileConfigLoader
 
         config = PyFileConfigLoader(path.name, str(path.parent)).load_config()

@@ -3,7 +3,7 @@
 The shim records per container the time of its last kernel launch and the memory it holds, in
 the node regions on the host. In Kubernetes mode the hub cannot read those, so the agent
 publishes them on the pod as the annotation ``elastic-gpu.jupyter.org/gpu-activity``
-(:data:`hubext.contract.A_GPU_ACTIVITY`)::
+(:data:`libvgpu.contract.A_GPU_ACTIVITY`)::
 
     {"last_launch": 1718000000.123, "memory_used_mib": 300, "updated_at": 1718000004.5}
 

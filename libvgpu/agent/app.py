@@ -26,8 +26,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default
 from traitlets.config import Application, Config
 
-from hubext import contract as L
 from libvgpu import ShimNotBuilt
+from libvgpu import contract as L
 from libvgpu.backstop import EVENT_REASONS, REASONS, Backstop, Finding, Proc, Slice, evaluate
 from libvgpu.checkpoint import CudaCheckpoint
 from libvgpu.regions import NodeGPU, read_node_regions, write_priority_table

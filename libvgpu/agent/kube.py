@@ -20,7 +20,7 @@ from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client import models as k8s
 from kubernetes_asyncio.client.rest import ApiException
 
-from hubext import contract as L
+from libvgpu import contract as L
 
 COMPONENT = "elastic-gpu-node-agent"
 

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hubext.contract import model_name
+from libvgpu.contract import model_name
 from quotas.config import KNOWN_MODELS
 
 MIB = 1 << 20

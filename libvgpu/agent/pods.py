@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hubext import contract as L
+from libvgpu import contract as L
 from quotas import Allocation
 
 _POD_UID = re.compile(

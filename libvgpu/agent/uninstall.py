@@ -23,7 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from hubext import contract as L
+from libvgpu import contract as L
 
 from .install import remove_shim
 

@@ -9,7 +9,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 import yaml
 
-from hubext import contract as L
+from libvgpu import contract as L
 from tests.helm import tools
 
 try:

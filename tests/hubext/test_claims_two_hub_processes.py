@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hubext import contract as C
+from libvgpu import contract as C
 from tests.hubext.test_claims_two_hubs import CARD_MIB, _claims_of, _over
 from tests.hubrunner import HubRunner, http
 from tests.kubeemu import KubeEmulator

@@ -18,11 +18,11 @@ import uuid
 import pytest
 from traitlets.config import Config
 
-from hubext import contract as C
 from hubext.admin import gpu_bars, hub_pool_view
 from hubext.allocator import GPUAllocator
 from hubext.backends import ClaimConflict
 from hubext.kubernetes.claims import CLAIMS_LABEL
+from libvgpu import contract as C
 from quotas import Allocation, GPURequest, Owner, PoolFull
 from tests.kubeemu.fixtures import kube_emulator, kube_namespace  # noqa: F401
 from tests.kubeemu.helpers import pod as pod_manifest

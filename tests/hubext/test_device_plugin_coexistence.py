@@ -17,8 +17,8 @@ import uuid
 import pytest
 from traitlets.config import Config
 
-from hubext import contract as C
 from hubext.allocator import GPUAllocator
+from libvgpu import contract as C
 from quotas import GPURequest, Owner, PoolFull
 from tests.hubext.test_claims_two_hubs import _pod
 from tests.kubeemu.fixtures import kube_emulator, kube_namespace  # noqa: F401

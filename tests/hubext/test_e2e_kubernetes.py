@@ -21,8 +21,8 @@ import yaml
 from kubernetes import client as kclient
 from kubernetes import config as kconfig
 
-from hubext import contract as L
 from hubext.metering.store import UsageStore
+from libvgpu import contract as L
 from tests.hubrunner import HubRunner
 from tests.kubeemu import KubeEmulator
 from tests.kubeemu.helpers import create_host_claim

@@ -18,13 +18,13 @@ import pytest
 from kubernetes_asyncio.client import models as k8s
 from kubespawner.objects import make_pod
 
-from hubext import contract as L
 from hubext.allocator import GPUAllocator
 from hubext.backends import LaunchError, ServerRef
 from hubext.kernels import KernelRecord
 from hubext.kubernetes.launcher import KubernetesKernelLauncher
 from hubext.kubernetes.objects import apply_gpu_to_pod, shared_server_volumes, volume_sharing_problem
 from hubext.kubernetes.spawner import ElasticGPUSpawner
+from libvgpu import contract as L
 from quotas import Allocation, Owner
 from tests.kubeemu.podsecurity import violations
 

@@ -14,8 +14,8 @@ import uuid
 
 from traitlets.config import Config
 
-from hubext import contract as C
 from hubext.allocator import GPUAllocator
+from libvgpu import contract as C
 from quotas import GPURequest, Owner
 from tests.kubeemu.fixtures import kube_emulator, kube_namespace  # noqa: F401
 

@@ -11,8 +11,8 @@ import subprocess
 import sys
 import uuid
 
-from hubext import contract as C
 from hubext.kubernetes.pool import KubernetesPool, pod_requests
+from libvgpu import contract as C
 from quotas import AdmissionConfig, AdmissionState, Allocation, GPURequest, Owner
 from tests.kubeemu.fixtures import kube_emulator, kube_namespace  # noqa: F401
 

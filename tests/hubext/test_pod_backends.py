@@ -6,9 +6,9 @@ import pytest
 from kubernetes_asyncio.client import ApiClient
 from kubespawner.objects import make_pod
 
-from hubext import contract as L
 from hubext.gpu_spawner import GPUSpawnError
 from hubext.kubernetes.spawner import apply_gpu_to_pod
+from libvgpu import contract as L
 from quotas import Allocation, Owner
 
 K8S_VERSION = "1.33.0"

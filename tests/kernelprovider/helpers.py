@@ -16,7 +16,7 @@ from typing import Any
 import websocket
 import yaml
 
-from hubext import contract as L
+from libvgpu import contract as L
 from tests.hubrunner import HubRunner
 from tests.hubrunner import http as hub_http
 

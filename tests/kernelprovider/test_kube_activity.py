@@ -14,7 +14,7 @@ import time
 import pytest
 
 from culler.model import GPUKernel
-from hubext import contract as L
+from libvgpu import contract as L
 from libvgpu.agent.activity import PodActivity
 from tests.kernelprovider.helpers import NAMESPACE, kube_stack
 

@@ -19,7 +19,7 @@ import yaml
 from kubernetes import client as kclient
 from kubernetes import config as kconfig
 
-from hubext import contract as L
+from libvgpu import contract as L
 from tests.hubrunner import HubRunner
 from tests.kernelprovider.helpers import (
     ADMISSION,

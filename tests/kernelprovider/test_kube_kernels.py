@@ -18,7 +18,7 @@ import time
 import pytest
 from kubernetes import client as kclient
 
-from hubext import contract as L
+from libvgpu import contract as L
 from tests.hubrunner import HubRunner
 from tests.kernelprovider.helpers import GPU_UUID, NAMESPACE, NODE, Server, kube_stack
 

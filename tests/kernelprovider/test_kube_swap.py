@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from hubext import contract as L
+from libvgpu import contract as L
 from tests.kernelprovider.helpers import ADMISSION, CUDA_CELL, NAMESPACE, NODE, SIZES, Server, kube_stack, start_server
 from tests.libvgpu.harness import CFLAGS, cc
 

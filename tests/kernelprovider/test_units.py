@@ -16,7 +16,6 @@ import kubernetes_validate
 import kubernetes_validate.utils
 import pytest
 
-from hubext import contract as L
 from hubext.allocator import GPUAllocator
 from hubext.backends import ServerRef
 from hubext.broker import BrokerError, validate_sizes
@@ -27,6 +26,7 @@ from hubext.local.launcher import LocalKernelLauncher
 from hubext.local.ledger import Ledger
 from hubext.local.pool import LocalPool
 from kernelprovider.kernelspecs import install, kernelspec, kernelspec_name
+from libvgpu import contract as L
 from quotas import Allocation, Owner
 
 REPO = Path(__file__).resolve().parents[2]

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from hubext.contract import allocation_from_dict, allocation_to_dict, model_name
 from hubext.local.ledger import Ledger
 from hubext.local.pool import LocalPool
 from hubext.local.processes import process_alive
+from libvgpu.contract import model_name
 from libvgpu.regions import read_priority_table
 from quotas import Allocation, ConfigError, Owner
 
@@ -230,7 +230,7 @@ async def test_limits_file_is_read_only_in_a_hub_owned_directory(tmp_path):
 
 def test_allocation_round_trips_through_the_ledger_format():
     a = alloc("x", user="carol", kind="kernel")
-    assert allocation_from_dict(allocation_to_dict(a)) == a
+    assert Allocation.from_dict(a.to_dict()) == a
 
 
 @pytest.mark.parametrize(
@@ -246,8 +246,8 @@ def test_nvml_names_become_the_pools_model_names(nvml, memory_mib, model):
 
 
 def test_a_gpu_process_is_traced_to_its_slice_by_ancestry_or_by_the_id_it_carries():
-    from hubext.contract import ENV_ALLOCATION_ID
     from hubext.local.processes import allocations_of
+    from libvgpu.contract import ENV_ALLOCATION_ID
 
     scrubbed = {k: v for k, v in os.environ.items() if k != ENV_ALLOCATION_ID}
     # a holder whose child dropped the id, and a detached process that carries one

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import time
 
-from hubext import contract as C
 from hubext.metering.store import UsageStore
+from libvgpu import contract as C
 from libvgpu.agent.activity import PodActivity
 from tests.kernelprovider.helpers import NAMESPACE, kube_stack
 from tests.metering.test_hub import BIG, BIG_HIGH, METERING_ADMISSION, METERING_SIZES

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hubext import contract as L
+from libvgpu import contract as L
 from libvgpu.agent.activity import ActivityPublisher, PodActivity, needs_patch
 from libvgpu.agent.pods import PodInfo
 from libvgpu.regions import read_node_regions

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from hubext import contract as L
+from libvgpu import contract as L
 from tests.kubeemu import KubeEmulator, NodeSpec
 from tests.kubeemu.helpers import create_host_claim
 from tests.kubeemu.images import Image

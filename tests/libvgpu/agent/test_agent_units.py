@@ -184,7 +184,7 @@ def test_whole_card_allocations_match_entries_without_a_limit():
 
 
 def test_pod_info_reads_the_allocation_from_labels_and_annotations():
-    from hubext import contract as L
+    from libvgpu import contract as L
 
     a = _pod("a", "alloc-a", 1024).allocation
     raw = {"metadata": {"name": "p", "namespace": "jhub", "uid": "U-1", "labels": L.allocation_labels(a),

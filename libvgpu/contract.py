@@ -1,16 +1,17 @@
-"""The contract between the hub, the pods and processes that hold slices, and the node agent.
+"""The shim's and the node agent's contract with the hub: every format that crosses from the hub
+to the processes and pods that hold slices, and to the node agent.
 
-One place for every format that crosses a process boundary:
-
+- the shim's limits file and environment names (what ``libvgpu.so`` reads);
+- the GPU activity record (what the node agent publishes, the broker and the culler read);
 - pod labels and annotations (the Kubernetes ledger: pods carry their allocation in labels,
-  selectable, and annotations, exact) and the node inventory annotation;
-- the allocation codec (one JSON-ready dict form, used by the local ledger, the APIs and the CLI);
-- the shim's limits file and environment names (what libvgpu reads);
-- the GPU activity record (what the node agent publishes and the culler reads);
-- the GPU model name derived from NVML's product name (the local pool and the node agent);
-- the text of memory sizes shown to people.
+  selectable, and annotations, exact), the node inventory annotation and the swap handshake
+  (what the node agent reads and answers);
+- the GPU model name derived from NVML's product name (the local pool and the node agent).
 
-The node agent (``libvgpu.agent``) imports this module; it must stay free of JupyterHub imports.
+Its owner is the shim's package: ``hubext``, the culler and the node agent import it from here,
+and nothing in ``libvgpu`` imports ``hubext``. The allocation and pool codecs (JSON dicts) are
+``quotas``' own (``Allocation.to_dict``, ``Pool.to_dict``, ``quotas.load_pool``); sizes are
+written for people by ``quotas.messages.mib``.
 """
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from jupyter_client.connect import port_names as _jupyter_port_names
-
-from quotas import GPU, Allocation, Owner, Pool
+from quotas import Allocation, Owner
 from quotas.config import KNOWN_MODELS
 
 PREFIX = "elastic-gpu.jupyter.org/"
@@ -223,73 +222,6 @@ ENV_NODE_REGION_DIR = "LIBVGPU_NODE_REGION_DIR"
 ENV_ALLOCATION_ID = "ELASTIC_GPU_ALLOCATION_ID"
 ENV_KERNEL_ID = "ELASTIC_GPU_KERNEL_ID"
 
-#: the ZMQ channels of a kernel, in jupyter_client's order (connection files, broker models)
-PORT_NAMES: tuple[str, ...] = tuple(_jupyter_port_names)
-
-
-# ---- the allocation codec (JSON-ready dicts) ----------------------------------------------------
-
-
-def allocation_to_dict(allocation: Allocation) -> dict[str, Any]:
-    """A JSON-ready dict of an allocation (the local ledger's, the APIs' and the CLI's format)."""
-    return {
-        "id": allocation.id,
-        "user": allocation.owner.user,
-        "namespace": allocation.owner.namespace,
-        "workspace": allocation.owner.workspace,
-        "node": allocation.node,
-        "gpu_uuids": list(allocation.gpu_uuids),
-        "memory_mib": allocation.memory_mib,
-        "cores_percent": allocation.cores_percent,
-        "priority_class": allocation.priority_class,
-        "whole": allocation.whole,
-        "borrowed": allocation.borrowed,
-        "kind": allocation.kind,
-        "created_at": allocation.created_at,
-        "cpu_millicores": allocation.cpu_millicores,
-        "host_memory_mib": allocation.host_memory_mib,
-    }
-
-
-def allocation_from_dict(data: Mapping[str, Any]) -> Allocation:
-    """The inverse of :func:`allocation_to_dict`."""
-    return Allocation(
-        id=data["id"],
-        owner=Owner(user=data["user"], namespace=data["namespace"], workspace=data["workspace"]),
-        node=data["node"],
-        gpu_uuids=tuple(data["gpu_uuids"]),
-        memory_mib=int(data["memory_mib"]),
-        cores_percent=int(data["cores_percent"]),
-        priority_class=data["priority_class"],
-        whole=bool(data.get("whole", False)),
-        borrowed=bool(data.get("borrowed", False)),
-        kind=data.get("kind", "notebook"),
-        created_at=float(data.get("created_at", 0.0)),
-        cpu_millicores=int(data.get("cpu_millicores", 0)),
-        host_memory_mib=int(data.get("host_memory_mib", 0)),
-    )
-
-
-def gpu_to_dict(gpu: GPU) -> dict[str, Any]:
-    """A GPU in ``quotas.load_pool``'s format."""
-    return {
-        "uuid": gpu.uuid,
-        "model": gpu.model,
-        "memory_mib": gpu.memory_mib,
-        "sm_count": gpu.sm_count,
-        "mode": getattr(gpu.mode, "value", str(gpu.mode)),
-        "mig_profiles": list(gpu.mig_profiles),
-        "index": gpu.index,
-        "memory_oversub": gpu.memory_oversub,
-        "cores_oversub": gpu.cores_oversub,
-    }
-
-
-def pool_to_dict(pool: Pool) -> list[dict[str, Any]]:
-    """Nodes and their GPUs in ``quotas.load_pool``'s format."""
-    return [{"name": node.name, "gpus": [gpu_to_dict(g) for g in node.gpus]} for node in pool.nodes]
-
-
 # ---- GPU model names -----------------------------------------------------------------------------
 
 _VENDOR = {"NVIDIA", "TESLA", "GEFORCE", "QUADRO"}
@@ -327,18 +259,6 @@ def model_name(nvml_name: str, memory_mib: int) -> str:
         else:
             size = str(max(1, round(memory_mib / 1024)))
     return f"{base}-{size}GB"
-
-
-# ---- sizes as people read them -------------------------------------------------------------------
-
-
-def mib_text(mib: int | float | None) -> str:
-    """``20480`` -> ``"20 GiB"``, ``1536`` -> ``"1.5 GiB"``, ``500`` -> ``"500 MiB"``, None -> ``"-"``."""
-    if mib is None:
-        return "-"
-    if mib < 1024:
-        return f"{int(mib)} MiB"
-    return f"{mib / 1024:.4g} GiB"
 
 
 # ---- the GPU activity record ------------------------------------------------------------------
