@@ -16,7 +16,9 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
+from http.cookiejar import CookieJar
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +195,17 @@ c.Spawner.http_timeout = 60
         if status != 201:
             raise RuntimeError(f"cannot create a token for {name}: {status} {body}")
         return body["token"]
+
+    def login(self, name: str, password: str = "any") -> urllib.request.OpenerDirector:
+        """Log ``name`` in through the hub's login form (the dummy authenticator takes any password):
+        an opener carrying the login cookie, as a browser would (pages take cookies, not tokens)."""
+        jar = CookieJar()
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+        opener.open(self.url + "/hub/login", timeout=30).read()
+        xsrf = [c.value for c in jar if c.name == "_xsrf"][-1]
+        form = urllib.parse.urlencode({"username": name, "password": password, "_xsrf": xsrf}).encode()
+        opener.open(urllib.request.Request(self.url + "/hub/login?next=/hub/home", data=form), timeout=60).read()
+        return opener
 
     def wait_for(self, predicate, timeout: float = 60, interval: float = 0.5, what: str = "condition") -> Any:
         """Poll ``predicate()`` until it returns something truthy; fail with the hub log otherwise."""

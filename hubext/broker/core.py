@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import time
 import uuid
 from collections.abc import Mapping
@@ -40,7 +41,7 @@ from ..gpu_spawner import request_from_section
 from ..hubstart import when_hub_is_up
 from ..kernels import KernelRecord
 from ..metering.meter import UsageMeter
-from .sizes import SIGNATURE_SCHEMES, BrokerError, SizesMixin, validate_sizes
+from .sizes import SIGNATURE_SCHEMES, BrokerError, SizesMixin, is_unicode, validate_sizes
 from .swap import SwapMixin, key_digest
 
 
@@ -260,8 +261,10 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
         ``expect_claim``: the caller is the user's server, which must ask about the kernel within
         claim_timeout_seconds (False for an admin starting a kernel by hand)."""
         key = body.get("key")
-        if not isinstance(key, str) or not 16 <= len(key) <= 512:
-            raise BrokerError("'key' must be the kernel's connection key: a string of 16 to 512 characters.")
+        if not isinstance(key, str) or not 16 <= len(key) <= 512 or not is_unicode(key):
+            raise BrokerError(
+                "'key' must be the kernel's connection key: a string of 16 to 512 characters of valid Unicode."
+            )
         scheme = body.get("signature_scheme", "hmac-sha256")
         if scheme not in SIGNATURE_SCHEMES or scheme.split("-", 1)[1] not in hashlib.algorithms_available:
             raise BrokerError(f"'signature_scheme' must be one of {', '.join(SIGNATURE_SCHEMES)}, got {scheme!r}.")
@@ -341,8 +344,11 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
         return await self.allocator.allocate(request, timeout=self.max_queue_seconds, server_name=server_name)
 
     async def status(self, record: KernelRecord, wait_seconds: float = 0.0) -> KernelRecord:
-        """Refresh ``record``; with ``wait_seconds``, wait for it to leave 'pending'."""
-        deadline = time.monotonic() + min(max(wait_seconds, 0.0), self.max_wait_seconds)
+        """Refresh ``record``; with ``wait_seconds`` (a finite number, at least 0; cut to
+        ``max_wait_seconds``), wait for it to leave 'pending'. Raises ValueError for another wait."""
+        if not isinstance(wait_seconds, int | float) or not math.isfinite(wait_seconds) or wait_seconds < 0:
+            raise ValueError(f"wait_seconds must be a finite number of seconds, at least 0; got {wait_seconds!r}")
+        deadline = time.monotonic() + min(wait_seconds, self.max_wait_seconds)
         delay = 0.05
         while True:
             await self._refresh(record)

@@ -18,7 +18,7 @@ from tornado import web
 
 from ..kernels import KernelRecord
 from .core import GPUBroker, start_with_hub
-from .sizes import BrokerError
+from .sizes import BrokerError, bad_text_in
 
 KERNELS_SCOPE = "custom:elastic-gpu:kernels"
 ADMIN_SCOPE = "custom:elastic-gpu:admin"
@@ -41,6 +41,10 @@ CUSTOM_SCOPES: dict[str, dict[str, Any]] = {
 USER_SCOPES: list[str] = [f"{KERNELS_SCOPE}!user"]
 #: added to ``c.Spawner.server_token_scopes``: a server's token acts for its own user only
 SERVER_TOKEN_SCOPES: list[str] = [f"{KERNELS_SCOPE}!user"]
+
+
+def _implements(handler: type, method: str) -> bool:
+    return getattr(handler, method) is not getattr(web.RequestHandler, method)
 
 
 class BrokerAPIHandler(APIHandler):
@@ -104,7 +108,19 @@ class BrokerAPIHandler(APIHandler):
             return {}
         if not isinstance(body, dict):
             raise BrokerError("The request body must be a JSON object.")
+        where = bad_text_in(body)
+        if where:
+            raise BrokerError(f"{where} holds text that is not valid Unicode (a lone surrogate); send UTF-8 text.")
         return body
+
+    def write_error(self, status_code: int, **kwargs: Any) -> None:
+        """JupyterHub's JSON error, with a sentence where tornado gives none (405: the methods offered)."""
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        if status_code == 405 and isinstance(exc, web.HTTPError) and not exc.log_message:
+            offered = [m for m in self.SUPPORTED_METHODS if _implements(type(self), m.lower())]
+            sentence = BrokerError(f"{self.request.method} is not offered here; use {' or '.join(offered)}.", 405)
+            kwargs["exc_info"] = (BrokerError, sentence, None)
+        super().write_error(status_code, **kwargs)
 
     def wait_arg(self) -> float:
         """``?wait=``: a finite number of seconds, at least 0; longer than the broker's

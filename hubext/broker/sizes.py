@@ -34,6 +34,35 @@ class BrokerError(GPUSpawnError):
     (the same user-facing error as a spawn refusal: a sentence, a 4xx status, ``%`` kept as written)."""
 
 
+def is_unicode(text: str) -> bool:
+    """Whether ``text`` is valid Unicode (JSON's ``\\ud800`` escapes decode to lone surrogates, which
+    no file, digest or database takes)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def bad_text_in(value: Any, where: str = "the body") -> str | None:
+    """Where in a decoded JSON ``value`` a string (a key or a value) is not valid Unicode, or None."""
+    if isinstance(value, str):
+        return None if is_unicode(value) else where
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not is_unicode(key):
+                return f"the key {key!r} of {where}"
+            found = bad_text_in(item, repr(key) if where == "the body" else f"{where}[{key!r}]")
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = bad_text_in(item, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
 def validate_sizes(sizes: Any) -> list[dict[str, Any]]:
     """Check ``GPUBroker.kernel_sizes``; raise BrokerError(500) naming the bad entry and key."""
     if not isinstance(sizes, list):

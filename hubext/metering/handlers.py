@@ -41,7 +41,17 @@ from .capacity import parse_slice, plan_capacity
 from .meter import UsageMeter
 from .plot import capacity_svg, held_busy_svg, usage_svg
 from .replay import plan_by_replay
-from .report import GROUP_KEYS, ReportError, parse_time, records_csv, report_csv, report_xlsx, usage_report
+from .report import (
+    GROUP_KEYS,
+    Report,
+    ReportError,
+    parse_group,
+    parse_time,
+    records_csv,
+    report_csv,
+    report_xlsx,
+    usage_report,
+)
 
 DEFAULT_DAYS = 30
 FORMATS = {
@@ -206,6 +216,8 @@ class CapacityHandler(UsageAPIHandler):
 
 
 TEMPLATES = Path(__file__).parent / "templates"
+#: the page's "Group by" choices besides each key alone (any other the API takes works as ?by=)
+GROUP_CHOICES = ("user,day", "user,month", "user,model", "group,user", "workspace,user", "model,day")
 
 
 class UsagePageHandler(UsageAccess, BaseHandler):
@@ -219,40 +231,62 @@ class UsagePageHandler(UsageAccess, BaseHandler):
 
     @web.authenticated
     async def get(self) -> None:
-        await super().get()
+        try:
+            await self.respond()
+        except (ReportError, ConfigError) as e:  # the page again, its form filled in, and the sentence
+            self.set_status(400)
+            await self.render_page(self.form(), None, [], error=e.message)
 
-    async def respond(self) -> None:
-        fmt = self.output_format(("html", "csv", "xlsx"), default="html")
+    def form(self) -> dict[str, str]:
         today = datetime.now(timezone.utc).date()
-        form = {
+        return {
             "from": self.get_argument("from", "") or (today - timedelta(days=DEFAULT_DAYS - 1)).isoformat(),
             "to": self.get_argument("to", "") or (today + timedelta(days=1)).isoformat(),
             "by": self.get_argument("by", "user"),
         }
+
+    async def respond(self) -> None:
+        fmt = self.output_format(("html", "csv", "xlsx"), default="html")
+        form = self.form()
         start, end = parse_time(form["from"], "from"), parse_time(form["to"], "to")
         users = self.readable_users()
         meter = self.meter()
         now = time.time()
         records = await self.records(start, end, users)
-        report = usage_report(records, start, end, [form["by"]], meter.price_table(), now=now)
+        report = usage_report(records, start, end, parse_group(form["by"]), meter.price_table(), now=now)
         if fmt == "csv":
             self.send(fmt, report_csv(report), "gpu-usage")
             return
         if fmt == "xlsx":
             self.send(fmt, report_xlsx(report), "gpu-usage")
             return
+        charts = (usage_svg(records, start, end, report.by, now=now), held_busy_svg(report))
+        await self.render_page(form, report, users, charts=charts)
+
+    async def render_page(
+        self,
+        form: dict[str, str],
+        report: Report | None,
+        users: list[str] | None,
+        charts: tuple[str, str] = ("", ""),
+        error: str = "",
+    ) -> None:
+        """The page: ``report`` None (a refused query) shows the form and ``error`` only."""
         self._add_template_path()
+        by = [k.strip() for k in form["by"].split(",") if k.strip()]
+        choices = [*GROUP_KEYS, *GROUP_CHOICES]
         html = await self.render_template(
             "elastic_gpu_usage.html",
-            report=report.to_dict(),
+            report=report.to_dict() if report is not None else None,
             form=form,
+            by=by,
             query=urlencode(form),
-            group_keys=GROUP_KEYS,
+            group_choices=choices + ([form["by"]] if form["by"] not in choices else []),
             everyone=users is None,
             users=users or [],
-            usage_chart=usage_svg(records, start, end, form["by"], now=now),
-            held_chart=held_busy_svg(report),
-            error="",
+            usage_chart=charts[0],
+            held_chart=charts[1],
+            error=error,
         )
         self.finish(html)
 

@@ -59,24 +59,35 @@ class ReportError(ValueError):
         self.message = message
 
 
+#: the times a report may name: a calendar (datetime) holds them, and their month's end too
+FIRST_TIME = datetime(1, 1, 2, tzinfo=timezone.utc).timestamp()
+LAST_TIME = datetime(9999, 12, 1, tzinfo=timezone.utc).timestamp()
+
+
 def parse_time(text: str | float | int, name: str = "time") -> float:
-    """Unix seconds from an ISO 8601 date or date-time (UTC unless it names a zone) or a number."""
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return float(text)
+    """Unix seconds from an ISO 8601 date or date-time (UTC unless it names a zone) or a number,
+    between the years 1 and 9999 (:data:`FIRST_TIME`, :data:`LAST_TIME`); else ReportError."""
     value = str(text).strip()
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise ReportError(
-            f"{name} {value!r} is not a date: use ISO 8601 such as 2026-11-01 or 2026-11-01T08:00:00Z, or unix seconds."
-        ) from None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=timezone.utc)
-    return parsed.timestamp()
+    refusal = ReportError(
+        f"{name} {value!r} is not a date: use ISO 8601 such as 2026-11-01 or 2026-11-01T08:00:00Z, "
+        "or unix seconds, between the years 1 and 9999."
+    )
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        try:
+            seconds = float(value)
+        except ValueError:
+            try:
+                parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+            except ValueError:
+                raise refusal from None
+            if parsed.tzinfo is None:
+                parsed = parsed.replace(tzinfo=timezone.utc)
+            seconds = parsed.timestamp()
+    if not FIRST_TIME <= seconds <= LAST_TIME:  # also nan and infinities
+        raise refusal
+    return seconds
 
 
 def parse_group(by: str | Sequence[str]) -> tuple[str, ...]:
@@ -215,10 +226,30 @@ def _add(row: dict[str, Any], record: UsageRecord, hours: float, prices: PriceTa
         row["cost"] += cost
 
 
+#: a text cell starting with one of these is a formula to a spreadsheet (OWASP: CSV injection)
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _text(value: str) -> str:
+    """A name as a CSV cell no spreadsheet runs: one that starts like a formula gets a leading ``'``."""
+    return "'" + value if value.startswith(FORMULA_STARTS) else value
+
+
 def _cell(value: Any) -> Any:
     if isinstance(value, float):
         return f"{value:.6f}".rstrip("0").rstrip(".") if math.isfinite(value) else ""
+    if isinstance(value, str):
+        return _text(value)
     return value
+
+
+def _append_text_cells(sheet: Any, values: Sequence[Any]) -> None:
+    """Append a row to an openpyxl sheet; strings stay text cells (openpyxl makes '=...' a formula)."""
+    sheet.append(values)
+    for cell, value in zip(sheet[sheet.max_row], values, strict=False):
+        if isinstance(value, str):
+            cell.value = value
+            cell.data_type = "s"
 
 
 def report_csv(report: Report) -> str:
@@ -239,9 +270,9 @@ def report_xlsx(report: Report) -> bytes:
     book = Workbook()
     sheet = book.active
     sheet.title = "usage"
-    sheet.append([*report.by, *METRICS[:-2], f"cost_{report.currency}", METRICS[-1]])
+    _append_text_cells(sheet, [*report.by, *METRICS[:-2], f"cost_{report.currency}", METRICS[-1]])
     for row in report.rows:
-        sheet.append([row[k] for k in (*report.by, *METRICS)])
+        _append_text_cells(sheet, [row[k] for k in (*report.by, *METRICS)])
     if report.by:  # (without groups the one row is the total)
         sheet.append(["total", *[""] * (len(report.by) - 1), *(report.totals[m] for m in METRICS)])
     info = book.create_sheet("period")
@@ -251,7 +282,7 @@ def report_xlsx(report: Report) -> bytes:
         ("by", ",".join(report.by)),
         ("currency", report.currency),
     ):
-        info.append([key, value])
+        _append_text_cells(info, [key, value])
     out = io.BytesIO()
     book.save(out)
     return out.getvalue()
@@ -268,7 +299,7 @@ def records_csv(records: Iterable[UsageRecord]) -> str:
     for r in records:
         d = r.to_dict()
         writer.writerow(
-            [("" if d[k] is None else d[k]) for k in RECORD_COLUMNS]
+            [("" if d[k] is None else _text(d[k]) if isinstance(d[k], str) else d[k]) for k in RECORD_COLUMNS]
             + [iso(r.granted_at), iso(r.released_at) if r.released_at is not None else ""]
         )
     return out.getvalue()
