@@ -108,6 +108,7 @@ def formula_records(sec):
         }
         events.append({"event": "granted", "record": record})
         events.append({"event": "released", "id": record["id"], "at": granted + 3600, "cause": "stopped", "why": name})
+    store.ensure_schema()  # (the hub creates the tables on its first write, maybe not yet)
     store.apply(events)
     store.close()
     return "from=2001-01-01&to=2001-01-05"
