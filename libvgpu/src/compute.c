@@ -16,7 +16,8 @@
  * While the cost is not known (a cold start, or after idle) launches are not let through at
  * a guessed rate: each one is measured on its stream with a pair of events and waited for
  * before the next, so no backlog can build up, and the first measurement sets the cost at
- * once (a 200 ms graph is held to the limit from its second launch).
+ * once (a 200 ms graph is held to the limit from its second launch). The measurement keeps to
+ * the rules of stream capture (see relaxed() below).
  */
 #define _GNU_SOURCE
 #include "vgpu.h"
@@ -153,6 +154,32 @@ static TLS CUevent probe_start, probe_end;
 static TLS CUstream probe_stream;
 static _Atomic int probes_active; /* any thread measuring a launch: the fast path's only check */
 
+/* Stream capture: a launch into a capturing stream does not run now (it is gated when its
+ * graph is launched), and waiting on an event recorded inside a capture is illegal (it fails
+ * and invalidates the capture: PyTorch's graph capture would fail), so such a launch is
+ * neither measured nor held. A thread in the default (global)
+ * capture mode may not wait on any event while another thread captures in global mode, so the
+ * measurement's calls run with this thread's mode relaxed, as PyTorch's allocator does around
+ * cudaMalloc. relaxed(&m) switches (m keeps the old mode; 0 if the driver has no capture),
+ * relaxed_end(m) switches back. */
+static int relaxed(int *mode) {
+    cuThreadExchangeStreamCaptureMode_fn xchg = REAL(cuThreadExchangeStreamCaptureMode);
+    *mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    return xchg && xchg(mode) == CUDA_SUCCESS;
+}
+
+static void relaxed_end(int had, int mode) {
+    if (had) REAL(cuThreadExchangeStreamCaptureMode)(&mode);
+}
+
+static int capturing(CUstream s) {
+    cuStreamIsCapturing_fn is = REAL(cuStreamIsCapturing);
+    int status = CU_STREAM_CAPTURE_STATUS_NONE, mode, had = relaxed(&mode);
+    int yes = is && (is(s, &status) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE);
+    relaxed_end(had, mode);
+    return yes;
+}
+
 /* Records a start event on s before the launch; 1 if this launch is to be measured. */
 static int probe_begin(int dev, CUstream s) {
     cuEventCreate_fn create = REAL(cuEventCreate);
@@ -160,16 +187,19 @@ static int probe_begin(int dev, CUstream s) {
     if (!create || !record || !REAL(cuEventSynchronize) || !REAL(cuEventElapsedTime) ||
         !REAL(cuEventDestroy_v2))
         return 0;
-    if (create(&probe_start, 0) != CUDA_SUCCESS) return 0;
-    if (create(&probe_end, 0) != CUDA_SUCCESS) {
+    int mode, had = relaxed(&mode);
+    int ok = create(&probe_start, 0) == CUDA_SUCCESS;
+    if (ok && create(&probe_end, 0) != CUDA_SUCCESS) {
         REAL(cuEventDestroy_v2)(probe_start);
-        return 0;
+        ok = 0;
     }
-    if (record(probe_start, s) != CUDA_SUCCESS) {
+    if (ok && record(probe_start, s) != CUDA_SUCCESS) {
         REAL(cuEventDestroy_v2)(probe_start);
         REAL(cuEventDestroy_v2)(probe_end);
-        return 0;
+        ok = 0;
     }
+    relaxed_end(had, mode);
+    if (!ok) return 0;
     probe_stream = s;
     probing_dev = dev;
     atomic_fetch_add(&probes_active, 1);
@@ -183,6 +213,7 @@ static __attribute__((noinline)) void probe_finish(CUresult launched) {
     probing_dev = -1;
     atomic_fetch_sub(&probes_active, 1);
     float ms = 0;
+    int mode, had = relaxed(&mode);
     if (launched == CUDA_SUCCESS && REAL(cuEventRecord)(probe_end, probe_stream) == CUDA_SUCCESS &&
         REAL(cuEventSynchronize)(probe_end) == CUDA_SUCCESS &&
         REAL(cuEventElapsedTime)(&ms, probe_start, probe_end) == CUDA_SUCCESS && ms > 0) {
@@ -197,6 +228,7 @@ static __attribute__((noinline)) void probe_finish(CUresult launched) {
     }
     REAL(cuEventDestroy_v2)(probe_start);
     REAL(cuEventDestroy_v2)(probe_end);
+    relaxed_end(had, mode);
 }
 
 static inline void probe_done(CUresult launched) {
@@ -215,6 +247,7 @@ void vgpu_compute_gate(int dev, CUstream s) {
 
     uint64_t cost = atomic_load_explicit(&c->cost_ns, memory_order_relaxed);
     if (!cost) { /* not measured yet: measure this launch, or a few launches per window */
+        if (capturing(s)) return;
         uint64_t in_window = atomic_fetch_add_explicit(&c->launches, 1, memory_order_relaxed) + 1;
         int64_t t = atomic_load(&c->tokens_ns);
         if (t < 0) { /* a measured launch left a debt: sleep it off first */

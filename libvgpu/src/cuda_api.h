@@ -39,6 +39,16 @@ typedef struct CUevent_st *CUevent;
 #define CUDA_ERROR_INVALID_HANDLE 400
 #define CUDA_ERROR_NOT_FOUND 500
 #define CUDA_ERROR_NOT_SUPPORTED 801
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
+
+/* Stream capture (CUstreamCaptureMode / CUstreamCaptureStatus). */
+#define CU_STREAM_CAPTURE_MODE_GLOBAL 0
+#define CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
+#define CU_STREAM_CAPTURE_MODE_RELAXED 2
+#define CU_STREAM_CAPTURE_STATUS_NONE 0
+#define CU_STREAM_CAPTURE_STATUS_ACTIVE 1
+#define CU_STREAM_CAPTURE_STATUS_INVALIDATED 2
 
 typedef struct CUuuid_st {
     char bytes[16];
@@ -232,6 +242,8 @@ typedef CUresult (*cuEventRecord_fn)(CUevent, CUstream);
 typedef CUresult (*cuEventSynchronize_fn)(CUevent);
 typedef CUresult (*cuEventElapsedTime_fn)(float *, CUevent, CUevent);
 typedef CUresult (*cuEventDestroy_v2_fn)(CUevent);
+typedef CUresult (*cuStreamIsCapturing_fn)(CUstream, int *);
+typedef CUresult (*cuThreadExchangeStreamCaptureMode_fn)(int *);
 typedef CUresult (*cuLaunchGrid_fn)(CUfunction, int, int);
 typedef CUresult (*cuLaunchGridAsync_fn)(CUfunction, int, int, CUstream);
 /* per-thread default stream variants have the same signatures */

@@ -113,6 +113,8 @@ struct vgpu_hook vgpu_hooks[H_COUNT] = {
     ROW(cuEventSynchronize, NULL, 0, CUDA, 0, NULL),
     ROW(cuEventElapsedTime, NULL, 0, CUDA, 0, NULL),
     ROW(cuEventDestroy_v2, NULL, 0, CUDA, 0, NULL),
+    ROW(cuStreamIsCapturing, NULL, 0, CUDA, 0, NULL),
+    ROW(cuThreadExchangeStreamCaptureMode, NULL, 0, CUDA, 0, NULL),
     ROW(cuArrayGetMemoryRequirements, NULL, 0, CUDA, 0, NULL),
     ROW(cuMipmappedArrayGetMemoryRequirements, NULL, 0, CUDA, 0, NULL),
     ROW(nvmlDeviceGetMemoryInfo, NULL, 0, NVML, 0, nvmlDeviceGetMemoryInfo),

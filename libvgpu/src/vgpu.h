@@ -209,7 +209,7 @@ enum vgpu_hook_id {
     H_cuDeviceGetCount, H_cuDeviceGetUuid, H_cuCtxGetDevice, H_cuCtxGetCurrent,
     H_cuCtxPushCurrent_v2, H_cuCtxPopCurrent_v2, H_cuDeviceGetMemPool, H_cuMemPoolGetAttribute, H_cuDeviceGetGraphMemAttribute,
     H_cuEventCreate, H_cuEventRecord, H_cuEventSynchronize, H_cuEventElapsedTime,
-    H_cuEventDestroy_v2,
+    H_cuEventDestroy_v2, H_cuStreamIsCapturing, H_cuThreadExchangeStreamCaptureMode,
     H_cuArrayGetMemoryRequirements, H_cuMipmappedArrayGetMemoryRequirements,
     /* NVML */
     H_nvmlDeviceGetMemoryInfo, H_nvmlDeviceGetMemoryInfo_v2,

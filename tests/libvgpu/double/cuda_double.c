@@ -691,9 +691,12 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
 static uint64_t pending[4096]; /* end times of this process's queued kernels */
 static uint64_t launched, last_end;
 
-static CUresult run(uint64_t ns, int count) {
+static int captured(CUstream s, uint64_t ns, int count);
+
+static CUresult run_on(CUstream s, uint64_t ns, int count) {
     CUresult rc = need_ctx();
     if (rc) return rc;
+    if (captured(s, ns, count)) return CUDA_SUCCESS; /* recorded into the graph, not run */
     dbl_burn(dbl_env.launch_cpu_ns);
     int dev = current->dev;
     for (int k = 0; k < count; k++) {
@@ -724,14 +727,15 @@ static CUresult run(uint64_t ns, int count) {
     return CUDA_SUCCESS;
 }
 
+static CUresult run(uint64_t ns, int count) { return run_on(NULL, ns, count); }
+
 static uint64_t fn_ns(CUfunction f) { return f ? ((struct dfunc *)f)->ns : dbl_env.kernel_ns; }
 
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                unsigned by, unsigned bz, unsigned sh, CUstream s, void **p,
                                void **e) {
-    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)sh, (void)s, (void)p,
-        (void)e;
-    return run(fn_ns(f), 1);
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)sh, (void)p, (void)e;
+    return run_on(s, fn_ns(f), 1);
 }
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                     unsigned bx, unsigned by, unsigned bz, unsigned sh, CUstream s,
@@ -739,8 +743,8 @@ EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsi
     return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, sh, s, p, e);
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **p, void **e) {
-    (void)c, (void)p, (void)e;
-    return run(fn_ns(f), 1);
+    (void)p, (void)e;
+    return run_on(c ? c->hStream : NULL, fn_ns(f), 1);
 }
 EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **p, void **e) {
     return cuLaunchKernelEx(c, f, p, e);
@@ -748,8 +752,8 @@ EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, voi
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                           unsigned bx, unsigned by, unsigned bz, unsigned sh,
                                           CUstream s, void **p) {
-    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)sh, (void)s, (void)p;
-    return run(fn_ns(f), 1);
+    (void)gx, (void)gy, (void)gz, (void)bx, (void)by, (void)bz, (void)sh, (void)p;
+    return run_on(s, fn_ns(f), 1);
 }
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
                                                unsigned gz, unsigned bx, unsigned by, unsigned bz,
@@ -764,8 +768,8 @@ EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) {
     return run(fn_ns(f), 1);
 }
 EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
-    (void)w, (void)h, (void)s;
-    return run(fn_ns(f), 1);
+    (void)w, (void)h;
+    return run_on(s, fn_ns(f), 1);
 }
 
 EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned flags) {
@@ -800,7 +804,6 @@ EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgra
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
-    (void)s;
     struct dgraph *g = (struct dgraph *)exec;
     if (!g || (!g->nodes && !g->mem_bytes)) return CUDA_ERROR_INVALID_VALUE;
     if (g->mem_bytes) {
@@ -815,7 +818,7 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
         pthread_mutex_unlock(&local);
         if (rc) return rc;
     }
-    return g->nodes ? run(g->total_ns / (uint64_t)g->nodes, g->nodes) : CUDA_SUCCESS;
+    return g->nodes ? run_on(s, g->total_ns / (uint64_t)g->nodes, g->nodes) : CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
     if (dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
@@ -843,11 +846,142 @@ EXPORT CUresult cuGraphDestroy(CUgraph g) {
     return CUDA_SUCCESS;
 }
 
-/* Events: an event completes when this process's work queued before it has run. */
+/* ---- streams and stream capture -----------------------------------------------------------
+ * As a real driver: work launched into a capturing stream is recorded into its graph, not run,
+ * and while a capture is under way some calls are illegal. A thread whose capture interaction
+ * mode (cuThreadExchangeStreamCaptureMode; global by default) is global may not make a
+ * "potentially unsafe" call (synchronising or querying an event, synchronising a stream or the
+ * context) while its own non-relaxed capture or any other thread's global-mode capture is under
+ * way; thread-local: only its own; relaxed: never. Synchronising or querying an event recorded
+ * inside a capture is illegal in every mode. An illegal call returns
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the captures it conflicts with: their
+ * cuStreamEndCapture returns CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. */
+struct dstream {
+    int capturing, mode, invalidated;
+    pthread_t owner; /* the thread that began the capture */
+    struct dgraph *graph;
+};
+#define DBL_CAPTURES 64
+static struct dstream *capturing[DBL_CAPTURES]; /* captures under way in this process (local) */
+static __thread int capture_mode; /* this thread's interaction mode: global (0) by default */
+
+/* A stream handle the double made (not NULL, CU_STREAM_LEGACY or CU_STREAM_PER_THREAD). */
+static struct dstream *stream_of(CUstream s) {
+    return (uintptr_t)s > 2 ? (struct dstream *)s : NULL;
+}
+
+static int captured(CUstream s, uint64_t ns, int count) {
+    struct dstream *st = stream_of(s);
+    if (!st) return 0;
+    pthread_mutex_lock(&local);
+    int on = st->capturing;
+    if (on) st->graph->total_ns += ns * (uint64_t)count, st->graph->nodes += count;
+    pthread_mutex_unlock(&local);
+    return on;
+}
+
+/* An unsafe call from this thread: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (and the captures
+ * it conflicts with invalidated) if a capture forbids it, else CUDA_SUCCESS. */
+static CUresult capture_rules(void) {
+    if (capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&local);
+    for (int i = 0; i < DBL_CAPTURES; i++) {
+        struct dstream *c = capturing[i];
+        if (!c) continue;
+        int mine = pthread_equal(c->owner, pthread_self());
+        if ((mine && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+            (!mine && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+             capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+            c->invalidated = 1;
+            rc = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    }
+    pthread_mutex_unlock(&local);
+    return rc;
+}
+
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
+    (void)flags;
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    *s = (CUstream)calloc(1, sizeof(struct dstream));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+    struct dstream *st = stream_of(s);
+    if (!st) return CUDA_ERROR_INVALID_HANDLE;
+    if (st->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    free(st);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+    struct dstream *st = stream_of(s);
+    if (!st) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* not the legacy stream */
+    if (mode < 0 || mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&local);
+    for (int i = 0; i < DBL_CAPTURES && !st->capturing; i++)
+        if (!capturing[i]) {
+            capturing[i] = st;
+            *st = (struct dstream){1, mode, 0, pthread_self(), calloc(1, sizeof(struct dgraph))};
+            rc = CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&local);
+    return rc;
+}
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
+    struct dstream *st = stream_of(s);
+    if (!st || !graph) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&local);
+    int was = st->capturing, bad = st->invalidated;
+    struct dgraph *g = st->graph;
+    for (int i = 0; i < DBL_CAPTURES; i++)
+        if (capturing[i] == st) capturing[i] = NULL;
+    *st = (struct dstream){0};
+    pthread_mutex_unlock(&local);
+    if (!was) return CUDA_ERROR_INVALID_VALUE;
+    if (bad) {
+        free(g);
+        *graph = NULL;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    *graph = (CUgraph)g;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    struct dstream *st = stream_of(s);
+    pthread_mutex_lock(&local);
+    *status = !st || !st->capturing ? CU_STREAM_CAPTURE_STATUS_NONE
+              : st->invalidated     ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                    : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    pthread_mutex_unlock(&local);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    if (!mode || *mode < 0 || *mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+    int old = capture_mode;
+    capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+/* Events: an event completes when this process's work queued before it has run. One recorded
+ * into a capturing stream is a node of the capture: waiting on it is illegal. */
 struct devent {
     uint64_t t;
     int recorded;
+    struct dstream *captured_in;
 };
+
+/* A wait on e (synchronise, query, elapsed time): the capture rules first. */
+static CUresult event_rules(struct devent *e) {
+    pthread_mutex_lock(&local);
+    struct dstream *c = e->captured_in;
+    if (c && c->capturing) c->invalidated = 1;
+    pthread_mutex_unlock(&local);
+    return c ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : capture_rules();
+}
 EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
     (void)flags;
     if (!e) return CUDA_ERROR_INVALID_VALUE;
@@ -855,27 +989,35 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
-    (void)s;
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
     uint64_t now = dbl_now();
+    struct dstream *st = stream_of(s);
     pthread_mutex_lock(&local);
     ((struct devent *)e)->t = last_end > now ? last_end : now;
     ((struct devent *)e)->recorded = 1;
+    ((struct devent *)e)->captured_in = st && st->capturing ? st : NULL;
     pthread_mutex_unlock(&local);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventSynchronize(CUevent e) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = event_rules((struct devent *)e);
+    if (rc) return rc;
     dbl_sleep_until(((struct devent *)e)->t);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventQuery(CUevent e) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = event_rules((struct devent *)e);
+    if (rc) return rc;
     return dbl_now() >= ((struct devent *)e)->t ? CUDA_SUCCESS : 600; /* NOT_READY */
 }
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
     struct devent *x = (struct devent *)a, *y = (struct devent *)b;
     if (!ms || !x || !y || !x->recorded || !y->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = event_rules(x);
+    if (!rc) rc = event_rules(y);
+    if (rc) return rc;
     if (dbl_now() < x->t || dbl_now() < y->t) return 600; /* NOT_READY */
     *ms = (float)((double)((int64_t)y->t - (int64_t)x->t) / 1e6);
     return CUDA_SUCCESS;
@@ -886,6 +1028,8 @@ EXPORT CUresult cuEventDestroy_v2(CUevent e) {
 }
 
 EXPORT CUresult cuCtxSynchronize(void) {
+    CUresult rc = capture_rules();
+    if (rc) return rc;
     pthread_mutex_lock(&local);
     uint64_t t = last_end;
     pthread_mutex_unlock(&local);
@@ -964,6 +1108,13 @@ static const struct {
     P("cuEventQuery", 2000, 0, cuEventQuery),
     P("cuEventElapsedTime", 2000, 0, cuEventElapsedTime),
     P("cuEventDestroy", 4000, 0, cuEventDestroy_v2),
+    P("cuStreamCreate", 2000, 0, cuStreamCreate),
+    P("cuStreamDestroy", 4000, 0, cuStreamDestroy_v2),
+    P("cuStreamSynchronize", 2000, 0, cuStreamSynchronize),
+    P("cuStreamBeginCapture", 10010, 0, cuStreamBeginCapture_v2),
+    P("cuStreamEndCapture", 10000, 0, cuStreamEndCapture),
+    P("cuStreamIsCapturing", 10000, 0, cuStreamIsCapturing),
+    P("cuThreadExchangeStreamCaptureMode", 10010, 0, cuThreadExchangeStreamCaptureMode),
     P("cuDevicePrimaryCtxRetain", 7000, 0, cuDevicePrimaryCtxRetain),
     P("cuDevicePrimaryCtxRelease", 11000, 0, cuDevicePrimaryCtxRelease_v2),
     P("cuDevicePrimaryCtxReset", 11000, 0, cuDevicePrimaryCtxReset_v2),

@@ -27,6 +27,11 @@
  *   timeline:SECONDS:US                    launch for SECONDS; print the gaps between launches
  *   threads:N:ROUNDS:SIZE                  N threads allocating, launching and freeing at once
  *   bench:N                                N launches, then N alloc+free pairs: CPU ns per op
+ *   capture:N:US                           a stream captured (global mode): N kernels of US into
+ *                                          it, the graph instantiated and launched
+ *   capturewhile:US[:sync]                 another thread launches a kernel of US (and with sync
+ *                                          synchronises the context) while this one captures a
+ *                                          stream (global mode)
  *   procaddr | errstr | devused[:dev] | fork:N | sleep:MS | waitfile:PATH | ready | wait
  */
 #define _GNU_SOURCE
@@ -118,6 +123,9 @@ static struct {
     nvmlReturn_t (*nvmlProcs)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v2_t *);
     nvmlReturn_t (*nvmlUtil)(nvmlDevice_t, nvmlUtilization_t *);
     CUresult (*cuLaunchGrid)(CUfunction, int, int);
+    CUresult (*cuStreamCreate)(CUstream *, unsigned int);
+    CUresult (*cuStreamBeginCapture)(CUstream, int);
+    CUresult (*cuStreamEndCapture)(CUstream, CUgraph *);
     cuDoubleBusyNs_fn busy;
     cuDoubleDeviceUsed_fn device_used;
 } D;
@@ -200,6 +208,9 @@ static void resolve(void) {
     R(cuLaunchGrid, "cuLaunchGrid", "cuLaunchGrid");
     R(cuCtxSynchronize, "cuCtxSynchronize", "cuCtxSynchronize");
     R(cuGetErrorString, "cuGetErrorString", "cuGetErrorString");
+    R(cuStreamCreate, "cuStreamCreate", "cuStreamCreate");
+    R(cuStreamBeginCapture, "cuStreamBeginCapture_v2", "cuStreamBeginCapture");
+    R(cuStreamEndCapture, "cuStreamEndCapture", "cuStreamEndCapture");
 #undef R
     /* graph building and test helpers: straight from the library */
     void *h = cuda_handle ? cuda_handle : RTLD_DEFAULT;
@@ -333,6 +344,22 @@ static void *work(void *p) {
         if (b && D.cuMemFreeAsync(b, NULL)) w->failures++;
     }
     return NULL;
+}
+
+static CUfunction elsewhere_fn;
+static int elsewhere_sync;
+static void *launch_elsewhere(void *p) { /* capturewhile: the other thread */
+    CUresult *rc = p;
+    D.cuCtxSetCurrent(primary);
+    *rc = D.cuLaunchKernel(elsewhere_fn, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    if (!*rc && elsewhere_sync) *rc = D.cuCtxSynchronize();
+    return NULL;
+}
+
+/* Begins a global-mode capture on a new stream: its rc, the stream in *s. */
+static CUresult begin_capture(CUstream *s) {
+    CUresult rc = D.cuStreamCreate(s, 0);
+    return rc ? rc : D.cuStreamBeginCapture(*s, 0);
 }
 
 static int step(char *arg) {
@@ -581,6 +608,33 @@ static int step(char *arg) {
             if (t >= end) break;
         }
         printf(" end_ms=%.1f launches=%ld rc=%d\n", last / 1e6, launches, rc);
+    } else if (!strcmp(cmd, "capture")) { /* capture:N:US */
+        CUfunction f = kernel((unsigned)atoi(a[2]));
+        CUstream s = NULL;
+        CUgraph g = NULL;
+        CUgraphExec e = NULL;
+        CUresult begin = begin_capture(&s), launch = CUDA_SUCCESS, end, run = CUDA_SUCCESS;
+        for (int i = 0; i < atoi(a[1]) && !begin && !launch; i++)
+            launch = D.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
+        end = begin ? begin : D.cuStreamEndCapture(s, &g);
+        if (!end) run = D.cuGraphInstantiateWithFlags(&e, g, 0);
+        if (!end && !run) run = D.cuGraphLaunch(e, NULL);
+        if (!end && !run) run = D.cuCtxSynchronize();
+        rc = begin ? begin : launch ? launch : end ? end : run;
+        printf("capture rc=%d begin=%d launch=%d end=%d run=%d\n", rc, begin, launch, end, run);
+    } else if (!strcmp(cmd, "capturewhile")) { /* capturewhile:US[:sync] */
+        elsewhere_fn = kernel((unsigned)atoi(a[1]));
+        elsewhere_sync = a[2] && !strcmp(a[2], "sync");
+        CUstream s = NULL;
+        CUgraph g = NULL;
+        CUresult other = CUDA_SUCCESS, end;
+        rc = begin_capture(&s);
+        pthread_t t;
+        if (!rc) pthread_create(&t, NULL, launch_elsewhere, &other), pthread_join(t, NULL);
+        if (!rc) rc = D.cuLaunchKernel(elsewhere_fn, 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL);
+        end = D.cuStreamEndCapture(s, &g);
+        if (!rc) rc = end;
+        printf("capturewhile rc=%d other=%d end=%d\n", rc, other, end);
     } else if (!strcmp(cmd, "procaddr")) {
         void *via_proc = NULL, *via_dlsym = NULL, *via_default;
         CUdriverProcAddressQueryResult st;
