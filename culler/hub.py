@@ -13,10 +13,11 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from jupyter_client.jsonutil import json_default
+from jupyter_client.session import Session
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest, HTTPResponse
 from tornado.websocket import websocket_connect
 
@@ -303,19 +304,9 @@ class HubClient:
             connect_timeout=self.connect_timeout,
             request_timeout=timeout,
         )
-        msg_id = uuid.uuid4().hex
-        msg = {
-            "header": {
-                "msg_id": msg_id,
-                "username": NOTICE_USERNAME,
-                "session": session,
-                "msg_type": "execute_request",
-                "version": "5.3",
-                "date": datetime.now(timezone.utc).isoformat(),
-            },
-            "parent_header": {},
-            "metadata": {},
-            "content": {
+        msg = Session(session=session, username=NOTICE_USERNAME).msg(
+            "execute_request",
+            content={
                 "code": code,
                 "silent": False,
                 "store_history": False,
@@ -323,9 +314,9 @@ class HubClient:
                 "allow_stdin": False,
                 "stop_on_error": False,
             },
-            "channel": "shell",
-            "buffers": [],
-        }
+        )
+        msg_id = msg["header"]["msg_id"]
+        msg.update(channel="shell", buffers=[])
         deadline = time.monotonic() + timeout
         try:
             ws = await asyncio.wait_for(websocket_connect(req), timeout)
@@ -333,7 +324,7 @@ class HubClient:
             self.log.debug("websocket to kernel %s failed: %s", kernel_id, e)
             return False
         try:
-            await ws.write_message(json.dumps(msg))
+            await ws.write_message(json.dumps(msg, default=json_default))
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:

@@ -97,6 +97,9 @@ class GPUKernel:
     server_url: str = ""
     #: swapped out (its GPU memory in host memory, no slice held) since this time; 0: not swapped
     swapped_since: float = 0.0
+    #: why the broker cannot swap this kernel out ("" when it can); None when the broker does not say
+    #: (an older hub: then only its refusal tells)
+    swap_why_not: str | None = None
 
     @property
     def freed_memory_mib(self) -> int:
@@ -158,9 +161,19 @@ class GPUKernel:
                 activity_known=activity_known,
                 server_url=_str(record, "server_url"),
                 swapped_since=(record.get("swap") or {}).get("since") or 0.0 if record.get("gpu_swapped") else 0.0,
+                swap_why_not=_why_not(record.get("swap_capability")),
             )
         except RecordError as e:
             raise RecordError(f"kernel {kid}: {e}") from None
+
+
+def _why_not(capability: Any) -> str | None:
+    """``swap_capability`` ({able, why_not}) as the reason it cannot ("" when it can; None: not said)."""
+    if not isinstance(capability, Mapping) or not isinstance(capability.get("able"), bool):
+        return None
+    if capability["able"]:
+        return ""
+    return str(capability.get("why_not") or "the broker cannot swap it out")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from tornado import web
 from quotas import AdmissionState
 
 from .allocator import GPUAllocator
-from .pages import kernel_records, server_names, slice_row
+from .pages import kernel_records, server_names, slice_row, swap_capability
 
 TEMPLATES = Path(__file__).parent / "templates"
 RESOURCES = ("memory_mib", "cores_percent", "gpus")
@@ -166,7 +166,7 @@ async def hub_pool_view(allocator: GPUAllocator, users: Iterable[Any] = ()) -> d
     for a in allocations:
         row = slice_row(a, servers, kernels)
         holders[a.id] = {"server_name": row["server_name"], "kernel_id": row["kernel_id"]}
-    return pool_view(
+    view = pool_view(
         pool.to_dict()["nodes"],
         [a.to_dict() for a in allocations],
         simulated=bool(backend.simulated),
@@ -176,6 +176,10 @@ async def hub_pool_view(allocator: GPUAllocator, users: Iterable[Any] = ()) -> d
         holders=holders,
         elsewhere=backend.held_elsewhere(),
     )
+    swap = swap_capability()
+    if swap is not None:  # can idle kernels be swapped out here (state kept) or only stopped?
+        view["swap_capability"] = swap
+    return view
 
 
 async def hub_quota_view(allocator: GPUAllocator) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from traitlets import Dict, List, Unicode
 from traitlets.config import LoggingConfigurable
 
+from libvgpu.checkpoint import CheckpointError
 from quotas import Allocation, Pool
 
 if TYPE_CHECKING:
@@ -66,6 +67,61 @@ class ClaimConflict(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+@dataclass(frozen=True)
+class Capability:
+    """Whether a mode (or one card of it) can do one thing; ``why_not`` says why not, as a clause
+    a sentence can end with ("the GPUs are simulated: ...")."""
+
+    able: bool
+    why_not: str = ""
+
+    def __bool__(self) -> bool:
+        return self.able
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"able": self.able, **({"why_not": self.why_not} if not self.able else {})}
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a mode can do with a holder's GPU state (``KernelLauncher.capabilities``)."""
+
+    #: swap a kernel out keeping its state (GPU memory to host memory, the slice back to the pool)
+    checkpoint: Capability
+    #: restore a swapped-out kernel onto another card than its own (the queue may move it)
+    move: Capability
+    #: let a slice use more than its request while the card is free
+    burst: Capability
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"checkpoint": self.checkpoint.as_dict(), "move": self.move.as_dict(), "burst": self.burst.as_dict()}
+
+
+#: a mode that declares nothing
+NO_CAPABILITIES = Capabilities(
+    checkpoint=Capability(False, "this mode cannot swap kernels out"),
+    move=Capability(False, "this mode cannot move kernels"),
+    burst=Capability(False, "slices of this mode cannot burst"),
+)
+
+
+@dataclass(frozen=True)
+class SuspendAsk:
+    """What the broker asks of a suspend (``KernelLauncher.suspend``)."""
+
+    #: milliseconds the driver may take to lock the kernel's CUDA processes
+    lock_timeout_ms: int
+    #: share of the machine's (node's) RAM all swapped-out kernels may hold in host memory
+    host_memory_percent: float
+    #: what swapped-out kernels on the kernel's machine hold in host memory now, MiB (as the hub knows it)
+    swapped_here_mib: int = 0
+    #: the most host memory this suspend may add, MiB, under the owner's share; None: only the machine's cap
+    share_left_mib: int | None = None
+    #: why it is swapped out (kept with the kernel), and the model of its card
+    why: str = ""
+    model: str = ""
 
 
 @dataclass
@@ -181,32 +237,37 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
 
         Called by ``GPUBroker.reconcile``."""
 
-    def kernel_processes(self, record: KernelRecord) -> list[int] | None:
-        """The kernel's live processes (host pids), for the hub to checkpoint them; None where
-        this mode cannot reach them (then kernels are culled, never swapped).
+    def capabilities(self) -> Capabilities:
+        """What this mode can do with a holder's GPU state, each with the reason where it cannot
+        (known before anything is promised: the culler's warnings and the pages read it). May probe
+        the driver once (the answer is kept). Default: nothing.
 
-        Called by ``GPUBroker.suspend`` and ``GPUBroker.resume``."""
-        return None
+        Called by ``GPUBroker`` (at start, in kernel models, before a suspend and for the queue's moves)."""
+        return NO_CAPABILITIES
 
-    #: True where the launcher checkpoints its kernels' processes itself (``checkpoint_suspend`` /
-    #: ``checkpoint_resume``: Kubernetes, through the node agent); False where the hub does it with
-    #: the pids of ``kernel_processes`` (local)
-    checkpoints_itself: ClassVar[bool] = False
+    def checkpoint_capability(self, record: KernelRecord) -> Capability:
+        """Whether *this* kernel's GPU state can be swapped out (its card, its node, how it was
+        started), and why not. Default: the mode's ``capabilities().checkpoint``.
 
-    async def checkpoint_suspend(
-        self, record: KernelRecord, lock_timeout_ms: int, host_memory_percent: float, why: str = "", model: str = ""
-    ) -> tuple[list[int], int]:
+        Called by ``GPUBroker`` for each kernel model and before its suspend."""
+        return self.capabilities().checkpoint
+
+    async def suspend(self, record: KernelRecord, ask: SuspendAsk) -> tuple[list[int], int]:
         """Checkpoint the kernel's CUDA processes (all or none): (their pids, MiB moved to host
-        memory), unless that brings what is swapped out on the kernel's machine over
-        ``host_memory_percent`` of its RAM. Raises ``libvgpu.checkpoint.CheckpointError``
-        (``stuck``: it could not be undone). Only where ``checkpoints_itself``. Called by
-        ``GPUBroker.suspend``."""
-        raise NotImplementedError
+        memory), unless that brings what is swapped out on the kernel's machine over the cap of
+        ``ask``. Raises ``libvgpu.checkpoint.CheckpointError`` (``stuck``: it could not be undone).
+        Default: refused with ``checkpoint_capability``'s reason.
 
-    async def checkpoint_resume(self, record: KernelRecord, allocation: Allocation, remap: dict[str, str]) -> None:
+        Called by ``GPUBroker.suspend``."""
+        why_not = self.checkpoint_capability(record).why_not or "this mode cannot swap kernels out"
+        raise CheckpointError(why_not, 0, "suspend", 0)
+
+    async def resume(self, record: KernelRecord, allocation: Allocation, remap: dict[str, str]) -> None:
         """Restore the swapped-out kernel's processes onto ``allocation`` (``remap``: old GPU uuid ->
-        new); raises ``CheckpointError``. Only where ``checkpoints_itself``. Called by ``GPUBroker.resume``."""
-        raise NotImplementedError
+        new) and unlock them; raises ``CheckpointError``. Default: refused (nothing is ever suspended).
+
+        Called by ``GPUBroker.resume``."""
+        raise CheckpointError("this mode cannot restore kernels", 0, "resume", 0, True)
 
     def restorable_on(self, record: KernelRecord, allocation: Allocation) -> str:
         """Why the swapped-out kernel cannot be restored onto ``allocation`` ("" when it can): the
@@ -224,7 +285,8 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
 
     def resumed(self, record: KernelRecord, previous_allocation_id: str, allocation: Allocation) -> None:
         """A swapped-out kernel got ``allocation``: what its processes were started with for
-        ``previous_allocation_id`` becomes the new allocation's. Called by ``GPUBroker.resume``."""
+        ``previous_allocation_id`` becomes the new allocation's. Called by ``GPUBroker.resume``
+        after ``resume`` succeeded."""
 
     def node_resources(self, size: str = "") -> tuple[int, int]:
         """What one kernel of ``size`` asks of its node: (CPU millicores, host memory MiB), so admission

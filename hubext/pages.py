@@ -39,6 +39,16 @@ def kernel_records() -> dict[str, Any]:
     return {r.allocation_id: r for r in GPUBroker.instance().kernels.values() if r.allocation_id}
 
 
+def swap_capability() -> dict[str, Any] | None:
+    """Whether this hub's GPU kernels can be swapped out instead of stopped ({able, why_not}),
+    None while the broker does not run in this hub."""
+    from .broker.core import GPUBroker
+
+    if not GPUBroker.initialized() or GPUBroker.instance().launcher is None:
+        return None
+    return GPUBroker.instance().pool_swap_capability().as_dict()
+
+
 def slice_row(allocation: Allocation, servers: Mapping[str, tuple[str, str]], kernels: Mapping[str, Any]) -> dict:
     """One slice as pages show it: what it is for (server, kernel) and its size."""
     record = kernels.get(allocation.id)

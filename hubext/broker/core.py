@@ -175,11 +175,13 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
         self.allocator.mover = self  # the queue's moves swap kernels out (hubext/moves.py)
         await self.reconcile()
         self._task = asyncio.ensure_future(self._reconcile_forever())
+        checkpoint = (await asyncio.to_thread(self.launcher.capabilities)).checkpoint  # probed once, here
         self.log.info(
-            "GPU broker ready: %s, %d kernels, sizes %s",
+            "GPU broker ready: %s, %d kernels, sizes %s; %s",
             type(self.launcher).__name__,
             len(self.kernels),
             ", ".join(s["name"] for s in self.sizes()),
+            "idle kernels can be swapped out" if checkpoint else f"kernels cannot be swapped out: {checkpoint.why_not}",
         )
 
     async def stop(self) -> None:

@@ -176,7 +176,7 @@ class KernelsHandler(BrokerAPIHandler):
             if not name or not self.may_act_for(name):
                 raise BrokerError("Name the user whose kernels to list: ?user=<name>.", 400)
             users = {name}
-        kernels = [r.model() for r in self.broker.kernels.values() if users is None or r.user in users]
+        kernels = [self.broker.model(r) for r in self.broker.kernels.values() if users is None or r.user in users]
         kernels.sort(key=lambda m: m["created_at"])
         self.finish(json.dumps({"kernels": kernels}))
 
@@ -198,7 +198,7 @@ class KernelsHandler(BrokerAPIHandler):
             groups = set()
         record = await self.broker.create(user_name, server_name, body, groups, expect_claim=not self.is_gpu_admin)
         self.set_status(201)
-        self.finish(json.dumps(record.model()))
+        self.finish(json.dumps(self.broker.model(record)))
 
 
 def _check_cull(handler: BrokerAPIHandler, cause: str) -> None:
@@ -218,7 +218,7 @@ class KernelHandler(BrokerAPIHandler):
         if not self.is_gpu_admin:
             self.broker.claim(record)
         record = await self.broker.status(record, wait)
-        self.finish(json.dumps(record.model()))
+        self.finish(json.dumps(self.broker.model(record)))
 
     async def delete(self, kernel_id: str) -> None:
         record = self.find_kernel(kernel_id)
@@ -260,7 +260,7 @@ class KernelActionHandler(BrokerAPIHandler):
             return
         if action == "restart":
             record = await self.broker.restart(record)
-            self.finish(json.dumps(record.model()))
+            self.finish(json.dumps(self.broker.model(record)))
         else:
             await self.broker.interrupt(record)
             self.set_status(204)
@@ -307,7 +307,7 @@ class KernelSwapHandler(BrokerAPIHandler):
             record = await self.broker.suspend(record, f"by {who}" + (f": {reason}" if reason else ""))
         else:
             record = await self.broker.resume(record, self.wait_arg())
-        self.finish(json.dumps(record.model()))
+        self.finish(json.dumps(self.broker.model(record)))
 
 
 class ServerTokenHandler(BrokerAPIHandler):

@@ -27,17 +27,17 @@ import hashlib
 import hmac
 import time
 import uuid
+from typing import Any
 
-from traitlets import Float, Integer, Unicode
+from traitlets import Float, Integer
 from traitlets.config import Configurable
 
-from libvgpu.checkpoint import CheckpointError, CheckpointUnavailable, CudaCheckpoint, ProcessState
+from libvgpu.checkpoint import CheckpointError
 from quotas import AdmissionError
 
-from ..backends import KernelLauncher, ReleaseCause
+from ..backends import Capability, ReleaseCause, SuspendAsk
 from ..gpu_spawner import request_from_section
 from ..kernels import KernelRecord
-from ..local.inventory import machine_resources, nvml_process_memory_mib
 from ..metering.meter import UsageMeter
 from ..moves import SliceMover
 from .sizes import BrokerError
@@ -52,12 +52,6 @@ def key_digest(key: str) -> str:
 class SwapMixin(Configurable):
     """Suspend and resume of GPU kernels, for :class:`hubext.broker.GPUBroker`."""
 
-    cuda_library = Unicode(
-        "libcuda.so.1",
-        config=True,
-        help="""The CUDA driver library the hub checkpoints kernels through (driver 570+ has the
-        checkpoint API). Default: libcuda.so.1, found as the dynamic linker finds it.""",
-    )
     swap_host_memory_percent = Float(
         50.0,
         config=True,
@@ -80,23 +74,38 @@ class SwapMixin(Configurable):
         running CUDA calls finish first) before the suspend is given up. Default: 10000.""",
     )
 
-    _checkpoint: CudaCheckpoint | None = None
     _resumes: dict[str, asyncio.Task] | None = None
 
     # ---- helpers ---------------------------------------------------------------------------
 
-    def checkpointer(self) -> CudaCheckpoint:
-        if self._checkpoint is None or self._checkpoint.library != self.cuda_library:
-            self._checkpoint = CudaCheckpoint(self.cuda_library)
-        return self._checkpoint
+    def swapped_host_mib(self, node: str | None = None) -> int:
+        """GPU memory swapped-out kernels hold in host memory now (on ``node``, or everywhere)."""
+        return sum(
+            int(r.swap.get("host_mib", 0))
+            for r in self.kernels.values()
+            if r.swap and (node is None or r.allocation.get("node") == node)
+        )
 
-    def swapped_host_mib(self) -> int:
-        """GPU memory all swapped-out kernels hold in host memory now."""
-        return sum(int(r.swap.get("host_mib", 0)) for r in self.kernels.values() if r.swap)
+    def pool_swap_capability(self) -> Capability:
+        """Whether kernels of this hub can be swapped out at all (the mode, its driver, the
+        host-memory cap being on), with the reason where they cannot."""
+        if self.launcher is None:
+            return Capability(False, "the GPU broker has not started")
+        if self.swap_host_memory_percent <= 0:
+            return Capability(False, "swapping is off on this hub (GPUBroker.swap_host_memory_percent is 0)")
+        return self.launcher.capabilities().checkpoint
 
-    def host_cap_mib(self) -> int:
-        memory = machine_resources()[1] or 0
-        return int(memory * self.swap_host_memory_percent / 100)
+    def swap_capability(self, record: KernelRecord) -> Capability:
+        """Whether this kernel can be swapped out (the pool's answer, then its card and how it was
+        started), with the reason where it cannot: what the culler's warning and the pages
+        promise comes from here."""
+        pool = self.pool_swap_capability()
+        return self.launcher.checkpoint_capability(record) if pool else pool
+
+    def model(self, record: KernelRecord) -> dict[str, Any]:
+        """The kernel's REST model with what this hub can do with it: ``swap_capability``
+        ({able, why_not}) says whether it can be swapped out instead of stopped."""
+        return {**record.model(), "swap_capability": self.swap_capability(record).as_dict()}
 
     def kernel_key_matches(self, record: KernelRecord, key: str) -> bool:
         return bool(record.key_sha256) and hmac.compare_digest(record.key_sha256, key_digest(key))
@@ -112,17 +121,16 @@ class SwapMixin(Configurable):
             if record.id not in self.kernels or record.state != "running":
                 raise BrokerError(f"Only a running GPU kernel can be swapped out; this one is {record.state}.", 409)
             started = time.monotonic()
+            model = self._model_of(record.allocation.get("gpu_uuids", []))
+            ask = SuspendAsk(
+                lock_timeout_ms=self.swap_lock_timeout_ms,
+                host_memory_percent=self.swap_host_memory_percent,
+                swapped_here_mib=self.swapped_host_mib(record.allocation.get("node")),
+                why=why,
+                model=model,
+            )
             try:
-                if self.launcher.checkpoints_itself:  # on the kernel's node (Kubernetes: the node agent)
-                    cuda, host_mib = await self.launcher.checkpoint_suspend(
-                        record,
-                        self.swap_lock_timeout_ms,
-                        self.swap_host_memory_percent,
-                        why,
-                        self._model_of(record.allocation.get("gpu_uuids", [])),
-                    )
-                else:
-                    cuda, host_mib = await self._suspend_here(record)
+                cuda, host_mib = await self.launcher.suspend(record, ask)
             except CheckpointError as e:
                 if not e.stuck:
                     raise BrokerError(f"This GPU kernel cannot be swapped out: {e.message}.", 409) from None
@@ -136,7 +144,7 @@ class SwapMixin(Configurable):
                 "host_mib": host_mib,
                 "processes": cuda,
                 "gpu_uuids": list(record.allocation.get("gpu_uuids", [])),
-                "model": self._model_of(record.allocation.get("gpu_uuids", [])),
+                "model": model,
                 "position": None,
                 "reason": why,
             }
@@ -154,29 +162,6 @@ class SwapMixin(Configurable):
         )
         return record
 
-    async def _suspend_here(self, record: KernelRecord) -> tuple[list[int], int]:
-        """Checkpoint the kernel's processes from the hub (their pids are this machine's)."""
-        pids = self.launcher.kernel_processes(record)
-        if pids is None:
-            raise BrokerError("GPU kernels of this mode cannot be swapped out (their processes are out of reach).", 409)
-        cp = self.checkpointer()
-        try:
-            await asyncio.to_thread(cp.check)
-            cuda = await asyncio.to_thread(cp.cuda_processes, pids)
-        except CheckpointUnavailable as e:
-            raise BrokerError(f"This GPU kernel cannot be swapped out: {e.message}.", 409) from None
-        host_mib = nvml_process_memory_mib(cuda) if cuda else 0
-        cap, already = self.host_cap_mib(), self.swapped_host_mib()
-        if already + host_mib > cap:
-            raise BrokerError(
-                f"This GPU kernel cannot be swapped out: its {host_mib} MiB of GPU memory would bring what "
-                f"swapped-out kernels hold in host memory to {already + host_mib} MiB, over the cap of "
-                f"{cap} MiB ({self.swap_host_memory_percent:g}% of this machine's RAM).",
-                409,
-            )
-        await asyncio.to_thread(cp.suspend, cuda, self.swap_lock_timeout_ms)
-        return cuda, host_mib
-
     def _model_of(self, uuids: list[str]) -> str:
         state = self.allocator.state
         for node in state.pool.nodes if state is not None else ():
@@ -188,16 +173,13 @@ class SwapMixin(Configurable):
     # ---- moves (the allocator's SliceMover: hubext/moves.py) --------------------------------
 
     def can_move(self) -> bool:
-        """Kernels can be moved: swapping is on, this mode reaches their processes, and a resume
-        may land on other cards (a kernel that can only come back to its own cards, as a
+        """Kernels can be moved: swapping is on, this mode can checkpoint and a resume may land on
+        other cards (``capabilities()``: a kernel that can only come back to its own cards, as a
         Kubernetes pod, would just wait for them)."""
-        launcher, base = self.launcher, KernelLauncher
-        return (
-            launcher is not None
-            and self.swap_host_memory_percent > 0
-            and (launcher.checkpoints_itself or type(launcher).kernel_processes is not base.kernel_processes)
-            and type(launcher).resume_pins is base.resume_pins
-        )
+        if self.launcher is None or self.swap_host_memory_percent <= 0:
+            return False
+        capabilities = self.launcher.capabilities()
+        return bool(capabilities.checkpoint and capabilities.move)
 
     def movable_sessions(self) -> dict[str, str]:
         """Allocation id -> kernel id of every running kernel this broker could move now (see
@@ -289,14 +271,8 @@ class SwapMixin(Configurable):
         async with self._lock(record.id):
             remap = {old: new for old, new in zip(swap["gpu_uuids"], allocation.gpu_uuids, strict=False) if old != new}
             try:
-                if self.launcher.checkpoints_itself:
-                    await self.launcher.checkpoint_resume(record, allocation, remap)
-                else:
-                    cp = self.checkpointer()
-                    pids = self.launcher.kernel_processes(record) or []
-                    cuda = [p for p in pids if await asyncio.to_thread(cp.state, p) is ProcessState.CHECKPOINTED]
-                    await asyncio.to_thread(cp.resume, cuda, remap)
-            except (CheckpointError, CheckpointUnavailable) as e:
+                await self.launcher.resume(record, allocation, remap)
+            except CheckpointError as e:
                 message = getattr(e, "message", str(e))
                 await self._release(allocation.id, f"resume failed: {message}", ReleaseCause.FAILED)
                 record.swap = {}

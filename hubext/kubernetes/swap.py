@@ -29,14 +29,17 @@ from libvgpu import contract as C
 from libvgpu.checkpoint import CheckpointError
 from quotas import Allocation
 
+from ..backends import Capabilities, Capability, SuspendAsk
 from ..kernels import KernelRecord
 from .objects import RESUME_EXT
+
+#: a pod's container sees only the cards it started with (NVIDIA_VISIBLE_DEVICES is fixed at its start)
+POD_MOVE = Capability(False, "a kernel pod sees only the card(s) its container started with")
+POD_BURST = Capability(False, "kernel pods' slices do not burst")
 
 
 class PodSwapMixin(LoggingConfigurable):
     """Suspend and resume through the node agent, for :class:`KubernetesKernelLauncher`."""
-
-    checkpoints_itself = True
 
     swap_kernels = Bool(
         True,
@@ -99,33 +102,42 @@ class PodSwapMixin(LoggingConfigurable):
                 0,
             ) from None
 
-    async def checkpoint_suspend(
-        self, record: KernelRecord, lock_timeout_ms: int, host_memory_percent: float, why: str = "", model: str = ""
-    ) -> tuple[list[int], int]:
+    def capabilities(self) -> Capabilities:
+        """Pods swap through their node's agent when ``swap_kernels`` is on; a pod comes back only
+        to its own card(s)."""
+        if not self.swap_kernels:
+            checkpoint = Capability(False, "swapping kernel pods is off (KubernetesKernelLauncher.swap_kernels)")
+        else:
+            checkpoint = Capability(True)
+        return Capabilities(checkpoint=checkpoint, move=POD_MOVE, burst=POD_BURST)
+
+    def checkpoint_capability(self, record: KernelRecord) -> Capability:
+        """The mode's answer, then the pod's: it must have started with the resume hook."""
+        capability = self.capabilities().checkpoint
+        if capability and not record.resume_url:
+            return Capability(
+                False,
+                "its kernel would not ask for its GPU back by itself (a kernel pod started without the resume "
+                f"hook: a GPU backend other than 'native', or a kernel_cmd without {RESUME_EXT})",
+            )
+        return capability
+
+    async def suspend(self, record: KernelRecord, ask: SuspendAsk) -> tuple[list[int], int]:
         """Have the node agent checkpoint the pod's CUDA processes: (their host pids, MiB moved to host memory).
 
         The agent refuses when it would bring what the node's swapped-out pods hold in host memory
-        over ``host_memory_percent`` of the node's RAM. ``why`` and ``model`` stay on the pod
-        (with the time): a hub started later knows the kernel is swapped out (``swap_from_pod``)."""
-        if not self.swap_kernels:
-            raise CheckpointError(
-                "swapping kernel pods is off (KubernetesKernelLauncher.swap_kernels)", 0, "suspend", 0
-            )
-        if not record.resume_url:
-            raise CheckpointError(
-                "its kernel would not ask for its GPU back by itself (a kernel pod started without the resume "
-                f"hook: a GPU backend other than 'native', or a kernel_cmd without {RESUME_EXT})",
-                0,
-                "suspend",
-                0,
-            )
+        over ``ask.host_memory_percent`` of the node's RAM. ``ask.why`` and ``ask.model`` stay on the
+        pod (with the time): a hub started later knows the kernel is swapped out (``swap_from_pod``)."""
+        capability = self.checkpoint_capability(record)
+        if not capability:
+            raise CheckpointError(capability.why_not, 0, "suspend", 0)
         request = {
             "action": "suspend",
-            "lock_timeout_ms": lock_timeout_ms,
-            "host_memory_percent": host_memory_percent,
+            "lock_timeout_ms": ask.lock_timeout_ms,
+            "host_memory_percent": ask.host_memory_percent,
             "since": time.time(),
-            "reason": why,
-            "model": model,
+            "reason": ask.why,
+            "model": ask.model,
         }
         status = await self._ask_agent(record, request)
         if not status.get("ok"):
@@ -157,7 +169,7 @@ class PodSwapMixin(LoggingConfigurable):
             f"{before.get('node')}), and the slice free now is elsewhere; the next cell tries again"
         )
 
-    async def checkpoint_resume(self, record: KernelRecord, allocation: Allocation, remap: dict[str, str]) -> None:
+    async def resume(self, record: KernelRecord, allocation: Allocation, remap: dict[str, str]) -> None:
         """Have the node agent restore the pod's processes; the pod names ``allocation`` from then on."""
         metadata = {
             "labels": C.allocation_labels(allocation, record.server_name),

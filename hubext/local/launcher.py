@@ -32,14 +32,12 @@ from quotas import Allocation
 from ..backends import KernelLauncher, LaunchError, ServerRef
 from ..gpu_spawner import GPUSpawnerMixin
 from ..kernels import KernelRecord
-from .processes import process_alive, process_cmdline, slice_processes, stop_slice
+from .processes import process_alive, process_cmdline, stop_slice
+from .swap import SWAP_FILE, LocalSwapMixin
 
 if TYPE_CHECKING:
     from .ledger import Ledger
     from .pool import LocalPool
-
-#: in a kernel's directory while it is swapped out (its next cell asks for a resume first)
-SWAP_FILE = "gpu-swapped"
 
 
 def free_local_ports(ip: str, count: int = 5) -> list[int]:
@@ -57,7 +55,7 @@ def free_local_ports(ip: str, count: int = 5) -> list[int]:
     return ports
 
 
-class LocalKernelLauncher(KernelLauncher):
+class LocalKernelLauncher(LocalSwapMixin, KernelLauncher):
     """GPU kernels as local processes, with the shim preloaded and a hub-written limits file.
 
     The kernel records live in the pool's ledger (``hubext.local.ledger``, one database with
@@ -434,20 +432,6 @@ class LocalKernelLauncher(KernelLauncher):
             return  # our own children report through _watch
         if not self._is_our_process(record):
             record.state, record.reason = "stopped", "the kernel process is gone"
-
-    def kernel_processes(self, record: KernelRecord) -> list[int] | None:
-        """The kernel process, its process group and session, and their descendants."""
-        pid = int(record.holder) if record.holder.isdigit() else 0
-        return sorted(slice_processes("", (pid,))) if pid else []
-
-    def mark_swapped(self, record: KernelRecord, swapped: bool) -> None:
-        """The swap file (0644 in the kernel's 0711 directory): there while the kernel is swapped out."""
-        marker = self.kernel_dir(record.id) / SWAP_FILE
-        if swapped:
-            marker.write_text(str(time.time()))
-            os.chmod(marker, 0o644)
-        else:
-            marker.unlink(missing_ok=True)
 
     def resumed(self, record: KernelRecord, previous_allocation_id: str, allocation: Allocation) -> None:
         if self.pool is not None:

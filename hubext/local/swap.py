@@ -1,0 +1,125 @@
+"""Swapping a local GPU kernel out and back in (single-machine mode), for ``GPUBroker.suspend`` / ``resume``.
+
+The twin of :mod:`hubext.kubernetes.swap`: there the node agent checkpoints a kernel pod's host
+pids; here the kernel's processes are this machine's, so the hub checkpoints them itself through
+the driver's checkpoint API (:mod:`libvgpu.checkpoint`). Whether that is possible is known before
+anything is promised (:meth:`LocalSwapMixin.capabilities`): a simulated pool has no driver, and a
+driver without the API (older than 570) says so; the answer, with its reason, is probed once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+
+from traitlets import Unicode
+from traitlets.config import LoggingConfigurable
+
+from libvgpu.checkpoint import CheckpointError, CheckpointUnavailable, CudaCheckpoint, ProcessState
+from quotas import Allocation
+
+from ..backends import Capabilities, Capability, SuspendAsk
+from ..kernels import KernelRecord
+from .inventory import machine_resources, nvml_process_memory_mib
+from .processes import slice_processes
+
+#: in a kernel's directory while it is swapped out (its next cell asks for a resume first)
+SWAP_FILE = "gpu-swapped"
+
+#: a local kernel's processes see every card of the machine: a resume may land on another one
+LOCAL_MOVE = Capability(True)
+LOCAL_BURST = Capability(False, "local slices do not burst")
+
+
+class LocalSwapMixin(LoggingConfigurable):
+    """Suspend and resume of kernel processes from the hub, for :class:`LocalKernelLauncher`."""
+
+    cuda_library = Unicode(
+        "libcuda.so.1",
+        config=True,
+        help="""The CUDA driver library the hub checkpoints kernels through (driver 570+ has the
+        checkpoint API). Default: libcuda.so.1, found as the dynamic linker finds it.""",
+    )
+
+    _checkpoint: CudaCheckpoint | None = None
+    _capabilities: Capabilities | None = None
+
+    def checkpointer(self) -> CudaCheckpoint:
+        if self._checkpoint is None or self._checkpoint.library != self.cuda_library:
+            self._checkpoint = CudaCheckpoint(self.cuda_library)
+            self._capabilities = None
+        return self._checkpoint
+
+    def capabilities(self) -> Capabilities:
+        """Probed once: simulated GPUs cannot checkpoint; a real driver can where it loads, has the
+        API and answers it (``CudaCheckpoint.check``)."""
+        cp = self.checkpointer()
+        if self._capabilities is None:
+            checkpoint = Capability(True)
+            if getattr(self.pool, "simulated", False):
+                checkpoint = Capability(
+                    False,
+                    "the GPUs are simulated (LocalPool.simulate_gpus), and a simulated card has no driver to "
+                    "checkpoint it",
+                )
+            else:
+                try:
+                    cp.check()
+                except CheckpointUnavailable as e:
+                    checkpoint = Capability(False, e.message)
+            self._capabilities = Capabilities(checkpoint=checkpoint, move=LOCAL_MOVE, burst=LOCAL_BURST)
+        return self._capabilities
+
+    def kernel_processes(self, record: KernelRecord) -> list[int]:
+        """The kernel process, its process group and session, and their descendants."""
+        pid = int(record.holder) if record.holder.isdigit() else 0
+        return sorted(slice_processes("", (pid,))) if pid else []
+
+    def host_cap_mib(self, host_memory_percent: float) -> int:
+        """Host memory all swapped-out kernels of this machine may hold, MiB."""
+        memory = machine_resources()[1] or 0
+        return int(memory * host_memory_percent / 100)
+
+    async def suspend(self, record: KernelRecord, ask: SuspendAsk) -> tuple[list[int], int]:
+        """Checkpoint the kernel's CUDA processes from the hub: (their pids, MiB moved to host memory)."""
+        capability = self.capabilities().checkpoint
+        if not capability:
+            raise CheckpointError(capability.why_not, 0, "suspend", 0)
+        cp = self.checkpointer()
+        try:
+            cuda = await asyncio.to_thread(cp.cuda_processes, self.kernel_processes(record))
+        except CheckpointUnavailable as e:
+            raise CheckpointError(e.message, 0, "suspend", 0) from None
+        host_mib = nvml_process_memory_mib(cuda) if cuda else 0
+        cap = self.host_cap_mib(ask.host_memory_percent)
+        if ask.swapped_here_mib + host_mib > cap:
+            raise CheckpointError(
+                f"its {host_mib} MiB of GPU memory would bring what swapped-out kernels hold in host memory to "
+                f"{ask.swapped_here_mib + host_mib} MiB, over the cap of {cap} MiB "
+                f"({ask.host_memory_percent:g}% of this machine's RAM)",
+                0,
+                "suspend",
+                0,
+            )
+        await asyncio.to_thread(cp.suspend, cuda, ask.lock_timeout_ms)
+        return cuda, host_mib
+
+    async def resume(self, record: KernelRecord, allocation: Allocation, remap: dict[str, str]) -> None:
+        """Restore the kernel's checkpointed processes (remapped onto the new card) and unlock them."""
+        cp = self.checkpointer()
+        try:
+            pids = self.kernel_processes(record)
+            cuda = [p for p in pids if await asyncio.to_thread(cp.state, p) is ProcessState.CHECKPOINTED]
+            await asyncio.to_thread(cp.resume, cuda, remap)
+        except CheckpointUnavailable as e:
+            raise CheckpointError(e.message, 0, "resume", 0, True) from None
+
+    def mark_swapped(self, record: KernelRecord, swapped: bool) -> None:
+        """The swap file (0644 in the kernel's 0711 directory): there while the kernel is swapped out."""
+        marker = self.kernel_dir(record.id) / SWAP_FILE
+        if swapped:
+            marker.write_text(str(time.time()))
+            os.chmod(marker, 0o644)
+        else:
+            marker.unlink(missing_ok=True)
