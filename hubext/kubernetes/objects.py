@@ -350,7 +350,7 @@ def make_kernel_pod(
     z2jh user pod: the 'restricted' Pod Security fields, resources, the user's volumes.
 
     ``resume_hook``: the bootstrap installs :func:`resume_hook_source` (the kernel command loads
-    it), and the kernel asks ``record.resume_url`` for its GPU back while the node agent's marker of
+    it; without the hook, ``--ext=elastic_gpu_resume`` is dropped from ``kernel_cmd``), and the kernel asks ``record.resume_url`` for its GPU back while the node agent's marker of
     it says it is swapped out (see :func:`resumes_itself`)."""
     env = [
         k8s.V1EnvVar(
@@ -367,6 +367,10 @@ def make_kernel_pod(
             k8s.V1EnvVar(name="ELASTIC_GPU_RESUME_URL", value=record.resume_url),
             k8s.V1EnvVar(name="ELASTIC_GPU_SWAP_FILE", value=f"{REGION_DIR}/node/{C.SWAP_MARKER_DIR}/{record.id}"),
         ]
+    else:
+        # the bootstrap writes the hook's module only with the hook: a kernel told to load it
+        # anyway logs a ModuleNotFoundError traceback at start
+        kernel_cmd = [a for a in kernel_cmd if a != RESUME_EXT]
     requests = {k: v for k, v in (("cpu", cpu_request), ("memory", memory_request)) if v}
     limits = {k: v for k, v in (("cpu", cpu_limit), ("memory", memory_limit)) if v}
     ports_arg = json.dumps(record.ports, sort_keys=True)

@@ -378,3 +378,67 @@ def test_the_broker_offers_for_moves_only_running_kernels_whose_resume_may_land_
         assert not broker.can_move() and broker.movable_sessions() == {}  # its resume is pinned to GPU-1
     finally:
         GPUBroker.clear_instance()
+
+
+def wait_for_kernel(client, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Until the kernel answers kernel_info. ``wait_for_ready`` gives up ("Kernel died") while
+    the heartbeat has not yet beaten, which a kernel still starting on a loaded machine is."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"the kernel exited ({proc.returncode})"
+        try:
+            client.wait_for_ready(timeout=max(1.0, deadline - time.monotonic()))
+            return
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+
+
+@pytest.mark.parametrize("resume_hook", [False, True], ids=["hami-mig-whole", "native"])
+def test_a_kernel_pods_command_starts_its_kernel_without_a_traceback(resume_hook, tmp_path):
+    """The kernel container's command as make_kernel_pod writes it with the launcher's default
+    kernel_cmd, run here (this venv's python for the image's, the Secret at a local path): the
+    kernel answers, and loads the resume hook only where the bootstrap installed it. Without
+    the hook (hami/mig/whole backends) the kernel used to log a ModuleNotFoundError traceback
+    for --ext=elastic_gpu_resume."""
+    import socket
+
+    from jupyter_client import BlockingKernelClient
+
+    from hubext.kubernetes.objects import SECRET_FILE, SECRET_MOUNT, make_kernel_pod
+
+    def port() -> int:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+
+    ports = {n: port() for n in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")}
+    record = KernelRecord(id="k" * 32, user="alice", server_name="", size="small", allocation_id="a-1",
+                          namespace="jhub", ports=ports, resume_url="http://hub:8081/hub/api/gpu/kernels/k/resume")
+    kernel_cmd = KubernetesKernelLauncher._default_kernel_cmd(None)
+    pod = make_kernel_pod(record, image="kernel", image_pull_policy="IfNotPresent", kernel_cmd=kernel_cmd,
+                          resume_hook=resume_hook)
+    secret = tmp_path / SECRET_FILE
+    secret.write_text(json.dumps({"key": "s" * 32, "signature_scheme": "hmac-sha256", "transport": "tcp"}))
+    local = {"python": sys.executable, f"{SECRET_MOUNT}/{SECRET_FILE}": str(secret)}
+    command = [local.get(a, a) for a in pod.spec.containers[0].command]
+    env = {**os.environ, "POD_IP": "127.0.0.1", "TMPDIR": str(tmp_path)}
+    env.update({e.name: e.value for e in pod.spec.containers[0].env if e.value is not None})
+    log = tmp_path / "kernel.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path)
+    client = BlockingKernelClient()
+    client.load_connection_info({**ports, "ip": "127.0.0.1", "key": "s" * 32, "transport": "tcp",
+                                 "signature_scheme": "hmac-sha256"})  # fmt: skip
+    try:
+        client.start_channels()
+        wait_for_kernel(client, proc)
+        reply = client.execute_interactive("import sys; print('elastic_gpu_resume' in sys.modules)", timeout=60,
+                                           output_hook=lambda m: None)  # fmt: skip
+        assert reply["content"]["status"] == "ok"
+    finally:
+        client.stop_channels()
+        proc.kill()
+        proc.wait(timeout=30)
+    text = log.read_text()
+    assert "Traceback" not in text and "ModuleNotFoundError" not in text, text
