@@ -25,7 +25,6 @@ Pure like the rest of ``quotas``: the caller passes ``now`` and does the I/O for
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Iterator
@@ -34,8 +33,19 @@ from dataclasses import dataclass, field
 
 from .errors import PoolFull
 from .model import Allocation, Decision, GPURequest, Owner
-from .moving import MOVE_GRACE_SECONDS, MOVE_RETRY_SECONDS, Movable, MoveLimiter, held_nodes, move_key
-from .placement import ANY, CardIndex
+from .moving import (
+    HOLD,
+    MOVE_GRACE_SECONDS,
+    MOVE_RETRY_SECONDS,
+    Movable,
+    MoveLimiter,
+    capable_cards,
+    conflicts,
+    holds_on,
+    move_key,
+    request_shape,
+)
+from .placement import CardIndex
 from .policy import RESERVE_AFTER_SECONDS, MovePolicy
 from .state import AdmissionState
 
@@ -163,26 +173,48 @@ class AdmissionQueue:
         steps: list[Step] = []
         ahead = 0
         heads: set[int] = set()
-        held: set[str] = set()  # nodes held for overdue heads ahead
-        held_for = ""
-        stood: dict[str, Allocation] = {}  # held nodes closed off for the rest of this pump
-        with _holds(state) as (hold, hold_node):
+        holders: list[_Holder] = []  # overdue heads ahead that hold capacity
+        looked: set[tuple[int, str]] = set()  # (holder, node) whose holds are in place
+        stood: list[Allocation] = []  # those holds: lifted for a moved kernel asking back
+        closed = 0
+        key = move_key(state, movable)
+        keys: dict[str, str] = {}
+
+        def can_move(a: Allocation) -> bool:
+            if a.id not in keys:
+                k = key(a)
+                keys[a.id] = k if k is not None and self.limiter.allowed(k, now) else ""
+            return bool(keys[a.id])
+
+        # slices already told to move for a head: never offered to another
+        offered = {aid for w in self._waiting for aid in w.moving if aid in state.allocations}
+        with _holds(state) as (hold, put):
             for w in self.ordered():
                 if w.moved and stood:
-                    with _lifted(state, stood.values()):  # never held: the closed nodes are open to it
+                    with _lifted(state, stood):  # never held: the held capacity is open to it
                         d = state.decide(w.request, now=now)
                 else:
                     d = state.decide(w.request, now=now)
-                while d.granted and d.allocation.node in held and not w.moved:
-                    # it would start where the head could run: close that node and look again
+                while d.granted and holders and not w.moved:
+                    # where it would start, put in place what the heads ahead hold; look again if
+                    # it takes any of that
                     node = d.allocation.node
-                    if node in stood or len(stood) >= MAX_CLOSED_NODES or len(held) >= len(state.pool.nodes):
-                        d = Decision("wait", reason=held_for, error=PoolFull(held_for))
+                    ni = state.index.ni_of.get(node)
+                    hit = None
+                    for i, h in enumerate(holders):
+                        if ni is None or (i, node) in looked:
+                            continue
+                        looked.add((i, node))
+                        holds = holds_on(state, h.request, ni, h.can_move, node in h.reserved_on)
+                        if hit is None and conflicts(state, d.allocation, holds):
+                            hit = h
+                        stood.extend(put(a) for a in holds)
+                    if hit is None:
                         break
-                    stood[node] = hold_node(node)
-                    d = state.decide(w.request, now=now)
-                    if not d.granted:  # it fits only where the head could run: it waits for the head
-                        d = Decision("wait", reason=held_for, error=PoolFull(held_for))
+                    closed += 1
+                    d = state.decide(w.request, now=now) if closed <= MAX_CLOSED_NODES else None
+                    if d is None or not d.granted:  # it fits only where a head ahead could run
+                        d = Decision("wait", reason=hit.reason, error=PoolFull(hit.reason))
                 steps.append(Step(w, d))
                 if d.granted or d.kind == "reject":
                     self._waiting.remove(w)
@@ -200,20 +232,24 @@ class AdmissionQueue:
                 if overdue:
                     if w.reservation is None:
                         w.reservation = reserve(state, w.request, now, self.reserve_spots)
-                    if holding:
-                        held |= held_nodes(state, w.request)
-                        held_for = _held_reason(w, now)
                     if w.reservation is not None and moves_possible:
-                        moves = self._moves(state, w, now, movable)
+                        moves = self._moves(state, w, now, can_move, keys, offered)
                         if moves:
                             steps[-1] = Step(w, d, moves)
+                            offered.update(mv.allocation.id for mv in moves)
+                    if holding and (self.hold or self.limiter.budget(now) > 0):
+                        r = w.reservation
+                        holders.append(_Holder(
+                            w.request, _held_reason(w, now), None if self.hold else can_move,
+                            frozenset(() if r is None else (r.node, *(n for n, _ in r.also)))))
                 if w.reservation is not None:
                     hold(w.reservation)
         return steps
 
-    def _moves(self, state: AdmissionState, w: Waiting, now: float,
-               movable: Movable | None) -> tuple[Move, ...]:
-        """The slices to move for the overdue head ``w`` now (recorded as moving), or ()."""
+    def _moves(self, state: AdmissionState, w: Waiting, now: float, can_move: Callable[[Allocation], bool],
+               keys: dict[str, str], offered: set[str]) -> tuple[Move, ...]:
+        """The slices to move for the overdue head ``w`` now (recorded as moving), or (): never
+        one ``offered`` to another head (its move is under way or was decided in this pass)."""
         if w.moving:
             if any(aid in state.allocations for aid in w.moving) and \
                     now - max(w.moving.values()) < MOVE_GRACE_SECONDS:
@@ -223,16 +259,8 @@ class AdmissionQueue:
         if budget < 1 or now - w.moves_looked_at < MOVE_RETRY_SECONDS:
             return ()
         w.moves_looked_at = now
-        key = move_key(state, movable)
-        keys: dict[str, str] = {}
-
-        def can_move(a: Allocation) -> bool:
-            if a.id not in keys:
-                k = key(a)
-                keys[a.id] = k if k is not None and self.limiter.allowed(k, now) else ""
-            return bool(keys[a.id])
-
-        proposal = propose_moves(state, w.request, now, budget, can_move)
+        proposal = propose_moves(state, w.request, now, budget,
+                                 lambda a: a.id not in offered and can_move(a))
         if proposal is None:
             return ()
         self.limiter.record((keys[mv.allocation.id] for mv in proposal.moves), now)
@@ -256,37 +284,15 @@ def _held_reason(head: Waiting, now: float) -> str:
     )
 
 
-def _shape(request: GPURequest) -> tuple[int, int, int, bool, int, int]:
-    """(memory MiB and cores % per card — 0 for whole cards —, count, whole, CPU, host MiB)."""
-    whole = request.whole
-    return (0 if whole else request.memory_mib, 0 if whole else request.cores_percent,
-            request.count, whole, request.cpu_millicores, request.host_memory_mib)
-
-
-def _capable_cards(ix: CardIndex, request: GPURequest) -> Iterator[tuple[int, list[int]]]:
-    """Each node that could ever take ``request`` (its model's cards, CPU and host memory
-    enough when empty) with its cards big enough for one of the request's slices."""
-    group = request.model.lower() if request.model else ANY
-    m, c, k, whole, cpu, hmem = _shape(request)
-    pins = {ix.gi_of[u] for u in request.pinned_uuids if u in ix.gi_of}
-    for ni in ix.capable_nodes(m, c, k, whole, group):
-        if ix.cpu_static[ni] < cpu or ix.hmem_static[ni] < hmem:
-            continue
-        yield ni, [
-            gi for gi in (ix.wgpus if whole else ix.sgpus)[ni].get(group, ())
-            if (whole or (ix.cap_m[gi] >= m and ix.cap_c[gi] >= c)) and (not pins or gi in pins)
-        ]
-
-
 def reserve(
     state: AdmissionState, request: GPURequest, now: float, spots: int = 1
 ) -> Reservation | None:
     """The node and cards where ``request`` waits for the fewest allocations to leave, and up
     to ``spots - 1`` next-best ones on other nodes (the first of them to clear wins)."""
-    ix = state._index
-    m, c, k, whole, cpu, hmem = _shape(request)
+    ix = state.index
+    m, c, k, whole, cpu, hmem = request_shape(request)
     options: list[tuple] = []
-    for ni, candidates in _capable_cards(ix, request):
+    for ni, candidates in capable_cards(ix, request):
         cards = []
         for gi in candidates:
             if ix.on[gi] and any(aid.startswith(HOLD) for aid in ix.on[gi]):
@@ -353,12 +359,12 @@ def propose_moves(
     node's CPU and host memory. None if there is no such set. A proposal for an admin (the
     issue of "waiting only on fragmentation"); nothing is moved and ``state`` is left as it
     was. Whole-card and multi-card allocations are never moved, nor those ``can_move`` refuses."""
-    ix = state._index
-    m, c, k, whole, cpu, hmem = _shape(request)
+    ix = state.index
+    m, c, k, whole, cpu, hmem = request_shape(request)
     allocs = state.allocations
     options = []
     ones = 0
-    for ni, candidates in _capable_cards(ix, request):
+    for ni, candidates in capable_cards(ix, request):
         cards = []
         for gi in candidates:
             if whole and len(ix.on[gi]) > up_to:
@@ -413,14 +419,20 @@ def _try_moves(
 ) -> tuple[Move, ...] | None:
     """Place ``moves`` elsewhere with ``cards`` (and the node's CPU and memory for ``request``)
     held, then see whether ``request`` is granted; the state is restored either way."""
-    ix = state._index
-    mix = copy.deepcopy(state._mix.__dict__)  # re-adding allocations must not teach the mix
+    ix = state.index
     hold = Allocation(
         id=f"{HOLD}move", owner=Owner(HOLD), node=ix.node_names[ni],
         gpu_uuids=tuple(ix.gpus[gi].uuid for gi in cards), memory_mib=0, cores_percent=0,
         priority_class="", whole=True, cpu_millicores=request.cpu_millicores,
         host_memory_mib=request.host_memory_mib,
     )
+    with state.mix_kept():  # re-adding allocations must not teach the mix
+        return _tried(state, request, now, hold, moves)
+
+
+def _tried(state: AdmissionState, request: GPURequest, now: float, hold: Allocation,
+           moves: list[Allocation]) -> tuple[Move, ...] | None:
+    ix = state.index
     no = (False,) * ix.n_pred
     placed: list[Move] = []
     ok = True
@@ -449,7 +461,6 @@ def _try_moves(
             state.remove(mv.to.id)
         for a in moves:
             state.add(a)
-        state._mix.__dict__.update(mix)
     return tuple(placed) if ok else None
 
 
@@ -463,14 +474,10 @@ def _in_way(ix: CardIndex, gi: int, m: int, c: int, whole: bool) -> bool:
 #: head to look elsewhere (beyond it, a request that would start on a held node just waits)
 MAX_CLOSED_NODES = 32
 
-#: id prefix of the stand-in allocations that hold reserved capacity during a pump
-HOLD = "\0hold:"
-
-
 @contextmanager
 def _lifted(state: AdmissionState, holds: Iterable[Allocation | None]) -> Iterator[None]:
     """Within the block, the stand-ins ``holds`` are out of the card index (put back after)."""
-    ix = state._index
+    ix = state.index
     no = (False,) * ix.n_pred
     lifted = [a for a in holds if a is not None]
     for a in lifted:
@@ -485,21 +492,14 @@ def _lifted(state: AdmissionState, holds: Iterable[Allocation | None]) -> Iterat
 @contextmanager
 def _holds(state: AdmissionState) -> Iterator:
     """Within the block, ``hold(reservation)`` keeps its cards and node CPU/memory from every
-    later decision, ``hold_node(name)`` all the cards of a node; all holds are gone afterwards
-    (the state is the ledger again)."""
-    ix = state._index
+    later decision, ``put(stand_in)`` what an overdue head holds (quotas.moving.holds_on); all
+    holds are gone afterwards (the state is the ledger again)."""
+    ix = state.index
     placed: list[Allocation] = []
     no = (False,) * ix.n_pred  # never a preemption victim
 
-    def hold_node(node: str) -> Allocation | None:
-        ni = ix.ni_of.get(node)
-        if ni is None or not ix.node_gpus[ni]:
-            return None
-        a = Allocation(
-            id=f"{HOLD}{len(placed)}", owner=Owner(HOLD), node=node,
-            gpu_uuids=tuple(ix.gpus[gi].uuid for gi in ix.node_gpus[ni]), memory_mib=0,
-            cores_percent=0, priority_class="", whole=True,
-        )
+    def put(a: Allocation) -> Allocation:
+        a = dataclasses.replace(a, id=f"{HOLD}{len(placed)}")
         ix.apply(a, no, 1)
         placed.append(a)
         return a
@@ -509,16 +509,25 @@ def _holds(state: AdmissionState) -> Iterator:
             uuids = tuple(u for u in cards if u in ix.gi_of)
             if not uuids and node not in ix.ni_of:
                 continue  # the inventory changed under it
-            a = Allocation(
-                id=f"{HOLD}{len(placed)}", owner=Owner(HOLD), node=node, gpu_uuids=uuids,
+            put(Allocation(
+                id=HOLD, owner=Owner(HOLD), node=node, gpu_uuids=uuids,
                 memory_mib=0, cores_percent=0, priority_class="", whole=True,
                 cpu_millicores=r.cpu_millicores, host_memory_mib=r.host_memory_mib,
-            )
-            ix.apply(a, no, 1)
-            placed.append(a)
+            ))
 
     try:
-        yield hold, hold_node
+        yield hold, put
     finally:
         for a in reversed(placed):
             ix.apply(a, no, -1)
+
+
+@dataclass(frozen=True)
+class _Holder:
+    """An overdue head that holds capacity in this pass: ``can_move`` None holds every node it
+    could use (``queue.hold: true``), else only what moves could free (quotas.moving.holds_on)."""
+
+    request: GPURequest
+    reason: str
+    can_move: Callable[[Allocation], bool] | None
+    reserved_on: frozenset[str]

@@ -6,10 +6,12 @@ the caller records what it did with :meth:`add` / :meth:`remove` (or :meth:`appl
 
 from __future__ import annotations
 
+import copy
 import uuid
 from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any
 
@@ -71,6 +73,23 @@ class AdmissionState:
     @property
     def pool(self) -> Pool:
         return self._pool
+
+    @property
+    def index(self) -> CardIndex:
+        """The card index decisions read (the queue's walks of the pool read it too and only
+        ever put their stand-ins in it for the length of a pass; change the ledger through
+        :meth:`add` / :meth:`remove`)."""
+        return self._index
+
+    @contextmanager
+    def mix_kept(self) -> Iterator[None]:
+        """Within the block, allocations added and removed again (a move tried out) do not teach
+        the expected mix of requests (fgd's target): it is as it was before the block."""
+        kept = copy.deepcopy(self._mix.__dict__)
+        try:
+            yield
+        finally:
+            self._mix.__dict__.update(kept)
 
     def add(self, allocation: Allocation) -> None:
         """Record a live allocation (a grant, or one found in the ledger at start-up). Recording

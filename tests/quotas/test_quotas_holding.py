@@ -40,9 +40,9 @@ def kinds(steps) -> dict[str, str]:
     return {s.waiting.request.request_id: s.decision.kind for s in steps}
 
 
-def test_behind_an_overdue_head_nothing_of_its_class_or_lower_starts_where_it_could_run():
+def test_with_hold_true_nothing_of_its_class_or_lower_starts_where_an_overdue_head_could_run():
     # node a: three H100s, each partly used; node b: one H100, where two whole cards never fit
-    st_ = state(pool(h100s("a", 3), h100s("b", 1)), allocations=[
+    st_ = state(pool(h100s("a", 3), h100s("b", 1)), queue={"hold": True}, allocations=[
         alloc("x", "a-gpu0", 30), alloc("y", "a-gpu1", 30), alloc("w", "a-gpu2", 30), alloc("z", "b-gpu0", 10)])
     q = queue_for(st_)
     q.push(req(**WHOLE, count=2, rid="head"), 100, 0.0)
@@ -85,8 +85,8 @@ def test_with_holding_off_later_requests_still_start_beside_the_reservation(hold
 def test_by_default_the_queue_holds_only_where_slices_can_be_moved_too(hold, moves, possible, held):
     """Holding without moving makes everyone wait (docs/admission.md): by default ('with-moves')
     the queue holds only where moves are on and the edge can move slices (not on Kubernetes)."""
-    st_ = state(pool(h100s("a", 3)), allocations=[alloc("x", "a-gpu0", 30), alloc("y", "a-gpu1", 40)],
-                queue={"hold": hold, "moves": moves})
+    st_ = state(pool(h100s("a", 3)), priority_classes=MOVABLE, queue={"hold": hold, "moves": moves},
+                allocations=[alloc("x", "a-gpu0", 30, kind="kernel"), alloc("y", "a-gpu1", 40, kind="kernel")])
     q = queue_for(st_)
     q.push(req(**WHOLE, count=2, rid="head"), 100, 0.0)
     q.push(req(memory_gib=20, rid="late"), 100, 70.0)
@@ -118,7 +118,8 @@ def test_the_pump_moves_a_movable_kernel_for_an_overdue_head_and_grants_it_once_
 
 def test_a_moved_kernel_asking_back_is_not_held_but_keeps_off_the_reserved_cards():
     st_ = state(pool(h100s("a", 3)), priority_classes=MOVABLE, allocations=[
-        alloc("x", "a-gpu0", 30), alloc("y", "a-gpu1", 40), alloc("z", "a-gpu2", 60)])
+        alloc("x", "a-gpu0", 30, kind="kernel"), alloc("y", "a-gpu1", 40, kind="kernel"),
+        alloc("z", "a-gpu2", 60, kind="kernel")])
     q = queue_for(st_)
     head = q.push(req(**WHOLE, rid="head"), 100, 0.0)
     q.push(req(memory_gib=20, rid="new"), 100, 70.0)
