@@ -46,12 +46,11 @@ from quotas import (
 from quotas.queue import AdmissionQueue, Waiting, propose_moves
 
 from .backends import POOL_ENTRY_POINTS, ClaimConflict, PoolBackend, ReleaseCause
+from .events import SliceEvent, SliceEventKind, SliceEvents
 from .moves import SliceMover, carry_out
 
 #: progress callback: (message, position in queue or None)
 ProgressCallback = Callable[[str, "int | None"], None]
-#: allocation listener: (event 'granted' | 'released', allocation, why, cause or None for grants)
-Listener = Callable[[str, Allocation, str, "ReleaseCause | None"], None]
 
 
 @dataclass(eq=False)
@@ -139,7 +138,8 @@ class GPUAllocator(SingletonConfigurable):
         self._seq = itertools.count()
         self._lock = asyncio.Lock()
         self._started: asyncio.Future | None = None
-        self.listeners: list[Listener] = []
+        #: what happens to slices: grants and releases (here), resumes of swapped kernels (the broker)
+        self.slice_events = SliceEvents(self.log)
         #: allocation id -> (why, cause): holders being stopped on purpose (expect_stop)
         self._stopping: dict[str, tuple[str, ReleaseCause]] = {}
         #: allocation id -> why its old holder went ('' while none was reported): holders being replaced
@@ -382,18 +382,11 @@ class GPUAllocator(SingletonConfigurable):
         return allocation
 
     async def _released(self, allocation: Allocation, why: str, cause: ReleaseCause) -> None:
-        """The I/O of a release the state already recorded: the backend, the log, the listeners."""
+        """The I/O of a release the state already recorded: the backend, the log, the subscribers."""
         allocation_id = allocation.id
         await self.backend.forget(allocation_id, cause)
         self.log.info("GPU released: %s (%s, %s) %s", allocation_id, allocation.owner.user, allocation.kind, why)
-        self._notify("released", allocation, why, cause)
-
-    def _notify(self, event: str, allocation: Allocation, why: str, cause: ReleaseCause | None) -> None:
-        for listener in list(self.listeners):
-            try:
-                listener(event, allocation, why, cause)
-            except Exception:  # a broken listener must not break allocation
-                self.log.exception("GPU allocator listener failed on %s", event)
+        self.slice_events.publish(SliceEvent(SliceEventKind.RELEASED, allocation.id, allocation, why, cause))
 
     async def _capacity_changed(self) -> None:
         """Another claimant took or gave back capacity: decide the waiters again on what is left
@@ -531,7 +524,7 @@ class GPUAllocator(SingletonConfigurable):
                         allocation.cores_percent,
                         " borrowed" if allocation.borrowed else "",
                     )
-                    self._notify("granted", allocation, "", None)
+                    self.slice_events.publish(SliceEvent(SliceEventKind.GRANTED, allocation.id, allocation))
                     waiter.future.set_result(allocation)
                     continue
                 if decision.kind == "reject" or getattr(decision.error, "own_only", False):

@@ -386,3 +386,13 @@ class PoolBackend(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
     def activity(self) -> dict[str, dict[str, int]]:
         """Per GPU uuid: utilization_percent and memory_used_mib where the hub can read them ({} else)."""
         return {}
+
+    def slice_activity(self, allocation_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Per allocation id, the GPU activity record of a running slice: ``{last_launch: unix s
+        or None, memory_used_mib[, launches]}`` (``libvgpu.contract.gpu_activity``'s form). A
+        slice with no record yet (no process of it initialised CUDA; a simulated pool without
+        the shim) is left out, so it is never counted idle on no evidence.
+
+        Called by the usage meter's sampler (``UsageMeter.sample``). Default: {} (the mode sees
+        no activity of its slices)."""
+        return {}

@@ -88,3 +88,18 @@ def test_metering_does_not_import_the_cli_above_it():
         if name.startswith("hubext.cli")
     )
     assert not offenders, offenders
+
+
+def test_metering_never_asks_which_mode_it_runs_in():
+    """Metering hears slice events (hubext/events.py) and asks the pool for a slice's activity
+    (PoolBackend.slice_activity): a third mode needs no edit of it."""
+    import re
+
+    pattern = re.compile(r"\.mode ==|checkpoints_itself|from \.\.local|from hubext\.(local|kubernetes)")
+    offenders = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for path in (REPO / "hubext" / "metering").rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not offenders, offenders

@@ -37,10 +37,10 @@ from quotas import AdmissionError, Allocation, GPURequest, Owner
 
 from ..allocator import GPUAllocator
 from ..backends import KernelLauncher, LaunchError, ReleaseCause, ServerRef
+from ..events import SliceEvent, SliceEventKind
 from ..gpu_spawner import request_from_section
 from ..hubstart import when_hub_is_up
 from ..kernels import KernelRecord
-from ..metering.meter import UsageMeter
 from .sizes import SIGNATURE_SCHEMES, BrokerError, SizesMixin, is_unicode, validate_sizes
 from .swap import SwapMixin, key_digest
 
@@ -171,7 +171,7 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
             self.kernels[record.id] = record
             if record.state in ("pending", "running"):
                 self._expect_claim(record)
-        self.allocator.listeners.append(self._on_allocation_event)
+        self.allocator.slice_events.subscribe(self._on_slice_event)
         self.allocator.mover = self  # the queue's moves swap kernels out (hubext/moves.py)
         await self.reconcile()
         self._task = asyncio.ensure_future(self._reconcile_forever())
@@ -401,7 +401,7 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
                     raise BrokerError("This GPU kernel belongs to a server that no longer runs.", 409)
             if record.swap:  # swapped out: its process (and the files it kept) go, a fresh one takes a slice
                 await self.allocator.backend.forget(record.allocation_id)
-                UsageMeter.instance().swap_ended(record.allocation_id, "restarted while swapped out")
+                self._swap_ended(record, "restarted while swapped out")
                 record.swap = {}
                 self.launcher.mark_swapped(record, False)
             allocation = self.allocator.get(record.allocation_id)
@@ -470,7 +470,7 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
             finally:
                 if record.swap:  # its slice was released when it was swapped out: only its files are left
                     await self.allocator.backend.forget(record.allocation_id)
-                    UsageMeter.instance().swap_ended(record.allocation_id, why)  # metering: its swapped period ends
+                    self._swap_ended(record, why)
                 await self._release(record.allocation_id, why, cause)
                 self._persist()
                 self._locks.pop(record.id, None)
@@ -485,9 +485,17 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
         finally:
             self._own_releases.discard(allocation_id)
 
-    def _on_allocation_event(self, event: str, allocation: Allocation, why: str, cause: ReleaseCause | None) -> None:
+    def _swap_ended(self, record: KernelRecord, why: str) -> None:
+        """Publish that the kernel swapped out of its slice stopped before it resumed (metering
+        ends its swapped period)."""
+        self.allocator.slice_events.publish(SliceEvent(SliceEventKind.SWAP_ENDED, record.allocation_id, why=why))
+
+    def _on_slice_event(self, event: SliceEvent) -> None:
         """A kernel's slice released by someone else (preemption, holder gone): say so on the kernel."""
-        if event != "released" or allocation.kind != "kernel" or allocation.id in self._own_releases:
+        allocation, why, cause = event.allocation, event.why, event.cause
+        if event.kind is not SliceEventKind.RELEASED or allocation is None:
+            return
+        if allocation.kind != "kernel" or allocation.id in self._own_releases:
             return
         for record in self.kernels.values():
             if record.allocation_id == allocation.id and record.state in ("pending", "running"):

@@ -36,9 +36,9 @@ from libvgpu.checkpoint import CheckpointError
 from quotas import AdmissionError
 
 from ..backends import Capability, ReleaseCause, SuspendAsk
+from ..events import SliceEvent, SliceEventKind
 from ..gpu_spawner import request_from_section
 from ..kernels import KernelRecord
-from ..metering.meter import UsageMeter
 from ..moves import SliceMover
 from .sizes import BrokerError
 
@@ -283,7 +283,9 @@ class SwapMixin(Configurable):
             self.launcher.resumed(record, previous, allocation)
             record.set_allocation(allocation)
             await self.allocator.bind(allocation.id, record.holder)
-            UsageMeter.instance().resumed(allocation.id, previous)  # metering: the swapped period ends
+            self.allocator.slice_events.publish(  # metering: the swapped period ends
+                SliceEvent(SliceEventKind.RESUMED, allocation.id, allocation, previous_id=previous)
+            )
             record.swap = {}
             self.launcher.mark_swapped(record, False)
             self._persist()

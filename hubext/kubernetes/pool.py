@@ -311,6 +311,18 @@ class KubernetesPool(PoolBackend):
             entry[1] += memory
         return {node: (cpu, memory) for node, (cpu, memory) in used.items()}
 
+    def slice_activity(self, allocation_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The node agent's ``gpu-activity`` annotation on the pod that holds each allocation."""
+        wanted, found = set(allocation_ids), {}
+        for pod in (self.reflector.resources if self.reflector else {}).values():
+            annotations = pod.get("metadata", {}).get("annotations") or {}
+            allocation_id = annotations.get(C.ALLOCATION_ID)
+            if allocation_id in wanted:
+                activity = C.gpu_activity(annotations.get(C.A_GPU_ACTIVITY))
+                if activity:
+                    found[allocation_id] = activity
+        return found
+
     def _live(self) -> dict[str, Allocation]:
         live: dict[str, Allocation] = {}
         for pod in (self.reflector.resources if self.reflector else {}).values():

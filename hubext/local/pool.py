@@ -21,6 +21,7 @@ import asyncio
 import os
 import shutil
 import signal
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from traitlets import Bool, Float, Instance, Unicode
 
 from libvgpu import contract as C
 from libvgpu.backstop import Backstop
-from libvgpu.regions import read_priority_table, write_priority_table
+from libvgpu.regions import RegionError, read_activity, read_priority_table, write_priority_table
 from quotas import Allocation, ConfigError, Node, Pool, parse_simulated
 
 from ..backends import GoneCallback, PoolBackend, ReleaseCause
@@ -354,6 +355,21 @@ class LocalPool(PoolBackend):
     def activity(self) -> dict[str, dict[str, int]]:
         """Per GPU uuid: utilization_percent and memory_used_mib (real GPUs only; {} if simulated)."""
         return {} if self.simulated else nvml_activity()
+
+    def slice_activity(self, allocation_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """The shim's activity file of each allocation (``activity_path``)."""
+        found = {}
+        for allocation_id in allocation_ids:
+            try:
+                a = read_activity(self.activity_path(allocation_id))
+            except (OSError, RegionError):  # none yet (no CUDA), or not a record the shim wrote
+                continue
+            found[allocation_id] = {
+                "last_launch": a.last_launch_at,
+                "memory_used_mib": a.memory_used_mib,
+                "launches": a.launches,
+            }
+        return found
 
     def events(self, limit: int = 20) -> list[dict[str, Any]]:
         """Recent preemptions, newest first."""

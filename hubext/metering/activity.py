@@ -1,11 +1,10 @@
 """How busy a slice was: samples of its GPU activity record, summed per allocation.
 
 The activity record is what the culler reads (``libvgpu.contract.gpu_activity``): the time of
-the last kernel launch and the memory in use. Local mode reads the shim's activity file of
-the allocation (``LocalPool.activity_path``); Kubernetes reads the node agent's
-``gpu-activity`` annotation on the pod that holds it (from the pool's pod reflector). A slice
-with no record yet (no process of it initialised CUDA; a simulated pool without the shim)
-is not sampled: its record stays unmetered rather than counted idle.
+the last kernel launch and the memory in use. The pool answers it for each running slice
+(``PoolBackend.slice_activity``: each mode knows where its slices' records are). A slice with
+no record yet (no process of it initialised CUDA; a simulated pool without the shim) is not
+sampled: its record stays unmetered rather than counted idle.
 
 An interval between two samples counts as *busy* when a kernel was launched in it (the last
 launch is later than the previous sample, or the launch counter grew), so busy seconds are
@@ -20,44 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hubext.backends import PoolBackend
-from libvgpu import contract as C
-
 from .record import UsageRecord
-
-
-def read_activity(backend: PoolBackend, allocation_ids: list[str]) -> dict[str, dict[str, Any]]:
-    """``{allocation id: {last_launch, memory_used_mib[, launches]}}`` for those with a record now."""
-    if backend.mode == "local":
-        from libvgpu.regions import RegionError
-        from libvgpu.regions import read_activity as read_file
-
-        found = {}
-        for allocation_id in allocation_ids:
-            try:
-                a = read_file(backend.activity_path(allocation_id))
-            except (FileNotFoundError, RegionError, OSError):
-                continue  # no process of it initialised CUDA yet, or not a record the shim wrote
-            found[allocation_id] = {
-                "last_launch": a.last_launch_at,
-                "memory_used_mib": a.memory_used_mib,
-                "launches": a.launches,
-            }
-        return found
-    if backend.mode == "kubernetes":
-        wanted = set(allocation_ids)
-        found = {}
-        reflector = getattr(backend, "reflector", None)
-        for pod in (reflector.resources if reflector else {}).values():
-            annotations = pod.get("metadata", {}).get("annotations") or {}
-            allocation_id = annotations.get(C.ALLOCATION_ID)
-            if allocation_id in wanted:
-                activity = C.gpu_activity(annotations.get(C.A_GPU_ACTIVITY))
-                if activity:
-                    found[allocation_id] = activity
-        return found
-    return {}
-
 
 #: most busy periods kept per record (a sample every 30 s alternating busy and idle for 33 h)
 MAX_PERIODS = 2000

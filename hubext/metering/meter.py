@@ -1,7 +1,8 @@
-"""The hub's usage meter: the allocator's listener, the activity sampler and the store's owner.
+"""The hub's usage meter: a subscriber of slice events, the activity sampler and the store's owner.
 
-:func:`start_with_hub` (called by ``configure_hub``) waits for the hub, attaches
-:meth:`UsageMeter.on_allocation_event` to the allocator's ``listeners`` and starts the writer
+:func:`start_with_hub` (called by ``configure_hub``) waits for the hub, subscribes
+:meth:`UsageMeter.on_slice_event` to the allocator's ``slice_events`` (hubext/events.py: grants,
+releases with their cause, resumes of swapped-out kernels) and starts the writer
 thread and the sampler. Every ``sample_interval_seconds`` the sampler reads the activity of
 every held slice and sends the allocator's ledger to the store (``reconcile``): a slice the
 store misses (granted while the meter was not yet listening, or a dropped event) is inserted
@@ -26,8 +27,9 @@ from traitlets.config import SingletonConfigurable
 from quotas import Allocation, ConfigError
 
 from ..backends import ReleaseCause
+from ..events import SliceEvent, SliceEventKind
 from ..hubstart import when_hub_is_up
-from .activity import ActivityTotals, read_activity
+from .activity import ActivityTotals
 from .metrics import UsageMetrics
 from .prices import PriceTable, load_prices, load_prices_file
 from .record import UsageRecord
@@ -143,17 +145,16 @@ class UsageMeter(SingletonConfigurable):
             self.recorder.stop(timeout=5)
 
     def attach(self, allocator: Any) -> None:
-        """Listen to ``allocator`` (a :class:`hubext.allocator.GPUAllocator`); idempotent."""
+        """Hear the slice events of ``allocator`` (a :class:`hubext.allocator.GPUAllocator`); idempotent."""
         self.allocator = allocator
-        if self.on_allocation_event not in allocator.listeners:
-            allocator.listeners.append(self.on_allocation_event)
+        allocator.slice_events.subscribe(self.on_slice_event)
 
     def close(self) -> None:
         if self._task:
             self._task.cancel()
             self._task = None
-        if self.allocator is not None and self.on_allocation_event in self.allocator.listeners:
-            self.allocator.listeners.remove(self.on_allocation_event)
+        if self.allocator is not None:
+            self.allocator.slice_events.unsubscribe(self.on_slice_event)
         if self.recorder is not None:
             self.recorder.stop()
             self.recorder = None
@@ -161,7 +162,7 @@ class UsageMeter(SingletonConfigurable):
             self.store.close()
             self.store = None
 
-    # ---- the listener (on the event loop: no I/O) ----------------------------------------------
+    # ---- the subscriber (on the event loop: no I/O) --------------------------------------------
 
     def record_of(self, allocation: Allocation, at: float) -> UsageRecord:
         model, memory = "", 0
@@ -178,17 +179,27 @@ class UsageMeter(SingletonConfigurable):
                 self.log.warning("GPU usage: cannot read the hub groups of %s: %s", allocation.owner.user, e)
         return UsageRecord.from_allocation(allocation, gpu_model=model, gpu_memory_mib=memory, at=at, hub_groups=groups)
 
-    def on_allocation_event(self, event: str, allocation: Allocation, why: str, cause: ReleaseCause | None) -> None:
-        """The allocator's listener: queue a 'granted' or 'released' event (never waits)."""
+    def on_slice_event(self, event: SliceEvent) -> None:
+        """Queue what happened to a slice for the store (never waits)."""
         if self.recorder is None:
             return
+        if event.kind is SliceEventKind.RESUMED:
+            self.resumed(event.allocation_id, event.previous_id)
+        elif event.kind is SliceEventKind.SWAP_ENDED:
+            self.swap_ended(event.allocation_id, event.why, event.at)
+        elif event.allocation is not None:
+            self._granted_or_released(event.kind, event.allocation, event.why, event.cause)
+
+    def _granted_or_released(
+        self, kind: SliceEventKind, allocation: Allocation, why: str, cause: ReleaseCause | None
+    ) -> None:
         now = time.time()
-        if event == "granted":
+        if kind is SliceEventKind.GRANTED:
             record = self.record_of(allocation, now)
             self.totals[allocation.id] = ActivityTotals.at(allocation.created_at or now)
             self._held[allocation.id] = [record.namespace, record.workspace, record.share * record.count, now]
             self._submit({"event": "granted", "record": record.to_dict()})
-        elif event == "released":
+        elif kind is SliceEventKind.RELEASED:
             self._count_held(allocation.id, now)
             self._held.pop(allocation.id, None)
             totals = self.totals.pop(allocation.id, None)
@@ -207,14 +218,13 @@ class UsageMeter(SingletonConfigurable):
     def resumed(self, allocation_id: str, previous_id: str) -> None:
         """Say that ``allocation_id`` resumes a kernel swapped out of ``previous_id`` (released with
         ``ReleaseCause.SWAPPED``): the store links the two records, and the gap between them is the
-        swapped period. For the swap code, after the resume's grant; never waits (docs/metering.md)."""
+        swapped period. Heard from the broker's RESUMED event; never waits (docs/metering.md)."""
         if self.recorder is not None:
             self._submit({"event": "resumed", "id": allocation_id, "resumes": previous_id})
 
     def swap_ended(self, previous_id: str, why: str, at: float | None = None) -> None:
         """Say that the kernel swapped out of ``previous_id`` was stopped before it resumed: its
-        swapped period ends now (``at``). For the swap code, when it deletes a swapped-out kernel;
-        never waits."""
+        swapped period ends now (``at``). Heard from the broker's SWAP_ENDED event; never waits."""
         if self.recorder is not None:
             self._submit(
                 {"event": "swap_ended", "id": previous_id, "at": time.time() if at is None else at, "why": why}
@@ -256,7 +266,7 @@ class UsageMeter(SingletonConfigurable):
             self.log.warning("GPU usage: cannot read open records yet (%s)", e)
         now = time.time() if now is None else now
         live = dict(self.allocator.state.allocations)
-        activity = read_activity(self.allocator.backend, list(live)) if self._restored else {}
+        activity = self.allocator.backend.slice_activity(list(live)) if self._restored else {}
         for allocation_id, allocation in live.items():
             busy = 0.0
             if self._restored:  # activity totals continue those of the record (after a restart)

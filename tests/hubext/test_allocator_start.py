@@ -57,7 +57,7 @@ async def test_the_pool_is_chosen_by_entry_point_name(tmp_path):
 async def test_no_queue_request_is_decided_once_with_the_queue_and_refused_with_its_reason(tmp_path):
     allocator = _allocator(tmp_path, "local")
     released = []
-    allocator.listeners.append(lambda event, a, why, cause: released.append(cause) if event == "released" else None)
+    allocator.slice_events.subscribe(lambda e: released.append(e.cause) if e.kind == "released" else None)
     try:
         first = await allocator.allocate(_request("alice", 70 * 1024, "a"), queue=False)
         with pytest.raises((PoolFull, QuotaExceeded)) as refused:
@@ -76,11 +76,11 @@ async def test_a_holder_gone_during_a_handover_keeps_the_slice_unless_the_handov
     allocator = _allocator(tmp_path, "local")
     released = []
 
-    def listen(event, allocation, why, cause):
-        if event == "released":
-            released.append((allocation.id, cause))
+    def listen(event):
+        if event.kind == "released":
+            released.append((event.allocation_id, event.cause))
 
-    allocator.listeners.append(listen)
+    allocator.slice_events.subscribe(listen)
     try:
         kept = await allocator.allocate(_request("alice", 1024, "a"), queue=False)
         async with allocator.handover(kept.id):

@@ -150,8 +150,8 @@ async def test_a_kernel_that_exits_on_its_shutdown_request_before_its_delete_is_
     record = await _start_kernel(broker, tmp_path)
     pid, allocation_id = int(record.holder), record.allocation_id
     released: list[tuple[str, str]] = []
-    broker.allocator.listeners.append(
-        lambda event, allocation, w, c: released.append((c.value, w)) if event == "released" else None
+    broker.allocator.slice_events.subscribe(
+        lambda e: released.append((e.cause.value, e.why)) if e.kind == "released" else None
     )
     if how == "culled":
         broker.mark_culled(record, "idle 10 min")

@@ -15,6 +15,7 @@ from traitlets.config import Config
 
 from hubext.allocator import GPUAllocator
 from hubext.backends import ReleaseCause
+from hubext.events import SliceEvent, SliceEventKind
 from hubext.metering.meter import UsageMeter
 from hubext.metering.metrics import UsageMetrics
 from hubext.metering.record import UNRECORDED, swapped_periods
@@ -100,14 +101,14 @@ async def test_every_grant_and_release_is_recorded_with_its_cause(tmp_path):
 
 
 async def test_a_swapped_out_kernel_is_recorded_as_swapped_and_its_resume_continues_it(tmp_path):
-    """The recorder API the swap code uses: release with ReleaseCause.SWAPPED, grant again, then
-    UsageMeter.resumed(new, old)."""
+    """What the swap code publishes: release with ReleaseCause.SWAPPED, grant again, then the
+    broker's RESUMED slice event (new, previous); SWAP_ENDED for a kernel stopped while swapped out."""
     allocator, meter = make(tmp_path)
     try:
         first = await allocator.allocate(request("alice", 20, "k-0", kind="kernel"))
         await allocator.release(first.id, "GPU state swapped out to host memory", ReleaseCause.SWAPPED)
         second = await allocator.allocate(request("alice", 20, "k-1", kind="kernel"))
-        meter.resumed(second.id, first.id)
+        allocator.slice_events.publish(SliceEvent(SliceEventKind.RESUMED, second.id, second, previous_id=first.id))
         assert meter.recorder.flush()
         ((swapped, start, ended),) = swapped_periods(meter.store.records())
         resume = meter.store.records()[-1]
@@ -120,7 +121,9 @@ async def test_a_swapped_out_kernel_is_recorded_as_swapped_and_its_resume_contin
         assert start == swapped.released_at <= resume.granted_at == ended
         # swapped out again, then shut down while swapped out: the swapped period ends there
         await allocator.release(second.id, "idle again", ReleaseCause.SWAPPED)
-        meter.swap_ended(second.id, "kernel shut down while swapped out")
+        allocator.slice_events.publish(
+            SliceEvent(SliceEventKind.SWAP_ENDED, second.id, why="kernel shut down while swapped out")
+        )
         assert meter.recorder.flush()
         periods = {r.id: (start, ended) for r, start, ended in swapped_periods(meter.store.records())}
         assert periods[second.id][1] is not None and periods[second.id][1] >= periods[second.id][0]
@@ -172,7 +175,7 @@ async def test_records_survive_a_hub_crash_and_are_reconciled_with_the_ledger(tm
         await meter.sample()
         seen = time.time()
         assert meter.recorder.flush()
-        meter.allocator.listeners.clear()  # from here on nothing is recorded: the hub is about to die
+        meter.allocator.slice_events.clear()  # from here on nothing is recorded: the hub is about to die
         unheard = await allocator.allocate(request("carol", 20, "unheard"))
         await allocator.bind(unheard.id, str(kept_holder.pid))
         meter.recorder.stop()  # the hub is killed; its pool's watch dies with it
