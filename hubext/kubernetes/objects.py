@@ -350,8 +350,9 @@ def make_kernel_pod(
     z2jh user pod: the 'restricted' Pod Security fields, resources, the user's volumes.
 
     ``resume_hook``: the bootstrap installs :func:`resume_hook_source` (the kernel command loads
-    it; without the hook, ``--ext=elastic_gpu_resume`` is dropped from ``kernel_cmd``), and the kernel asks ``record.resume_url`` for its GPU back while the node agent's marker of
-    it says it is swapped out (see :func:`resumes_itself`)."""
+    it; without the hook, ``--ext=elastic_gpu_resume`` is dropped from ``kernel_cmd``), and the
+    kernel asks ``record.resume_url`` for its GPU back while the node agent's marker of it says it
+    is swapped out (see :func:`resumes_itself`)."""
     env = [
         k8s.V1EnvVar(
             name="POD_IP",
