@@ -10,10 +10,13 @@
  *    and its dependencies. Our dlopen() therefore answers requests for libcuda / libnvidia-ml
  *    with a handle to a small proxy library (libvgpu-cuda.so / libvgpu-nvml.so beside this
  *    one) whose dependencies are [libvgpu.so, the real library]: dlsym on it finds our hook for
- *    hooked names and the real function for every other name. No global dlsym override.
+ *    hooked names and the real function for every other name.
  *    The driver is recognised by identity, not by file name: every other dlopen() is loaded
  *    the way glibc would for its caller (the caller's RUNPATH still applies) and a library
  *    that itself defines the driver's entry points (a renamed copy) gets the proxy too.
+ *  - A library that links libcuda hands the real driver out through dlsym on its own handle
+ *    or dlsym(RTLD_NEXT) from inside it: dlsym.c answers a hooked name with the hook whenever
+ *    the driver would have answered, and passes every other lookup to glibc untouched.
  *  - CUDA 12+ runtimes fetch entry points with cuGetProcAddress(_v2): we answer it with our
  *    hook for hooked names (matched by the real pointer the driver returns, then by name and
  *    version).
@@ -180,7 +183,7 @@ typedef void *(*dlopen_fn)(const char *, int);
 static dlopen_fn _Atomic real_dlopen_ptr;
 
 static __attribute__((noinline)) dlopen_fn resolve_real_dlopen(void) {
-    dlopen_fn f = (dlopen_fn)dlsym(RTLD_NEXT, "dlopen");
+    dlopen_fn f = (dlopen_fn)vgpu_dlsym(RTLD_NEXT, "dlopen");
     if (!f) f = (dlopen_fn)dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.34");
     if (!f) f = (dlopen_fn)dlvsym(RTLD_NEXT, "dlopen", "GLIBC_2.2.5");
     atomic_store_explicit(&real_dlopen_ptr, f, memory_order_release);
@@ -249,31 +252,11 @@ static __attribute__((noinline)) void *dlopen_driver(const char *file, int flags
 /* A driver library by identity, whatever its file is called: the object itself (not one of
  * its dependencies) defines the driver's entry points, and it is not one of ours. A copy of
  * libcuda.so.1 under another name, loaded by path or found on the library path, is the
- * driver; so is a renamed NVML. */
+ * driver; so is a renamed NVML (dlsym.c). */
 static int driver_identity(void *h) {
-    static const char *const marks[VGPU_LIB_COUNT][2] = {
-        {"cuInit", "cuLaunchKernel"},
-        {"nvmlInit_v2", "nvmlDeviceGetHandleByIndex_v2"},
-    };
     struct link_map *lm = NULL;
     if (dlinfo(h, RTLD_DI_LINKMAP, &lm) != 0 || !lm) return -1;
-    Dl_info self;
-    struct link_map *own = NULL;
-    if (dladdr1((void *)&vgpu_hooks, &self, (void **)&own, RTLD_DL_LINKMAP) && own == lm)
-        return -1;
-    int found = -1;
-    for (int lib = 0; lib < VGPU_LIB_COUNT && found < 0; lib++) {
-        int both = 1;
-        for (int k = 0; k < 2 && both; k++) {
-            void *sym = dlsym(h, marks[lib][k]);
-            Dl_info di;
-            struct link_map *def = NULL;
-            both = sym && dladdr1(sym, &di, (void **)&def, RTLD_DL_LINKMAP) && def == lm;
-        }
-        if (both) found = lib;
-    }
-    dlerror(); /* a failed dlsym above is no error of the caller's */
-    return found;
+    return vgpu_driver_object(lm);
 }
 
 /* Where dlopen(file) would find a bare name for the object that called it: that object's
@@ -334,7 +317,7 @@ VGPU_EXPORT void *dlmopen(Lmid_t lmid, const char *file, int flags) {
     static dlmopen_fn _Atomic real_ptr;
     dlmopen_fn real = atomic_load(&real_ptr);
     if (!real) {
-        real = (dlmopen_fn)dlsym(RTLD_NEXT, "dlmopen");
+        real = (dlmopen_fn)vgpu_dlsym(RTLD_NEXT, "dlmopen");
         atomic_store(&real_ptr, real);
     }
     if (!real) return NULL;
@@ -369,7 +352,7 @@ static void resolve_lib(int lib) {
     if (!h) return;
     for (int id = 0; id < H_COUNT; id++) {
         if (vgpu_hooks[id].lib != lib) continue;
-        void *p = dlsym(h, vgpu_hooks[id].name);
+        void *p = vgpu_dlsym(h, vgpu_hooks[id].name);
         atomic_store_explicit(&vgpu_hooks[id].real, p, memory_order_release);
     }
 }

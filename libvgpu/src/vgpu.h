@@ -2,6 +2,7 @@
  * libvgpu: shared types of the shim.
  *
  * Files: hooks.c (the hook table, driver resolution, cuGetProcAddress, the dlopen redirect),
+ * dlsym.c (the dlsym redirect: driver entry points found through any library are the hooks),
  * config.c (limits file / env), region.c (shared-memory regions), memory accounting in
  * memory.c (the counters and the allocation table), alloc.c (allocation hooks and queries),
  * pools.c (stream-ordered pools, graph memory) and context.c (contexts, modules; the four
@@ -311,6 +312,12 @@ int vgpu_node_entry_alive(struct vgpu_node_attach *na, int entry); /* some proce
 void vgpu_publish_usage(int dev);        /* mirrors the container's usage to node/activity */
 void vgpu_region_hold_host_pid(unsigned int pid); /* registered while this process lives */
 int vgpu_region_host_pid_held(unsigned int pid); /* 1: another process of it registered pid */
+
+/* dlsym.c */
+struct link_map;
+void *vgpu_dlsym(void *handle, const char *name); /* glibc's dlsym: the shim's own lookups */
+void *vgpu_object_symbol(const struct link_map *lm, const char *name); /* lm's own definition */
+int vgpu_driver_object(const struct link_map *lm); /* VGPU_LIB_* it is, by identity, or -1 */
 
 /* memory.c (alloc.c, pools.c, context.c: memory.h) */
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead);

@@ -92,6 +92,11 @@ def build_all(root: Path, *, asan: bool = False, defines: dict[str, str] | None 
         cc(*CFLAGS, "-O2", "-o", b.bin_dir / "ctorprog", progs / "ctorprog.c", "-Wl,--no-as-needed",
            b.lib_dir / "libctor.so", "-ldl")
         cc(*CFLAGS, "-O2", "-o", b.bin_dir / "ctorprog-dl", progs / "ctorprog.c", "-ldl")
+        # a library linked to libcuda that hands out its entry points (test_bypass.py)
+        cc(*CFLAGS, "-O2", "-fPIC", "-shared", "-o", b.lib_dir / "libsneaky.so", progs / "sneaky.c",
+           "-Wl,--no-as-needed", b.lib_dir / "libcuda.so.1", "-ldl")
+        cc(*CFLAGS, "-O2", "-o", b.bin_dir / "sneakyprog", progs / "sneakyprog.c", "-Wl,--no-as-needed",
+           b.lib_dir / "libsneaky.so", f"-Wl,-rpath-link,{b.lib_dir}", "-ldl")
         inner = root / "runpath" / "inner"
         inner.mkdir(parents=True, exist_ok=True)
         cc(*CFLAGS, "-fPIC", "-shared", "-o", inner / "libinner.so", progs / "inner.c")

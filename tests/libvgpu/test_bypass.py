@@ -5,10 +5,13 @@ region. None of them raises what the container may use."""
 
 from __future__ import annotations
 
+import json
 import mmap
 import os
 import shutil
 import struct
+import subprocess
+import sys
 
 import pytest
 
@@ -122,3 +125,55 @@ def test_wiped_slots_of_other_processes_do_not_raise_the_limit(node, request, pi
     r = box.run("init", "ctx", "alloc:700M", "alloc:300M", pidns=pidns_on)
     assert r.returncode == 0, r.stderr
     assert r.rcs("alloc") == [OOM, 0]
+
+
+
+@pytest.mark.parametrize("how", ["handle", "getproc", "next", "rawdlopen"])
+def test_a_library_linked_to_the_driver_hands_out_only_the_hooks(node, how):
+    """What a library that links libcuda (triton's cuda_utils, a torch extension) leads code in
+    the process to: dlsym on its own handle, its cuGetProcAddress_v2, dlsym(RTLD_NEXT) from
+    inside it, dlsym on a handle from glibc's own dlopen. Every entry point is the shim's."""
+    box = node.container("c", "memory_mib=1024")
+    r = box.run(how, program=node.build.bin_dir / "sneakyprog")
+    assert r.returncode == 0, r.stdout + r.stderr
+    kv = r.one("sneaky")
+    assert kv["allocs"] == f"0,{OOM},{OOM}", kv  # 1,800 MiB on a 1,024 MiB slice before
+    assert int(kv["total"]) == 1024 * MiB, kv  # the whole card before
+
+
+
+def test_dlvsym_on_a_library_linked_to_the_driver_finds_no_entry_point(node):
+    """dlvsym is left to glibc: by no version does it find an unversioned driver symbol."""
+    box = node.container("c", "memory_mib=1024")
+    r = box.run("vsym", program=node.build.bin_dir / "sneakyprog")
+    assert r.one("sneaky") == {"missing": "1"}
+
+
+CTYPES_SNEAKY = """
+import ctypes, json, sys
+lib = ctypes.CDLL("libsneaky.so")  # links libcuda.so.1; the script never names libcuda
+ALLOC = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)
+if sys.argv[1] == "handle":  # dlsym on the library's handle: its dependency libcuda answers
+    alloc = ALLOC(ctypes.cast(lib.cuMemAlloc_v2, ctypes.c_void_p).value)
+else:  # the library's cuGetProcAddress_v2
+    fn, st = ctypes.c_void_p(), ctypes.c_int()
+    lib.cuGetProcAddress_v2(b"cuMemAlloc", ctypes.byref(fn), 12040, ctypes.c_uint64(0), ctypes.byref(st))
+    alloc = ALLOC(fn.value)
+assert lib.cuInit(0) == 0
+ctx = ctypes.c_void_p()
+assert lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0 and lib.cuCtxSetCurrent(ctx) == 0
+ptr = ctypes.c_uint64()
+print(json.dumps([alloc(ctypes.byref(ptr), 600 << 20) for _ in range(3)]))
+"""
+
+
+@pytest.mark.parametrize("how", ["handle", "getproc"])
+def test_python_reaching_the_driver_through_a_library_that_links_it_is_limited(node, tmp_path, how):
+    """The same without a compiler: ctypes on a library that links libcuda."""
+    script = tmp_path / "sneaky.py"
+    script.write_text(CTYPES_SNEAKY)
+    box = node.container("c", "memory_mib=1024")
+    proc = subprocess.run([sys.executable, str(script), how], env=box.env(), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [0, OOM, OOM]
