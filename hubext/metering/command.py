@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 import time
@@ -26,7 +27,7 @@ from .plot import scenarios_svg, usage_svg
 from .prices import PriceTable
 from .replay import Scenario, ScenarioResult, model_of, run_scenario, sessions_from_records, size_label
 from .report import GROUP_KEYS, ReportError, parse_time, records_csv, report_csv, report_xlsx, usage_report
-from .simulate import apply_setting, parse_scenario, sessions_from_csv
+from .simulate import apply_setting, parse_scenario, read_sessions_file, sessions_from_csv
 from .store import UsageStore
 
 USAGE_HELP = "GPU usage and cost per user, workspace, namespace, model, day or month (CSV, JSON or a table)"
@@ -167,13 +168,13 @@ def _scenarios(args: argparse.Namespace, card_memory_mib: int) -> list[Scenario]
 def run_simulate(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
     """Replay the recorded usage (or --sessions) under each scenario; print GPUs and waits (2 on bad input)."""
     try:
+        if not (math.isfinite(args.percentile) and 0 < args.percentile <= 100):
+            raise ReportError(f"--percentile must be a number in (0, 100], such as 95; got {args.percentile:g}.")
+        if not (math.isfinite(args.max_wait) and args.max_wait >= 0):
+            raise ReportError(f"--max-wait must be seconds (0 or more), such as 30; got {args.max_wait:g}.")
         if args.sessions:
             memory = _card_memory(args.card_memory)
-            try:
-                text = Path(args.sessions).read_text()
-            except OSError as e:
-                raise ReportError(f"cannot read the sessions CSV {args.sessions}: {e.strerror}.") from None
-            sessions, model = sessions_from_csv(text, memory), args.model or "GPU"
+            sessions, model = sessions_from_csv(read_sessions_file(args.sessions), memory), args.model or "GPU"
         else:
             start, end = _period(args)
             store, _ = _load(args)

@@ -22,6 +22,8 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
+import stat
 import typing
 from dataclasses import fields, replace
 
@@ -30,10 +32,14 @@ from quotas.policy import STRATEGIES
 
 from .capacity import parse_slice
 from .record import UsageRecord
-from .replay import Scenario, Session, slice_profiles
-from .report import ReportError, parse_time
+from .replay import Scenario, Session, parse_periods, slice_profiles
+from .report import FORMULA_STARTS, ReportError, parse_time
 
 SCENARIO_KEYS = ("slice", "profiles", "idle_timeout", "placement", "gpus", "per_node")
+#: the most GPUs one session may ask for (a replay of more would take hours, not seconds)
+MAX_SESSION_GPUS = 64
+#: the largest CSV of sessions read (bytes): a year of a busy hub's sessions is far below
+MAX_SESSIONS_BYTES = 256 << 20
 
 
 def _placement(value: str, where: str) -> Placement:
@@ -48,14 +54,57 @@ def _placement(value: str, where: str) -> Placement:
     return Placement(node=node, gpu=gpu)  # type: ignore[arg-type]
 
 
-def _positive_int(value: str, key: str, where: str) -> int:
+def _positive_int(value: str, key: str, where: str, most: int | None = None) -> int:
     try:
         n = int(value)
     except ValueError:
         n = 0
-    if n < 1:
-        raise ReportError(f"{where}: {key} must be a whole number of at least 1; got {value!r}.")
+    if n < 1 or (most is not None and n > most):
+        bound = f"from 1 to {most}" if most is not None else "of at least 1"
+        raise ReportError(f"{where}: {key} must be a whole number {bound}; got {value[:40]!r}.")
     return n
+
+
+def read_sessions_file(path: str) -> str:
+    """The text of a CSV of sessions: a regular file of at most :data:`MAX_SESSIONS_BYTES`, UTF-8."""
+    try:
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise ReportError(f"the sessions CSV {path} is not a regular file; give the path of a CSV file.")
+        if info.st_size > MAX_SESSIONS_BYTES:
+            raise ReportError(
+                f"the sessions CSV {path} has {info.st_size >> 20} MiB; at most {MAX_SESSIONS_BYTES >> 20} MiB "
+                "are read: replay a shorter period."
+            )
+        with open(path, "rb") as f:  # (a regular file opens without blocking; it may grow meanwhile)
+            data = f.read(MAX_SESSIONS_BYTES + 1)
+    except OSError as e:
+        raise ReportError(f"cannot read the sessions CSV {path}: {e.strerror}.") from None
+    if len(data) > MAX_SESSIONS_BYTES:
+        raise ReportError(f"the sessions CSV {path} grew past {MAX_SESSIONS_BYTES >> 20} MiB while it was read.")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ReportError(f"the sessions CSV {path} is not UTF-8 text (line {line}, byte {e.start}).") from None
+
+
+def _csv_rows(text: str) -> list[dict[str, str]]:
+    reader = csv.DictReader(io.StringIO(text))
+    try:
+        return list(reader)
+    except csv.Error as e:  # e.g. a cell over the csv module's field limit (128 KiB)
+        raise ReportError(f"sessions CSV line {reader.line_num + 1}: {e}.") from None  # (the line being read)
+
+
+def _finite(value: str, where: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number):
+        raise ReportError(f"{where}: {value[:40]!r} is not a finite number.")
+    return number
 
 
 def _size(value: str, where: str, card_memory_mib: int) -> float:
@@ -124,7 +173,7 @@ def _bursts(text: str, where: str) -> tuple[tuple[float, float], ...]:
             pair = (float(offset), float(length))
         except ValueError:
             pair = (-1.0, -1.0)
-        if not sep or pair[0] < 0 or pair[1] <= 0:
+        if not sep or not (0 <= pair[0] < math.inf and 0 < pair[1] < math.inf):
             raise ReportError(f"{where}: bursts must be offset:length pairs in seconds separated by ';'; got {part!r}.")
         out.append(pair)
     return tuple(out)
@@ -132,7 +181,7 @@ def _bursts(text: str, where: str) -> tuple[tuple[float, float], ...]:
 
 def sessions_from_csv(text: str, card_memory_mib: int) -> list[Session]:
     """The sessions of a CSV (module docstring); ReportError naming the row and column."""
-    rows = list(csv.DictReader(io.StringIO(text)))
+    rows = _csv_rows(text)
     header = set(rows[0]) if rows else set()
     if "granted_at" in header:
         from .replay import sessions_from_records
@@ -154,19 +203,17 @@ def sessions_from_csv(text: str, card_memory_mib: int) -> list[Session]:
         where = f"sessions CSV line {n}"
         start = parse_time(row["start"], f"{where}, start")
         if row.get("duration_seconds"):
-            try:
-                duration = float(row["duration_seconds"])
-            except ValueError:
-                duration = -1.0
+            duration = _finite(row["duration_seconds"], f"{where}, duration_seconds")
         else:
             duration = parse_time(row.get("end") or "", f"{where}, end") - start
         if not duration > 0:
             raise ReportError(f"{where}: the session must end after it starts (a duration above 0 seconds).")
+        parse_time(start + duration, f"{where}, its end")
         try:
             share = parse_slice(row["size"], card_memory_mib)
         except ReportError as e:
             raise ReportError(f"{where}, size: {e.message}") from None
-        count = _positive_int(row.get("count") or "1", "count", where)
+        count = _positive_int(row.get("count") or "1", "count", where, MAX_SESSION_GPUS)
         bursts = _bursts(row["bursts"], where) if row.get("bursts") else None  # empty: not known
         sessions.append(
             Session(row.get("id") or f"line-{n}", start, duration, share, count, bursts, row.get("user", ""))
@@ -185,17 +232,26 @@ def records_from_csv(rows: list[dict[str, str]]) -> list[UsageRecord]:
             if raw is None or raw == "":
                 continue  # the field's default (None for the optional ones)
             kind = hints[f.name]
+            where = f"records CSV line {n}, {f.name}"
+            if kind is bool:
+                data[f.name] = raw in ("True", "true", "1")
+            elif kind is int or kind == int | None:
+                data[f.name] = int(_finite(raw, where))
+            elif kind is float or kind == float | None:
+                data[f.name] = _finite(raw, where)
+            else:  # a name exported with a leading ' (report._text) reads back as it was
+                data[f.name] = raw[1:] if raw[:1] == "'" and raw[1:2] in FORMULA_STARTS else raw
+        where = f"records CSV line {n}"
+        if "count" in data and not 1 <= data["count"] <= MAX_SESSION_GPUS:
+            raise ReportError(f"{where}, count: a record holds 1 to {MAX_SESSION_GPUS} GPUs; got {row['count']!r}.")
+        for name in ("granted_at", "released_at", "last_seen"):
+            if data.get(name) is not None:
+                parse_time(data[name], f"{where}, {name}")
+        if data.get("busy_periods"):
             try:
-                if kind is bool:
-                    data[f.name] = raw in ("True", "true", "1")
-                elif kind is int or kind == int | None:
-                    data[f.name] = int(float(raw))
-                elif kind is float or kind == float | None:
-                    data[f.name] = float(raw)
-                else:
-                    data[f.name] = raw
+                parse_periods(data["busy_periods"])
             except ValueError:
-                raise ReportError(f"records CSV line {n}, {f.name}: {raw!r} is not a number.") from None
+                raise ReportError(f"{where}, busy_periods: {row['busy_periods'][:40]!r} is not start-end,...") from None
         try:
             records.append(UsageRecord(**data))
         except TypeError:
