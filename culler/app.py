@@ -14,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
@@ -269,6 +269,10 @@ class GPUCuller(CycleMixin, WarnMixin, ReclaimMixin, Application):
         #: broker id -> (the last_launch its record gave, when the culler first saw that value)
         self._launch_seen: dict[str, tuple[float, float]] = {}
         self._gpu_time: GPUTimeCheck | None = None
+        #: whether the hub's answer to "can kernels be swapped out?" was logged
+        self._swap_said = False
+        #: swapped-out kernels whose cull time the broker does not know yet (culler.cycle)
+        self._untimed: list[GPUKernel] = []
 
     # ---- start-up -------------------------------------------------------------------------
 
@@ -376,15 +380,21 @@ class GPUCuller(CycleMixin, WarnMixin, ReclaimMixin, Application):
         self.start_http()
         self._watch_hub_process()
         sampler = asyncio.ensure_future(self._sample_forever()) if self.nvml_cross_check else None
+        try:
+            pool = await self.client.gpu_pool()
+        except Exception:  # noqa: BLE001 - the start line says "not known yet"; the cycles ask again
+            pool = None
+        self._swap_said = self.note_swap(pool, at_start=True)
         self.log.info(
             "GPU culler started: every %gs, idle timeout %gs, warning %gs, pressure min idle %s, cull_connected=%s%s; "
-            "hub %s, servers via %s",
+            "at their timeout idle kernels are %s; hub %s, servers via %s",
             self.interval_seconds,
             self.idle_timeout_seconds,
             self.warning_seconds,
             self.pressure_min_idle_seconds,
             self.cull_connected,
             " (dry run)" if self.dry_run else "",
+            self.at_timeout(pool),
             self.api_url,
             self.proxy_url,
         )
@@ -444,6 +454,35 @@ class GPUCuller(CycleMixin, WarnMixin, ReclaimMixin, Application):
                 await asyncio.sleep(1)
 
         self._hub_watch = asyncio.ensure_future(follow())
+
+    def at_timeout(self, pool: Mapping[str, Any] | None) -> str:
+        """What happens to idle kernels at their timeout, as the hub's pool answer says."""
+        if not self.swap_idle_kernels:
+            return "shut down (state lost)"
+        capability = (pool or {}).get("swap_capability")
+        if not isinstance(capability, Mapping):
+            return "swapped out where the broker can (not known yet), else shut down"
+        if capability.get("able"):
+            return "swapped out (state kept), or shut down where a kernel cannot be"
+        return f"shut down (state lost): they cannot be swapped out here ({capability.get('why_not')})"
+
+    def note_swap(self, pool: Mapping[str, Any] | None, at_start: bool = False) -> bool:
+        """``swap_idle_kernels`` on a hub whose kernels cannot be swapped out: one warning, with the
+        reason. True once the hub's answer is known (nothing more to say)."""
+        if not self.swap_idle_kernels:
+            return True
+        capability = (pool or {}).get("swap_capability")
+        if not isinstance(capability, Mapping) or not isinstance(capability.get("able"), bool):
+            return False
+        if not capability["able"]:
+            self.log.warning(
+                "GPUCuller.swap_idle_kernels is on, but the hub's GPU kernels cannot be swapped out: %s. Idle "
+                "kernels are shut down at their timeout and lose their state",
+                capability.get("why_not") or "no reason given",
+            )
+        elif not at_start:
+            self.log.info("The hub's GPU kernels can be swapped out: idle kernels keep their state at their timeout")
+        return True
 
     def start(self) -> None:
         asyncio.run(self.main())

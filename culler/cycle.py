@@ -54,11 +54,26 @@ class CycleMixin:
         now = time.time()
 
         def due(k: GPUKernel) -> bool:  # a swapped-out kernel is judged once it may be culled
-            after = self.rules.book.for_kernel(k).cull_swapped_after_seconds if self.rules else 0.0
+            after = self.swapped_limit(k)
             return after > 0 and now - k.swapped_since >= after
+
+        #: swapped out (by anyone) with a cull time the broker does not know yet: the pages show it
+        self._untimed = [k for k in kernels if k.swapped_since and k.swap_cull_at is None and self.swapped_limit(k)]
 
         # pending, stopped, failed: not ours to judge
         return [k for k in kernels if k.state == "running" and (not k.swapped_since or due(k))]
+
+    def swapped_limit(self, k: GPUKernel) -> float:
+        """Seconds ``k`` may stay swapped out before it is culled (0: no limit)."""
+        return self.rules.book.for_kernel(k).cull_swapped_after_seconds if self.rules else 0.0
+
+    async def _tell_cull_times(self) -> None:
+        """Tell the broker when each swapped-out kernel will be culled (once per kernel)."""
+        untimed, self._untimed = self._untimed, []
+        if untimed and not self.dry_run:
+            await self._bounded(
+                [self.client.suspend_gpu_kernel(k.id, "", cull_after=self.swapped_limit(k)) for k in untimed]
+            )
 
     def _believable(self, kernel: GPUKernel, record: Mapping[str, Any]) -> GPUKernel:
         """The kernel with its GPU activity clamped to what the culler has seen.
@@ -165,7 +180,10 @@ class CycleMixin:
     async def _cycle(self, report: CycleReport) -> None:
         client, store = self.client, self.store
         records, pool = await asyncio.gather(client.gpu_kernels(), client.gpu_pool())
+        if not self._swap_said:  # the broker had not started when the culler did
+            self._swap_said = self.note_swap(pool)
         kernels = self._parse(records)
+        await self._tell_cull_times()
         waiting = self._waiting(pool)
         report.kernels, report.waiting = len(kernels), len(waiting)
         self.metrics.waiting.set(len(waiting))

@@ -166,10 +166,13 @@ class HubClient:
         resp = await self._fetch("POST", url, body={"reason": reason})
         return resp is not None and resp.code == 204
 
-    async def suspend_gpu_kernel(self, broker_id: str, reason: str) -> tuple[bool, str]:
-        """Ask the broker to swap a kernel out (its slice goes back, the kernel lives on):
-        (True, "") when done, else (False, the broker's reason)."""
-        query = urlencode({"reason": reason[:200]})
+    async def suspend_gpu_kernel(
+        self, broker_id: str, reason: str, cull_after: float | None = None
+    ) -> tuple[bool, str]:
+        """Ask the broker to swap a kernel out (its slice goes back, the kernel lives on), and say
+        when it will be culled (``cull_after`` seconds swapped out; on a kernel swapped out
+        already, that alone): (True, "") when done, else (False, the broker's reason)."""
+        query = urlencode({"reason": reason[:200], **({"cull_after": f"{cull_after:g}"} if cull_after else {})})
         resp = await self._fetch("POST", f"{self.api_url}/gpu/kernels/{quote(broker_id, safe='')}/suspend?{query}")
         if resp is not None and resp.code == 200:
             return True, ""

@@ -100,6 +100,8 @@ class GPUKernel:
     #: why the broker cannot swap this kernel out ("" when it can); None when the broker does not say
     #: (an older hub: then only its refusal tells)
     swap_why_not: str | None = None
+    #: swapped out: when the broker says it will be culled (what the culler told it); None: not told
+    swap_cull_at: float | None = None
 
     @property
     def freed_memory_mib(self) -> int:
@@ -162,6 +164,7 @@ class GPUKernel:
                 server_url=_str(record, "server_url"),
                 swapped_since=(record.get("swap") or {}).get("since") or 0.0 if record.get("gpu_swapped") else 0.0,
                 swap_why_not=_why_not(record.get("swap_capability")),
+                swap_cull_at=parse_time((record.get("swap") or {}).get("cull_at"), "swap.cull_at"),
             )
         except RecordError as e:
             raise RecordError(f"kernel {kid}: {e}") from None

@@ -35,35 +35,28 @@ class ReclaimMixin:
         if self.dry_run:
             self.log.info("[dry run] would cull kernel %s of %s: %s", k.kernel_id, k.user, why)
             return CullResult(v, "dry-run", False, 0.0)
+        cannot = ""  # why it is not swapped out instead, when swapping is on
+        if self.swap_idle_kernels and not k.swapped_since:
+            if k.swap_why_not:  # the broker said so before: no suspend to try, no promise was made
+                cannot = k.swap_why_not
+            else:
+                swapped, refusal = await self.client.suspend_gpu_kernel(k.id, why, self.swapped_limit(k) or None)
+                if swapped:
+                    return self._swapped(v, why, time.monotonic() - t0)
+                cannot = refusal
+                self.log.warning(
+                    "GPU kernel %s of %s cannot be swapped out (%s): culling it", k.kernel_id, k.user, refusal
+                )
         self.log.info(
-            "Culling GPU kernel %s of %s (server '%s', %s, %s): %s",
+            "Culling GPU kernel %s of %s (server '%s', %s, %s): %s%s",
             k.kernel_id,
             k.user,
             k.server_name,
             k.priority_class,
             gib(k.freed_memory_mib),
             why,
+            f"; it cannot be swapped out ({cannot}), so its state is lost" if cannot else "",
         )
-        if self.swap_idle_kernels and not k.swapped_since:
-            swapped, refusal = await self.client.suspend_gpu_kernel(k.id, why)
-            if swapped:
-                seconds = time.monotonic() - t0
-                self.metrics.culls.labels(v.reason, k.priority_class, "swapped").inc()
-                self.metrics.freed_memory.labels(v.reason, k.priority_class).inc(k.freed_memory_mib)
-                self.log.info(
-                    "Swapped out GPU kernel %s of %s (server '%s', %s, allocation %s) instead of culling it: %s; "
-                    "freed %s of GPU memory in %.2f s",
-                    k.kernel_id,
-                    k.user,
-                    k.server_name,
-                    k.priority_class,
-                    k.allocation_id or k.id,
-                    why,
-                    gib(k.freed_memory_mib),
-                    seconds,
-                )
-                return CullResult(v, "swapped", True, seconds)
-            self.log.warning("GPU kernel %s of %s cannot be swapped out (%s): culling it", k.kernel_id, k.user, refusal)
         method = "server"
         if v.view.server_status == "ok":
             j = v.view.jupyter
@@ -71,7 +64,8 @@ class ReclaimMixin:
                 # someone is watching and was not warned (no grace period, or pressure): say why. The
                 # notice is activity on the server: recorded like a warning, so that a culler killed
                 # before the shutdown does not take it for the user's activity after its restart
-                await self._print(v, f"[elastic-gpu] Shutting this kernel down to free its GPU slice: {why}.")
+                notice = f"[elastic-gpu] Shutting this kernel down to free its GPU slice: {why}."
+                await self._print(v, notice + " Its variables are lost; your notebook file is not affected.")
                 settled = await self._settled_activity(k, j.last_activity)
                 self.store.put(k.kernel_id, GraceWarning(time.time(), j.last_activity, settled, time.time()))
                 self.store.save()
@@ -125,6 +119,24 @@ class ReclaimMixin:
                 seconds,
             )
         return CullResult(v, method, freed, seconds)
+
+    def _swapped(self, v: Verdict, why: str, seconds: float) -> CullResult:
+        k = v.kernel
+        self.metrics.culls.labels(v.reason, k.priority_class, "swapped").inc()
+        self.metrics.freed_memory.labels(v.reason, k.priority_class).inc(k.freed_memory_mib)
+        self.log.info(
+            "Swapped out GPU kernel %s of %s (server '%s', %s, allocation %s) instead of culling it: %s; "
+            "freed %s of GPU memory in %.2f s",
+            k.kernel_id,
+            k.user,
+            k.server_name,
+            k.priority_class,
+            k.allocation_id or k.id,
+            why,
+            gib(k.freed_memory_mib),
+            seconds,
+        )
+        return CullResult(v, "swapped", True, seconds)
 
     async def _confirm_free(self, k: GPUKernel, timeout: float) -> bool:
         """Poll the broker until the kernel's slice is free (record gone or in a stopped state)."""

@@ -34,18 +34,28 @@ class WarnMixin:
         need = ""
         if waiting:
             need = f" {waiting} GPU request{'s are' if waiting != 1 else ' is'} waiting for room in the pool."
-        if self.swap_idle_kernels and not k.swapped_since:
+        if self.will_swap(k):
             return (
                 f"[elastic-gpu] This kernel {why.replace('are shut down after', 'are swapped out after')}. "
                 f"At {when}, in {human(round(due - now))}, its GPU memory will be moved to host memory and its "
                 f"GPU slice of {gib(k.freed_memory_mib)} given back.{need} Your variables stay; the next cell "
-                "takes a GPU again first (it may wait for one). Run any cell to keep it on the GPU now."
+                "takes a GPU again first (it may wait for one). Should the host memory kept for swapped-out "
+                "kernels be full then, it is shut down instead and its variables are lost. Run any cell to keep "
+                "it on the GPU now."
             )
+        cannot = ""
+        if self.swap_idle_kernels and not k.swapped_since and k.swap_why_not:
+            cannot = f" It cannot be swapped out here ({k.swap_why_not})."
         return (
             f"[elastic-gpu] This kernel {why}. It will be shut down at {when}, in {human(round(due - now))}, "
-            f"and its GPU slice of {gib(k.freed_memory_mib)} given back.{need} "
+            f"and its GPU slice of {gib(k.freed_memory_mib)} given back; its variables will be lost.{cannot}{need} "
             "Run any cell to keep it; your notebook file is not affected."
         )
+
+    def will_swap(self, k: GPUKernel) -> bool:
+        """Whether ``k`` is swapped out (state kept) at its timeout rather than shut down: swapping is
+        on and the broker says this kernel can be (a broker that does not say is not trusted to)."""
+        return self.swap_idle_kernels and not k.swapped_since and k.swap_why_not == ""
 
     async def _warn(self, v: Verdict, waiting: int = 0) -> bool:
         k = v.kernel

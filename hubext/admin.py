@@ -24,7 +24,7 @@ from tornado import web
 from quotas import AdmissionState
 
 from .allocator import GPUAllocator
-from .pages import kernel_records, server_names, slice_row, swap_capability
+from .pages import kernel_records, server_names, slice_row, swap_capability, swapped_kernels
 
 TEMPLATES = Path(__file__).parent / "templates"
 RESOURCES = ("memory_mib", "cores_percent", "gpus")
@@ -99,6 +99,7 @@ def pool_view(
                         "age_seconds": round(max(0.0, now - created)) if created else None,
                         "server_name": holders.get(a["id"], {}).get("server_name", ""),
                         "kernel_id": holders.get(a["id"], {}).get("kernel_id", ""),
+                        "swap_capability": holders.get(a["id"], {}).get("swap_capability"),
                     }
                 )
             held_elsewhere = []
@@ -165,7 +166,7 @@ async def hub_pool_view(allocator: GPUAllocator, users: Iterable[Any] = ()) -> d
     holders = {}
     for a in allocations:
         row = slice_row(a, servers, kernels)
-        holders[a.id] = {"server_name": row["server_name"], "kernel_id": row["kernel_id"]}
+        holders[a.id] = {k: row[k] for k in ("server_name", "kernel_id", "swap_capability")}
     view = pool_view(
         pool.to_dict()["nodes"],
         [a.to_dict() for a in allocations],
@@ -176,6 +177,7 @@ async def hub_pool_view(allocator: GPUAllocator, users: Iterable[Any] = ()) -> d
         holders=holders,
         elsewhere=backend.held_elsewhere(),
     )
+    view["swapped"] = swapped_kernels()  # kernels holding host memory, no slice
     swap = swap_capability()
     if swap is not None:  # can idle kernels be swapped out here (state kept) or only stopped?
         view["swap_capability"] = swap

@@ -9,6 +9,7 @@ started yet shows nothing.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -49,14 +50,45 @@ def swap_capability() -> dict[str, Any] | None:
     return GPUBroker.instance().pool_swap_capability().as_dict()
 
 
+def swapped_kernels(user: str | None = None) -> list[dict[str, Any]]:
+    """The swapped-out GPU kernels (of ``user``): they hold host memory, no slice
+    (``GPUBroker.swapped_kernels``); [] while the broker does not run in this hub."""
+    from .broker.core import GPUBroker
+
+    if not GPUBroker.initialized():
+        return []
+    rows = GPUBroker.instance().swapped_kernels(user)
+    for row in rows:  # what pages print
+        row["since_utc"] = utc_text(row["since"])
+        row["cull_at_utc"] = utc_text(row["cull_at"])
+    return rows
+
+
+def utc_text(epoch: float | None) -> str:
+    """An epoch time as pages print it ('' for None)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch)) if epoch else ""
+
+
+def kernel_swap_capability(record: Any) -> dict[str, Any] | None:
+    """Whether this GPU kernel can be swapped out instead of stopped ({able, why_not}), None while
+    the broker does not run in this hub."""
+    from .broker.core import GPUBroker
+
+    if record is None or not GPUBroker.initialized() or GPUBroker.instance().launcher is None:
+        return None
+    return GPUBroker.instance().swap_capability(record).as_dict()
+
+
 def slice_row(allocation: Allocation, servers: Mapping[str, tuple[str, str]], kernels: Mapping[str, Any]) -> dict:
-    """One slice as pages show it: what it is for (server, kernel) and its size."""
+    """One slice as pages show it: what it is for (server, kernel), its size, and for a kernel
+    whether it can be swapped out (state kept) or only stopped (state lost) when reclaimed."""
     record = kernels.get(allocation.id)
     if record is not None:
         server_name, kernel_id = record.server_name, record.id
     else:
         server_name, kernel_id = servers.get(allocation.id, (allocation.owner.user, ""))[1], ""
     return {
+        "swap_capability": kernel_swap_capability(record),
         "allocation_id": allocation.id,
         "user": allocation.owner.user,
         "kind": allocation.kind,
@@ -128,6 +160,7 @@ def user_gpu(user: Any) -> dict[str, Any] | None:
         "owner": {"workspace": owner.workspace, "namespace": owner.namespace},
         "slices": [slice_row(a, servers, kernels) for a in sorted(mine, key=lambda a: a.created_at)],
         "waiting": [q for q in allocator.queue() if q["user"] == user.name],
+        "swapped": swapped_kernels(user.name),
         "levels": levels,
         "remaining": remaining(levels),
         "simulated": bool(allocator.backend.simulated) if allocator.backend is not None else False,

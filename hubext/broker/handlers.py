@@ -270,6 +270,10 @@ class KernelActionHandler(BrokerAPIHandler):
 class KernelSwapHandler(BrokerAPIHandler):
     """POST /hub/api/gpu/kernels/<id>/(suspend|resume)[?wait=seconds]
 
+    Suspend takes ``?cull_after=seconds`` from a GPU admin (the culler): how long the kernel may
+    stay swapped out before it is culled (``swap.cull_at`` on the pages); on a kernel swapped out
+    already it only sets that.
+
     Suspend: the kernel's owner or a GPU admin (the culler). Resume: them, or the kernel itself
     with ``Authorization: kernel-key <its connection key>`` (what it does before a cell runs when
     it is swapped out); ``?wait=`` waits that long for the resume to end. Both answer the model:
@@ -293,6 +297,23 @@ class KernelSwapHandler(BrokerAPIHandler):
         except Exception as e:
             raise BrokerError(f"The GPU broker could not start: {e}", 503) from None
 
+    def _cull_after(self) -> float | None:
+        """``?cull_after=`` (GPU admins only): seconds; None when not given."""
+        raw = self.get_argument("cull_after", "")
+        if not raw:
+            return None
+        if not self.is_gpu_admin:
+            raise BrokerError(
+                f"Only a GPU admin (the scope {ADMIN_SCOPE}, the culler's) may say when a kernel is culled.", 403
+            )
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value <= 0:
+            raise BrokerError(f"cull_after must be a number of seconds > 0; got {raw[:40]!r}.")
+        return value
+
     async def post(self, kernel_id: str, action: str) -> None:
         key = self._kernel_key()
         if key:
@@ -304,7 +325,8 @@ class KernelSwapHandler(BrokerAPIHandler):
         if action == "suspend":
             who = self.caller_name() or getattr(self.current_user, "name", "a service")
             reason = self.get_argument("reason", "")[:200]
-            record = await self.broker.suspend(record, f"by {who}" + (f": {reason}" if reason else ""))
+            cull_after = self._cull_after()
+            record = await self.broker.suspend(record, f"by {who}" + (f": {reason}" if reason else ""), cull_after)
         else:
             record = await self.broker.resume(record, self.wait_arg())
         self.finish(json.dumps(self.broker.model(record)))

@@ -107,16 +107,49 @@ class SwapMixin(Configurable):
         ({able, why_not}) says whether it can be swapped out instead of stopped."""
         return {**record.model(), "swap_capability": self.swap_capability(record).as_dict()}
 
+    def swapped_kernels(self, user: str | None = None) -> list[dict[str, Any]]:
+        """The swapped-out kernels (of ``user``), oldest first, as the pages, the CLI and the pool
+        API show them: who, the size they come back to, the host memory they hold, since when,
+        and when they will be culled (``cull_at``: None when the culler did not say)."""
+        out = []
+        for r in self.kernels.values():
+            if not r.swap or (user is not None and r.user != user):
+                continue
+            out.append(
+                {
+                    "id": r.id,
+                    "kernel_id": r.jupyter_kernel_id,
+                    "user": r.user,
+                    "server_name": r.server_name,
+                    "size": r.size,
+                    "memory_mib": r.allocation.get("memory_mib", 0),
+                    "gpu_count": len(r.swap.get("gpu_uuids") or []) or 1,
+                    "node": r.allocation.get("node", ""),
+                    "model": r.swap.get("model", ""),
+                    "host_mib": int(r.swap.get("host_mib", 0)),
+                    "since": r.swap.get("since"),
+                    "cull_at": r.swap.get("cull_at"),
+                    "state": r.swap.get("state", "swapped"),
+                    "position": r.swap.get("position"),
+                }
+            )
+        return sorted(out, key=lambda k: k["since"] or 0.0)
+
     def kernel_key_matches(self, record: KernelRecord, key: str) -> bool:
         return bool(record.key_sha256) and hmac.compare_digest(record.key_sha256, key_digest(key))
 
     # ---- suspend ---------------------------------------------------------------------------
 
-    async def suspend(self, record: KernelRecord, why: str) -> KernelRecord:
+    async def suspend(self, record: KernelRecord, why: str, cull_after: float | None = None) -> KernelRecord:
         """Checkpoint the kernel's CUDA processes and release its slice; BrokerError (409) when it
-        cannot be, with the kernel left running on its slice."""
+        cannot be, with the kernel left running on its slice. ``cull_after`` (the culler's policy):
+        seconds it may stay swapped out before it is culled, kept as ``swap.cull_at`` for the pages
+        (set on a kernel swapped out already, too)."""
         async with self._lock(record.id):
             if record.swap:
+                if cull_after is not None and record.swap.get("state") == "swapped":
+                    record.swap["cull_at"] = record.swap["since"] + cull_after
+                    self._persist()
                 return record
             if record.id not in self.kernels or record.state != "running":
                 raise BrokerError(f"Only a running GPU kernel can be swapped out; this one is {record.state}.", 409)
@@ -148,6 +181,8 @@ class SwapMixin(Configurable):
                 "position": None,
                 "reason": why,
             }
+            if cull_after is not None:
+                record.swap["cull_at"] = record.swap["since"] + cull_after
             self.launcher.mark_swapped(record, True)
             await self._release(record.allocation_id, f"swapped out: {why}", ReleaseCause.SWAPPED)
             self._persist()

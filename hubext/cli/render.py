@@ -47,6 +47,17 @@ def render_pool(view: dict[str, Any], origin: str) -> str:
                     f"{s['workspace']}/{s['namespace']}  {s['priority_class']}{flags}  {age}  {s['allocation_id']}"
                 )
     out.append("")
+    swapped = view.get("swapped") or []
+    if swapped:
+        out.append("Swapped out (host memory held, no slice):")
+        for k in swapped:
+            cull = f"culled at {k['cull_at_utc']}" if k.get("cull_at_utc") else "no cull time set by the culler"
+            out.append(
+                f"  {k['user']:<14} server {k['server_name'] or 'default'}  kernel {k['kernel_id'] or k['id']}  "
+                f"{mib(k['memory_mib'])} slice  {mib(k['host_mib'])} in host memory since "
+                f"{k['since_utc']}, {cull}{'  (resuming)' if k.get('state') == 'queued' else ''}"
+            )
+        out.append("")
     if view.get("queue"):
         out.append("Queue:")
         for i, q in enumerate(view["queue"], 1):

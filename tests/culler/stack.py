@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import http.cookiejar as cookiejar
 import json
 import os
 import re
@@ -10,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from datetime import datetime, timezone
@@ -71,7 +74,8 @@ class KernelTab:
         self.received.append(msg)
         return msg
 
-    def execute(self, code: str, timeout: float = 60) -> str:
+    def send_execute(self, code: str) -> str:
+        """Send an execute request as a notebook does; its msg_id."""
         msg_id = uuid.uuid4().hex
         self.ws.send(
             json.dumps(
@@ -99,6 +103,10 @@ class KernelTab:
                 }
             )
         )
+        return msg_id
+
+    def execute(self, code: str, timeout: float = 60) -> str:
+        msg_id = self.send_execute(code)
         out, errors = [], []
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -116,6 +124,19 @@ class KernelTab:
                 assert not errors, errors
                 return "".join(out)
         raise AssertionError(f"no reply to execute within {timeout} s")
+
+    def wait_stream(self, msg_id: str, contains: str, timeout: float = 60) -> str:
+        """The first stream text of the execution ``msg_id`` that contains ``contains``, as it arrives."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = self._recv(max(0.05, deadline - time.monotonic()))
+            if msg and msg.get("closed"):
+                raise AssertionError("kernel websocket closed")
+            if not msg or msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if (msg.get("msg_type") or msg["header"]["msg_type"]) == "stream" and contains in msg["content"]["text"]:
+                return msg["content"]["text"]
+        raise AssertionError(f"no output containing {contains!r} within {timeout} s")
 
     def drain(self, seconds: float = 0.5) -> None:
         deadline = time.monotonic() + seconds
@@ -304,3 +325,17 @@ def metric_value(text: str, name: str, **labels: str) -> float:
         if all(found.get(k) == v for k, v in labels.items()):
             return float(m.group(4))
     return 0.0
+
+
+def page_text(hub: HubRunner, user: str, path: str) -> str:
+    """A hub page as ``user`` reads it after logging in through the login form (the dummy
+    authenticator takes any password): its text, tags stripped, spaces collapsed."""
+    jar = cookiejar.CookieJar()
+    opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
+    opener.open(hub.url + "/hub/login", timeout=30).read()
+    xsrf = [c.value for c in jar if c.name == "_xsrf"][-1]
+    form = urllib.parse.urlencode({"username": user, "password": "any", "_xsrf": xsrf}).encode()
+    opener.open(urllib.request.Request(hub.url + "/hub/login?next=/hub/home", data=form), timeout=60).read()
+    with opener.open(hub.url + path, timeout=60) as resp:
+        text = resp.read().decode()
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", text)).split())

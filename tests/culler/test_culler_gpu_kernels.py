@@ -25,7 +25,7 @@ import yaml
 from culler import service_role
 from hubext.metering.store import UsageStore
 from tests.culler.shimrecord import write_activity
-from tests.culler.stack import CullerProcess, KernelTab, http, metric_value, wait_until
+from tests.culler.stack import CullerProcess, KernelTab, http, metric_value, page_text, wait_until
 from tests.hubrunner import HubRunner, free_port
 from tests.kernelprovider.helpers import Server, start_servers
 
@@ -404,3 +404,53 @@ def test_slice_comes_back_at_the_timeout_not_at_the_next_cycle(stack, sessions, 
     wait_until(lambda: kid not in broker_kernels(hub), 20, "the kernel to be culled", log=lambda: diagnose(hub, culler))
     assert time.time() - last_activity < 15, "reclaimed long after its timeout"
     assert culler.log_text().count("Cycle:") == 1, "the cull must come from the due check, before the next cycle"
+
+
+def test_on_a_pool_that_cannot_swap_the_api_and_home_page_say_a_kernel_is_stopped_if_reclaimed(stack, sessions):
+    # simulated GPUs: no driver can checkpoint them
+    hub, _, _ = stack
+    kid = sessions("bob", DEFAULT)
+    model = broker_kernels(hub)[kid]
+    assert model["swap_capability"]["able"] is False, model
+    assert "simulated" in model["swap_capability"]["why_not"], model
+    status, pool = hub.api("GET", "/gpu/pool")
+    assert status == 200 and pool["swap_capability"]["able"] is False, pool
+    home = page_text(hub, "bob", "/hub/home")
+    assert "it is shut down and its variables are lost (it cannot be swapped out: the GPUs are simulated" in home, home
+
+
+def test_on_a_pool_that_cannot_swap_the_culler_warns_that_the_kernel_will_be_stopped_and_promises_no_state(
+    stack, sessions, culler_factory
+):
+    # swapping turned on as docs/culler.md describes, on simulated GPUs: no driver can checkpoint them
+    hub, _, _ = stack
+    kid = sessions("bob", DEFAULT)
+    tab = KernelTab(hub, "bob", kid)
+    try:
+        culler = culler_factory("no-swap", swap_idle_kernels=True, idle_timeout_seconds=4, warning_seconds=2)
+        wait_until(
+            lambda: kid not in broker_kernels(hub),
+            30,
+            "the idle kernel to be stopped",
+            log=lambda: diagnose(hub, culler),
+        )
+        tab.drain(1.0)
+        notices = tab.streams("[elastic-gpu]")
+        assert len(notices) == 1, notices
+        (warning,) = notices
+        for promise in ("variables stay", "host memory", "swapped out after", "next cell takes"):
+            assert promise not in warning, f"the warning promises what cannot happen ({promise!r}): {warning}"
+        assert "will be shut down at" in warning and "its variables will be lost" in warning, warning
+        assert "It cannot be swapped out here (the GPUs are simulated" in warning, warning
+        log = culler.log_text()
+        start = re.search(r"GPU culler started: .*", log).group(0)
+        assert "idle kernels are shut down (state lost): they cannot be swapped out here (the GPUs are simulated" in (
+            start
+        ), start
+        said = re.findall(r"swap_idle_kernels is on, but the hub's GPU kernels cannot be swapped out: (.*)", log)
+        assert len(said) == 1 and "simulated" in said[0], log[-3000:]
+        line = culler.wait_log(rf"Culling GPU kernel {kid} of bob .*").group(0)
+        assert "it cannot be swapped out (the GPUs are simulated" in line and "its state is lost" in line, line
+        assert "Swapped out" not in log and "instead of culling" not in log
+    finally:
+        tab.close()

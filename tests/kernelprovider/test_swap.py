@@ -12,9 +12,13 @@ room for a whole-card request (docs/admission.md, "The queue").
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -22,7 +26,8 @@ import yaml
 from culler import service_role
 from hubext.metering.record import swapped_periods
 from hubext.metering.store import UsageStore
-from tests.culler.stack import CullerProcess, KernelTab, wait_until
+from quotas.messages import mib
+from tests.culler.stack import CullerProcess, KernelTab, page_text, wait_until
 from tests.hubrunner import HubRunner
 from tests.kernelprovider.helpers import CUDA_CELL, _broker_config, start_servers
 from tests.libvgpu.harness import build_all
@@ -73,6 +78,7 @@ c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}
 c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}}
 c.LocalKernelLauncher.environment = {double!r}
 c.GPUBroker.max_queue_seconds = 60
+c.Authenticator.admin_users = {{"admin"}}
 c.GPUBroker.swap_host_memory_percent = {CAP_MIB * 100 / machine_mib()!r}
 c.JupyterHub.services.append({{"name": "culler-under-test", "api_token": {TOKEN!r}}})
 c.JupyterHub.load_roles.append({service_role("culler-under-test", ["custom:elastic-gpu:admin"])!r})
@@ -206,6 +212,10 @@ def test_culler_swaps_idle_kernels_out_culls_what_cannot_be_swapped_with_the_rea
                 cull_swapped_after_seconds=8,
             ).start()
             wait_until(lambda: broker_kernel(hub, started["alice"])["gpu_swapped"], 30, "alice's kernel swapped out")
+            swapped_line = culler.wait_log(rf"Swapped out GPU kernel {started['alice']} .*").group(0)
+            # swapped, not culled: the log never said it was culling it
+            assert f"Culling GPU kernel {started['alice']}" not in culler.log_text(), culler.log_text()[-3000:]
+            assert "instead of culling it" in swapped_line
             tabs["alice"].drain(0.5)  # her open tab was told what would happen, and that her variables stay
             (notice,) = tabs["alice"].streams("will be moved to host memory")
             assert "idle GPU kernels are swapped out after 2 s here" in notice and "Your variables stay" in notice
@@ -214,6 +224,10 @@ def test_culler_swaps_idle_kernels_out_culls_what_cannot_be_swapped_with_the_rea
         line = culler.wait_log(rf"GPU kernel {started['bob']} of bob cannot be swapped out \(.*\): culling it")
         assert "over the cap" in line.group(0), line.group(0)
         culler.wait_log(rf"Culled GPU kernel {started['bob']} of bob")
+        log = culler.log_text()  # the refusal first, then the cull, which says the state is lost
+        culling = re.search(rf"Culling GPU kernel {started['bob']} of bob .*", log)
+        assert culling and log.index(line.group(0)) < culling.start(), log[-3000:]
+        assert "it cannot be swapped out" in culling.group(0) and "over the cap" in culling.group(0)
         assert "Swapped out GPU kernel " + started["alice"] in culler.log_text()
         # alice's swapped-out kernel is culled once it has been swapped out for cull_swapped_after_seconds;
         # the culler's notice in her open tab is no cell of hers: it does not bring the GPU back first
@@ -334,8 +348,13 @@ def test_a_whole_card_request_waiting_on_fragmentation_gets_in_once_the_queue_sw
         try:
 
             def released() -> list:
-                return [r for r in store.records() if r.user == "alice" and r.release_cause == "swapped"
-                        and "moved to make room for" in (r.release_why or "")]
+                return [
+                    r
+                    for r in store.records()
+                    if r.user == "alice"
+                    and r.release_cause == "swapped"
+                    and "moved to make room for" in (r.release_why or "")
+                ]
 
             hub.wait_for(released, 30, what="alice's usage record closed by the move, with the reason")
         finally:
@@ -345,3 +364,65 @@ def test_a_whole_card_request_waiting_on_fragmentation_gets_in_once_the_queue_sw
         for name, model in sessions.items():
             if isinstance(model, dict) and "id" in model:
                 servers[users[name]].api("DELETE", f"/sessions/{model['id']}")
+
+
+def test_a_swapped_out_kernel_is_listed_with_its_host_memory_and_cull_time_on_the_api_cli_and_pages(stack):
+    hub, servers, work = stack
+    status, session = servers["alice"].start_session(SPEC)
+    assert status == 201, session
+    kernel_id = session["kernel"]["id"]
+    kernel = servers["alice"].connect(kernel_id)
+    assert "alloc 0" in kernel.execute(CUDA_CELL)["text"]
+    kernel.close()
+    status, model = hub.api("POST", f"/gpu/kernels/{broker_kernel(hub, kernel_id)['id']}/suspend")
+    assert status == 200 and model["gpu_swapped"], model
+    # the culler's policy says when it is culled; it tells the broker (the user swapped it out herself)
+    culler = CullerProcess(
+        hub,
+        work,
+        TOKEN,
+        name="cull-time",
+        swap_idle_kernels=True,
+        idle_timeout_seconds=3600,
+        cull_swapped_after_seconds=7200,
+    ).start()
+    try:
+        (entry,) = wait_until(
+            lambda: [k for k in pool(hub).get("swapped", []) if k["kernel_id"] == kernel_id and k["cull_at"]],
+            30,
+            "the pool API to list the swapped-out kernel with its cull time",
+        )
+    finally:
+        culler.stop()
+    assert entry["user"] == "alice" and entry["host_mib"] > 0 and entry["memory_mib"] == 10240, entry
+    assert abs(entry["cull_at"] - entry["since"] - 7200) < 1, entry
+    assert not [s for s in slices(hub) if s["user"] == "alice"], "a swapped-out kernel holds no slice"
+    host = f"{entry['host_mib']} MiB" if entry["host_mib"] < 1024 else f"{entry['host_mib'] / 1024:.1f} GiB"
+    cli = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "elastic-gpu"),
+            "status",
+            "--url",
+            hub.url,
+            "--token",
+            hub.admin_token,
+            "--config-dir",
+            str(work / "cli"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 0, cli.stderr
+    held = f"{mib(entry['host_mib'])} in host memory since {entry['since_utc']}"
+    assert "Swapped out" in cli.stdout and held in cli.stdout, cli.stdout
+    assert f"culled at {entry['cull_at_utc']}" in cli.stdout, cli.stdout
+    home = page_text(hub, "alice", "/hub/home")
+    assert "swapped out: GPU kernel on server" in home and kernel_id in home, home
+    assert f"{host} {entry['since_utc']} {entry['cull_at_utc']}" in home, home
+    admin = page_text(hub, "admin", "/hub/gpu")
+    assert f"alice default {kernel_id}" in admin and f"{host} {entry['since_utc']} {entry['cull_at_utc']}" in admin, (
+        admin
+    )
+    servers["alice"].api("DELETE", f"/sessions/{session['id']}")
+
