@@ -281,3 +281,74 @@ VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     if (limit < *bytes) *bytes = (size_t)limit;
     return rc;
 }
+
+/* ---- the v1 ABI ---------------------------------------------------------------------------
+ * The entry points without _v2 (CUDA before 3.2: 32-bit sizes and device pointers) would
+ * allocate past the limit and show the whole card. Allocations through them are refused
+ * (CUDA_ERROR_NOT_SUPPORTED) while limits apply: no 64-bit program built since CUDA 3.2 uses
+ * them. Queries answer the slice, as the _v2 ones do, clamped to 32 bits. */
+
+/* CUDA_SUCCESS: call the driver (no limits here); else the answer. */
+static CUresult v1_allowed(int id) {
+    CUresult rc = ready();
+    if (rc != CUDA_SUCCESS) return rc;
+    if (!atomic_load(&vgpu_hooks[id].real)) return CUDA_ERROR_NOT_FOUND;
+    if (!accounting()) return CUDA_SUCCESS;
+    static _Atomic int warned;
+    if (!atomic_exchange(&warned, 1))
+        vgpu_log("%s (the CUDA v1 ABI) is refused under a memory limit; use %s_v2",
+                 vgpu_hooks[id].name, vgpu_hooks[id].name);
+    return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+#define V1_REAL(id, type) ((type)atomic_load(&vgpu_hooks[id].real))
+
+VGPU_EXPORT CUresult cuMemAlloc(unsigned int *dptr, unsigned int bytes) {
+    CUresult rc = v1_allowed(H_cuMemAlloc);
+    if (rc != CUDA_SUCCESS) return rc;
+    return V1_REAL(H_cuMemAlloc, CUresult(*)(unsigned int *, unsigned int))(dptr, bytes);
+}
+
+VGPU_EXPORT CUresult cuMemAllocPitch(unsigned int *dptr, unsigned int *pitch, unsigned int w,
+                                     unsigned int h, unsigned int elem) {
+    CUresult rc = v1_allowed(H_cuMemAllocPitch);
+    if (rc != CUDA_SUCCESS) return rc;
+    typedef CUresult (*fn)(unsigned int *, unsigned int *, unsigned int, unsigned int,
+                           unsigned int);
+    return V1_REAL(H_cuMemAllocPitch, fn)(dptr, pitch, w, h, elem);
+}
+
+VGPU_EXPORT CUresult cuArrayCreate(CUarray *arr, const void *desc) {
+    CUresult rc = v1_allowed(H_cuArrayCreate);
+    if (rc != CUDA_SUCCESS) return rc;
+    return V1_REAL(H_cuArrayCreate, CUresult(*)(CUarray *, const void *))(arr, desc);
+}
+
+VGPU_EXPORT CUresult cuArray3DCreate(CUarray *arr, const void *desc) {
+    CUresult rc = v1_allowed(H_cuArray3DCreate);
+    if (rc != CUDA_SUCCESS) return rc;
+    return V1_REAL(H_cuArray3DCreate, CUresult(*)(CUarray *, const void *))(arr, desc);
+}
+
+VGPU_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    CUresult rc = v1_allowed(H_cuCtxCreate);
+    if (rc != CUDA_SUCCESS) return rc;
+    return V1_REAL(H_cuCtxCreate, cuCtxCreate_v2_fn)(pctx, flags, dev);
+}
+
+static unsigned int u32(size_t v) { return v > 0xffffffffu ? 0xffffffffu : (unsigned int)v; }
+
+VGPU_EXPORT CUresult cuMemGetInfo(unsigned int *free_bytes, unsigned int *total_bytes) {
+    size_t f = 0, t = 0;
+    CUresult rc = cuMemGetInfo_v2(&f, &t); /* the slice */
+    if (rc == CUDA_SUCCESS && free_bytes) *free_bytes = u32(f);
+    if (rc == CUDA_SUCCESS && total_bytes) *total_bytes = u32(t);
+    return rc;
+}
+
+VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
+    size_t b = 0;
+    CUresult rc = cuDeviceTotalMem_v2(&b, dev);
+    if (rc == CUDA_SUCCESS && bytes) *bytes = u32(b);
+    return rc;
+}

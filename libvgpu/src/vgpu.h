@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "cuda_api.h"
+#include "hooktable.h"
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
 #define VGPU_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -178,7 +179,7 @@ int vgpu_config_parse_text(struct vgpu_config *cfg, const char *text, const char
 
 enum vgpu_lib { VGPU_LIB_CUDA = 0, VGPU_LIB_NVML = 1, VGPU_LIB_COUNT = 2 };
 
-/* One row per symbol: the real symbol name, its cuGetProcAddress base name and the CUDA
+/* One row of hooktable.h: the real symbol name, its cuGetProcAddress base name and the CUDA
  * version that introduced this variant, which library holds it, whether it is a per-thread
  * default stream (_ptsz) variant, and our hook (NULL: resolved for the shim's own use only). */
 struct vgpu_hook {
@@ -191,36 +192,9 @@ struct vgpu_hook {
     void *_Atomic real;
 };
 
-enum vgpu_hook_id {
-    H_cuInit, H_cuGetProcAddress, H_cuGetProcAddress_v2,
-    H_cuMemAlloc_v2, H_cuMemAllocPitch_v2, H_cuMemAllocManaged,
-    H_cuMemAllocAsync, H_cuMemAllocAsync_ptsz, H_cuMemAllocFromPoolAsync,
-    H_cuMemAllocFromPoolAsync_ptsz, H_cuMemFree_v2, H_cuMemFreeAsync, H_cuMemFreeAsync_ptsz,
-    H_cuMemPoolTrimTo, H_cuDeviceGraphMemTrim, H_cuMemCreate, H_cuMemRelease, H_cuMemMap, H_cuMemUnmap, H_cuArrayCreate_v2, H_cuArray3DCreate_v2,
-    H_cuMipmappedArrayCreate, H_cuArrayDestroy, H_cuMipmappedArrayDestroy,
-    H_cuMemGetInfo_v2, H_cuDeviceTotalMem_v2,
-    H_cuCtxCreate_v2, H_cuCtxCreate_v3, H_cuCtxCreate_v4, H_cuCtxDestroy_v2,
-    H_cuDevicePrimaryCtxRetain, H_cuDevicePrimaryCtxRelease_v2, H_cuDevicePrimaryCtxReset_v2,
-    H_cuModuleLoad, H_cuModuleLoadData, H_cuModuleLoadDataEx, H_cuModuleLoadFatBinary,
-    H_cuModuleUnload, H_cuLibraryLoadData, H_cuLibraryLoadFromFile, H_cuLibraryUnload,
-    H_cuLaunchKernel, H_cuLaunchKernel_ptsz, H_cuLaunchKernelEx, H_cuLaunchKernelEx_ptsz,
-    H_cuLaunchCooperativeKernel, H_cuLaunchCooperativeKernel_ptsz,
-    H_cuGraphLaunch, H_cuGraphLaunch_ptsz, H_cuLaunch, H_cuLaunchGrid, H_cuLaunchGridAsync,
-    /* resolved for the shim's own use */
-    H_cuDeviceGetCount, H_cuDeviceGetUuid, H_cuCtxGetDevice, H_cuCtxGetCurrent,
-    H_cuCtxPushCurrent_v2, H_cuCtxPopCurrent_v2, H_cuDeviceGetMemPool, H_cuMemPoolGetAttribute, H_cuDeviceGetGraphMemAttribute,
-    H_cuEventCreate, H_cuEventRecord, H_cuEventSynchronize, H_cuEventElapsedTime,
-    H_cuEventDestroy_v2, H_cuStreamIsCapturing, H_cuThreadExchangeStreamCaptureMode,
-    H_cuArrayGetMemoryRequirements, H_cuMipmappedArrayGetMemoryRequirements,
-    /* NVML */
-    H_nvmlDeviceGetMemoryInfo, H_nvmlDeviceGetMemoryInfo_v2,
-    H_nvmlInit_v2, H_nvmlDeviceGetHandleByUUID, H_nvmlDeviceGetIndex, H_nvmlDeviceGetUUID,
-    H_nvmlDeviceGetUtilizationRates, H_nvmlDeviceGetProcessUtilization,
-    H_nvmlDeviceGetComputeRunningProcesses_v2, H_nvmlDeviceGetComputeRunningProcesses,
-    H_nvmlDeviceGetComputeRunningProcesses_v3, H_nvmlDeviceGetGraphicsRunningProcesses_v2,
-    H_nvmlDeviceGetGraphicsRunningProcesses_v3,
-    H_COUNT
-};
+#define VGPU_HOOK_ID(sym, base, since, lib, ptsz, hook) H_##sym,
+enum vgpu_hook_id { VGPU_HOOK_TABLE(VGPU_HOOK_ID) H_COUNT };
+#undef VGPU_HOOK_ID
 
 extern struct vgpu_hook vgpu_hooks[H_COUNT];
 
@@ -388,6 +362,15 @@ VGPU_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *, const CUDA_ARRAY
 VGPU_EXPORT CUresult cuArrayDestroy(CUarray);
 VGPU_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray);
 VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *, size_t *);
+/* the v1 ABI (before CUDA 3.2: 32-bit sizes and device pointers; alloc.c) */
+VGPU_EXPORT CUresult cuMemAlloc(unsigned int *, unsigned int);
+VGPU_EXPORT CUresult cuMemAllocPitch(unsigned int *, unsigned int *, unsigned int, unsigned int,
+                                     unsigned int);
+VGPU_EXPORT CUresult cuArrayCreate(CUarray *, const void *);
+VGPU_EXPORT CUresult cuArray3DCreate(CUarray *, const void *);
+VGPU_EXPORT CUresult cuCtxCreate(CUcontext *, unsigned int, CUdevice);
+VGPU_EXPORT CUresult cuMemGetInfo(unsigned int *, unsigned int *);
+VGPU_EXPORT CUresult cuDeviceTotalMem(unsigned int *, CUdevice);
 VGPU_EXPORT CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
 VGPU_EXPORT CUresult cuCtxCreate_v2(CUcontext *, unsigned int, CUdevice);
 VGPU_EXPORT CUresult cuCtxCreate_v3(CUcontext *, CUexecAffinityParam *, int, unsigned int,

@@ -4,6 +4,8 @@ still mapped, legacy launch entry points, and NVML's process and utilisation que
 
 from __future__ import annotations
 
+import pytest
+
 MiB = 1 << 20
 OOM = 2
 
@@ -79,3 +81,19 @@ def test_graph_memory_counts_until_trimmed(node):
     assert r.rcs("graphmem") == [0] and r.rcs("graphtrim") == [0]
     assert r.rcs("alloc") == [OOM, 0]  # the graph's memory stays reserved until the trim
     assert int(r.one("devused")["used"]) == 600 * MiB
+
+
+NOT_SUPPORTED = 801
+
+
+@pytest.mark.parametrize("mode", ["link", "dlopen", "getproc"])
+def test_the_v1_abi_neither_allocates_past_the_slice_nor_shows_the_card(node, mode):
+    """cuMemAlloc, cuMemAllocPitch, cuMemGetInfo, cuDeviceTotalMem without _v2 (CUDA before
+    3.2, still exported by drivers): allocations are refused, queries show the slice."""
+    box = node.container("c", "memory_mib=1024")
+    r = box.run("init", "ctx", "alloc:600M", "alloc1:600M", "pitch1:1024:600K", "info1", "total1",
+                mode=mode)
+    assert r.returncode == 0, r.stderr
+    assert r.rcs("alloc1") == [NOT_SUPPORTED] and r.rcs("pitch1") == [NOT_SUPPORTED]
+    assert int(r.one("info1")["total"]) == 1024 * MiB and int(r.one("info1")["free"]) == 424 * MiB
+    assert int(r.one("total1")["total"]) == 1024 * MiB

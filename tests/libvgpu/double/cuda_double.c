@@ -475,6 +475,30 @@ EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
 
 /* ---- devices and contexts -------------------------------------------------------------- */
 
+/* The v1 ABI (CUDA before 3.2: 32-bit sizes and device pointers), which drivers still export. */
+EXPORT CUresult cuMemAlloc(unsigned int *p, unsigned int n) {
+    CUdeviceptr d = 0;
+    CUresult rc = alloc(&d, n, A_PTR);
+    if (!rc && p) *p = (unsigned int)d;
+    return rc;
+}
+EXPORT CUresult cuMemAllocPitch(unsigned int *p, unsigned int *pitch, unsigned int w, unsigned int h,
+                                unsigned int elem) {
+    CUdeviceptr d = 0;
+    size_t pt = 0;
+    CUresult rc = cuMemAllocPitch_v2(&d, &pt, w, h, elem);
+    if (!rc && p) *p = (unsigned int)d;
+    if (!rc && pitch) *pitch = (unsigned int)pt;
+    return rc;
+}
+EXPORT CUresult cuMemGetInfo(unsigned int *f, unsigned int *t) {
+    size_t a = 0, b = 0;
+    CUresult rc = cuMemGetInfo_v2(&a, &b);
+    if (!rc && f) *f = a > 0xffffffffu ? 0xffffffffu : (unsigned int)a;
+    if (!rc && t) *t = b > 0xffffffffu ? 0xffffffffu : (unsigned int)b;
+    return rc;
+}
+
 EXPORT CUresult cuInit(unsigned flags) {
     if (flags) return CUDA_ERROR_INVALID_VALUE;
     dbl_ready();
@@ -513,6 +537,12 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     if (d < 0 || d >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
     *bytes = dbl->dev[d].total;
     return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
+    size_t b = 0;
+    CUresult rc = cuDeviceTotalMem_v2(&b, d);
+    if (!rc && bytes) *bytes = b > 0xffffffffu ? 0xffffffffu : (unsigned int)b;
+    return rc;
 }
 EXPORT CUresult cuGetErrorString(CUresult e, const char **s) {
     *s = e == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : e ? "error" : "no error";
@@ -1091,6 +1121,10 @@ static const struct {
     P("cuDeviceGet", 2000, 0, cuDeviceGet),
     P("cuDeviceGetUuid", 9020, 0, cuDeviceGetUuid),
     P("cuDeviceTotalMem", 3020, 0, cuDeviceTotalMem_v2),
+    P("cuDeviceTotalMem", 2000, 0, cuDeviceTotalMem),
+    P("cuMemAlloc", 2000, 0, cuMemAlloc),
+    P("cuMemAllocPitch", 2000, 0, cuMemAllocPitch),
+    P("cuMemGetInfo", 2000, 0, cuMemGetInfo),
     P("cuGetErrorString", 6000, 0, cuGetErrorString),
     P("cuCtxCreate", 3020, 0, cuCtxCreate_v2),
     P("cuCtxCreate", 11040, 0, cuCtxCreate_v3),

@@ -32,6 +32,8 @@
  *   capturewhile:US[:sync]                 another thread launches a kernel of US (and with sync
  *                                          synchronises the context) while this one captures a
  *                                          stream (global mode)
+ *   alloc1:N | pitch1:W:H | info1 | total1  the v1 ABI (32-bit: cuMemAlloc, cuMemAllocPitch,
+ *                                          cuMemGetInfo, cuDeviceTotalMem without _v2)
  *   procaddr | errstr | devused[:dev] | fork:N | sleep:MS | waitfile:PATH | ready | wait
  */
 #define _GNU_SOURCE
@@ -145,6 +147,17 @@ static void *sym(const char *name, const char *base) {
         p = dlsym(cuda_handle, name);
     }
     return p;
+}
+
+/* A v1 entry point (CUDA before 3.2): by its own name, or cuGetProcAddress at version 3000. */
+static void *sym_v1(const char *name) {
+    void *p = NULL;
+    if (strcmp(mode, "getproc") == 0) {
+        CUdriverProcAddressQueryResult st;
+        if (D.cuGetProcAddress(name, &p, 3000, 0, &st) != CUDA_SUCCESS) p = NULL;
+        return p;
+    }
+    return dlsym(strcmp(mode, "link") == 0 ? RTLD_DEFAULT : cuda_handle, name);
 }
 
 static void resolve(void) {
@@ -608,6 +621,27 @@ static int step(char *arg) {
             if (t >= end) break;
         }
         printf(" end_ms=%.1f launches=%ld rc=%d\n", last / 1e6, launches, rc);
+    } else if (!strcmp(cmd, "alloc1") || !strcmp(cmd, "pitch1")) { /* the v1 ABI */
+        unsigned int p = 0, pitch = 0;
+        if (!strcmp(cmd, "alloc1")) {
+            CUresult (*f)(unsigned int *, unsigned int) = (__typeof__(f))sym_v1("cuMemAlloc");
+            rc = f ? f(&p, (unsigned int)size_arg(a[1])) : 500;
+        } else {
+            CUresult (*f)(unsigned int *, unsigned int *, unsigned int, unsigned int, unsigned int) =
+                (__typeof__(f))sym_v1("cuMemAllocPitch");
+            rc = f ? f(&p, &pitch, (unsigned int)size_arg(a[1]), (unsigned int)size_arg(a[2]), 4) : 500;
+        }
+        printf("%s rc=%d\n", cmd, rc);
+    } else if (!strcmp(cmd, "info1") || !strcmp(cmd, "total1")) {
+        unsigned int fr = 0, tot = 0;
+        if (!strcmp(cmd, "info1")) {
+            CUresult (*f)(unsigned int *, unsigned int *) = (__typeof__(f))sym_v1("cuMemGetInfo");
+            rc = f ? f(&fr, &tot) : 500;
+        } else {
+            CUresult (*f)(unsigned int *, CUdevice) = (__typeof__(f))sym_v1("cuDeviceTotalMem");
+            rc = f ? f(&tot, 0) : 500;
+        }
+        printf("%s rc=%d free=%u total=%u\n", cmd, rc, fr, tot);
     } else if (!strcmp(cmd, "capture")) { /* capture:N:US */
         CUfunction f = kernel((unsigned)atoi(a[2]));
         CUstream s = NULL;
