@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from .errors import ApiError
-from .quota import quota_status
+from .quota import counted_type, quota_status
 from .resources import BY_KEY, STORAGE_TYPES, ResourceType
 from .store import Event
 
@@ -148,9 +148,10 @@ class Controllers:
     # ---------------------------------------------------------------- resource quotas
 
     def _quotas(self, srt: ResourceType, ev: Event) -> None:
-        if srt.kind not in ("Pod", "ResourceQuota"):
-            return
         if srt.kind == "ResourceQuota" and ev.type == "DELETED":
+            return
+        if srt.kind not in ("Pod", "ResourceQuota") and (
+                not srt.namespaced or ev.type == "MODIFIED"):
             return
         ns = ev.obj["metadata"].get("namespace")
         self.refresh_quotas(ns)
@@ -163,7 +164,13 @@ class Controllers:
             pods = [p for p in self.store.raw_objects("pods")
                     if p["metadata"].get("namespace") == namespace]
             for q in quotas:
-                status = quota_status(q, pods)
+                counts = {}
+                for res in (q.get("spec") or {}).get("hard") or {}:
+                    counted = counted_type(res)
+                    if counted is not None and counted in BY_KEY:
+                        counts[res] = sum(1 for o in self.store.raw_objects(counted[1], counted[0])
+                                          if o["metadata"].get("namespace") == namespace)
+                status = quota_status(q, pods, counts)
 
                 def set_status(o: dict, status: dict = status) -> None:
                     o["status"] = status

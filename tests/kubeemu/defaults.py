@@ -6,6 +6,8 @@ import base64
 import ipaddress
 from typing import Any
 
+from .limitrange import default_limit_range
+
 
 def _image_pull_policy(image: str) -> str:
     last = image.rsplit("/", 1)[-1]
@@ -228,6 +230,8 @@ def apply_defaults(kind: str, obj: dict, cluster_ips: ClusterIPAllocator) -> Non
         default_namespace(obj)
     elif kind == "PersistentVolumeClaim":
         default_pvc(obj)
+    elif kind == "LimitRange":
+        default_limit_range(obj)
     elif kind == "Event":
         default_event(obj)
     elif kind == "PriorityClass":

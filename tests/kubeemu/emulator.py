@@ -31,6 +31,7 @@ from .rbac import Authorizer
 from .resources import BY_KEY, ResourceType, by_plural
 from .scheduler import Scheduler, set_condition
 from .store import SYSTEM_NAMESPACES, Store, micro_time, rfc3339
+from .volumes import STANDARD_CLASS, VolumeController
 
 log = logging.getLogger("kubeemu")
 _LIVE: weakref.WeakSet[KubeEmulator] = weakref.WeakSet()
@@ -107,7 +108,12 @@ class KubeEmulator:
             same path, ``"/host/path:/container/path"`` elsewhere (``"/proc:/run/host-proc"``:
             the host's process view, as a GPU driver has it).
         pod_env: extra environment for every pod process (below the pod's own env).
-        history_size: watch events kept per resource type; older resourceVersions get 410.
+        history_size: watch events kept per resource type at most; older resourceVersions
+            get 410.
+        watch_cache_capacity, watch_cache_fresh_seconds: as kube-apiserver's watch cache,
+            past ``watch_cache_capacity`` events (100) a resource type's history drops events
+            older than ``watch_cache_fresh_seconds`` (75 s): a watch from a resourceVersion
+            older than what is kept gets 410 Gone "too old resource version".
         bookmark_interval: seconds between BOOKMARK events on watches that allow them.
         restart_backoff_seconds: first container restart delay (doubles, capped at 300 s).
         scheduler_names: spec.schedulerName values this emulator schedules.
@@ -118,6 +124,7 @@ class KubeEmulator:
                  data_dir: str | Path | None = None, pod_network: str = "127.64.0.0/10",
                  images: Mapping[str, Image] | None = None, node_mounts: Sequence[str] = (),
                  pod_env: Mapping[str, str] | None = None, history_size: int = 5000,
+                 watch_cache_capacity: int = 100, watch_cache_fresh_seconds: float = 75.0,
                  bookmark_interval: float = 5.0, restart_backoff_seconds: float = 10.0,
                  scheduler_names: Sequence[str] = ("default-scheduler",),
                  default_node_name: str = "emu-node", keep_pod_dirs: bool = False) -> None:
@@ -137,7 +144,8 @@ class KubeEmulator:
         self.scheduler_names = tuple(scheduler_names)
         self.default_node_name = default_node_name
         self.keep_pod_dirs = keep_pod_dirs
-        self.store = Store(history_size=history_size)
+        self.store = Store(history_size=history_size, cache_capacity=watch_cache_capacity,
+                           cache_fresh_seconds=watch_cache_fresh_seconds)
         self.authorizer = Authorizer(self.store)
         self.requests: deque[tuple[str, str, str]] = deque(maxlen=10000)
         self.active_watches = 0
@@ -150,6 +158,7 @@ class KubeEmulator:
         self.kubelet: Kubelet
         self.scheduler: Scheduler
         self.controllers: Controllers
+        self.volumes: VolumeController
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -193,6 +202,7 @@ class KubeEmulator:
         self.kubelet = Kubelet(self)
         self.scheduler = Scheduler(self)
         self.controllers = Controllers(self)
+        self.volumes = VolumeController(self)
         ready = threading.Event()
         failure: list[BaseException] = []
 
@@ -228,6 +238,7 @@ class KubeEmulator:
         for ns in list(SYSTEM_NAMESPACES) + self._initial_namespaces:
             with contextlib.suppress(ApiError):
                 self.create({"metadata": {"name": ns}}, "namespaces")
+        self.store.create(BY_KEY[("storage.k8s.io", "storageclasses")], None, STANDARD_CLASS)
         for node in self._initial_nodes:
             self.store.create(BY_KEY[("", "nodes")], None, node)
         _LIVE.add(self)
@@ -358,13 +369,15 @@ class KubeEmulator:
         pid = self.pod_pid(name, namespace)
         return Path(f"/proc/{pid}/root") if pid else None
 
-    def pod_log(self, name: str, namespace: str = "default", container: str | None = None
-                ) -> str:
+    def pod_log(self, name: str, namespace: str = "default", container: str | None = None,
+                previous: bool = False) -> str:
+        """The log of the container's current run (``previous``: of the run before), as
+        ``pods/log`` answers it; "" when there is none."""
         pod = self.get("pods", name, namespace)
         if pod is None:
             raise KeyError(f"pod {namespace}/{name} does not exist")
         container = container or pod["spec"]["containers"][0]["name"]
-        path = self.kubelet.log_path(namespace, name, container)
+        path = self.kubelet.log_path(namespace, name, container, previous)
         if path is None or not path.exists():
             return ""
         return path.read_text(errors="replace")

@@ -13,12 +13,13 @@ from .emulator import KubeEmulator
 
 def http(emu: KubeEmulator, method: str, path: str, body: Any = None,
          content_type: str = "application/json") -> tuple[int, Any]:
-    """A raw request to the emulator: (status, decoded JSON body or text)."""
+    """A raw request to the emulator as its admin: (status, decoded JSON body or text)."""
     data = None
     if body is not None:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
     req = urllib.request.Request(emu.url + path, data=data, method=method,
-                                 headers={"Content-Type": content_type})
+                                 headers={"Content-Type": content_type,
+                                          "Authorization": "Bearer kubeemu-token"})
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             code, raw = resp.status, resp.read()

@@ -156,6 +156,7 @@ class PodRuntime:
         self.run_ctx: dict[str, Any] | None = None  # env, identity ... for exec and probes
         self.hosts_path = self.dir / "etc-hosts"
         self.attempt = 0
+        self.runs: dict[str, int] = {}  # containers started, per container name
         self.pulled: set[str] = set()
         self.terminating = asyncio.Event()
         self.kill_at: float | None = None
@@ -196,8 +197,11 @@ class PodRuntime:
             return None
         return pod if pod["metadata"]["uid"] == self.uid else None
 
-    def log_path(self, container: str) -> Path:
-        return self.dir / "logs" / f"{container}.log"
+    def log_path(self, container: str, previous: bool = False) -> Path | None:
+        """The log of the container's current run (previous: the run before), or None. As the
+        kubelet, only those two are kept."""
+        n = self.runs.get(container, 0) - (1 if previous else 0)
+        return self.dir / "logs" / f"{container}-{n}.log" if n >= 1 else None
 
     def event(self, reason: str, message: str, type: str = "Normal",
               container: str | None = None, once: bool = False) -> None:
@@ -608,8 +612,10 @@ class PodRuntime:
                 "work": str(cdir / "work"), "state": str(cdir / "state.json"),
                 "hostname": run["hostname"],
                 "cgroup": str(self.cgroup.path) if self.cgroup else None}
-        logfile = self.log_path(container)
+        self.runs[container] = self.runs.get(container, 0) + 1
+        logfile = self.dir / "logs" / f"{container}-{self.runs[container]}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
+        (logfile.parent / f"{container}-{self.runs[container] - 2}.log").unlink(missing_ok=True)
         proc, pid1 = await ctr.start(spec, cdir / "spec.json", logfile)
         self.kubelet.pgids.add(proc.pid)
         self.proc_pids = (proc.pid, pid1)
@@ -1159,9 +1165,10 @@ class Kubelet:
     def runtime_for(self, ns: str, name: str) -> PodRuntime | None:
         return self.dirs.get((ns, name))
 
-    def log_path(self, ns: str, name: str, container: str) -> Path | None:
+    def log_path(self, ns: str, name: str, container: str, previous: bool = False
+                 ) -> Path | None:
         rt = self.dirs.get((ns, name))
-        return rt.log_path(container) if rt else None
+        return rt.log_path(container, previous) if rt else None
 
     def is_running(self, ns: str, name: str, uid: str) -> bool:
         rt = self.runtimes.get(uid)

@@ -45,10 +45,11 @@ MERGE_KEYS: dict[str, str] = {
 SET_LISTS = {"finalizers"}
 
 
-def _smp_list(field: str, target: list, patch: list, parent: dict | None) -> list:
+def _smp_list(field: str, target: list, patch: list) -> list:
     key = MERGE_KEYS.get(field)
-    if field == "ports" and parent is not None and "selector" in parent:
-        key = "port"  # Service ports merge on port
+    if field == "ports" and not any(isinstance(x, dict) and "containerPort" in x
+                                    for x in [*target, *patch]):
+        key = "port"  # a Service's ports merge on port (a container's on containerPort)
     if field in SET_LISTS:
         out = list(target)
         for item in patch:
@@ -92,7 +93,7 @@ def strategic_merge_patch(target: Any, patch: Any) -> Any:
         if v is None:
             result.pop(k, None)
         elif isinstance(v, list) and isinstance(result.get(k), list):
-            result[k] = _smp_list(k, result[k], v, patch)
+            result[k] = _smp_list(k, result[k], v)
         elif isinstance(v, list):
             result[k] = [strategic_merge_patch({}, x) if isinstance(x, dict) else x
                          for x in v if not (isinstance(x, dict) and x.get("$patch") == "delete")]

@@ -62,6 +62,12 @@ class ExecHandler(tornado.websocket.WebSocketHandler):
 
     async def get(self, version: str, ns: str, name: str) -> None:  # type: ignore[override]
         self.emu.requests.append(("GET", self.request.path, self.request.query))
+        try:  # the WebSocket upgrade needs "create" on pods/exec (kube-apiserver 1.31+)
+            self.emu.authorizer.check(self.request.headers.get("Authorization"), "create", "",
+                                      "pods", "exec", ns, name)
+        except ApiError as e:
+            self._refuse(e)
+            return
         pod = self.emu.get("pods", name, ns)
         if pod is None:
             self._refuse(E.not_found("pods", "", name))

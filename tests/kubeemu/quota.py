@@ -69,7 +69,7 @@ def quota_violation(quota: dict, new: dict[str, Fraction],
         return f"failed quota: {name}: must specify {','.join(missing)}"
     exceeded = []
     for res in sorted(hard):
-        if not _applies_to_pods(res) or res not in new:
+        if res not in new or (not _applies_to_pods(res) and counted_type(res) is None):
             continue
         used = sum((u.get(res, Fraction(0)) for u in existing), Fraction(0))
         if used + new[res] > hard[res]:
@@ -83,7 +83,33 @@ def quota_violation(quota: dict, new: dict[str, Fraction],
     return f"exceeded quota: {name}, requested: {fmt(1)}, used: {fmt(2)}, limited: {fmt(3)}"
 
 
-def quota_status(quota: dict, pods: list[dict]) -> dict:
+#: core types a quota also counts by their plain plural ("secrets": "10")
+_LEGACY_COUNTS = frozenset({"configmaps", "secrets", "services", "persistentvolumeclaims",
+                            "resourcequotas", "replicationcontrollers"})
+
+
+def count_names(plural: str, group: str) -> tuple[str, ...]:
+    """The quota resource names that count objects of a type: ``count/<plural>[.<group>]``."""
+    names = [f"count/{plural}.{group}" if group else f"count/{plural}"]
+    if not group and plural in _LEGACY_COUNTS:
+        names.append(plural)
+    return tuple(names)
+
+
+def counted_type(resource: str) -> tuple[str, str] | None:
+    """(group, plural) of the objects a quota resource name counts; None when it is not an
+    object count (or counts pods, which pod_usage covers)."""
+    if resource in _LEGACY_COUNTS:
+        return "", resource
+    if not resource.startswith("count/") or resource == "count/pods":
+        return None
+    plural, _, group = resource.removeprefix("count/").partition(".")
+    return group, plural
+
+
+def quota_status(quota: dict, pods: list[dict], counts: dict[str, int] | None = None) -> dict:
+    """The status the quota controller writes: ``counts`` holds the number of objects for
+    each object-count resource of the quota."""
     hard = (quota.get("spec") or {}).get("hard") or {}
     usages = [pod_usage(p) for p in pods]
     used = {}
@@ -91,5 +117,5 @@ def quota_status(quota: dict, pods: list[dict]) -> dict:
         if _applies_to_pods(res):
             used[res] = quantity.fmt(sum((u.get(res, Fraction(0)) for u in usages), Fraction(0)))
         else:
-            used[res] = "0"
+            used[res] = str((counts or {}).get(res, 0))
     return {"hard": dict(hard), "used": used}

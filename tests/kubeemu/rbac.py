@@ -2,7 +2,11 @@
 
 The emulator's own kubeconfig token (``kubeemu-token``) is a cluster admin (``system:masters``)
 and so is any token the emulator did not issue (tests and clients that predate RBAC here keep
-working). A token from :meth:`KubeEmulator.service_account_token` is the service account
+working). A request with no token at all is ``system:anonymous`` (group
+``system:unauthenticated``), as with kube-apiserver's default ``--anonymous-auth=true``: no
+binding names it, so it may only read the public-info paths (``/version``, ``/healthz``,
+``/livez``, ``/readyz``) and gets 403 for everything else. A token from
+:meth:`KubeEmulator.service_account_token` is the service account
 ``system:serviceaccount:<ns>:<name>`` (groups ``system:serviceaccounts``,
 ``system:serviceaccounts:<ns>``, ``system:authenticated``), and every request it makes is
 authorized like kube-apiserver's RBAC authorizer: allowed when a Role (through a RoleBinding in
@@ -65,6 +69,11 @@ def _subject_matches(subject: dict, who: Identity, binding_ns: str | None) -> bo
     return False
 
 
+ANONYMOUS = Identity("system:anonymous", ("system:unauthenticated",))
+#: the non-resource paths system:public-info-viewer opens to everyone, anonymous included
+PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
+
+
 class Authorizer:
     """Tokens the emulator issued, and the RBAC check of each request made with one."""
 
@@ -79,6 +88,24 @@ class Authorizer:
             ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"),
         )
         return token
+
+    def identify(self, authorization: str | None) -> Identity | None:
+        """Who makes a request: an issued token's service account, ``system:anonymous`` without
+        a token, None (a cluster admin) for any other token."""
+        token = (authorization or "").removeprefix("Bearer ").strip()
+        if not token:
+            return ANONYMOUS
+        return self.tokens.get(token)
+
+    def check_path(self, authorization: str | None, path: str) -> None:
+        """A non-resource request (discovery, health): anonymous callers only reach the public
+        paths; authenticated ones every path (system:discovery, system:basic-user)."""
+        if self.identify(authorization) is not ANONYMOUS:
+            return
+        if any(path == p or path.startswith(p + "/") for p in PUBLIC_PATHS):
+            return
+        raise ApiError(403, "Forbidden",
+                       f'forbidden: User "system:anonymous" cannot get path "{path}"', {})
 
     def _rules(self, who: Identity, namespace: str | None) -> list[dict]:
         def objects(plural: str) -> list[dict]:
@@ -105,8 +132,7 @@ class Authorizer:
     def check(self, authorization: str | None, verb: str, group: str, plural: str, sub: str | None,
               namespace: str | None, name: str | None) -> None:
         """Raise the API server's 403 unless the caller may do ``verb`` on the resource."""
-        token = (authorization or "").removeprefix("Bearer ").strip()
-        who = self.tokens.get(token)
+        who = self.identify(authorization)
         if who is None:
             return  # the emulator's admin token (or a token it did not issue): system:masters
         resource = f"{plural}/{sub}" if sub else plural

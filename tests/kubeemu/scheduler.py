@@ -20,6 +20,7 @@ from .quota import is_terminal, pod_requests
 from .resources import BY_KEY, ResourceType
 from .selectors import Requirement
 from .store import Event, rfc3339
+from .volumes import is_bound
 
 if TYPE_CHECKING:
     from .emulator import KubeEmulator
@@ -159,10 +160,10 @@ class Scheduler:
                 return
             nodes = sorted(self.store.raw_objects("nodes"), key=lambda n: n["metadata"]["name"])
             pods = self.store.raw_objects("pods")
-            if not nodes:
+            message = self._volume_problem(pod, len(nodes) or 1)
+            if not nodes and message is None:
                 self._bind(pod, self.emu.default_node_name)
                 return
-            message = self._volume_problem(pod, len(nodes))
             fitting: list[dict] = []
             reasons: Counter[str] = Counter()
             if message is None:
@@ -186,15 +187,20 @@ class Scheduler:
 
     def _volume_problem(self, pod: dict, n: int) -> str | None:
         ns = pod["metadata"]["namespace"]
-        claims = {(o["metadata"]["namespace"], o["metadata"]["name"])
+        claims = {(o["metadata"]["namespace"], o["metadata"]["name"]): o
                   for o in self.store.raw_objects("persistentvolumeclaims")}
+        why = None
         for v in (pod.get("spec") or {}).get("volumes") or []:
             claim = (v.get("persistentVolumeClaim") or {}).get("claimName")
             if claim and (ns, claim) not in claims:
-                return (f'0/{n} nodes are available: persistentvolumeclaim "{claim}" not found. '
-                        f"preemption: 0/{n} nodes are available: {n} Preemption is not helpful "
-                        "for scheduling.")
-        return None
+                why = f'persistentvolumeclaim "{claim}" not found'
+                break
+            if claim and not is_bound(claims[(ns, claim)]):
+                why = "pod has unbound immediate PersistentVolumeClaims"
+        if why is None:
+            return None
+        return (f"0/{n} nodes are available: {why}. preemption: 0/{n} nodes are available: {n} "
+                "Preemption is not helpful for scheduling.")
 
     def _filter(self, pod: dict, node: dict, pods: list[dict]) -> list[str]:
         spec = pod.get("spec") or {}

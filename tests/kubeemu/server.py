@@ -16,6 +16,7 @@ from . import resources as R
 from .errors import ApiError
 from .podexec import ExecHandler
 from .rbac import request_verb
+from .schema import FieldValidation
 
 if TYPE_CHECKING:
     from .emulator import KubeEmulator
@@ -36,12 +37,31 @@ class BaseHandler(tornado.web.RequestHandler):
         self.emu = emu
         self.store = emu.store
 
+    #: resource paths are authorized per request (ResourceHandler._route); others here
+    non_resource = True
+
     def prepare(self) -> None:
         self.emu.requests.append((self.request.method, self.request.path,
                                   self.request.query))
+        if self.non_resource:
+            try:
+                self.emu.authorizer.check_path(self.request.headers.get("Authorization"),
+                                               self.request.path.rstrip("/") or "/")
+            except ApiError as e:
+                self.write_api_error(e)
+
+    _fields: FieldValidation | None = None
+
+    def field_validation(self) -> FieldValidation:
+        """This request's ``fieldValidation`` (its warnings go out as Warning headers)."""
+        if self._fields is None:
+            self._fields = FieldValidation.parse(self.arg("fieldValidation"))
+        return self._fields
 
     def write_json(self, obj: Any, code: int = 200) -> None:
         self.set_status(code)
+        for text in (self._fields.warnings if self._fields is not None else []):
+            self.add_header("Warning", "299 - " + json.dumps(text))
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-cache, private")
         self.finish(_dumps(obj))
@@ -140,6 +160,7 @@ class FallbackHandler(BaseHandler):
 class ResourceHandler(BaseHandler):
     """Every /api/v1/... and /apis/<group>/<version>/... resource path."""
 
+    non_resource = False
     _watcher = None
 
     def _route(self, group: str, version: str, rest: str
@@ -312,7 +333,11 @@ class ResourceHandler(BaseHandler):
             container = containers[0]
         elif container not in containers:
             raise E.bad_request(f"container {container} is not valid for pod {name}")
-        path = self.emu.kubelet.log_path(ns or "", name, container)
+        previous = self.flag("previous")
+        path = self.emu.kubelet.log_path(ns or "", name, container, previous)
+        if previous and (path is None or not path.exists()):
+            raise E.bad_request(f'previous terminated container "{container}" in pod "{name}" '
+                                "not found")
         if path is None or not path.exists():
             raise E.bad_request(f'container "{container}" in pod "{name}" is waiting to start: '
                                 "ContainerCreating")
@@ -326,7 +351,7 @@ class ResourceHandler(BaseHandler):
         if limit is not None:
             data = data[:limit]
         self.write(data)
-        if self.flag("follow"):
+        if self.flag("follow") and not previous:
             offset = path.stat().st_size
             try:
                 await self.flush()
@@ -353,7 +378,8 @@ class ResourceHandler(BaseHandler):
             if name is None:
                 if rt.namespaced and ns is None:
                     raise E.method_not_allowed()
-                obj = self.store.create(rt, ns, self.json_body(), dry_run=dry)
+                obj = self.store.create(rt, ns, self.json_body(), dry_run=dry,
+                                        fields=self.field_validation())
                 self.write_json(obj, 201)
             elif sub == "binding":
                 self.emu.bind_pod(ns or "", name, self.json_body())
@@ -378,7 +404,8 @@ class ResourceHandler(BaseHandler):
                 raise E.method_not_allowed()
             obj = self.store.update(rt, ns, name, self.json_body(),
                                     subresource="status" if sub == "status" else None,
-                                    dry_run=self.arg("dryRun") == "All")
+                                    dry_run=self.arg("dryRun") == "All",
+                                    fields=self.field_validation())
             self.write_json(obj)
         except ApiError as e:
             self.write_api_error(e)
@@ -404,11 +431,14 @@ class ResourceHandler(BaseHandler):
                     if e.code != 404:
                         raise
                     body.setdefault("metadata", {})["name"] = name
-                    self.write_json(self.store.create(rt, ns, body, dry_run=dry), 201)
+                    self.write_json(self.store.create(rt, ns, body, dry_run=dry,
+                                                      fields=self.field_validation()), 201)
                     return
-                obj = self.store.patch(rt, ns, name, "merge", body, sub, dry)
+                obj = self.store.patch(rt, ns, name, "merge", body, sub, dry,
+                                       self.field_validation())
             else:
-                obj = self.store.patch(rt, ns, name, kinds[ctype], self.json_body(), sub, dry)
+                obj = self.store.patch(rt, ns, name, kinds[ctype], self.json_body(), sub, dry,
+                                       self.field_validation())
             self.write_json(obj)
         except ApiError as e:
             self.write_api_error(e)

@@ -26,6 +26,7 @@ from .defaults import ClusterIPAllocator, apply_defaults
 from .errors import ApiError
 from .patch import PatchError, json_patch, merge_patch, strategic_merge_patch
 from .resources import BY_KEY, STORAGE_TYPES, ResourceType
+from .schema import FieldValidation
 from .selectors import field_matcher, label_matcher
 from .validation import validate, validate_metadata
 
@@ -50,6 +51,7 @@ class Event:
     type: str  # ADDED | MODIFIED | DELETED
     obj: dict  # stored (storage-version) object, never mutated after recording
     old: dict | None = None
+    at: float = field(default_factory=time.monotonic)
 
 
 class Watcher:
@@ -122,10 +124,13 @@ class _TypeState:
 
 
 class Store:
-    def __init__(self, history_size: int = 5000) -> None:
+    def __init__(self, history_size: int = 5000, cache_capacity: int = 100,
+                 cache_fresh_seconds: float = 75.0) -> None:
         self.lock = threading.RLock()
         self.rv = 1
         self.history_size = history_size
+        self.cache_capacity = cache_capacity
+        self.cache_fresh_seconds = cache_fresh_seconds
         self._types: dict[tuple[str, str], _TypeState] = {r.key: _TypeState()
                                                           for r in STORAGE_TYPES}
         self._uids: dict[str, tuple[tuple[str, str], str, str]] = {}
@@ -161,7 +166,11 @@ class Store:
         st = self._types[srt.key]
         ev = Event(int(obj["metadata"]["resourceVersion"]), etype, obj, old)
         st.history.append(ev)
-        while len(st.history) > self.history_size:
+        # kube-apiserver's watch cache: past its capacity it keeps growing only while its
+        # oldest event is fresh; a watch from a version it no longer holds gets 410 Gone
+        while len(st.history) > self.history_size or (
+                len(st.history) > self.cache_capacity
+                and ev.at - st.history[0].at > self.cache_fresh_seconds):
             st.floor = st.history.popleft().rv
         for w in list(st.watchers):
             w.push(ev)
@@ -251,7 +260,8 @@ class Store:
 
     # ------------------------------------------------------------------ writes
 
-    def _decode(self, rt: ResourceType, body: Any, verb: str) -> dict:
+    def _decode(self, rt: ResourceType, body: Any, verb: str,
+                fields: FieldValidation | None = None) -> dict:
         if not isinstance(body, dict):
             raise E.bad_request(f"the body of the request was in an unknown format: expected a "
                                 f"{rt.kind} object")
@@ -263,6 +273,8 @@ class Store:
         if body.get("apiVersion") and body["apiVersion"] != rt.api_version:
             raise E.bad_request(f'the API version in the data ({body["apiVersion"]}) does not '
                                 f'match the expected API version ({rt.api_version})')
+        if fields is not None:
+            fields.check(rt, body)
         if rt.from_view is not None:
             body = rt.from_view(body)
         srt = self.storage_type(rt)
@@ -294,8 +306,8 @@ class Store:
             raise E.invalid_object(srt.kind, srt.group, meta.get("name") or "", errs)
 
     def create(self, rt: ResourceType, namespace: str | None, body: Any,
-               dry_run: bool = False) -> dict:
-        obj = self._decode(rt, body, "create")
+               dry_run: bool = False, fields: FieldValidation | None = None) -> dict:
+        obj = self._decode(rt, body, "create", fields or FieldValidation("Ignore"))
         srt = self.storage_type(rt)
         meta = obj["metadata"]
         with self.lock:
@@ -330,6 +342,10 @@ class Store:
                 pass  # malformed object: validation reports it
             if srt.kind == "Pod":
                 self._admit_pod(obj)
+            elif srt.kind == "PersistentVolumeClaim":
+                from .volumes import default_storage_class
+
+                default_storage_class(obj, self.raw_objects("storageclasses", "storage.k8s.io"))
             self._validate(srt, obj, None)
             key = self._key(srt, namespace, name)
             if key in self._state(srt).objects:
@@ -337,6 +353,8 @@ class Store:
             if srt.kind == "Pod":
                 self._pod_security(obj, name)
                 self._check_quota(obj, name)
+            elif srt.namespaced:
+                self._check_count_quota(srt, namespace or "", name)
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = rfc3339()
             if srt.has_generation:
@@ -351,13 +369,15 @@ class Store:
             return self.view(rt, obj)
 
     def update(self, rt: ResourceType, namespace: str | None, name: str, body: Any,
-               subresource: str | None = None, dry_run: bool = False) -> dict:
-        new = self._decode(rt, body, "update")
+               subresource: str | None = None, dry_run: bool = False,
+               fields: FieldValidation | None = None) -> dict:
+        new = self._decode(rt, body, "update", fields or FieldValidation("Ignore"))
         with self.lock:
             return self._update(rt, namespace, name, new, subresource, dry_run)
 
     def patch(self, rt: ResourceType, namespace: str | None, name: str, patch_type: str,
-              patch: Any, subresource: str | None = None, dry_run: bool = False) -> dict:
+              patch: Any, subresource: str | None = None, dry_run: bool = False,
+              fields: FieldValidation | None = None) -> dict:
         with self.lock:
             srt = self.storage_type(rt)
             stored = self._state(srt).objects.get(self._key(srt, namespace, name))
@@ -381,7 +401,7 @@ class Store:
                 if e.code == 400:
                     raise E.bad_request(str(e)) from None
                 raise ApiError(422, "Invalid", str(e), {}) from None
-            new = self._decode(rt, new, "patch")
+            new = self._decode(rt, new, "patch", fields or FieldValidation("Ignore"))
             return self._update(rt, namespace, name, new, subresource, dry_run)
 
     def _update(self, rt: ResourceType, namespace: str | None, name: str, new: dict,
@@ -610,7 +630,8 @@ class Store:
     # ------------------------------------------------------------------ pod admission
 
     def _admit_pod(self, pod: dict) -> None:
-        """Admission plugins of a default cluster: Priority, RuntimeClass, ServiceAccount."""
+        """Admission plugins of a default cluster: Priority, RuntimeClass, ServiceAccount,
+        LimitRanger."""
         spec = pod.get("spec")
         if not isinstance(spec, dict):
             return
@@ -657,6 +678,16 @@ class Store:
             raise E.forbidden_error("pods", "", name,
                                     f"error looking up service account {ns}/{sa}: "
                                     f'serviceaccount "{sa}" not found')
+        from .defaults import qos_class
+        from .limitrange import admit_pod
+
+        ranges = [o for (ons, _), o in self._types[("", "limitranges")].objects.items()
+                  if ons == ns]
+        if ranges:
+            why = admit_pod(pod, ranges)
+            if why:
+                raise E.forbidden_error("pods", "", name, why)
+            pod.setdefault("status", {})["qosClass"] = qos_class(spec)
         for hook in self.pod_admission:
             hook(pod)
 
@@ -683,6 +714,23 @@ class Store:
             why = quota_violation(q, pod_usage(pod), [pod_usage(p) for p in running])
             if why:
                 raise E.forbidden_error("pods", "", name, why)
+
+    def _check_count_quota(self, srt: ResourceType, ns: str, name: str) -> None:
+        """ResourceQuota admission of object counts (``count/configmaps``, ``secrets`` ...)."""
+        from fractions import Fraction
+
+        from .quota import count_names, quota_violation
+
+        names = count_names(srt.plural, srt.group)
+        for (qns, _), q in self._types[("", "resourcequotas")].objects.items():
+            hard = (q.get("spec") or {}).get("hard") or {}
+            if qns != ns or not any(n in hard for n in names):
+                continue
+            have = sum(1 for (ons, _) in self._types[srt.key].objects if ons == ns)
+            one = {n: Fraction(1) for n in names}
+            why = quota_violation(q, one, [{n: Fraction(have) for n in names}])
+            if why:
+                raise E.forbidden_error(srt.plural, srt.group, name, why)
 
     # ------------------------------------------------------------------ watch
 

@@ -98,7 +98,9 @@ async def test_object_leaving_a_label_selector_is_reported_deleted(acore, kube_n
 
 
 def _raw_watch_lines(emu, path: str, timeout: float = 10) -> list[dict]:
-    with urllib.request.urlopen(emu.url + path, timeout=timeout) as resp:
+    req = urllib.request.Request(emu.url + path,
+                                 headers={"Authorization": "Bearer kubeemu-token"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
         return [json.loads(line) for line in resp.read().decode().splitlines() if line.strip()]
 
 

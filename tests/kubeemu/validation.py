@@ -6,6 +6,7 @@ k8s.io/kubernetes/pkg/apis/core/validation, so a 422 from the emulator reads lik
 
 from __future__ import annotations
 
+import base64
 import re
 from typing import Any
 
@@ -423,6 +424,27 @@ def validate_service_spec(spec: Any) -> list[FieldError]:
     return errs
 
 
+MAX_DATA_BYTES = 1024 * 1024  # corev1.MaxSecretSize, also the limit of a ConfigMap
+
+
+def _data_size(kind: str, obj: dict) -> int:
+    total = 0
+    for section in ("data", "binaryData"):
+        values = obj.get(section)
+        if not isinstance(values, dict):
+            continue
+        for k, v in values.items():
+            if not isinstance(v, str):
+                continue
+            binary = section == "binaryData" or kind == "Secret"
+            try:
+                size = len(base64.b64decode(v)) if binary else len(v.encode())
+            except ValueError:
+                size = len(v)
+            total += len(k) + size
+    return total
+
+
 def validate(kind: str, obj: dict, old: dict | None = None) -> list[FieldError]:
     """Kind-specific validation (metadata is validated separately)."""
     errs: list[FieldError] = []
@@ -441,6 +463,10 @@ def validate(kind: str, obj: dict, old: dict | None = None) -> list[FieldError]:
             errs.append(forbidden("data", "field is immutable when `immutable` is set"))
         if kind == "Secret" and old is not None and obj.get("type") != old.get("type"):
             errs.append(invalid("type", obj.get("type"), "field is immutable"))
+        if _data_size(kind, obj) > MAX_DATA_BYTES:
+            # ValidateConfigMap / ValidateSecret: keys plus (decoded) values, at most 1 MiB
+            errs.append(FieldError("[]" if kind == "ConfigMap" else "data", "Too long",
+                                   detail=f"must have at most {MAX_DATA_BYTES} bytes"))
     elif kind == "PersistentVolumeClaim":
         spec = obj.get("spec") or {}
         if not spec.get("accessModes"):
