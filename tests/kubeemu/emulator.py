@@ -360,6 +360,13 @@ class KubeEmulator:
     def remove_node(self, name: str) -> None:
         self.store.delete(BY_KEY[("", "nodes")], None, name)
 
+    @property
+    def audit_events(self) -> list[dict]:
+        """Audit events that carry annotations (Pod Security ``audit`` mode), oldest first:
+        ``{"verb", "objectRef": {"resource", "namespace", "name", "apiVersion"},
+        "annotations"}``."""
+        return list(self.store.audit)
+
     def compact(self, resource_version: int | None = None) -> None:
         """Drop watch history (like etcd compaction): older watches get 410 Gone."""
         self.store.compact(resource_version)

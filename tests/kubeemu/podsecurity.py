@@ -2,7 +2,10 @@
 (https://kubernetes.io/docs/concepts/security/pod-security-standards/, version "latest" as of
 Kubernetes 1.33), written from the standard's field list. The emulator enforces them on pod
 creation in a namespace labelled ``pod-security.kubernetes.io/enforce``, with the API server's
-message (``violates PodSecurity "baseline:latest": hostPath volumes (volumes "a", "b")``); tests
+message (``violates PodSecurity "baseline:latest": hostPath volumes (volumes "a", "b")``), and
+answers a pod that breaks the level of the ``warn`` label with a ``Warning`` header and one that
+breaks the ``audit`` label's with an audit event (``KubeEmulator.audit_events``) annotated
+``pod-security.kubernetes.io/audit-violations``, both ``would violate PodSecurity ...``; tests
 call :func:`violations` on rendered pods.
 """
 
@@ -13,6 +16,9 @@ from typing import Any
 
 LEVELS = ("privileged", "baseline", "restricted")
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+WARN_LABEL = "pod-security.kubernetes.io/warn"
+AUDIT_LABEL = "pod-security.kubernetes.io/audit"
+AUDIT_ANNOTATION = "pod-security.kubernetes.io/audit-violations"
 
 #: baseline: "Adding additional capabilities beyond those listed below must be disallowed"
 BASELINE_CAPABILITIES = frozenset({
@@ -168,3 +174,11 @@ def enforce_message(pod: Mapping[str, Any], level: str) -> str | None:
     """The refusal of a namespace that enforces ``level`` (None: admitted)."""
     found = violations(pod, level)
     return f'violates PodSecurity "{level}:latest": {", ".join(found)}' if found else None
+
+
+def would_violate(pod: Mapping[str, Any], level: str | None) -> str | None:
+    """The warning (``warn`` mode) or audit annotation (``audit`` mode) for ``level``."""
+    if level not in ("baseline", "restricted"):
+        return None
+    found = violations(pod, level)
+    return f'would violate PodSecurity "{level}:latest": {", ".join(found)}' if found else None

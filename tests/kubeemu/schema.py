@@ -71,7 +71,8 @@ def unknown_fields(obj: Any, type_name: str, path: str = "") -> list[str]:
 
 @dataclass
 class FieldValidation:
-    """One request's field validation: its mode and the warnings it collects."""
+    """One request's field validation: its mode, and the warnings its response carries (the
+    unknown fields it dropped, and admission's, e.g. Pod Security's ``warn`` mode)."""
 
     mode: str = "Warn"
     warnings: list[str] = field(default_factory=list)

@@ -137,6 +137,7 @@ class Store:
         self._listeners: list[Callable[[ResourceType, Event], None]] = []
         self.cluster_ips = ClusterIPAllocator()
         self.pod_admission: list[Callable[[dict], None]] = []
+        self.audit: deque[dict] = deque(maxlen=10000)  # audit events with annotations
 
     # ------------------------------------------------------------------ helpers
 
@@ -307,7 +308,8 @@ class Store:
 
     def create(self, rt: ResourceType, namespace: str | None, body: Any,
                dry_run: bool = False, fields: FieldValidation | None = None) -> dict:
-        obj = self._decode(rt, body, "create", fields or FieldValidation("Ignore"))
+        fields = fields or FieldValidation("Ignore")
+        obj = self._decode(rt, body, "create", fields)
         srt = self.storage_type(rt)
         meta = obj["metadata"]
         with self.lock:
@@ -351,7 +353,7 @@ class Store:
             if key in self._state(srt).objects:
                 raise E.already_exists(srt.plural, srt.group, name)
             if srt.kind == "Pod":
-                self._pod_security(obj, name)
+                self._pod_security(obj, name, fields)
                 self._check_quota(obj, name)
             elif srt.namespaced:
                 self._check_count_quota(srt, namespace or "", name)
@@ -691,15 +693,33 @@ class Store:
         for hook in self.pod_admission:
             hook(pod)
 
-    def _pod_security(self, pod: dict, name: str) -> None:
-        """Pod Security admission: the level of the namespace's enforce label."""
-        from .podsecurity import ENFORCE_LABEL, enforce_message
+    def _pod_security(self, pod: dict, name: str, fields: FieldValidation) -> None:
+        """Pod Security admission: the levels of the namespace's enforce, warn and audit
+        labels (refusal, response warning, audit annotation)."""
+        from .podsecurity import (
+            AUDIT_ANNOTATION,
+            AUDIT_LABEL,
+            ENFORCE_LABEL,
+            WARN_LABEL,
+            enforce_message,
+            would_violate,
+        )
 
-        ns = self._types[("", "namespaces")].objects.get(("", pod["metadata"]["namespace"])) or {}
-        level = ((ns.get("metadata") or {}).get("labels") or {}).get(ENFORCE_LABEL)
+        namespace = pod["metadata"]["namespace"]
+        ns = self._types[("", "namespaces")].objects.get(("", namespace)) or {}
+        labels = (ns.get("metadata") or {}).get("labels") or {}
+        level = labels.get(ENFORCE_LABEL)
         why = enforce_message(pod, level) if level in ("baseline", "restricted") else None
         if why:
             raise E.forbidden_error("pods", "", name, why)
+        warning = would_violate(pod, labels.get(WARN_LABEL))
+        if warning:
+            fields.warnings.append(warning)
+        audit = would_violate(pod, labels.get(AUDIT_LABEL))
+        if audit:
+            self.audit.append({"verb": "create", "objectRef": {
+                "resource": "pods", "namespace": namespace, "name": name, "apiVersion": "v1"},
+                "annotations": {AUDIT_ANNOTATION: audit}})
 
     def _check_quota(self, pod: dict, name: str) -> None:
         """ResourceQuota admission: refuse a pod that would exceed a quota's hard limits."""

@@ -246,3 +246,24 @@ def test_count_quota_refuses_the_object_over_it(kube_emulator, core, kube_namesp
     kube_emulator.wait_for(lambda: (kube_emulator.get("resourcequotas", "objects", ns)
                                     .get("status") or {}).get("used") == {"count/secrets": "2"},
                            message="the quota's status to count the secrets")
+
+
+def test_pod_security_warn_and_audit_modes_admit_the_pod_and_say_why(kube_emulator,
+                                                                      kube_namespace):
+    ns = kube_namespace
+    kube_emulator.patch("namespaces", ns, {"metadata": {"labels": {
+        "pod-security.kubernetes.io/warn": "restricted",
+        "pod-security.kubernetes.io/audit": "baseline"}}}, None)
+    manifest = pod("loose", None, nodeName="nowhere", hostNetwork=True)
+    code, head, body = _raw(kube_emulator, "POST", f"/api/v1/namespaces/{ns}/pods", manifest)
+    assert code == 201, body
+    (warning,) = head.get_all("Warning")
+    assert warning.startswith('299 - "would violate PodSecurity \\"restricted:latest\\": '
+                              "host namespaces (hostNetwork=true), allowPrivilegeEscalation != "
+                              "false")
+    audited = [e for e in kube_emulator.audit_events
+               if e["objectRef"] == {"resource": "pods", "namespace": ns, "name": "loose",
+                                     "apiVersion": "v1"}]
+    assert [e["annotations"] for e in audited] == [{
+        "pod-security.kubernetes.io/audit-violations":
+            'would violate PodSecurity "baseline:latest": host namespaces (hostNetwork=true)'}]
