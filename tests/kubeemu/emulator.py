@@ -31,6 +31,7 @@ from .rbac import Authorizer
 from .resources import BY_KEY, ResourceType, by_plural
 from .scheduler import Scheduler, set_condition
 from .store import SYSTEM_NAMESPACES, Store, micro_time, rfc3339
+from .taints import TaintEviction
 from .volumes import STANDARD_CLASS, VolumeController
 
 log = logging.getLogger("kubeemu")
@@ -159,6 +160,7 @@ class KubeEmulator:
         self.scheduler: Scheduler
         self.controllers: Controllers
         self.volumes: VolumeController
+        self.taint_eviction: TaintEviction
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -203,6 +205,7 @@ class KubeEmulator:
         self.scheduler = Scheduler(self)
         self.controllers = Controllers(self)
         self.volumes = VolumeController(self)
+        self.taint_eviction = TaintEviction(self)
         ready = threading.Event()
         failure: list[BaseException] = []
 

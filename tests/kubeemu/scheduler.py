@@ -2,8 +2,9 @@
 
 Filters (in kube-scheduler's order): NodeUnschedulable, TaintToleration, NodeAffinity
 (nodeSelector + required node affinity), NodeResourcesFit (cpu, memory, pods and extended
-resources such as nvidia.com/gpu against node allocatable), VolumeBinding (PVC exists).
-No scoring beyond "fewest pods, then name" and no preemption. A pod that fits nowhere gets
+resources such as nvidia.com/gpu against node allocatable), VolumeBinding (PVC exists and is
+bound), InterPodAffinity (affinity.py). Scores: preferred node affinity and preferred pod
+(anti-)affinity (affinity.py), then "fewest pods, then name"; no preemption. A pod that fits nowhere gets
 PodScheduled=False/Unschedulable and a FailedScheduling event, and is retried whenever
 nodes, pods or PVCs change.
 """
@@ -16,6 +17,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from . import quantity
+from .affinity import Topology
 from .quota import is_terminal, pod_requests
 from .resources import BY_KEY, ResourceType
 from .selectors import Requirement
@@ -164,18 +166,23 @@ class Scheduler:
             if not nodes and message is None:
                 self._bind(pod, self.emu.default_node_name)
                 return
+            topology = Topology(nodes, pods, self.store.raw_objects("namespaces"))
             fitting: list[dict] = []
             reasons: Counter[str] = Counter()
             if message is None:
                 for node in nodes:
                     why = self._filter(pod, node, pods)
+                    refusal = None if why else topology.refusal(pod, node["metadata"]["name"])
+                    if refusal:
+                        why = [refusal]
                     if not why:
                         fitting.append(node)
                     for r in why:
                         reasons[r] += 1
             if fitting:
-                best = min(fitting, key=lambda n: (node_usage(pods, n["metadata"]["name"])
-                                                   ["pods"], n["metadata"]["name"]))
+                best = min(fitting, key=lambda n: (
+                    -topology.score(pod, n, _term_matches),
+                    node_usage(pods, n["metadata"]["name"])["pods"], n["metadata"]["name"]))
                 self._bind(pod, best["metadata"]["name"])
                 return
             if message is None:
