@@ -164,4 +164,12 @@ def user_gpu(user: Any) -> dict[str, Any] | None:
         "levels": levels,
         "remaining": remaining(levels),
         "simulated": bool(allocator.backend.simulated) if allocator.backend is not None else False,
+        "usage_page": usage_page_offered(),
     }
+
+
+def usage_page_offered() -> bool:
+    """Whether this hub records GPU usage (``configure_hub(metering=True)``): its page /hub/gpu/usage."""
+    from .metering.meter import UsageMeter
+
+    return UsageMeter.initialized()
