@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+from quotas.messages import mib
+
 from .model import Verdict
 
 
@@ -26,5 +28,6 @@ def human(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def gib(mib: int) -> str:
-    return f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib} MiB"
+def gib(size_mib: int) -> str:
+    """A size as every message of the hub writes it (quotas.messages.mib)."""
+    return mib(size_mib)

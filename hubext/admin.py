@@ -22,6 +22,7 @@ from jupyterhub.scopes import needs_scope
 from tornado import web
 
 from quotas import AdmissionState
+from quotas.messages import mib
 
 from .allocator import GPUAllocator
 from .pages import kernel_records, server_names, slice_row, swap_capability, swapped_kernels
@@ -323,7 +324,7 @@ def gpu_bars(pool: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 def _fmt(resource: str, value: int) -> str:
     if resource == "memory_mib":
-        return f"{value / 1024:.1f} GiB" if value >= 1024 else f"{value} MiB"
+        return mib(value)
     return f"{value} %"
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import yaml
 from jupyterhub.traitlets import EntryPointType
 from jupyterhub.utils import exponential_backoff
-from traitlets import Dict, Float, Instance, Integer, Unicode, Union, default
+from traitlets import Dict, Float, Instance, Integer, Unicode, default
 from traitlets.config import SingletonConfigurable
 
 from quotas import (
@@ -115,12 +115,6 @@ class GPUAllocator(SingletonConfigurable):
         help="""Seconds a request may wait in the queue before it gives up with the reason it
         waited for. Keep it below the spawner's start_timeout (JupyterHub deletes a spawn that
         outlives start_timeout). Default: 240.""",
-    )
-    reconcile_interval_seconds = Union(
-        [Float()],
-        default_value=30.0,
-        config=True,
-        help="Seconds between ledger reconciliations with the pool backend. Default: 30.",
     )
 
     backend = Instance(PoolBackend, allow_none=True)

@@ -43,13 +43,17 @@ def configure_hub(
         raise ValueError(f"configure_hub: mode must be one of {', '.join(MODES)}, got {mode!r}")
     from hubext import broker
     from hubext.admin import ADMIN_HANDLERS, TEMPLATES
-    from hubext.pages import user_gpu
+    from hubext.pages import size_formatter, user_gpu
 
     broker.configure(c)  # handlers, custom scopes, users' and server tokens' kernel scope, start-up
     c.JupyterHub.extra_handlers = list(c.JupyterHub.extra_handlers) + list(ADMIN_HANDLERS)
     # /hub/home and the spawn page show the user's slices and what is left of their quota
     c.JupyterHub.template_paths = [str(TEMPLATES), *c.JupyterHub.get("template_paths", [])]
-    c.JupyterHub.template_vars = {**dict(c.JupyterHub.get("template_vars", {})), "elastic_gpu": user_gpu}
+    c.JupyterHub.template_vars = {
+        **dict(c.JupyterHub.get("template_vars", {})),
+        "elastic_gpu": user_gpu,
+        "gpu_size": size_formatter,  # sizes on the pages as in every sentence (quotas.messages.mib)
+    }
     if metering:  # usage store, /hub/api/gpu/usage and /hub/api/gpu/capacity (docs/metering.md)
         from hubext.metering import handlers as metering_handlers
 

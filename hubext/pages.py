@@ -10,14 +10,22 @@ started yet shows nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from quotas import Allocation, Owner
+from quotas.messages import mib
 
 from .allocator import GPUAllocator
 
 RESOURCES = ("memory_mib", "cores_percent", "gpus")
+
+
+def size_formatter(user: Any) -> Callable[[int | float | None], str]:
+    """The template variable ``gpu_size``: JupyterHub calls a callable template variable with the
+    page's user, so this answers the one size formatter (``quotas.messages.mib``) itself; the
+    pages then write sizes as the refusals, the CLI and the culler do ("10 GiB", "1.5 GiB")."""
+    return mib
 
 
 def server_names(users: Iterable[Any]) -> dict[str, tuple[str, str]]:

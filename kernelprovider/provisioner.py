@@ -29,13 +29,11 @@ import uuid
 from typing import Any
 from urllib.parse import quote
 
+from jupyter_client.connect import port_names
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Dict, Float, Unicode, default
-
-PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
-
 
 #: columns of the message jupyter_server sends: JupyterLab's "Error Starting Kernel" dialog shows it
 #: in a <pre> that does not wrap, so a one-line sentence is cut at the dialog's edge
@@ -232,7 +230,7 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
             "key": key,
             "kernel_name": self.kernel_spec.name if self.kernel_spec is not None else "",
         }
-        for name in PORT_NAMES:
+        for name in port_names:  # jupyter_client's own list of a kernel's channels
             info[name] = int(m[name])
         return info
 
