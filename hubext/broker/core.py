@@ -38,9 +38,10 @@ from quotas import AdmissionError, Allocation, GPURequest, Owner
 from ..allocator import GPUAllocator
 from ..backends import KernelLauncher, LaunchError, ReleaseCause, ServerRef
 from ..events import SliceEvent, SliceEventKind
-from ..gpu_spawner import request_from_section
+from ..gpu_spawner import GPUSpawnerMixin
 from ..hubstart import when_hub_is_up
 from ..kernels import KernelRecord
+from ..requests import request_from_section
 from .sizes import SIGNATURE_SCHEMES, BrokerError, SizesMixin, is_unicode, validate_sizes
 from .swap import SwapMixin, key_digest
 
@@ -237,7 +238,7 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
     # ---- requests ----------------------------------------------------------------------
 
     def owner_for(self, spawner: Any, user_name: str) -> Owner:
-        if spawner is not None and hasattr(spawner, "gpu_owner"):
+        if isinstance(spawner, GPUSpawnerMixin):  # a GPU spawner maps its user to a quota owner
             return spawner.gpu_owner()
         return Owner(user=user_name)
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from quotas.messages import mib
 
-from ..gpu_spawner import GPUSpawnError, validate_gpu_section
+from ..gpu_spawner import GPUSpawnError
+from ..requests import validate_gpu_section
 
 SIZE_KEYS = {
     "name",

@@ -37,9 +37,9 @@ from quotas import AdmissionError
 
 from ..backends import Capability, ReleaseCause, SuspendAsk
 from ..events import SliceEvent, SliceEventKind
-from ..gpu_spawner import request_from_section
 from ..kernels import KernelRecord
 from ..moves import SliceMover
+from ..requests import request_from_section
 from .sizes import BrokerError
 
 

@@ -8,7 +8,8 @@ from kubernetes_asyncio.client import models as k8s
 from kubespawner import KubeSpawner
 from traitlets import Dict, Float, List, Unicode
 
-from ..gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options, profile_gpu_section
+from ..gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options
+from ..requests import profile_gpu_section
 from .objects import HOST_CLAIM, apply_gpu_to_pod
 from .status import unschedulable_message
 

@@ -32,7 +32,8 @@ from tornado.gen import maybe_future
 from traitlets import Callable as CallableTrait
 from traitlets import HasTraits, List, TraitError, Unicode, Union, default, validate
 
-from ..gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options, validate_gpu_section
+from ..gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options
+from ..requests import validate_gpu_section
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
 FORM_PREFIX = "profile-option-"

@@ -167,7 +167,7 @@ def test_profiles_have_the_documented_gpu_sections(z2jh):
 def test_profiles_are_accepted_by_the_spawner_and_admission(z2jh, ours):
     """Every profile/choice's gpu section passes the spawner's validation, names a priority class
     of the admission config, and (for GPU ones) is a valid request against an H100 pool."""
-    gpu_spawner = pytest.importorskip("hubext.gpu_spawner", exc_type=ImportError)
+    requests = pytest.importorskip("hubext.requests", exc_type=ImportError)
     quotas = pytest.importorskip("quotas", exc_type=ImportError)
     for name in ("load_config", "parse_simulated", "AdmissionState", "GPURequest", "Owner"):
         if not hasattr(quotas, name):
@@ -178,7 +178,7 @@ def test_profiles_are_accepted_by_the_spawner_and_admission(z2jh, ours):
     state = quotas.AdmissionState(config, quotas.parse_simulated("4xH100-80GB"))
     gpu_count = 0
     for where, profile, options in _gpu_sections(z2jh):
-        section = gpu_spawner.profile_gpu_section(profile, options)
+        section = requests.profile_gpu_section(profile, options)
         if section is None:
             continue
         gpu_count += 1

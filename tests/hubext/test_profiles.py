@@ -3,7 +3,8 @@ forged choices refused."""
 
 import pytest
 
-from hubext.gpu_spawner import GPUSpawnError, check_forged_options, profile_gpu_section, validate_gpu_section
+from hubext.gpu_spawner import GPUSpawnError, check_forged_options
+from hubext.requests import profile_gpu_section, validate_gpu_section
 
 PROFILE = {
     "slug": "h100",
