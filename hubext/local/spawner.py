@@ -32,6 +32,8 @@ from tornado.gen import maybe_future
 from traitlets import Callable as CallableTrait
 from traitlets import HasTraits, List, TraitError, Unicode, Union, default, validate
 
+from quotas.messages import mib
+
 from ..gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options
 from ..requests import validate_gpu_section
 
@@ -121,8 +123,7 @@ def gpu_summary(section: Mapping[str, Any] | None) -> str:
     if section.get("whole"):
         return f"{count} whole {model}{'s' if count != 1 else ''}"
     memory = section.get("memory_mib", 0)
-    size = f"{memory / 1024:g} GiB" if memory % 1024 == 0 else f"{memory} MiB"
-    text = f"{size}, {section.get('cores_percent', 0)} % compute"
+    text = f"{mib(memory)}, {section.get('cores_percent', 0)} % compute"
     if count != 1:
         text += f" on each of {count} {model}s"
     elif section.get("model"):

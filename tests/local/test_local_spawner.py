@@ -180,7 +180,7 @@ def test_cpu_servers_see_no_gpu_and_gpu_servers_get_the_shim_env(tmp_path):
     "section,text",
     [
         ({"memory_mib": 20480, "cores_percent": 25, "model": "H100-80GB"}, "20 GiB, 25 % compute · H100-80GB"),
-        ({"memory_mib": 1536, "cores_percent": 5}, "1536 MiB, 5 % compute"),
+        ({"memory_mib": 1536, "cores_percent": 5}, "1.5 GiB, 5 % compute"),
         ({"whole": True, "count": 2, "model": "A100"}, "2 whole A100s"),
         (None, ""),
     ],

@@ -3,12 +3,14 @@ and the CLI write is read back as the same pool or allocation (hypothesis)."""
 
 from __future__ import annotations
 
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from quotas import GPU, Allocation, Node, Owner, Pool, load_pool
 from quotas.model import Mode
 
+#: no per-example deadline: a loaded 2-core machine is slow, not wrong
+PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=12)
 ratios = st.floats(min_value=0.1, max_value=4.0, allow_nan=False, allow_infinity=False)
 
@@ -50,12 +52,14 @@ def pools(draw) -> Pool:
     return Pool(nodes=tuple(draw(nodes(n)) for n in node_names))
 
 
+@PROPERTY
 @given(pools())
 def test_a_pool_reads_back_as_written_cpu_and_host_memory_included(pool):
     assert load_pool(pool.to_dict()) == pool
     assert load_pool(pool.to_dict()["nodes"]) == pool  # the list form the pool API and ledger keep
 
 
+@PROPERTY
 @given(
     st.builds(
         Allocation,
