@@ -75,6 +75,7 @@ class Proc:
     pod_uid: str = ""
     allocation_id: str = ""  # "" when the pod holds no allocation
     other_pod: str = ""  # "namespace/name" (or "uid ...") of a pod that is not one of the hub's GPU pods
+    claimed: bool = False  # linked to its allocation only by what it says (an id in its environment)
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,9 @@ def evaluate(
     for alloc_id, procs in sorted(by_alloc.items()):
         s = slices[alloc_id]
         used = sum(p.used_bytes for p in procs)
-        ordered = tuple(sorted(procs, key=lambda p: (-p.used_bytes, p.pid)))
+        # what a process only claims never costs a process traced to the slice its place: the
+        # claimed ones come first (largest first), see to_kill
+        ordered = tuple(sorted(procs, key=lambda p: (not p.claimed, -p.used_bytes, p.pid)))
         if s.limit_bytes is not None and used > s.limit_bytes + tolerance_bytes:
             findings.append(
                 Finding(OVER_LIMIT, gpu_uuid, gpu_index, ordered, used, s.limit_bytes, s.pod, s.pod_uid,
@@ -155,19 +158,23 @@ def evaluate(
 
 
 def to_kill(finding: Finding, tolerance_bytes: int) -> list[Proc]:
-    """The processes the kill policy ends for a finding (none for ``no-shim``)."""
+    """The processes the kill policy ends for a finding (none for ``no-shim``). Over a limit: the
+    largest first, those that only claim the allocation (``Proc.claimed``) before any other, and a
+    process traced to the slice only while those traced to it use more than the slice alone."""
     if finding.reason == UNREGISTERED or finding.per_process:
         return list(finding.processes)
     if finding.reason != OVER_LIMIT or finding.limit_bytes is None:
         return []
     allowed = finding.limit_bytes + tolerance_bytes
     used = finding.used_bytes
+    traced = sum(p.used_bytes for p in finding.processes if not p.claimed)
     victims: list[Proc] = []
-    for p in finding.processes:  # largest first
-        if used <= allowed:
+    for p in finding.processes:  # claimed first, each group largest first
+        if used <= allowed or (not p.claimed and traced <= allowed):
             break
         victims.append(p)
         used -= p.used_bytes
+        traced -= 0 if p.claimed else p.used_bytes
     return victims
 
 

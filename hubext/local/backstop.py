@@ -9,7 +9,13 @@ judges it with the same :func:`~libvgpu.backstop.evaluate` and :class:`~libvgpu.
 (configured as ``c.Backstop.*``; kill mode by default):
 
 * a process belongs to the slice whose holder's session, group or descendant it is, or whose
-  allocation id its environment carries (:func:`hubext.local.processes.allocations_of`);
+  allocation id its environment carries (:func:`hubext.local.processes.trace_allocations`). The
+  environment is the process's own word and allocation ids are listable, so it is believed only
+  from a process that runs as the account the allocation's holder runs as (whole-card allocations
+  included; no live holder, no belief), and such a process (``Proc.claimed``) never gets another
+  one killed: over a limit, claimed processes go first, and a process traced to the slice only
+  while the traced ones alone use more than the slice. A process of another account that carries
+  the id is of no slice (below);
 * ``over-limit``: a slice's processes use more of a card than the slice plus the tolerance;
 * ``unregistered``: a process of a slice uses a card that slice does not hold (another GPU
   index);
@@ -46,7 +52,7 @@ from libvgpu.backstop import NO_SHIM, UNREGISTERED, Backstop, Finding, Proc, Sli
 from libvgpu.regions import RegionError, read_container_region
 from quotas import Allocation
 
-from .processes import allocations_of, process_uid
+from .processes import process_uid, trace_allocations
 
 MIB = 1 << 20
 
@@ -97,8 +103,7 @@ class LocalBackstop:
             except Exception as e:  # an NVML error on one card: the others are still checked
                 self.log.debug("Backstop: no process list for GPU %s: %s", uuid, e)
         pids = {p.pid for procs in on_card.values() for p in procs}
-        linked = {pid: aliases.get(a, a) for pid, a in
-                  allocations_of(pids, {pid: a for a, pid in holders.items()}).items()}
+        linked, claimed = self._link(pids, holders, aliases)
         owner = {pid: a for pid, a in linked.items() if a in by_id}
         shimmed = {a: self._shimmed(a) for a in set(owner.values())}
         findings: list[Finding] = []
@@ -106,8 +111,8 @@ class LocalBackstop:
             procs = on_card.get(uuid, [])
             findings += self._sliceless(uuid, index, [p for p in procs if p.pid not in owner and linked.get(p.pid)
                                                       not in stopping], accounts)
-            views = [Proc(pid=p.pid, used_bytes=p.used_bytes, name=_comm(p.pid), allocation_id=owner[p.pid])
-                     for p in procs if p.pid in owner]
+            views = [Proc(pid=p.pid, used_bytes=p.used_bytes, name=_comm(p.pid), allocation_id=owner[p.pid],
+                          claimed=p.pid in claimed) for p in procs if p.pid in owner]
             if not views:
                 continue
             slices = {
@@ -127,6 +132,27 @@ class LocalBackstop:
         findings = [replace(f, user=by_id[f.allocation_id].owner.user) if not f.user and f.allocation_id in by_id
                     else f for f in findings]
         return await self.backstop.act(findings, _Actions(self, by_id))
+
+    @staticmethod
+    def _link(pids: set[int], holders: dict[str, int],
+              aliases: Mapping[str, str]) -> tuple[dict[int, str], set[int]]:
+        """pid -> the live allocation it belongs to, and the pids linked only by the id their
+        environment carries (believed only from the account the allocation's holder runs as)."""
+        traced = trace_allocations(pids, {pid: a for a, pid in holders.items()})
+        holder_uid: dict[str, int | None] = {}
+        linked: dict[int, str] = {}
+        claimed: set[int] = set()
+        for pid, (carried, by_ancestry) in traced.items():
+            a = aliases.get(carried, carried)
+            if not by_ancestry:
+                if a not in holder_uid:
+                    holder_uid[a] = process_uid(holders[a]) if a in holders else None
+                uid = process_uid(pid)
+                if uid is None or holder_uid[a] is None or uid != holder_uid[a]:
+                    continue
+                claimed.add(pid)
+            linked[pid] = a
+        return linked, claimed
 
     @staticmethod
     def _sliceless(uuid: str, index: int, procs: Sequence[Any], accounts: Mapping[int, str]) -> list[Finding]:

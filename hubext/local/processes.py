@@ -203,12 +203,13 @@ def _environ_value(pid: int, name: str) -> str | None:
     return None
 
 
-def allocations_of(pids: Iterable[int], leaders: dict[int, str]) -> dict[int, str]:
+def trace_allocations(pids: Iterable[int], leaders: dict[int, str]) -> dict[int, tuple[str, bool]]:
     """The slice each of ``pids`` belongs to (the same rule as :func:`slice_processes`, for a few
-    pids rather than the whole of /proc): a holder's session, group or descendant, else the
-    allocation id its environment carries; pids of no slice are left out. ``leaders``: holder
-    pid -> allocation id."""
-    found: dict[int, str] = {}
+    pids rather than the whole of /proc), and how it was found: ``(allocation id, True)`` for a
+    holder's session, group or descendant (the kernel's word), else ``(id, False)`` for the
+    allocation id its environment carries (the process's own word: any process can set it). Pids
+    of no slice are left out. ``leaders``: holder pid -> allocation id."""
+    found: dict[int, tuple[str, bool]] = {}
     for pid in pids:
         seen: set[int] = set()
         at = pid
@@ -220,11 +221,17 @@ def allocations_of(pids: Iterable[int], leaders: dict[int, str]) -> dict[int, st
             ppid, pgrp, session = int(fields[1]), int(fields[2]), int(fields[3])
             holder = next((leaders[p] for p in (at, pgrp, session) if p in leaders), None)
             if holder is not None:
-                found[pid] = holder
+                found[pid] = (holder, True)
                 break
             at = ppid
         if pid not in found:
             carried = _environ_value(pid, ENV_ALLOCATION_ID)
             if carried:
-                found[pid] = carried
+                found[pid] = (carried, False)
     return found
+
+
+def allocations_of(pids: Iterable[int], leaders: dict[int, str]) -> dict[int, str]:
+    """The allocation id of each of ``pids`` that belongs to a slice, however it was found (see
+    :func:`trace_allocations`)."""
+    return {pid: a for pid, (a, _) in trace_allocations(pids, leaders).items()}

@@ -79,3 +79,20 @@ def test_in_report_mode_an_episode_is_reported_once():
     for _ in range(5):
         asyncio.run(b.act(over(100), rec))
     assert len(rec.events) == 1 and rec.pids == []
+
+
+def test_a_process_that_only_claims_a_slice_never_gets_a_traced_one_killed():
+    """Over a limit, processes linked to the allocation only by the id they carry go first; a
+    process traced to the slice (cgroup, holder's session) goes only when the traced ones alone
+    use more than the slice."""
+    from libvgpu.backstop import OVER_LIMIT, Proc, Slice, evaluate, to_kill
+
+    mib = 1 << 20
+    kernel = Proc(pid=10, used_bytes=900 * mib, allocation_id="a")
+    claimer = Proc(pid=11, used_bytes=400 * mib, allocation_id="a", claimed=True)
+    slices = {"a": Slice("a", "GPU-0", 1024 * mib, "", "")}
+    (finding,) = evaluate("GPU-0", 0, [kernel, claimer], slices, tolerance_bytes=256 * mib, check_shim=False)
+    assert finding.reason == OVER_LIMIT and to_kill(finding, 256 * mib) == [claimer]
+    hog = Proc(pid=12, used_bytes=1500 * mib, allocation_id="a")
+    (finding,) = evaluate("GPU-0", 0, [hog, claimer], slices, tolerance_bytes=256 * mib, check_shim=False)
+    assert to_kill(finding, 256 * mib) == [claimer, hog]

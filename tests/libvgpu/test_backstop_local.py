@@ -208,3 +208,69 @@ async def test_a_detached_process_of_a_server_account_that_dropped_its_slice_is_
     assert not any(str(p.pid) in m for m in lines for p in (admin, other, kernel)), lines
     events = [e for e in pool.events(50) if e["kind"] == "backstop"]
     assert any(str(escaped) in e["reason"] and SERVER_ACCOUNT in e["user"] for e in events), events
+
+
+async def _server_account_holder(pool, node, allocation_id: str, uuid: str):
+    """An allocation bound to a holder that runs as the server account (so the hub counts that
+    account as one it runs servers as), on card ``uuid``."""
+    server_uid = pwd.getpwnam(SERVER_ACCOUNT).pw_uid
+    allocation = Allocation(id=allocation_id, owner=Owner(allocation_id.split("-")[1]), node="localhost",
+                            gpu_uuids=(uuid,), memory_mib=1024, cores_percent=50, priority_class="default")
+    await pool.record(allocation)
+    holder = subprocess.Popen(["sleep", "300"], start_new_session=True, user=SERVER_ACCOUNT,
+                              group=pwd.getpwnam(SERVER_ACCOUNT).pw_gid, extra_groups=[])
+    node.processes.append(holder)
+    await pool.bind(allocation.id, str(holder.pid))
+    assert server_uid in pool.server_accounts()
+    return allocation
+
+
+def _as_server_account(node, pool) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("runs processes as other accounts (the hub runs as root in `elastic-gpu up`)")
+    for path in (node.build.root, node.root, Path(pool.data_dir)):
+        reachable(path)
+    state = Path(node.double_env["CUDA_DOUBLE_STATE"])
+    state.touch()
+    state.chmod(0o666)
+
+
+async def test_another_accounts_process_carrying_a_slices_id_never_gets_its_kernel_killed(machine, caplog):
+    """Attack (a): a process of another account, without the shim, carries alice's allocation id
+    (ids are listable) and uses 400 MiB on her card, so that her slice looks over its limit."""
+    pool, node, alice, env = machine
+    _as_server_account(node, pool)
+    await _server_account_holder(pool, node, "alloc-bob-1", alice.gpu_uuids[0])
+    bound = 10
+    with caplog.at_level(logging.WARNING):
+        kernel = start(node, env, "init", "ctx", "alloc:900M")  # alice's, as her holder's account
+        no_shim = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+        intruder = start(node, no_shim, "init", "ctx", "alloc:400M", account=SERVER_ACCOUNT, session=True)
+        await killed_within(intruder, bound)  # a process of a server account in no slice of its own
+    assert kernel.poll() is None  # alice's kernel runs on
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Backstop")]
+    assert not any(str(kernel.pid) in m for m in lines), lines
+    events = [e for e in pool.events(50) if e["kind"] == "backstop"]
+    assert events and all(e["user"] != "alice" for e in events), events  # the ledger does not blame alice
+
+
+async def test_a_process_carrying_a_whole_card_allocations_id_is_not_let_off(machine, caplog):
+    """Attack (b): carrying the id of someone's whole-card allocation (no memory limit, no shim
+    check), a process of another account would use that card with no limit, never killed."""
+    pool, node, alice, env = machine
+    _as_server_account(node, pool)
+    cards = [g.uuid for n in (await pool.inventory()).nodes for g in n.gpus]
+    await _server_account_holder(pool, node, "alloc-bob-1", cards[0])  # the account runs servers
+    carol = Allocation(id="alloc-carol-1", owner=Owner("carol"), node="localhost", gpu_uuids=(cards[1],),
+                       memory_mib=4096, cores_percent=100, priority_class="default", whole=True)
+    await pool.record(carol)
+    holder = subprocess.Popen(["sleep", "300"], start_new_session=True)  # carol's, as the hub's account
+    node.processes.append(holder)
+    await pool.bind(carol.id, str(holder.pid))
+    carried = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    carried["ELASTIC_GPU_ALLOCATION_ID"] = carol.id
+    with caplog.at_level(logging.WARNING):
+        intruder = start(node, carried, "init", "ctx:1", "alloc:3000M", account=SERVER_ACCOUNT, session=True)
+        await killed_within(intruder, 10)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Backstop")]
+    assert any(str(intruder.pid) in m and SERVER_ACCOUNT in m for m in lines), lines

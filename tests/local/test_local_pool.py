@@ -246,7 +246,7 @@ def test_nvml_names_become_the_pools_model_names(nvml, memory_mib, model):
 
 
 def test_a_gpu_process_is_traced_to_its_slice_by_ancestry_or_by_the_id_it_carries():
-    from hubext.local.processes import allocations_of
+    from hubext.local.processes import allocations_of, process_cmdline
     from libvgpu.contract import ENV_ALLOCATION_ID
 
     scrubbed = {k: v for k, v in os.environ.items() if k != ENV_ALLOCATION_ID}
@@ -257,6 +257,11 @@ def test_a_gpu_process_is_traced_to_its_slice_by_ancestry_or_by_the_id_it_carrie
         children = f"/proc/{holder.pid}/task/{holder.pid}/children"
         deadline = time.monotonic() + 10
         while not open(children).read().split() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        # Popen returns when exec closes its error pipe, which the kernel does before it sets up
+        # the new program's arguments and environment: until then /proc/<pid>/environ reads
+        # empty. Wait for the exec to finish (its command line is the new program's).
+        while process_cmdline(carrier.pid) != ["sleep", "30"] and time.monotonic() < deadline:
             time.sleep(0.02)
         (child,) = map(int, open(children).read().split())
         found = allocations_of([child, carrier.pid, os.getpid()], {holder.pid: "nb-1"})
