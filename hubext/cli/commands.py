@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from .base import CONFIG_FILE, DEFAULT_IP, DEFAULT_PORT, DEFAULT_SIMULATED, default_config_dir, say
@@ -47,6 +48,16 @@ def cmd_quota(args: argparse.Namespace) -> int:
     view, origin = _view(args, "quota")
     print(json.dumps(view, indent=2) if args.json else render_quota(view, origin))
     return 0
+
+
+def _in_config_dir(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """``run`` (usage, simulate) reading the hub config of ``--config-dir`` unless ``--config`` names one."""
+
+    def with_config_dir(args: argparse.Namespace) -> int:
+        args.default_config = Path(args.config_dir).expanduser().resolve() / CONFIG_FILE
+        return run(args)
+
+    return with_config_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,10 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p_usage = sub.add_parser("usage", help=USAGE_HELP, description=USAGE_HELP)
-    hub_config = default_config_dir() / CONFIG_FILE
-    add_usage_arguments(p_usage, hub_config)
-    p_usage.set_defaults(func=run_usage)
+    add_usage_arguments(p_usage)
+    config_dir_option(p_usage)
+    p_usage.set_defaults(func=_in_config_dir(run_usage))
     p_simulate = sub.add_parser("simulate", help=SIMULATE_HELP, description=SIMULATE_HELP)
-    add_simulate_arguments(p_simulate, hub_config)
-    p_simulate.set_defaults(func=run_simulate)
+    add_simulate_arguments(p_simulate)
+    config_dir_option(p_simulate)
+    p_simulate.set_defaults(func=_in_config_dir(run_simulate))
     return parser

@@ -237,7 +237,16 @@ def _scenario_table(results: list[ScenarioResult], percentile: float) -> str:
 
 
 def _table(report: Any) -> str:
-    columns = [*report.by, "sessions", "gpu_hours", "busy_gpu_hours", "idle_gpu_hours", "memory_gib_hours", "cost"]
+    columns = [
+        *report.by,
+        "sessions",
+        "gpu_hours",
+        "busy_gpu_hours",
+        "idle_gpu_hours",
+        "unmetered_gpu_hours",  # no activity samples (e.g. simulated GPUs): neither busy nor idle
+        "memory_gib_hours",
+        "cost",
+    ]
     rows = [[str(r[k]) if k in report.by else _num(r[k]) for k in columns] for r in report.rows]
     rows.append(["total"] + [""] * (len(report.by) - 1) + [_num(report.totals[k]) for k in columns[len(report.by) :]])
     if not report.by:

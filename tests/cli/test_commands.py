@@ -183,3 +183,36 @@ def test_usage_and_simulate_are_elastic_gpu_commands(tmp_path):
             [sys.executable, "-m", "hubext.cli", cmd, "--help"], capture_output=True, text=True, timeout=60
         )
         assert shown.returncode == 0 and f"usage: elastic-gpu {cmd}" in shown.stdout, shown
+
+
+def test_every_subcommand_takes_the_config_dir(tmp_path):
+    """`--config-dir` names the hub's folder for every command; usage and simulate read its hub
+    config (its database and prices) from there."""
+    parser = cli.build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name in action.choices:
+        args = parser.parse_args([name, "--config-dir", str(tmp_path)])
+        assert Path(args.config_dir) == tmp_path, name
+    from hubext.metering.store import UsageStore
+    from tests.metering.test_store import record
+
+    db = tmp_path / "data" / "jupyterhub.sqlite"
+    db.parent.mkdir()
+    store = UsageStore(f"sqlite:///{db}")
+    store.upgrade()
+    store.apply(
+        [
+            {"event": "granted", "record": record("a", "alice", granted_at=0.0)},
+            {"event": "released", "id": "a", "at": 4 * 3600.0, "cause": "stopped"},
+        ]
+    )
+    store.close()
+    (tmp_path / "jupyterhub_config.py").write_text(
+        f"c = get_config()  # noqa\nc.JupyterHub.db_url = 'sqlite:///{db}'\n"
+        "c.UsageMeter.prices = {'H100-80GB': {'gpu_hour': 2.0}}\nc.UsageMeter.currency = 'EUR'\n"
+    )
+    period = ["--from", "0", "--to", "36000"]
+    usage = run_cli("usage", "--config-dir", str(tmp_path), *period)
+    assert usage.returncode == 0 and "alice" in usage.stdout and "cost (EUR)" in usage.stdout, usage
+    simulate = run_cli("simulate", "--config-dir", str(tmp_path), *period)
+    assert simulate.returncode == 0 and "GPUs keep the p95 wait" in simulate.stdout, simulate

@@ -175,3 +175,17 @@ def test_help_of_both_commands_renders():
         text = parser.format_help()
         assert all(w in text for w in words), text
     assert "25%" in text and "--sessions CSV" in text
+
+
+def test_usage_table_says_which_gpu_hours_were_not_measured(hub_config):
+    """Records without activity samples (a simulated pool) are neither busy nor idle: the table shows
+    them as unmetered, so busy + idle + unmetered add up to the GPU-hours."""
+    out = io.StringIO()
+    args = parse(add_usage_arguments, ["--config", str(hub_config), "--from", "0", "--to", "36000"])
+    assert run_usage(args, out) == 0
+    lines = out.getvalue().splitlines()
+    header = lines[0].split()
+    assert "unmetered_gpu_hours" in header, header
+    total = dict(zip(header[1:], lines[-1].split()[1:], strict=False))
+    assert total["gpu_hours"] == total["unmetered_gpu_hours"] == "2.00", total
+    assert total["busy_gpu_hours"] == total["idle_gpu_hours"] == "0.00", total
