@@ -92,6 +92,7 @@ c.Spawner.http_timeout = 60
         env["PATH"] = f"{NODE_BIN}:{Path(sys.executable).parent}:{env.get('PATH', '')}"
         env.update(self.env)
         log = open(self.log_path, "ab")
+        log_start = log.tell()  # a restart appends: only this run's lines say it is running
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "jupyterhub", "-f", str(self.config_path)],
             cwd=self.workdir,
@@ -105,14 +106,25 @@ c.Spawner.http_timeout = 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"jupyterhub exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                status, _ = self.api("GET", "/")
-                if status == 200:
-                    return self
-            except OSError:
-                pass
+            # ready = JupyterHub's own word that its start-up is over (the proxy started and its
+            # routes checked, managed services started), then our hub answering through our
+            # proxy: a 200 alone comes as soon as the proxy forwards to the hub, while JupyterHub
+            # is still starting the proxy and its services
+            if self._said_running(log_start):
+                try:
+                    status, me = self.api("GET", "/user")
+                    if status == 200 and me.get("name") == "test-admin":
+                        return self
+                except OSError:
+                    pass
             time.sleep(0.3)
         raise RuntimeError(f"jupyterhub did not answer within {timeout} s:\n{self.log_tail()}")
+
+    def _said_running(self, offset: int) -> bool:
+        """Whether this run of the hub has logged "JupyterHub is now running" (after ``offset``)."""
+        with open(self.log_path, "rb") as log:
+            log.seek(offset)
+            return b"JupyterHub is now running" in log.read()
 
     def stop(self, timeout: float = 30, keep_servers: bool = False) -> None:
         """Stop the hub (it stops its proxy and servers), then anything left in its process group.
