@@ -22,6 +22,8 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Iterator, Sequence
 
+from .evictable import EvictableIndex
+from .fgd import FGDScoring
 from .mix import Mix
 from .model import GPU, Allocation, Mode, Pool
 from .policy import Placement
@@ -40,7 +42,7 @@ def capacity(amount: float) -> int:
     return math.floor(amount + 1e-9)
 
 
-class CardIndex:
+class CardIndex(FGDScoring, EvictableIndex):
     """Capacity of every card of a pool, with incremental summaries. Pure bookkeeping."""
 
     def __init__(self, pool: Pool, placement: Placement, n_predicates: int) -> None:
@@ -494,226 +496,10 @@ class CardIndex:
                 return ni, cards
         return None
 
-    # ---- fragmentation-aware placement (FGD) ----------------------------------------------
-    #
-    # Weng et al., "Beware of Fragmentation: Scheduling GPU-Sharing Workloads with
-    # Fragmentation Gradient Descent" (USENIX ATC '23). The fragmentation of a node for one
-    # kind of request is the free GPU capacity that kind cannot use there: on cards too small
-    # for it, or all of the node's free capacity when the node lacks the cards, the CPU or the
-    # host memory for it. Weighted by the expected mix of requests, that is what a placement
-    # should grow least. Capacity is counted in fractions of a card's memory.
-
-    #: FGD weighs at most this many nodes in binpack order, plus this many of the emptiest
-    fgd_tight_nodes = 24
-    fgd_empty_nodes = 4
-
-    def _find_fgd(
-        self, m: int, c: int, k: int, whole: bool, group: str, cpu: int, hmem: int
-    ) -> tuple[int, list[int]] | None:
-        types = self.mix.types() or [((m, c, k, whole, cpu, hmem), 1.0)]
-        seen: set[int] = set()
-        nodes: list[int] = []
-        for tight_first, budget in ((True, self.fgd_tight_nodes), (False, self.fgd_empty_nodes)):
-            for ni in self._candidates(m, c, k, whole, group, cpu, hmem, tight_first):
-                if budget == 0:
-                    break
-                if ni in seen:
-                    continue
-                seen.add(ni)
-                nodes.append(ni)
-                budget -= 1
-        best: tuple[float, int, int, list[int]] | None = None
-        for rank, ni in enumerate(nodes):
-            if self.fgd_gpus and not whole and k == 1:
-                hit = self.fgd_best_card(ni, m, c, group, cpu, hmem, types)
-                if hit is None:
-                    continue
-                delta, gi = hit
-                cards = [gi]
-            else:
-                cards = self.fit_node(ni, m, c, k, whole, group, None, cpu, hmem)
-                if not cards:
-                    continue
-                delta = self._fgd_delta(ni, cards, m, c, whole, cpu, hmem, types)
-            key = (round(delta, 9), rank)
-            if best is None or key < best[:2]:
-                best = (key[0], rank, ni, cards)
-        if best is not None:
-            return best[2], best[3]
-        # none of the weighed nodes has room after all: the first of the others that has
-        for ni in self._candidates(m, c, k, whole, group, cpu, hmem, True):
-            if ni not in seen:
-                cards = self._cards(ni, m, c, k, whole, group, cpu, hmem)
-                if cards:
-                    return ni, cards
-        return None
-
-    def fgd_best_card(
-        self, ni: int, m: int, c: int, group: str, cpu: int, hmem: int,
-        types: list[tuple[tuple, float]] | None = None,
-    ) -> tuple[float, int] | None:
-        """(growth of fragmentation, card) of the best card of node ``ni`` for one slice."""
-        if not self.node_fits(ni, cpu, hmem):
-            return None
-        if types is None:
-            types = self.mix.types() or [((m, c, 1, False, cpu, hmem), 1.0)]
-        best: tuple[float, int, int] | None = None
-        cap_m, used_m, cap_c, used_c = self.cap_m, self.used_m, self.cap_c, self.used_c
-        base = None
-        for gi in self.sgpus[ni].get(group, ()):
-            fm = cap_m[gi] - used_m[gi]
-            if fm < m or cap_c[gi] - used_c[gi] < c:
-                continue
-            if base is None:
-                base = self._fgd_base(ni, types)
-            delta = self._fgd_change(ni, base, [gi], m, c, False, cpu, hmem, types)
-            key = (round(delta, 9), fm, gi)
-            if best is None or key < best:
-                best = key
-        return (best[0], best[2]) if best else None
-
-    def _fgd_delta(
-        self, ni: int, cards: list[int], m: int, c: int, whole: bool, cpu: int, hmem: int,
-        types: list[tuple[tuple, float]],
-    ) -> float:
-        return self._fgd_change(ni, self._fgd_base(ni, types), cards, m, c, whole, cpu, hmem,
-                                types)
-
-    def _card_state(self, gi: int) -> tuple[int, int, int]:
-        return self.cap_m[gi] - self.used_m[gi], self.cap_c[gi] - self.used_c[gi], self.nalloc[gi]
-
-    def _fits(self, gi: int, fm: int, fc: int, n: int, t: tuple) -> bool:
-        if t[3]:  # whole
-            return n == 0 and self.whole_ok[gi]
-        return self.slice_ok[gi] and fm >= t[0] and fc >= t[1]
-
-    def _frac(self, gi: int, fm: int, n: int) -> float:
-        if self.slice_ok[gi]:
-            return max(fm, 0) / self.cap_m[gi] if self.cap_m[gi] else 0.0
-        return 1.0 if n == 0 and self.whole_ok[gi] else 0.0
-
-    def _fgd_base(self, ni: int, types: list[tuple[tuple, float]]) -> list[list[float]]:
-        """Per type: [cards it fits, free fraction on those cards]."""
-        base = [[0.0, 0.0] for _ in types]
-        for gi in self.node_gpus[ni]:
-            fm, fc, n = self._card_state(gi)
-            frac = self._frac(gi, fm, n)
-            for i, (t, _) in enumerate(types):
-                if self._fits(gi, fm, fc, n, t):
-                    base[i][0] += 1
-                    base[i][1] += frac
-        return base
-
-    def _fgd_change(
-        self, ni: int, base: list[list[float]], cards: list[int], m: int, c: int, whole: bool,
-        cpu: int, hmem: int, types: list[tuple[tuple, float]],
-    ) -> float:
-        """How much the node's expected fragmentation grows if the request takes ``cards``."""
-        after = [list(b) for b in base]
-        total = 0.0
-        for gi in cards:
-            fm, fc, n = self._card_state(gi)
-            if whole:
-                fm2, fc2 = fm - self.cap_m[gi], fc - self.cap_c[gi]
-            else:
-                fm2, fc2 = fm - m, fc - c
-            frac, frac2 = self._frac(gi, fm, n), self._frac(gi, fm2, n + 1)
-            total += frac2 - frac
-            for i, (t, _) in enumerate(types):
-                if self._fits(gi, fm, fc, n, t):
-                    after[i][0] -= 1
-                    after[i][1] -= frac
-                if self._fits(gi, fm2, fc2, n + 1, t):
-                    after[i][0] += 1
-                    after[i][1] += frac2
-        cpu0, hmem0 = self.cpu_free[ni], self.hmem_free[ni]
-        gain = 0.0
-        for i, (t, p) in enumerate(types):
-            usable = base[i][1] if (base[i][0] >= t[2] and cpu0 >= t[4] and hmem0 >= t[5]) else 0.0
-            usable2 = (
-                after[i][1]
-                if after[i][0] >= t[2] and cpu0 - cpu >= t[4] and hmem0 - hmem >= t[5]
-                else 0.0
-            )
-            gain += p * (usable2 - usable)
-        # fragmentation = free - usable: it grows by the change in free minus the change in usable
-        return total - gain
-
     def node_rank(self, ni: int, group: str, whole: bool) -> tuple[int, int]:
         """Sort key of a node in placement order (smaller = preferred)."""
         value = (self.empty if whole else self.free_sum)[group].get(ni, 0)
         return (value, ni) if self.binpack_nodes else (-value, ni)
-
-    # ---- preemption support ---------------------------------------------------------------
-
-    def evictable_nodes(
-        self, p: int, m: int, c: int, k: int, whole: bool, group: str
-    ) -> list[int]:
-        """Nodes where the request would fit if every allocation predicate ``p`` may evict
-        were gone."""
-        result = []
-        nalloc, en = self.nalloc, self.en[p]
-        if whole:
-            pempty = self.pempty[p]
-            for ni, wg in enumerate(self.wgpus):
-                if pempty[ni] >= k:
-                    cards = wg.get(group, ())
-                    if sum(1 for gi in cards if nalloc[gi] == en[gi]) >= k:
-                        result.append(ni)
-            return result
-        pmax_m, pmax_c = self.pmax_m[p], self.pmax_c[p]
-        cap_m, cap_c, used_m, used_c = self.cap_m, self.cap_c, self.used_m, self.used_c
-        em, ec = self.em[p], self.ec[p]
-        for ni, sg in enumerate(self.sgpus):
-            if pmax_m[ni] >= m and pmax_c[ni] >= c:
-                n = 0
-                for gi in sg.get(group, ()):
-                    if cap_m[gi] - used_m[gi] + em[gi] >= m and cap_c[gi] - used_c[gi] + ec[gi] >= c:
-                        n += 1
-                if n >= k:
-                    result.append(ni)
-        return result
-
-    def single_victims(
-        self, p: int, m: int, c: int, k: int, whole: bool, group: str
-    ) -> list[str]:
-        """Ids of allocations predicate ``p`` may evict whose removal alone makes one of their
-        cards usable for the request, on nodes where one victim could be enough."""
-        result = []
-        on, nalloc = self.on, self.nalloc
-        if whole:
-            empty, pempty1, en = self.empty[group], self.pempty1[p], self.en[p]
-            for ni, wg in enumerate(self.wgpus):
-                if empty.get(ni, 0) + pempty1[ni] < k:
-                    continue
-                for gi in wg.get(group, ()):
-                    if nalloc[gi] == 1 and en[gi] == 1:
-                        result.extend(on[gi])
-            return result
-        one_m, one_c = self.p1max_m[p], self.p1max_c[p]
-        em1, ec1, elig = self.em1[p], self.ec1[p], self.elig
-        cap_m, cap_c, used_m, used_c = self.cap_m, self.cap_c, self.used_m, self.used_c
-        for ni, sg in enumerate(self.sgpus):
-            if one_m[ni] < m or one_c[ni] < c:
-                continue
-            found = []
-            ready = 0
-            for gi in sg.get(group, ()):
-                fm, fc = cap_m[gi] - used_m[gi], cap_c[gi] - used_c[gi]
-                if fm >= m and fc >= c:
-                    ready += 1
-                    continue
-                if fm + em1[gi] < m or fc + ec1[gi] < c:
-                    continue
-                fixable = False
-                for aid, (am, ac) in on[gi].items():
-                    if elig[aid][p] and fm + am >= m and fc + ac >= c:
-                        found.append(aid)
-                        fixable = True
-                ready += fixable
-            if found and (k == 1 or ready >= k):
-                result.extend(found)
-        return result
 
     def most_free_card(self, group: str) -> tuple[int, int]:
         """(memory, cores) free on the card with the most free memory, for messages."""

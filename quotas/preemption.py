@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .model import Allocation
+from .node_victims import NodeVictims
 from .policy import PriorityClass
 from .tree import RESOURCES, Level
 
@@ -82,7 +83,7 @@ class Trial:
         return len(self.victims)
 
 
-class VictimSearch:
+class VictimSearch(NodeVictims):
     #: single-victim search: allocations walked in preference order before switching to the
     #: card index (which finds the same answer; the walk is faster when answers abound)
     scan_budget = 256
@@ -264,72 +265,6 @@ class VictimSearch:
             if not strict and (cm > 0 and fm < a.m or cc > 0 and fc < a.c):
                 return True  # gets the card closer; may take more victims
         return False
-
-    # ---- node CPU and host memory ---------------------------------------------------------
-
-    def _may_evict(self, aid: str) -> bool:
-        key = self.st._key.get(aid)  # None: not in the ledger (a queue's hold)
-        return key is not None and (key[0] == 0 or (self.pc.preempt and key[1] < self.pc.value))
-
-    def _node_victims(self, ni: int, t: Trial) -> list[Allocation]:
-        """Eligible allocations on node ``ni`` holding CPU or host memory, not yet in ``t``,
-        in preference order."""
-        keys = self.st._key
-        found = [
-            a for aid, a in self.ix.node_allocs[ni].items()
-            if aid not in t.ids and (a.cpu_millicores or a.host_memory_mib) and self._may_evict(aid)
-        ]
-        found.sort(key=lambda a: keys[a.id])
-        return found
-
-    def _frees_node(self, allocation: Allocation) -> bool:
-        """Would removing ``allocation`` alone give its node the CPU and host memory the request
-        lacks there?"""
-        a = self.ask
-        if not (a.cpu or a.hmem) or not (allocation.cpu_millicores or allocation.host_memory_mib):
-            return False
-        ix = self.ix
-        ni = ix.node_index(allocation)
-        if ni is None or ix.node_fits(ni, a.cpu, a.hmem):
-            return False
-        return (ix.cpu_free[ni] + allocation.cpu_millicores >= a.cpu
-                and ix.hmem_free[ni] + allocation.host_memory_mib >= a.hmem)
-
-    def _node_single_victims(self) -> list[str]:
-        """Eligible allocations whose removal alone gives a short node the CPU and memory."""
-        a, ix = self.ask, self.ix
-        if not (a.cpu or a.hmem):
-            return []
-        found = []
-        if a.whole:
-            room = ix.empty.get(a.group, {})
-        else:
-            max_m, max_c = ix.max_m.get(a.group, {}), ix.max_c.get(a.group, {})
-        for ni in range(len(ix.node_names)):
-            if ix.node_fits(ni, a.cpu, a.hmem):
-                continue
-            # only where the cards already fit: there CPU or memory is all that is short
-            if (room.get(ni, 0) < a.k) if a.whole else (max_m.get(ni, 0) < a.m or max_c.get(ni, 0) < a.c):
-                continue
-            for aid, v in ix.node_allocs[ni].items():
-                if self._may_evict(aid) and self._frees_node(v):
-                    found.append(aid)
-        return found
-
-    def _quota_candidates(self) -> list[Allocation]:
-        """Eligible allocations of the widest level in deficit, in preference order."""
-        if self._quota_cands is None:
-            widest = max((lv for lv, _, _ in self.deficits), key=lambda lv: -len(lv.key))
-            order = self.st._ws_order.get(widest.key[0], [])
-            self._quota_cands = [
-                a for a in self._eligible(order)
-                if not a.borrowed and self._belongs(a, widest.key)
-            ]
-        return self._quota_cands
-
-    def _quota_fixable(self) -> bool:
-        """Could evicting every eligible allocation of the levels in deficit fix them?"""
-        return self._quota_ok(self._trial(self._quota_candidates()), self.low)
 
     # ---- the search -----------------------------------------------------------------------
 

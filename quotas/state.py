@@ -13,18 +13,19 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
-from typing import Any
 
 from . import messages as msg
+from .checks import RequestChecks
 from .errors import InvalidRequest, PoolFull, QuotaExceeded
-from .model import Allocation, Decision, GPURequest, Mode, Owner, Pool
-from .placement import ANY, CardIndex
+from .model import Allocation, Decision, GPURequest, Owner, Pool
+from .placement import CardIndex
 from .policy import AdmissionConfig, PriorityClass
 from .preemption import Ask, VictimKey, VictimSearch, victim_key
 from .tree import RESOURCES, Level, QuotaLedger
+from .usage import UsageReport
 
 
-class AdmissionState:
+class AdmissionState(RequestChecks, UsageReport):
     """Pure, in-memory, incrementally indexed admission state."""
 
     def __init__(
@@ -205,128 +206,6 @@ class AdmissionState:
         if request.pinned_uuids:
             self._check_pins(request, checked[1])
         return checked
-
-    def _check_pins(self, request: GPURequest, group: str) -> None:
-        """A pinned request names ``count`` distinct cards of one node, of its model and mode."""
-        ix, pins = self._index, request.pinned_uuids
-        unknown = [u for u in pins if u not in ix.gi_of]
-        if unknown:
-            raise InvalidRequest(
-                f"The GPU(s) {', '.join(unknown)} this request must run on are not in the pool (any more)."
-            )
-        cards = [ix.gi_of[u] for u in pins]
-        if len(set(cards)) != request.count or len({ix.node_of_gpu[gi] for gi in cards}) != 1:
-            raise InvalidRequest(
-                f"A request pinned to GPUs names {request.count} different GPU(s) of one node; got {', '.join(pins)}."
-            )
-        ok = ix.whole_ok if request.whole else ix.slice_ok
-        if any(not ok[gi] or (group != ANY and ix.group[gi] != group) for gi in cards):
-            raise InvalidRequest(
-                f"The GPU(s) {', '.join(pins)} this request must run on cannot take it (another model, or not "
-                f"given out {'whole' if request.whole else 'in slices'})."
-            )
-
-    def _check_shape(self, request: GPURequest) -> tuple[PriorityClass, str, tuple[Level, ...]]:
-        owner = request.owner
-        if not isinstance(owner, Owner) or not isinstance(owner.user, str) or not owner.user:
-            raise InvalidRequest("A GPU request needs an owner with a user name.")
-        levels = self.levels(owner)
-        count = request.count
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise InvalidRequest(f"Ask for at least 1 GPU; got {count!r}.")
-        for value, what in ((request.cpu_millicores, "CPU (millicores)"),
-                            (request.host_memory_mib, "host memory (MiB)")):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidRequest(
-                    f"The {what} a GPU request asks of its node must be a whole number of 0 or "
-                    f"more; got {value!r}."
-                )
-        if not request.whole:
-            m, c = request.memory_mib, request.cores_percent
-            if isinstance(m, bool) or not isinstance(m, int) or m <= 0:
-                raise InvalidRequest(
-                    f"GPU memory must be a whole number of MiB above 0; got {m!r}."
-                )
-            if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 100:
-                raise InvalidRequest(
-                    f"GPU compute must be a whole percentage from 1 to 100 per GPU; got {c!r}."
-                )
-        pc = self.config.policy.priority_class(request.priority_class)
-        ix = self._index
-        group = ANY
-        if request.model:
-            group = request.model.lower()
-            if group not in ix.model_names:
-                known = ", ".join(f"'{n}'" for n in sorted(ix.model_names.values())) or "none"
-                raise InvalidRequest(
-                    f"No GPU of model '{request.model}' is in the pool (models: {known}). "
-                    "Pick one of these or leave the model open."
-                )
-        model = msg.model_phrase(ix.model_names.get(group))
-        if not ix.gpus:
-            raise InvalidRequest(
-                "The GPU pool has no GPUs yet. Ask an admin to check the GPU nodes."
-            )
-        if request.whole:
-            most = ix.max_whole_cards.get(group, 0)
-            if most == 0:
-                raise InvalidRequest(
-                    f"No {model}GPU in the pool can be given out whole (they are all MIG). "
-                    "Ask for a slice instead."
-                )
-            if count > most:
-                raise InvalidRequest(
-                    f"No node has {count} {model}GPUs that can be given out whole; the most on "
-                    f"one node is {most}. Ask for fewer GPUs."
-                )
-            self._check_node(request, group, model)
-            return pc, group, levels
-        if not ix.max_slice_cards.get(group):
-            raise InvalidRequest(
-                f"No {model}GPU in the pool takes shared slices (they are whole-card or MIG "
-                "only). Ask for whole GPUs instead."
-            )
-        m, c = request.memory_mib, request.cores_percent
-        if m > ix.max_cap_m[group]:
-            raise InvalidRequest(
-                f"A {msg.mib(m)} slice is larger than any {model}GPU in the pool (the largest "
-                f"holds {msg.mib(ix.max_cap_m[group])}). Pick a smaller profile."
-            )
-        if c > ix.max_cap_c[group]:
-            raise InvalidRequest(
-                f"{c}% of compute is more than any {model}GPU in the pool offers "
-                f"({ix.max_cap_c[group]}% at most). Pick a smaller profile."
-            )
-        most = ix.most_slice_cards(group, m, c)
-        if count > most:
-            raise InvalidRequest(
-                f"No node has {count} {model}GPUs that can hold {msg.mib(m)} and {c}% each; "
-                f"the most on one node is {most}. Ask for fewer GPUs or a smaller slice."
-            )
-        self._check_node(request, group, model)
-        return pc, group, levels
-
-    def _check_node(self, request: GPURequest, group: str, model: str) -> None:
-        """Reject a request whose CPU or host memory no node with room for its GPUs has."""
-        cpu, hmem = request.cpu_millicores, request.host_memory_mib
-        if not cpu and not hmem:
-            return
-        m = 0 if request.whole else request.memory_mib
-        c = 0 if request.whole else request.cores_percent
-        ix = self._index
-        nodes = ix.capable_nodes(m, c, request.count, request.whole, group)
-        if not nodes or any(
-            ix.cpu_static[ni] >= cpu and ix.hmem_static[ni] >= hmem for ni in nodes
-        ):
-            return
-        most_cpu = max(ix.cpu_static[ni] for ni in nodes)
-        most_hmem = max(ix.hmem_static[ni] for ni in nodes)
-        offer = msg.node_needs(most_cpu if cpu else 0, most_hmem if hmem else 0)
-        raise InvalidRequest(
-            f"No node with room for {msg.shape(request)} has {msg.node_needs(cpu, hmem)} to "
-            f"give (such nodes offer at most {offer}). Pick a smaller profile or ask an admin "
-            "for larger nodes."
-        )
 
     # ---- the decision ---------------------------------------------------------------------
 
@@ -589,82 +468,6 @@ class AdmissionState:
                 return 100 * k
             return self._index.min_whole_memory(group, k)
         return (request.memory_mib if res == "memory_mib" else request.cores_percent) * k
-
-    # ---- status ---------------------------------------------------------------------------
-
-    def usage(self) -> dict[str, Any]:
-        """Plain data for status pages and the CLI: per GPU and per quota level."""
-        ix = self._index
-        gpus = []
-        for gi, gpu in enumerate(ix.gpus):
-            memory = cores = 0
-            whole = False
-            ids = sorted(ix.on[gi])
-            for aid in ids:
-                a = self._allocs[aid]
-                if a.whole:
-                    whole = True
-                    memory += gpu.memory_mib
-                    cores += 100
-                else:
-                    memory += a.memory_mib
-                    cores += a.cores_percent
-            gpus.append(
-                {
-                    "uuid": gpu.uuid,
-                    "model": gpu.model,
-                    "node": ix.node_names[ix.node_of_gpu[gi]],
-                    "index": gpu.index,
-                    "mode": Mode(gpu.mode).value,
-                    "memory_used_mib": memory,
-                    "memory_total_mib": gpu.memory_mib,
-                    "memory_capacity_mib": ix.cap_m[gi],
-                    "cores_used_percent": cores,
-                    "cores_total_percent": 100,
-                    "cores_capacity_percent": ix.cap_c[gi],
-                    "whole": whole,
-                    "allocations": ids,
-                }
-            )
-        tree = self.config.quotas
-        ledger = self._ledger
-
-        def entry(name: str, key: tuple[str, ...]) -> dict[str, Any]:
-            u = ledger.usage(key)
-            return {
-                "name": name,
-                "used": {r: u.get(r) for r in RESOURCES},
-                "borrowed": {
-                    "memory_mib": u.borrowed_memory_mib,
-                    "cores_percent": u.borrowed_cores_percent,
-                    "gpus": u.borrowed_gpus,
-                },
-                "allocations": u.allocations,
-                "limits": tree.limits_of(key).to_dict(),
-            }
-
-        seen: dict[str, dict[str, set[str]]] = {}
-        for name, ws in tree.workspaces.items():
-            namespaces = seen.setdefault(name, {})
-            for ns_name, ns in ws.namespaces.items():
-                namespaces.setdefault(ns_name, set()).update(ns.users)
-        for key in ledger.keys():
-            if len(key) == 3:
-                seen.setdefault(key[0], {}).setdefault(key[1], set()).add(key[2])
-        workspaces = []
-        for ws_name, namespaces in seen.items():
-            ws_entry = entry(ws_name, (ws_name,))
-            ws_entry["namespaces"] = []
-            for ns_name, users in namespaces.items():
-                ns_entry = entry(ns_name, (ws_name, ns_name))
-                ns_entry["users"] = [entry(u, (ws_name, ns_name, u)) for u in sorted(users)]
-                ws_entry["namespaces"].append(ns_entry)
-            workspaces.append(ws_entry)
-        return {
-            "gpus": gpus,
-            "workspaces": workspaces,
-            "allocations": len(self._allocs),
-        }
 
 
 _RESOURCE_WORDS = {"memory_mib": "GPU memory", "cores_percent": "GPU compute", "gpus": "vGPU"}

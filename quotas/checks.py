@@ -1,0 +1,137 @@
+"""The checks that make a request invalid (never fits as asked) rather than waiting: its pins,
+its shape against the pool's cards, and what its node must give (CPU, host memory)."""
+
+from __future__ import annotations
+
+from . import messages as msg
+from .errors import InvalidRequest
+from .model import GPURequest, Owner
+from .placement import ANY
+from .policy import PriorityClass
+from .tree import Level
+
+
+class RequestChecks:
+    """Mixed into :class:`quotas.state.AdmissionState` (it reads the state's card index and policy)."""
+
+    def _check_pins(self, request: GPURequest, group: str) -> None:
+        """A pinned request names ``count`` distinct cards of one node, of its model and mode."""
+        ix, pins = self._index, request.pinned_uuids
+        unknown = [u for u in pins if u not in ix.gi_of]
+        if unknown:
+            raise InvalidRequest(
+                f"The GPU(s) {', '.join(unknown)} this request must run on are not in the pool (any more)."
+            )
+        cards = [ix.gi_of[u] for u in pins]
+        if len(set(cards)) != request.count or len({ix.node_of_gpu[gi] for gi in cards}) != 1:
+            raise InvalidRequest(
+                f"A request pinned to GPUs names {request.count} different GPU(s) of one node; got {', '.join(pins)}."
+            )
+        ok = ix.whole_ok if request.whole else ix.slice_ok
+        if any(not ok[gi] or (group != ANY and ix.group[gi] != group) for gi in cards):
+            raise InvalidRequest(
+                f"The GPU(s) {', '.join(pins)} this request must run on cannot take it (another model, or not "
+                f"given out {'whole' if request.whole else 'in slices'})."
+            )
+
+    def _check_shape(self, request: GPURequest) -> tuple[PriorityClass, str, tuple[Level, ...]]:
+        owner = request.owner
+        if not isinstance(owner, Owner) or not isinstance(owner.user, str) or not owner.user:
+            raise InvalidRequest("A GPU request needs an owner with a user name.")
+        levels = self.levels(owner)
+        count = request.count
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise InvalidRequest(f"Ask for at least 1 GPU; got {count!r}.")
+        for value, what in ((request.cpu_millicores, "CPU (millicores)"),
+                            (request.host_memory_mib, "host memory (MiB)")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidRequest(
+                    f"The {what} a GPU request asks of its node must be a whole number of 0 or "
+                    f"more; got {value!r}."
+                )
+        if not request.whole:
+            m, c = request.memory_mib, request.cores_percent
+            if isinstance(m, bool) or not isinstance(m, int) or m <= 0:
+                raise InvalidRequest(
+                    f"GPU memory must be a whole number of MiB above 0; got {m!r}."
+                )
+            if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 100:
+                raise InvalidRequest(
+                    f"GPU compute must be a whole percentage from 1 to 100 per GPU; got {c!r}."
+                )
+        pc = self.config.policy.priority_class(request.priority_class)
+        ix = self._index
+        group = ANY
+        if request.model:
+            group = request.model.lower()
+            if group not in ix.model_names:
+                known = ", ".join(f"'{n}'" for n in sorted(ix.model_names.values())) or "none"
+                raise InvalidRequest(
+                    f"No GPU of model '{request.model}' is in the pool (models: {known}). "
+                    "Pick one of these or leave the model open."
+                )
+        model = msg.model_phrase(ix.model_names.get(group))
+        if not ix.gpus:
+            raise InvalidRequest(
+                "The GPU pool has no GPUs yet. Ask an admin to check the GPU nodes."
+            )
+        if request.whole:
+            most = ix.max_whole_cards.get(group, 0)
+            if most == 0:
+                raise InvalidRequest(
+                    f"No {model}GPU in the pool can be given out whole (they are all MIG). "
+                    "Ask for a slice instead."
+                )
+            if count > most:
+                raise InvalidRequest(
+                    f"No node has {count} {model}GPUs that can be given out whole; the most on "
+                    f"one node is {most}. Ask for fewer GPUs."
+                )
+            self._check_node(request, group, model)
+            return pc, group, levels
+        if not ix.max_slice_cards.get(group):
+            raise InvalidRequest(
+                f"No {model}GPU in the pool takes shared slices (they are whole-card or MIG "
+                "only). Ask for whole GPUs instead."
+            )
+        m, c = request.memory_mib, request.cores_percent
+        if m > ix.max_cap_m[group]:
+            raise InvalidRequest(
+                f"A {msg.mib(m)} slice is larger than any {model}GPU in the pool (the largest "
+                f"holds {msg.mib(ix.max_cap_m[group])}). Pick a smaller profile."
+            )
+        if c > ix.max_cap_c[group]:
+            raise InvalidRequest(
+                f"{c}% of compute is more than any {model}GPU in the pool offers "
+                f"({ix.max_cap_c[group]}% at most). Pick a smaller profile."
+            )
+        most = ix.most_slice_cards(group, m, c)
+        if count > most:
+            raise InvalidRequest(
+                f"No node has {count} {model}GPUs that can hold {msg.mib(m)} and {c}% each; "
+                f"the most on one node is {most}. Ask for fewer GPUs or a smaller slice."
+            )
+        self._check_node(request, group, model)
+        return pc, group, levels
+
+    def _check_node(self, request: GPURequest, group: str, model: str) -> None:
+        """Reject a request whose CPU or host memory no node with room for its GPUs has."""
+        cpu, hmem = request.cpu_millicores, request.host_memory_mib
+        if not cpu and not hmem:
+            return
+        m = 0 if request.whole else request.memory_mib
+        c = 0 if request.whole else request.cores_percent
+        ix = self._index
+        nodes = ix.capable_nodes(m, c, request.count, request.whole, group)
+        if not nodes or any(
+            ix.cpu_static[ni] >= cpu and ix.hmem_static[ni] >= hmem for ni in nodes
+        ):
+            return
+        most_cpu = max(ix.cpu_static[ni] for ni in nodes)
+        most_hmem = max(ix.hmem_static[ni] for ni in nodes)
+        offer = msg.node_needs(most_cpu if cpu else 0, most_hmem if hmem else 0)
+        raise InvalidRequest(
+            f"No node with room for {msg.shape(request)} has {msg.node_needs(cpu, hmem)} to "
+            f"give (such nodes offer at most {offer}). Pick a smaller profile or ask an admin "
+            "for larger nodes."
+        )

@@ -1,0 +1,79 @@
+"""What preemption asks of the card index: where a request would fit if the allocations a
+priority class may evict were gone, and which single allocations free a card alone."""
+
+from __future__ import annotations
+
+
+class EvictableIndex:
+    """Mixed into :class:`quotas.placement.CardIndex` (it reads the index's per-predicate sums)."""
+
+    # ---- preemption support ---------------------------------------------------------------
+
+    def evictable_nodes(
+        self, p: int, m: int, c: int, k: int, whole: bool, group: str
+    ) -> list[int]:
+        """Nodes where the request would fit if every allocation predicate ``p`` may evict
+        were gone."""
+        result = []
+        nalloc, en = self.nalloc, self.en[p]
+        if whole:
+            pempty = self.pempty[p]
+            for ni, wg in enumerate(self.wgpus):
+                if pempty[ni] >= k:
+                    cards = wg.get(group, ())
+                    if sum(1 for gi in cards if nalloc[gi] == en[gi]) >= k:
+                        result.append(ni)
+            return result
+        pmax_m, pmax_c = self.pmax_m[p], self.pmax_c[p]
+        cap_m, cap_c, used_m, used_c = self.cap_m, self.cap_c, self.used_m, self.used_c
+        em, ec = self.em[p], self.ec[p]
+        for ni, sg in enumerate(self.sgpus):
+            if pmax_m[ni] >= m and pmax_c[ni] >= c:
+                n = 0
+                for gi in sg.get(group, ()):
+                    if cap_m[gi] - used_m[gi] + em[gi] >= m and cap_c[gi] - used_c[gi] + ec[gi] >= c:
+                        n += 1
+                if n >= k:
+                    result.append(ni)
+        return result
+
+    def single_victims(
+        self, p: int, m: int, c: int, k: int, whole: bool, group: str
+    ) -> list[str]:
+        """Ids of allocations predicate ``p`` may evict whose removal alone makes one of their
+        cards usable for the request, on nodes where one victim could be enough."""
+        result = []
+        on, nalloc = self.on, self.nalloc
+        if whole:
+            empty, pempty1, en = self.empty[group], self.pempty1[p], self.en[p]
+            for ni, wg in enumerate(self.wgpus):
+                if empty.get(ni, 0) + pempty1[ni] < k:
+                    continue
+                for gi in wg.get(group, ()):
+                    if nalloc[gi] == 1 and en[gi] == 1:
+                        result.extend(on[gi])
+            return result
+        one_m, one_c = self.p1max_m[p], self.p1max_c[p]
+        em1, ec1, elig = self.em1[p], self.ec1[p], self.elig
+        cap_m, cap_c, used_m, used_c = self.cap_m, self.cap_c, self.used_m, self.used_c
+        for ni, sg in enumerate(self.sgpus):
+            if one_m[ni] < m or one_c[ni] < c:
+                continue
+            found = []
+            ready = 0
+            for gi in sg.get(group, ()):
+                fm, fc = cap_m[gi] - used_m[gi], cap_c[gi] - used_c[gi]
+                if fm >= m and fc >= c:
+                    ready += 1
+                    continue
+                if fm + em1[gi] < m or fc + ec1[gi] < c:
+                    continue
+                fixable = False
+                for aid, (am, ac) in on[gi].items():
+                    if elig[aid][p] and fm + am >= m and fc + ac >= c:
+                        found.append(aid)
+                        fixable = True
+                ready += fixable
+            if found and (k == 1 or ready >= k):
+                result.extend(found)
+        return result
