@@ -17,13 +17,34 @@ admission core, 8 GPUs per node) under three scenarios:
   burst and asked for again at the next burst (a culled kernel restarted on demand).
 
 For each, the figure is the smallest pool whose 95th percentile wait is at most 30 s for every
-size class. The last line is ``density whole_card_gpus=<n> fractional_gpus=<n>
+size class. These three come from the simulate engine's own first-come queue (no reservation,
+holding or moves), as ``elastic-gpu simulate`` answers.
+
+**Through the hub's queue** (``bench/hubqueue.py``: ``quotas.AdmissionQueue`` with the
+admission defaults the hub loads, pumped as ``GPUAllocator`` pumps it), a mix of users: a share
+``--server-share`` (0.5) of the users run notebook servers that hold their slice for the whole
+session (never moved); the others run GPU kernels swapped out after ``--idle-timeout`` idle and
+asking again at their next burst, which the queue may move for an overdue request. Printed:
+
+- ``queue`` lines: the p95 wait per size class under each queue configuration (first-come;
+  reservation only; ``hold: true`` + moves, the rule the default was before issue 25; the
+  default), side by side at the same pool sizes (the smallest pool first-come needs, and 3
+  cards fewer), the share of requests that waited over 30 s, moves an hour, and the issue's two
+  criteria: the largest class's p95 <= 3 x max(smallest class's p95, 30 s), and no class more
+  than 30 s worse than first-come;
+- ``needed`` lines: the smallest pool per queue configuration (p95 <= 30 s in every class);
+- ``swap`` lines: the smallest pool with the default queue per idle timeout (``--timeouts``),
+  against the no-fragmentation pool (the sum of the shares held, rounded up, at its 95th
+  percentile over time) and the whole-card pool (every session a whole card throughout).
+
+The last line is ``density whole_card_gpus=<n> fractional_gpus=<n>
 kernels_culled_gpus=<n> ratio=<whole_card / kernels_culled>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
 import statistics
@@ -34,6 +55,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hubext.metering.replay import Scenario, Session, run_scenario  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import hubqueue  # noqa: E402
 
 HOUR = 3600.0
 #: size classes (a share of one card) and their weights in the population
@@ -78,8 +102,15 @@ def main(argv: list[str] | None = None) -> None:
         "--idle-timeout", type=float, default=600.0, help="kernels_culled: seconds idle before a cull (default 600)"
     )
     parser.add_argument("--max-wait", type=float, default=30.0, help="the p95 wait allowed per size class (s)")
+    parser.add_argument("--server-share", type=float, default=0.5,
+                        help="hub queue runs: the share of users running notebook servers (default 0.5)")
+    parser.add_argument("--timeouts", default="60,120,300,600",
+                        help="hub queue runs: the idle timeouts (s) of the swap lines (default 60,120,300,600)")
+    parser.add_argument("--no-queue", action="store_true", help="skip the runs through the hub's queue")
     args = parser.parse_args(argv)
     sessions = notebook_trace(args.seed, args.users, args.days)
+    if not args.no_queue:
+        hub_queue_runs(sessions, args)
     print(
         f"trace seed={args.seed} users={args.users} days={args.days} sessions={len(sessions)} "
         f"median_hours={statistics.median(s.duration for s in sessions) / HOUR:.2f} "
@@ -108,6 +139,53 @@ def main(argv: list[str] | None = None) -> None:
         f"density whole_card_gpus={gpus['whole_card']} fractional_gpus={gpus['fractional']} "
         f"kernels_culled_gpus={gpus['kernels_culled']} ratio={ratio:.2f}"
     )
+
+
+def uses_of(sessions: list[Session], server_share: float, seed: int) -> list[hubqueue.Use]:
+    """The trace's sessions as notebook servers (a ``server_share`` of the users, drawn with the
+    seed) or GPU kernels."""
+    rng = random.Random(seed * 7919 + 1)
+    server: dict[str, bool] = {}
+    return [hubqueue.Use(s.id, s.user, s.arrival, s.duration, s.share,
+                         not server.setdefault(s.user, rng.random() < server_share),
+                         tuple(sorted(s.bursts or ()))) for s in sessions]
+
+
+def hub_queue_runs(sessions: list[Session], args: argparse.Namespace) -> None:
+    uses = uses_of(sessions, args.server_share, args.seed)
+    timeout, limit = args.idle_timeout, args.max_wait
+    servers = sum(1 for u in uses if not u.kernel)
+    print(f"hub queue: {servers} notebook-server sessions, {len(uses) - servers} kernel sessions "
+          f"(idle timeout {timeout:.0f} s); p95 wait per size class in s")
+    needed: dict[str, int] = {}
+    for name, queue in hubqueue.QUEUES.items():
+        started = time.perf_counter()
+        needed[name], _ = hubqueue.smallest_pool(uses, queue, timeout, limit,
+                                                 hubqueue.concurrency_bound(uses, timeout))
+        print(f"needed queue={name!r}: gpus={needed[name]} seconds={time.perf_counter() - started:.1f}")
+    base = needed["first-come"]
+    for gpus in (base - 3, base):
+        runs = {name: hubqueue.run(uses, gpus, queue, timeout) for name, queue in hubqueue.QUEUES.items()}
+        first = runs["first-come"]
+        for name, r in runs.items():
+            p95 = {k: r.p95(k) for k in sorted(r.waits)}
+            waits = " ".join(f"{k}={v:.0f}" for k, v in p95.items())
+            every = [w for ws in r.waits.values() for w in ws]
+            late = sum(1 for w in every if w > 30) / max(1, len(every))
+            fair = max(p95.values()) <= 3 * max(min(p95.values()), 30)
+            worse = max(p95[k] - first.p95(k) for k in p95)
+            print(f"queue gpus={gpus} queue={name!r}: {waits} waited_over_30s={100 * late:.1f}% "
+                  f"moves_per_h={r.moves / max(r.hours, 1e-9):.2f} largest<=3x={'yes' if fair else 'no'} "
+                  f"worst_vs_first_come=+{worse:.0f}s")
+    whole = [dataclasses.replace(u, share=1.0, kernel=False) for u in uses]
+    whole_gpus, _ = hubqueue.smallest_pool(whole, hubqueue.QUEUES["default"], timeout, limit,
+                                           hubqueue.concurrency_bound(whole, timeout))
+    for t in (float(x) for x in args.timeouts.split(",")):
+        ideal = hubqueue.concurrency_bound(uses, t)
+        gpus, _ = hubqueue.smallest_pool(uses, hubqueue.QUEUES["default"], t, limit, ideal)
+        print(f"swap idle_timeout={t:.0f}s: gpus={gpus} no_fragmentation={ideal} "
+              f"over_ideal={100 * (gpus / ideal - 1) if ideal else 0:.0f}% whole_cards={whole_gpus} "
+              f"fewer_than_whole={whole_gpus / gpus:.1f}x")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,260 @@
+"""Replay notebook sessions through the hub's own queue: ``quotas.AdmissionQueue`` with the
+admission defaults the hub loads (``load_config({})``: priority classes with ``default``
+movable, reservation after 60 s, ``queue.hold: with-moves``, moves on), pumped as
+``hubext/allocator.py``'s ``GPUAllocator`` pumps it: after every arrival and release, and when a
+waiting request becomes overdue. The bench's own code is only the clock and the users.
+
+Two kinds of sessions, as in a hub:
+
+- a **notebook server** with a GPU profile holds its slice from start to end (kind
+  ``notebook``: never moved, never culled);
+- a **GPU kernel** holds its slice while busy and for ``idle_timeout`` seconds after its last
+  burst, then is swapped out (its slice goes back; its state stays), and asks again at its next
+  burst (kind ``kernel``: the queue may move it for an overdue head; a moved kernel asks again
+  at its next burst, with ``push(moved=True)`` as the broker's resume does).
+
+A request granted after its period ended still counts its wait. Waits are per size class (share
+of a card) and per kind; requests still waiting at the end count with the wait they had.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from quotas import GPU, AdmissionState, GPURequest, Node, Owner, Pool, load_config
+from quotas.queue import AdmissionQueue
+
+#: the queue configurations compared side by side (the ``queue`` section of the admission config)
+QUEUES: dict[str, dict] = {
+    "first-come": {"reserve_after_seconds": None, "hold": False, "moves": None},
+    "reserve only": {"hold": False, "moves": None},
+    "hold: true + moves": {"hold": True},
+    "default": {},
+}
+
+
+@dataclass(frozen=True)
+class Use:
+    """One session as the queue sees it: who, what size, kernel or server, and its bursts."""
+
+    id: str
+    user: str
+    arrival: float
+    duration: float
+    share: float
+    kernel: bool
+    bursts: tuple[tuple[float, float], ...]
+
+
+@dataclass
+class QueueRun:
+    gpus: int
+    waits: dict[str, list[float]] = field(default_factory=dict)  # size class -> waits (s)
+    kind_waits: dict[str, list[float]] = field(default_factory=dict)
+    moves: int = 0
+    hours: float = 0.0
+    resumes: int = 0
+
+    def p95(self, label: str) -> float:
+        return percentile(self.waits.get(label, []), 95)
+
+    def worst(self) -> float:
+        return max((self.p95(k) for k in self.waits), default=0.0)
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, math.ceil(len(s) * p / 100) - 1))]
+
+
+def label_of(share: float) -> str:
+    return "whole" if share >= 1 else f"1/{round(1 / share)}"
+
+
+def periods(use: Use, idle_timeout: float) -> list[tuple[float, float]]:
+    """(start, end), absolute, of the periods a kernel holds its slice (a server: its session)."""
+    if not use.kernel:
+        return [(use.arrival, use.arrival + use.duration)]
+    out: list[tuple[float, float]] = []
+    start, until = 0.0, min(use.duration, idle_timeout)
+    for offset, length in use.bursts:
+        if offset >= use.duration:
+            break
+        if offset > until:
+            out.append((start, until))
+            start = offset
+        until = max(until, min(use.duration, offset + length + idle_timeout))
+    out.append((start, until))
+    return [(use.arrival + s, use.arrival + e) for s, e in out if e > s]
+
+
+def pool_of(gpus: int, per_node: int = 8, card_mib: int = 80 * 1024) -> Pool:
+    nodes, left, i = [], gpus, 0
+    while left > 0:
+        n = min(per_node, left)
+        nodes.append(Node(f"node{i}", tuple(GPU(f"node{i}-gpu{g}", "H100-80GB", card_mib, index=g)
+                                             for g in range(n))))
+        left, i = left - n, i + 1
+    return Pool(tuple(nodes))
+
+
+def run(uses: Sequence[Use], gpus: int, queue: dict, idle_timeout: float,
+        card_mib: int = 80 * 1024, stop_after: float | None = None) -> QueueRun:
+    """Replay ``uses`` on ``gpus`` cards through the queue configured by ``queue``.
+    ``stop_after``: give up (the result has ``gpus`` = -1) once more than 5 % of some size
+    class's requests have waited longer than this many seconds (the pool is too small)."""
+    cfg = load_config({"queue": queue})
+    state = AdmissionState(cfg, pool_of(gpus, card_mib=card_mib))
+    q = AdmissionQueue.from_policy(cfg.policy)
+    bound = cfg.policy.reserve_after_seconds
+    result = QueueRun(gpus)
+    seq = itertools.count()
+    events: list[tuple[float, int, str, object]] = []
+    totals: dict[str, int] = {}
+    for u in uses:
+        for start, end in periods(u, idle_timeout):
+            heapq.heappush(events, (start, next(seq), "ask", (u, end, False)))
+            totals[label_of(u.share)] = totals.get(label_of(u.share), 0) + 1
+    late: dict[str, int] = dict.fromkeys(totals, 0)
+    deadlines: list[tuple[float, str]] = []  # (asked at + stop_after, request id)
+    counted: set[str] = set()  # requests already counted late while waiting
+    session_of: dict[str, Use] = {}
+    ends: dict[str, float] = {}
+    asked: dict[str, tuple[Use, float, float]] = {}  # request id -> (use, asked at, end)
+    live: set[str] = set()
+
+    def record(u: Use, waited: float) -> bool:
+        label = label_of(u.share)
+        result.waits.setdefault(label, []).append(waited)
+        result.kind_waits.setdefault("kernel" if u.kernel else "server", []).append(waited)
+        return False
+
+    def too_late(u: Use) -> bool:
+        label = label_of(u.share)
+        late[label] += 1
+        return late[label] > totals[label] * 0.05
+
+    t = 0.0
+    while events:
+        t = events[0][0]
+        while events and events[0][0] <= t:
+            _, _, kind, payload = heapq.heappop(events)
+            if kind == "ask":
+                u, end, moved = payload
+                rid = f"{u.id}#{next(seq)}"
+                whole = u.share >= 1
+                request = GPURequest(Owner(u.user), 0 if whole else int(u.share * card_mib),
+                                     0 if whole else max(1, int(u.share * 100)), whole=whole,
+                                     request_id=rid, kind="kernel" if u.kernel else "notebook")
+                q.push(request, 100, t, moved=moved)
+                asked[rid] = (u, t, end)
+                if stop_after is not None:
+                    heapq.heappush(deadlines, (t + stop_after, rid))
+                if bound is not None:
+                    heapq.heappush(events, (t + bound, next(seq), "wake", None))
+            elif kind == "end":
+                if payload in live:
+                    live.discard(payload)
+                    state.remove(payload)
+        while deadlines and deadlines[0][0] < t:  # still waiting past the bound: late
+            rid = heapq.heappop(deadlines)[1]
+            if rid in asked:
+                counted.add(rid)
+                if too_late(asked[rid][0]):
+                    result.gpus = -1
+                    return result
+        steps = q.pump(state, t, lambda a: session_of[a.id].id if a.id in session_of else None)
+        for step in steps:
+            rid = step.waiting.request.request_id
+            if step.decision.granted:
+                u, at, end = asked.pop(rid)
+                if u.kernel and step.waiting.moved:
+                    result.resumes += 1
+                session_of[rid] = u
+                live.add(rid)
+                ends[rid] = end
+                heapq.heappush(events, (max(end, t), next(seq), "end", rid))
+                record(u, t - at)
+                if stop_after is not None and t - at > stop_after and rid not in counted and too_late(u):
+                    result.gpus = -1
+                    return result
+            elif step.decision.kind == "reject":
+                asked.pop(rid, None)
+            for mv in step.moves:  # swapped out: its slice goes back; it asks again at its next burst
+                aid = mv.allocation.id
+                if aid not in live:
+                    continue
+                live.discard(aid)
+                state.remove(aid)
+                result.moves += 1
+                u, end = session_of[aid], ends[aid]
+                starts = [u.arrival + o for o, _ in u.bursts]
+                i = bisect.bisect_right(starts, t)
+                if i < len(starts) and starts[i] < end:
+                    heapq.heappush(events, (starts[i], next(seq), "ask", (u, end, True)))
+                heapq.heappush(events, (t, next(seq), "wake", None))
+    for u, at, _ in asked.values():
+        record(u, t - at)
+    result.hours = (t - min((u.arrival for u in uses), default=0.0)) / 3600
+    return result
+
+
+def concurrency_bound(uses: Sequence[Use], idle_timeout: float, p: float = 95.0) -> int:
+    """Cards that hold the demand ``p`` % of the time if slices never fragmented (the ideal pool:
+    the sum of the shares held, rounded up)."""
+    changes: dict[float, float] = {}
+    for u in uses:
+        for s, e in periods(u, idle_timeout):
+            changes[s] = changes.get(s, 0.0) + u.share
+            changes[e] = changes.get(e, 0.0) - u.share
+    times = sorted(changes)
+    level, durations = 0.0, {}
+    for t0, t1 in itertools.pairwise(times):
+        level += changes[t0]
+        n = math.ceil(level - 1e-9)
+        durations[n] = durations.get(n, 0.0) + (t1 - t0)
+    total, covered = sum(durations.values()), 0.0
+    for n in sorted(durations):
+        covered += durations[n]
+        if covered >= total * p / 100 - 1e-9:
+            return n
+    return max(durations, default=0)
+
+
+def smallest_pool(uses: Sequence[Use], queue: dict, idle_timeout: float, max_wait: float = 30.0,
+                  start: int = 1) -> tuple[int, QueueRun]:
+    """The fewest cards whose p95 wait is at most ``max_wait`` in every size class (galloping
+    up from ``start``, then bisecting; the wait is taken to fall as cards are added)."""
+    def ok(n: int) -> QueueRun | None:
+        r = run(uses, n, queue, idle_timeout, stop_after=max_wait)
+        return r if r.gpus > 0 and r.worst() <= max_wait else None
+
+    lo, n, step = 0, max(1, start), 1
+    found = ok(n)
+    if found is not None:
+        hi, best = n, found
+        lo = 0
+    else:
+        lo = n
+        while True:
+            n = lo + step
+            found = ok(n)
+            if found is not None:
+                hi, best = n, found
+                break
+            lo, step = n, step * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        found = ok(mid)
+        if found is not None:
+            hi, best = mid, found
+        else:
+            lo = mid
+    return hi, best
