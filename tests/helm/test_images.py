@@ -34,17 +34,12 @@ HELM_README = REPO / "helm" / "README.md"
 # python:3.12-slim-bookworm): the pins of the packages our wheel depends on. The hub target of
 # the Dockerfile installs the wheel constrained by the image's whole `pip freeze`.
 Z2JH_VERSION = "4.3.3"
-Z2JH_HUB_PINS = {
-    "jupyterhub": "5.4.4",
-    "jupyterhub-kubespawner": "7.0.0",
-    "kubernetes-asyncio": "35.0.1",
-    "sqlalchemy": "2.0.48",
-    "tornado": "6.5.5",
-    "traitlets": "5.14.3",
-    "alembic": "1.18.4",
-    "pyyaml": "6.0.3",
-    "prometheus-client": "0.24.1",
-}
+# (helm/images/standins/z2jh-hub-pins.txt: the stand-in for that image installs the same pins)
+Z2JH_HUB_PINS = dict(
+    line.split("==", 1)
+    for line in (REPO / "helm" / "images" / "standins" / "z2jh-hub-pins.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+)
 PACKAGES = ("quotas", "hubext", "kernelprovider", "culler", "libvgpu")
 
 
@@ -55,7 +50,17 @@ def _stages() -> dict[str, str]:
 
 
 def _args() -> dict[str, str]:
-    return dict(re.findall(r"^ARG\s+(\w+)=(\S+)\s*$", DOCKERFILE.read_text(), flags=re.M))
+    """The global ARGs' defaults, each with the ARGs before it expanded (as BuildKit does)."""
+    args: dict[str, str] = {}
+    for name, value in re.findall(r"^ARG\s+(\w+)=(\S+)\s*$", DOCKERFILE.read_text(), flags=re.M):
+        args[name] = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m[1], m[0]), value)
+    return args
+
+
+def _bases() -> dict[str, str]:
+    """{stage: the upstream image it builds FROM by default (build arguments expanded)}."""
+    args = _args()
+    return {stage: re.sub(r"\$\{(\w+)\}", lambda m: args.get(m[1], m[0]), base) for stage, base in _stages().items()}
 
 
 def _instructions() -> list[tuple[str, str]]:
@@ -66,19 +71,21 @@ def _instructions() -> list[tuple[str, str]]:
 
 
 def test_dockerfile_has_the_hub_agent_and_kernel_images():
-    stages = _stages()
+    stages = _bases()
     assert set(stages) == {"wheel", "hub", "agent", "kernel"}
-    assert stages["hub"] == "quay.io/jupyterhub/k8s-hub:${Z2JH_VERSION}"
+    # the bases are build arguments (./dev images passes stand-ins where no registry is
+    # reachable) whose defaults are the real upstream images
+    assert stages["hub"] == f"quay.io/jupyterhub/k8s-hub:{Z2JH_VERSION}"
     assert _args()["Z2JH_VERSION"] == Z2JH_VERSION
     # the shim is compiled where glibc is old (manylinux2014: 2.17) and checked by auditwheel
     assert stages["wheel"].startswith("quay.io/pypa/manylinux2014_x86_64:")
+    assert stages["agent"] == "python:3.12-slim-bookworm"
+    assert stages["kernel"].startswith("nvidia/cuda:")
     assert "auditwheel repair --plat manylinux2014_x86_64" in DOCKERFILE.read_text()
 
 
 def test_every_base_image_is_pinned():
-    args = _args()
-    for stage, base in _stages().items():
-        image = re.sub(r"\$\{(\w+)\}", lambda m: args.get(m[1], m[0]), base)
+    for stage, image in _bases().items():
         if image in _stages():
             continue
         assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), f"{stage}: {image} is not pinned"

@@ -1,0 +1,177 @@
+#!/usr/bin/env bash
+# ./dev images: build the hub, agent and kernel images of helm/images/Dockerfile with a real
+# engine, then run them (tests/helm/test_images_run.py).
+#
+#   ./dev images [--registry REGISTRY] [--no-check]
+#
+# Engine: the one DOCKER_HOST names, else a dockerd of Debian's docker.io (apt-get install
+# docker.io) started here under its own data root and stopped at the end. It runs without
+# networking of its own (no bridge, no iptables): builds and checks use the host's network.
+#
+# Bases: each upstream base image (z2jh's hub image, manylinux2014, python, CUDA) is used when
+# the engine has it or can pull it. Where no registry is reachable, a local stand-in is built
+# from a debootstrapped Debian (helm/images/standins/Dockerfile) and the script says so.
+#
+# Cache (ELASTIC_GPU_IMAGE_CACHE, default ~/.cache/elastic-gpu/images): the engine's data root
+# (its layer cache) and the debootstrapped Debian tarball, named by a hash of what made it
+# (suite, mirror, packages). Delete the directory for a build from scratch.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+REGISTRY=${REGISTRY:-elastic-gpu.local}
+CHECK=1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --registry) REGISTRY=${2:?--registry needs a value}; shift 2 ;;
+    --registry=*) REGISTRY=${1#--registry=}; shift ;;
+    --no-check) CHECK=0; shift ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "./dev images: unknown option '$1' (options: --registry REGISTRY, --no-check)" >&2; exit 2 ;;
+  esac
+done
+
+VERSION=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -1)
+Z2JH_VERSION=$(sed -n 's/^ARG Z2JH_VERSION=//p' helm/images/Dockerfile)
+DOCKERFILE_ARG() { sed -n "s/^ARG $1=//p" helm/images/Dockerfile | sed "s/\${Z2JH_VERSION}/$Z2JH_VERSION/"; }
+HUB_TAG=$REGISTRY/k8s-hub-elastic-gpu:$Z2JH_VERSION-$VERSION
+AGENT_TAG=$REGISTRY/jupyterhub-elastic-gpu:$VERSION
+KERNEL_TAG=$REGISTRY/elastic-gpu-kernel:$VERSION
+CACHE=${ELASTIC_GPU_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastic-gpu/images}
+mkdir -p "$CACHE"
+say() { echo "==> $*" >&2; }
+die() { echo "./dev images: $*" >&2; exit 1; }
+t0=$SECONDS
+
+# ---- the engine -------------------------------------------------------------------------------
+RUN_DIR=""
+stop_engine() {
+  if [ -n "$RUN_DIR" ] && [ -f "$RUN_DIR/dockerd.pid" ]; then
+    local pid
+    pid=$(cat "$RUN_DIR/dockerd.pid")
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  [ -n "$RUN_DIR" ] && rm -rf "$RUN_DIR"
+  return 0
+}
+if [ -z "${DOCKER_HOST:-}" ]; then
+  DOCKERD=$(command -v dockerd || true)
+  [ -n "$DOCKERD" ] || die "no container engine: install Debian's docker.io (apt-get install docker.io), or set DOCKER_HOST to an engine's socket"
+  # one engine per data root: a second run waits for the first
+  exec 9>"$CACHE/.lock"
+  flock -w 3600 9 || die "another ./dev images holds $CACHE/.lock"
+  RUN_DIR=$(mktemp -d /tmp/elastic-gpu-engine.XXXXXX)  # short: the socket path has a length limit
+  trap stop_engine EXIT
+  trap 'exit 130' INT TERM
+  "$DOCKERD" --data-root "$CACHE/engine" --exec-root "$RUN_DIR/exec" --pidfile "$RUN_DIR/dockerd.pid" \
+    --host "unix://$RUN_DIR/docker.sock" --iptables=false --ip-masq=false --bridge=none \
+    >"$CACHE/dockerd.log" 2>&1 &
+  export DOCKER_HOST=unix://$RUN_DIR/docker.sock
+fi
+# a client that builds with BuildKit (it reads Dockerfile.dockerignore): buildx, or a client
+# with BuildKit built in (Debian's docker.io 20.10)
+DOCKER=${DOCKER:-}
+if [ -z "$DOCKER" ]; then
+  for c in docker /usr/bin/docker; do
+    command -v "$c" >/dev/null 2>&1 || continue
+    if "$c" buildx version >/dev/null 2>&1; then DOCKER=$c; BUILD=("$c" buildx build --load); break; fi
+    major=$("$c" version --format '{{.Client.Version}}' 2>/dev/null | cut -d. -f1 || true)
+    if [ -n "$major" ] && [ "$major" -lt 23 ] 2>/dev/null; then DOCKER=$c; BUILD=("$c" build); break; fi
+  done
+  [ -n "$DOCKER" ] || die "no docker client that builds with BuildKit (docker buildx, or Debian's docker.io)"
+else
+  BUILD=("$DOCKER" build)
+fi
+export DOCKER_BUILDKIT=1
+for _ in $(seq 1 150); do "$DOCKER" version >/dev/null 2>&1 && break; sleep 0.2; done
+"$DOCKER" version >/dev/null 2>&1 || die "the engine did not start (log: $CACHE/dockerd.log)"
+say "engine: $("$DOCKER" version --format 'docker {{.Server.Version}}, storage {{.Server.Os}}') at $DOCKER_HOST"
+
+# ---- the bases --------------------------------------------------------------------------------
+DEBIAN_SUITE=bookworm
+DEBIAN_MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+DEBIAN_PACKAGES=python3,python3-venv,ca-certificates
+STANDIN_DIR=helm/images/standins
+standin_debian() {
+  # the debootstrapped Debian every stand-in starts from, cached as a tarball named by its inputs
+  local key tarball image
+  key=$(printf '%s\n' "$DEBIAN_SUITE" "$DEBIAN_MIRROR" "$DEBIAN_PACKAGES" minbase | sha256sum | cut -c1-12)
+  image=elastic-gpu-standin/debian:$DEBIAN_SUITE-$key
+  if ! "$DOCKER" image inspect "$image" >/dev/null 2>&1; then
+    tarball=$CACHE/debian-$DEBIAN_SUITE-$key.tar
+    if [ ! -f "$tarball" ]; then
+      command -v debootstrap >/dev/null 2>&1 || die "no registry is reachable and debootstrap is missing (apt-get install debootstrap): the stand-in bases are made with it"
+      say "debootstrap $DEBIAN_SUITE ($DEBIAN_PACKAGES) from $DEBIAN_MIRROR"
+      local tree=$CACHE/rootfs.$$
+      rm -rf "$tree"
+      debootstrap --variant=minbase --include="$DEBIAN_PACKAGES" "$DEBIAN_SUITE" "$tree" "$DEBIAN_MIRROR" \
+        >"$CACHE/debootstrap.log" 2>&1 || die "debootstrap failed (log: $CACHE/debootstrap.log)"
+      rm -rf "$tree"/var/cache/apt/archives/*.deb "$tree"/var/lib/apt/lists/*
+      tar -C "$tree" -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
+      rm -rf "$tree"
+    fi
+    "$DOCKER" import "$tarball" "$image" >/dev/null
+  fi
+  echo "$image"
+}
+STANDIN_CONTEXT=""
+standin() {
+  # standin TARGET: build helm/images/standins/Dockerfile's TARGET, print its tag
+  local target=$1 debian
+  debian=$(standin_debian)
+  if [ -z "$STANDIN_CONTEXT" ]; then
+    STANDIN_CONTEXT=$(mktemp -d)
+    cp "$STANDIN_DIR"/Dockerfile "$STANDIN_DIR"/z2jh-hub-pins.txt "$STANDIN_CONTEXT"/
+    cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$STANDIN_CONTEXT"/ca-certificates.crt
+  fi
+  "${BUILD[@]}" -q --network host --build-arg DEBIAN_IMAGE="$debian" --target "$target" \
+    -t "elastic-gpu-standin/$target:local" "$STANDIN_CONTEXT" >/dev/null \
+    || die "building the stand-in '$target' failed"
+  echo "elastic-gpu-standin/$target:local"
+}
+base() {
+  # base UPSTREAM STANDIN_TARGET: the upstream image if the engine has or can pull it, else a stand-in
+  local upstream=$1 target=$2 why
+  if "$DOCKER" image inspect "$upstream" >/dev/null 2>&1; then echo "$upstream"; return; fi
+  if why=$(timeout 300 "$DOCKER" pull -q "$upstream" 2>&1); then echo "$upstream"; return; fi
+  echo "==> $upstream cannot be pulled ($(echo "$why" | tail -1)): building the local stand-in elastic-gpu-standin/$target (helm/images/standins/Dockerfile)" >&2
+  standin "$target"
+}
+HUB_BASE=$(base "$(DOCKERFILE_ARG HUB_IMAGE)" k8s-hub)
+WHEEL_BASE=$(base "$(DOCKERFILE_ARG WHEEL_IMAGE)" manylinux2014)
+PYTHON_BASE=$(base "$(DOCKERFILE_ARG PYTHON_IMAGE)" python)
+CUDA_BASE=$(base "$(DOCKERFILE_ARG CUDA_IMAGE)" cuda)
+WHEEL_ARGS=()
+if [ "$WHEEL_BASE" != "$(DOCKERFILE_ARG WHEEL_IMAGE)" ]; then
+  WHEEL_ARGS=(--build-arg WHEEL_PYTHON=python)
+fi
+[ -n "$STANDIN_CONTEXT" ] && rm -rf "$STANDIN_CONTEXT"
+say "bases ready ($((SECONDS - t0)) s)"
+
+# ---- the images -------------------------------------------------------------------------------
+for target in hub agent kernel; do
+  case $target in hub) tag=$HUB_TAG ;; agent) tag=$AGENT_TAG ;; kernel) tag=$KERNEL_TAG ;; esac
+  say "building $tag (--target $target)"
+  t=$SECONDS
+  "${BUILD[@]}" --network host -f helm/images/Dockerfile --target "$target" \
+    --build-arg Z2JH_VERSION="$Z2JH_VERSION" --build-arg HUB_IMAGE="$HUB_BASE" \
+    --build-arg WHEEL_IMAGE="$WHEEL_BASE" --build-arg PYTHON_IMAGE="$PYTHON_BASE" \
+    --build-arg CUDA_IMAGE="$CUDA_BASE" "${WHEEL_ARGS[@]}" \
+    --progress plain -t "$tag" . >"$CACHE/build-$target.log" 2>&1 \
+    || { tail -40 "$CACHE/build-$target.log"; die "building the $target image failed (log: $CACHE/build-$target.log)"; }
+  say "built $tag in $((SECONDS - t)) s"
+done
+say "images (built in $((SECONDS - t0)) s):"
+"$DOCKER" image ls --format '    {{.Repository}}:{{.Tag}}  {{.Size}}' | grep -F -e "$HUB_TAG" -e "$AGENT_TAG" -e "$KERNEL_TAG" -e "standin/" || true
+
+# ---- the checks: run each image --------------------------------------------------------------
+if [ "$CHECK" = 1 ]; then
+  PY=$ROOT/.venv/bin/python
+  [ -x "$PY" ] || die "the checks need the test venv: run ./dev install first (or pass --no-check)"
+  say "running the images (tests/helm/test_images_run.py)"
+  ELASTIC_GPU_IMAGES="hub=$HUB_TAG agent=$AGENT_TAG kernel=$KERNEL_TAG" ELASTIC_GPU_DOCKER="$DOCKER" \
+    "$PY" -m pytest -q -p no:cacheprovider tests/helm/test_images_run.py \
+    --basetemp="$(mktemp -d /var/tmp/elastic-gpu-images-check.XXXXXX)" -rs
+fi
+say "done in $((SECONDS - t0)) s"
