@@ -517,3 +517,29 @@ def read_priority_table(directory: str | os.PathLike[str]) -> dict[str, int]:
         if len(parts) in (2, 3) and parts[1].lstrip("-").isdigit():
             out[parts[0]] = int(parts[1])
     return out
+
+
+
+_PREPARE = """import ctypes, sys
+why = ctypes.create_string_buffer(1024)
+rc = ctypes.CDLL(None).libvgpu_prepare_region(*(a.encode() for a in sys.argv[1:]), why, len(why))
+sys.exit(why.value.decode(errors="replace") if rc else 0)
+"""
+
+
+def prepare_container_region(region: str | os.PathLike[str], activity: str | os.PathLike[str] = "") -> None:
+    """Create (or check) a container region and its activity file as the shim would on its first
+    CUDA call, with the shim's own code (``libvgpu_prepare_region``, run in a short Python with
+    ``libvgpu.so`` preloaded: the shim's thread-local storage cannot be dlopened into a running
+    process), so that they can be placed in a directory the container cannot write: there it can
+    neither unlink, rename nor replace them, and so never start a region of its own (a fresh
+    limit). Raises :class:`RegionError` naming the file and the problem."""
+    import subprocess
+    import sys
+
+    from . import library_path
+
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", _PREPARE, os.fspath(region), os.fspath(activity)],
+                          env={"LD_PRELOAD": library_path()}, capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        raise RegionError((proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1])

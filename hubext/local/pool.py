@@ -30,7 +30,13 @@ from traitlets import Bool, Float, Instance, Unicode
 
 from libvgpu import contract as C
 from libvgpu.backstop import Backstop
-from libvgpu.regions import RegionError, read_activity, read_priority_table, write_priority_table
+from libvgpu.regions import (
+    RegionError,
+    prepare_container_region,
+    read_activity,
+    read_priority_table,
+    write_priority_table,
+)
 from quotas import Allocation, ConfigError, Node, Pool, parse_simulated
 
 from ..backends import GoneCallback, PoolBackend, ReleaseCause
@@ -312,15 +318,25 @@ class LocalPool(PoolBackend):
         """Write the allocation's limits file and region directory; return the holder's environment.
 
         The limits file is mode 0444 in a 0755 directory owned by the hub's user, so a user whose
-        processes run under their own uid cannot change their limits. The region directory is
-        given to ``uid``/``gid`` (the holder's user) when the hub runs as root.
+        processes run under their own uid cannot change their limits. When the hub runs as root
+        and the holder as ``uid``/``gid``, the container region and activity file are made here
+        (by the shim's own code) and given to the holder, mode 0600, in a directory that stays
+        the hub's (0711): the holder's processes use them but can neither unlink, rename nor
+        replace them, so none of them ever starts a region of its own (a fresh limit).
         """
         limits = self.limits_path(allocation.id)
         region_dir = self.region_dir(allocation.id)
         region_dir.mkdir(exist_ok=True)
-        if uid is not None and os.geteuid() == 0:
-            os.chown(region_dir, uid, gid if gid is not None else -1)
-        os.chmod(region_dir, 0o700)
+        if uid is not None and os.geteuid() == 0 and self.preload_shim and shim_library():
+            os.chown(region_dir, 0, 0)  # the hub's, also where an earlier start gave it to the holder
+            os.chmod(region_dir, 0o711)
+            files = (region_dir / "container.region", Path(self.activity_path(allocation.id)))
+            prepare_container_region(*files)  # O_NOFOLLOW: a link planted earlier is refused
+            for path in files:
+                os.chown(path, uid, gid if gid is not None else -1)
+                os.chmod(path, 0o600)
+        else:
+            os.chmod(region_dir, 0o700)
         text = C.limits_file_text(
             allocation,
             priority_value,

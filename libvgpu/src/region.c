@@ -313,6 +313,37 @@ static void write_config_copy(struct vgpu_container_region *r) {
     r->priority = vgpu.cfg.priority;
 }
 
+/* For the hub or the node agent, not the shim's own use: creates (or checks) a container region
+ * and its activity file at these paths exactly as the shim would on its first CUDA call, so
+ * that they can live in a directory the container cannot write, where it cannot unlink,
+ * rename or replace them (a region of its own would be a fresh limit). 0 ok; -1 with one line
+ * in why. */
+VGPU_EXPORT int libvgpu_prepare_region(const char *container_region, const char *activity_file,
+                                       char *why, size_t whylen) {
+    void *m;
+    int fd;
+    const char *bad;
+    int rc = map_region(container_region, sizeof(struct vgpu_container_region),
+                        VGPU_KIND_CONTAINER, init_container, NULL, &m, &fd, &bad);
+    if (rc != 0) {
+        snprintf(why, whylen, "%s: %s", container_region, rc == -2 ? bad : strerror(errno));
+        return -1;
+    }
+    uint64_t cid = ((struct vgpu_container_region *)m)->container_id;
+    munmap(m, sizeof(struct vgpu_container_region));
+    close(fd);
+    if (!activity_file || !*activity_file) return 0;
+    rc = map_region(activity_file, sizeof(struct vgpu_activity), VGPU_KIND_ACTIVITY, init_activity,
+                    &cid, &m, &fd, &bad);
+    if (rc != 0) {
+        snprintf(why, whylen, "%s: %s", activity_file, rc == -2 ? bad : strerror(errno));
+        return -1;
+    }
+    munmap(m, sizeof(struct vgpu_activity));
+    close(fd);
+    return 0;
+}
+
 int vgpu_region_open(void) {
     struct vgpu_config *c = &vgpu.cfg;
     if (!c->container_region[0])

@@ -276,6 +276,8 @@ void vgpu_sleep_ns(uint64_t ns);
 
 /* region.c */
 int vgpu_region_open(void);              /* maps the container region (and activity file) */
+VGPU_EXPORT int libvgpu_prepare_region(const char *container_region, const char *activity_file,
+                                       char *why, size_t whylen); /* for the hub/agent */
 int vgpu_region_claim_slot(void);        /* claims this process's slot; 0 ok */
 int vgpu_region_lock(struct vgpu_container_region *r); /* 0: locked; -1: unusable, not locked */
 void vgpu_region_unlock(struct vgpu_container_region *r);

@@ -274,3 +274,25 @@ async def test_a_process_carrying_a_whole_card_allocations_id_is_not_let_off(mac
         await killed_within(intruder, 10)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Backstop")]
     assert any(str(intruder.pid) in m and SERVER_ACCOUNT in m for m in lines), lines
+
+
+async def test_a_slices_region_cannot_be_unlinked_or_renamed_for_a_fresh_limit(machine):
+    """A user's code unlinks or renames its container region while a process holds memory, so
+    that the next process would start a fresh region with a fresh limit."""
+    pool, node, alice, _ = machine
+    _as_server_account(node, pool)
+    account = pwd.getpwnam(SERVER_ACCOUNT)
+    bob = Allocation(id="alloc-bob-1", owner=Owner("bob"), node="localhost", gpu_uuids=alice.gpu_uuids,
+                     memory_mib=1024, cores_percent=50, priority_class="default")
+    await pool.record(bob)
+    env = node.env(pool.holder_env(bob, 10, account.pw_uid, account.pw_gid))
+    env["LD_PRELOAD"] = node.build.preload()
+    as_bob = {"user": SERVER_ACCOUNT, "group": account.pw_gid, "extra_groups": []}
+    start(node, env, "init", "ctx", "alloc:700M", account=SERVER_ACCOUNT, session=True)
+    region = pool.region_dir(bob.id) / "container.region"
+    for attack in (f"mv {region} {region}.old", f"rm -f {region}", f"ln -sf /dev/null {region}"):
+        tamper = subprocess.run(["sh", "-c", attack], capture_output=True, text=True, **as_bob)
+        second = subprocess.run([str(node.build.probe), "init", "ctx", "alloc:700M"], env=env, capture_output=True,
+                                text=True, timeout=60, **as_bob)
+        assert "alloc rc=2" in second.stdout, (attack, second.stdout, second.stderr)  # the slice's one limit
+        assert tamper.returncode != 0, attack  # the directory is not the slice's to write
