@@ -14,7 +14,7 @@ from typing import Any
 
 from tornado import web
 from traitlets import Callable as CallableTrait
-from traitlets import Dict, Float, Union
+from traitlets import Dict, Float, Union, default
 from traitlets.config import LoggingConfigurable
 
 from quotas import AdmissionError, Allocation, GPURequest, Owner
@@ -56,12 +56,23 @@ def check_forged_options(profile: Mapping[str, Any], user_options: Mapping[str, 
             )
 
 
+def options_applied_at_start(spawner: Any, user_options: Mapping[str, Any]) -> None:
+    """JupyterHub's ``Spawner.apply_user_options`` for our spawners: nothing to do here, since the
+    profile and its options are applied, and checked (unknown or forged ones refused with a
+    sentence), when the server starts. Without a hook JupyterHub 5.3+ warns 'Received unhandled
+    user_options' on every spawn with a profile."""
+
+
 class GPUSpawnerMixin(LoggingConfigurable):
     """Admission, queueing and release of a notebook's GPU slice, for any Spawner.
 
     A traitlets class so its traits are configurable on the concrete spawner
     (``c.ElasticGPUSpawner.gpu_owner_mapping``); mixed in before the Spawner base.
     """
+
+    @default("apply_user_options")
+    def _options_applied_at_start(self) -> Any:
+        return options_applied_at_start
 
     gpu_owner_mapping = Union(
         [Dict(), CallableTrait()],

@@ -294,3 +294,26 @@ def test_fuzz_the_usage_queries(sec, admin_page):
             _check_refusal(status, json.loads(text), (path, query))
 
     one()
+
+
+def test_a_spawn_with_a_profile_is_no_unhandled_user_options_warning(sec):
+    """The spawner applies (and checks) the profile itself when the server starts; JupyterHub
+    5.3+ warned 'Received unhandled user_options ... profile' on every such spawn. (Unknown and
+    forged options are still refused: tests/security/test_forged_priority.py, tests/local/test_local_spawner.py.)"""
+    before = len(sec.hub.log_text())
+    status, body = sec.hub.api("POST", "/users/carol/server", body={"profile": "cpu"})
+    assert status in (201, 202), body
+    try:
+        sec.hub.wait_for(
+            lambda: (sec.hub.api("GET", "/users/carol")[1].get("servers", {}).get("", {}) or {}).get("ready"),
+            timeout=90,
+            what="carol's server",
+        )
+        spawned = sec.hub.log_text()[before:]
+        assert "carol" in spawned
+        assert "unhandled user_options" not in spawned, [
+            line for line in spawned.splitlines() if "user_options" in line
+        ]
+    finally:
+        sec.hub.api("DELETE", "/users/carol/server")
+        sec.hub.wait_for(lambda: not sec.hub.api("GET", "/users/carol")[1].get("servers"), timeout=60, what="stop")
