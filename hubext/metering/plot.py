@@ -113,9 +113,8 @@ def usage_svg(
             stack.append(sum(v for n, v in values.items() if n not in top))
         stacks.append((a, b, stack))
     top_bar = max((sum(s) for _, _, s in stacks), default=0.0)
-    unit, factor = ("GPU-hours", 1.0) if top_bar >= 0.05 or top_bar == 0 else ("GPU-seconds", 3600.0)
-    stacks = [(a, b, [v * factor for v in stack]) for a, b, stack in stacks]
-    y_max = _nice_max(top_bar * factor)
+    unit = "GPU-hours"  # the unit of the report beside it, however small the bars (no switch to seconds)
+    y_max = _nice_max(top_bar)
     hours = step / 3600
     out = _frame(
         f"{unit} by {', '.join(keys) or 'total'} ({hours:g} h bars)",
@@ -137,7 +136,7 @@ def usage_svg(
             y = TOP + plot_h - plot_h * base / y_max - h
             out.append(
                 f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="{PALETTE[i % len(PALETTE)]}">'
-                f"<title>{escape(names[i])}: {v:.2f} {unit}</title></rect>"
+                f"<title>{escape(names[i])}: {_num(v)} {unit}</title></rect>"
             )
             base += v
     out += _legend(names)

@@ -79,3 +79,19 @@ def test_the_home_page_links_the_usage_page_and_says_what_is_left_in_words(hub):
     left = re.sub(r"<[^>]+>", "", left)
     assert "no limit on compute" in left and "no limit on slices" in left, left  # (ADMISSION limits neither)
     assert "unlimited of" not in text
+
+
+def test_the_usage_chart_stays_in_gpu_hours_however_small_the_use():
+    """The page's summary and table are in GPU-hours; the chart beside them switched to GPU-seconds
+    when the bars were small (a few minutes of a quarter card)."""
+    from hubext.metering.plot import usage_svg
+    from hubext.metering.record import UsageRecord
+
+    record = UsageRecord(
+        id="r", user="alice", namespace="default", workspace="default", kind="kernel", priority_class="default",
+        node="n", gpu_uuids="GPU-0", gpu_model="H100-80GB", gpu_memory_mib=81920, count=1, memory_mib=20480,
+        cores_percent=25, whole=False, borrowed=False, granted_at=1000.0, released_at=1000.0 + 120,
+    )  # fmt: skip
+    svg = usage_svg([record], 0.0, 86400.0, "user")
+    assert "GPU-seconds" not in svg and "GPU-hours by user" in svg, svg[:400]
+    assert "alice: 0.0083 GPU-hours" in svg, svg  # 2 min of a quarter card
