@@ -139,8 +139,9 @@ class ServerRef:
     #: local: the unix account to run the kernel as ('' = the hub's own account)
     unix_user: str = ""
     home: str = ""
-    #: the spawner's GPU settings (backend, runtime class, ...) when it has them
-    gpu_settings: dict[str, Any] = field(default_factory=dict)
+    #: Kubernetes: how the server's pod receives its slice (``objects.PodDelivery``), for its
+    #: kernels' pods alike; None where the server's spawner says none
+    delivery: Any = None
     #: Kubernetes: the server pod as read (its volumes, working directory), for the kernel pod to share
     pod: Any = None
 

@@ -28,6 +28,7 @@ from .objects import (
     HOST_CLAIM,
     RESOURCE_KEYS,
     RESUME_EXT,
+    PodDelivery,
     apply_gpu_to_pod,
     check_size_overrides,
     kernel_base_name,
@@ -43,6 +44,7 @@ from .objects import (
     volume_sharing_problem,
 )
 from .quantities import cpu_and_memory
+from .spawner import ElasticGPUSpawner
 from .status import api_message, apply_pod_status, notebook_status, record_from_pod, server_identity
 from .swap import PodSwapMixin
 
@@ -286,30 +288,29 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
             await self._delete_pod(pod.metadata.name, pod.metadata.namespace)
         records = []
         for kid, pod in newest.items():
-            record = self._record_from_pod(kid, pod)
+            record = record_from_pod(kid, pod)
             if record is not None:
+                self._apply_pod_status(record, pod)
                 records.append(record)
         self.log.info("Kubernetes GPU kernels: %d kernel pods found in %s", len(records), ns)
         return records
-
-    def _record_from_pod(self, kid: str, pod: Any) -> KernelRecord | None:
-        record = record_from_pod(kid, pod)
-        if record is not None:
-            self._apply_pod_status(record, pod)
-        return record
 
     def _apply_pod_status(self, record: KernelRecord, pod: Any) -> None:
         apply_pod_status(record, pod, self._unschedulable_since, self.unschedulable_grace_seconds)
 
     # ---- the user's server ---------------------------------------------------------------
 
+    def pod_delivery(self) -> PodDelivery:
+        """This launcher's own settings, for a kernel whose server's spawner says none."""
+        prefix = self.gpu_priority_class_prefix
+        return PodDelivery(self.gpu_backend, self.gpu_runtime_class, prefix, self.gpu_host_claim)
+
     async def server_ref(self, spawner: Any) -> ServerRef:
         pod_name = getattr(spawner, "pod_name", "")
         namespace = getattr(spawner, "namespace", "") or self._ns()
         ref = ServerRef(user=spawner.user.name, name=spawner.name or "", pod_name=pod_name, namespace=namespace)
-        for trait in ("gpu_backend", "gpu_runtime_class", "gpu_priority_class_prefix", "gpu_host_claim"):
-            if hasattr(spawner, trait):
-                ref.gpu_settings[trait] = getattr(spawner, trait)
+        if isinstance(spawner, ElasticGPUSpawner):  # its kernels get their slice as its pod does
+            ref.delivery = spawner.pod_delivery()
         if pod_name:
             try:
                 pod = await self._call(self.core.read_namespaced_pod(pod_name, namespace))
@@ -374,7 +375,7 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
     def _pod(
         self, record: KernelRecord, allocation: Allocation, server: ServerRef | None, source_pod: Any = None
     ) -> Any:
-        settings = dict(server.gpu_settings) if server else {}
+        delivery = (server.delivery if server else None) or self.pod_delivery()
         volumes, mounts, home = self._shared(source_pod if source_pod is not None else (server and server.pod))
         cwd = record.cwd if path_under_mounts(record.cwd, mounts) else home
         labels = {k: v for k, v in (server.pod_labels if server else {}).items() if k in self.inherited_server_labels}
@@ -400,18 +401,17 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
             volume_mounts=mounts,
             working_dir=cwd,
             home=home,
-            resume_hook=self.resumes_itself(record, settings.get("gpu_backend", self.gpu_backend)),
+            resume_hook=self.resumes_itself(record, delivery.backend),
         )
         apply_gpu_to_pod(
             pod,
             allocation,
-            backend=settings.get("gpu_backend", self.gpu_backend),
+            backend=delivery.backend,
             section=record.section,
             priority_value=self.priority_value(allocation.priority_class),
-            priority_class_name=settings.get("gpu_priority_class_prefix", self.gpu_priority_class_prefix)
-            + allocation.priority_class,
-            runtime_class=settings.get("gpu_runtime_class", self.gpu_runtime_class),
-            host_claim=settings.get("gpu_host_claim", self.gpu_host_claim),
+            priority_class_name=delivery.priority_class_prefix + allocation.priority_class,
+            runtime_class=delivery.runtime_class,
+            host_claim=delivery.host_claim,
             server=record.server_name,
         )
         return pod

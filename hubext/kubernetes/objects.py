@@ -24,6 +24,7 @@ import copy
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -45,6 +46,21 @@ GPU_VOLUME_PREFIX = "elastic-gpu-"
 #: the default name of the PersistentVolumeClaim of the node agent's host directory (the chart's
 #: ``<fullname>-host`` for a release named elastic-gpu)
 HOST_CLAIM = "elastic-gpu-host"
+
+
+@dataclass(frozen=True)
+class PodDelivery:
+    """How a slice reaches a pod: the GPU backend, the runtime class of 'native' pods, the prefix
+    of the PriorityClass names and the claim of the node agent's host directory.
+
+    ``ElasticGPUSpawner.pod_delivery()`` for a notebook's pod and its kernels' pods;
+    ``KubernetesKernelLauncher.pod_delivery()`` (the launcher's own settings) for a kernel whose
+    server's spawner says none."""
+
+    backend: str = "native"
+    runtime_class: str = "nvidia"
+    priority_class_prefix: str = "elastic-gpu-"
+    host_claim: str = HOST_CLAIM
 #: where the host directory's parts appear in a 'native' GPU container
 SHIM_LIB_DIR = "/usr/local/lib/elastic-gpu"
 REGION_DIR = "/var/run/libvgpu"

@@ -10,7 +10,7 @@ from traitlets import Dict, Float, List, Unicode
 
 from ..gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options
 from ..requests import profile_gpu_section
-from .objects import HOST_CLAIM, apply_gpu_to_pod
+from .objects import HOST_CLAIM, PodDelivery, apply_gpu_to_pod
 from .status import unschedulable_message
 
 
@@ -158,20 +158,31 @@ class ElasticGPUSpawner(GPUSpawnerMixin, KubeSpawner):
 
     # ---- the pod ----------------------------------------------------------------------------
 
+    def pod_delivery(self) -> PodDelivery:
+        """How this server's pod receives its slice; its GPU kernels' pods receive theirs alike
+        (``KubernetesKernelLauncher.server_ref``)."""
+        return PodDelivery(
+            backend=self.gpu_backend,
+            runtime_class=self.gpu_runtime_class,
+            priority_class_prefix=self.gpu_priority_class_prefix,
+            host_claim=self.gpu_host_claim,
+        )
+
     async def get_pod_manifest(self) -> k8s.V1Pod:
         pod = await super().get_pod_manifest()
         allocation = self.gpu_allocation
         if allocation is None:
             return pod
+        delivery = self.pod_delivery()
         apply_gpu_to_pod(
             pod,
             allocation,
-            backend=self.gpu_backend,
+            backend=delivery.backend,
             section=self._gpu_section(),
             priority_value=self.gpu_allocator.priority_value(allocation.priority_class),
-            priority_class_name=self.gpu_priority_class_prefix + allocation.priority_class,
-            runtime_class=self.gpu_runtime_class,
-            host_claim=self.gpu_host_claim,
+            priority_class_name=delivery.priority_class_prefix + allocation.priority_class,
+            runtime_class=delivery.runtime_class,
+            host_claim=delivery.host_claim,
             server=self.name or "",
             tolerations=[dict(t) for t in self.gpu_tolerations],
         )
