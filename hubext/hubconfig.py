@@ -43,7 +43,7 @@ def configure_hub(
         raise ValueError(f"configure_hub: mode must be one of {', '.join(MODES)}, got {mode!r}")
     from hubext import broker
     from hubext.admin import ADMIN_HANDLERS, TEMPLATES
-    from hubext.pages import size_formatter, user_gpu
+    from hubext.pages import login_facts, size_formatter, user_gpu
 
     broker.configure(c)  # handlers, custom scopes, users' and server tokens' kernel scope, start-up
     c.JupyterHub.extra_handlers = list(c.JupyterHub.extra_handlers) + list(ADMIN_HANDLERS)
@@ -52,6 +52,7 @@ def configure_hub(
     c.JupyterHub.template_vars = {
         **dict(c.JupyterHub.get("template_vars", {})),
         "elastic_gpu": user_gpu,
+        "elastic_gpu_login": login_facts,  # the login page: simulated GPUs, who the admins are
         "gpu_size": size_formatter,  # sizes on the pages as in every sentence (quotas.messages.mib)
     }
     if metering:  # usage store, /hub/api/gpu/usage and /hub/api/gpu/capacity (docs/metering.md)

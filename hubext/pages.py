@@ -181,3 +181,21 @@ def usage_page_offered() -> bool:
     from .metering.meter import UsageMeter
 
     return UsageMeter.initialized()
+
+
+def login_facts(user: Any) -> dict[str, Any] | None:
+    """What the login page tells someone not logged in to a single-machine hub: whether its GPUs are
+    simulated, and who its admins are (whom to ask for an account). None elsewhere (Kubernetes hubs
+    have their own sign-in and admins) and once logged in."""
+    if user is not None or not GPUAllocator.initialized():
+        return None
+    backend = GPUAllocator.instance().backend
+    if backend is None or backend.mode != "local":
+        return None
+    from jupyterhub import orm
+    from jupyterhub.app import JupyterHub
+
+    admins: list[str] = []
+    if JupyterHub.initialized():
+        admins = sorted(u.name for u in JupyterHub.instance().db.query(orm.User).filter(orm.User.admin.is_(True)))
+    return {"simulated": bool(backend.simulated), "admins": admins}

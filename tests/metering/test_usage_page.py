@@ -9,6 +9,7 @@ import itertools
 import re
 import urllib.error
 import urllib.parse
+import urllib.request
 
 import pytest
 
@@ -95,3 +96,12 @@ def test_the_usage_chart_stays_in_gpu_hours_however_small_the_use():
     svg = usage_svg([record], 0.0, 86400.0, "user")
     assert "GPU-seconds" not in svg and "GPU-hours by user" in svg, svg[:400]
     assert "alice: 0.0083 GPU-hours" in svg, svg  # 2 min of a quarter card
+
+
+def test_the_login_page_says_the_gpus_are_simulated_and_who_the_admin_is(hub):
+    with urllib.request.urlopen(f"{hub.url}/hub/login", timeout=60) as resp:
+        text = resp.read().decode()
+    about = re.search(r'<div class="[^"]*egpu-login-about[^"]*".*?</div>', text, re.S)
+    assert about, text[-3000:]
+    words = " ".join(re.sub(r"<[^>]+>", " ", about.group(0)).split())
+    assert "simulated" in words and "page-admin" in words, words
