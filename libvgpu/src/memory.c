@@ -11,8 +11,10 @@
  * when it fills up: no malloc on these paths.
  */
 #define _GNU_SOURCE
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "memory.h"
@@ -182,6 +184,33 @@ uint64_t vgpu_limit(int dev) {
 static const char *region_name(void) { return vgpu.cfg.container_region; }
 static _Atomic uint64_t floor_others[VGPU_MAX_DEV], floor_at[VGPU_MAX_DEV];
 
+/* The region this process mapped must still be the file at its path: unlinked, renamed or
+ * replaced, the container's next process would start a region of its own, a fresh limit. So
+ * from then on this process refuses to allocate (fail closed) and says so once. Checked with
+ * the floor (at most every FLOOR_NS, and before a refusal). A directory moved as a whole (the
+ * hub carries a swapped-out kernel's files over to the allocation it resumes in) leaves the
+ * file linked and its old directory gone: that is no loss (its parent is the hub's to move). */
+static _Atomic int region_lost;
+
+static int region_gone(void) {
+    if (atomic_load_explicit(&region_lost, memory_order_relaxed)) return 1;
+    struct stat mapped, named;
+    if (vgpu.reg_private || vgpu.reg_fd < 0 || fstat(vgpu.reg_fd, &mapped) != 0) return 0;
+    if (stat(region_name(), &named) == 0 && named.st_ino == mapped.st_ino &&
+        named.st_dev == mapped.st_dev)
+        return 0;
+    char dir[PATH_MAX];
+    snprintf(dir, sizeof(dir), "%s", region_name());
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    if (mapped.st_nlink > 0 && slash && slash != dir && stat(dir, &named) != 0) return 0;
+    if (!atomic_exchange(&region_lost, 1))
+        vgpu_log("the accounting region %s was removed or replaced while this process used it; "
+                 "its allocations are refused from now on (restart the container's CUDA programs)",
+                 region_name());
+    return 1;
+}
+
 static void refresh_floor(int dev) {
     struct vgpu_container_region *r = vgpu.reg;
     nvmlProcessInfo_v2_t p[VGPU_SNAP_PIDS];
@@ -258,7 +287,12 @@ static CUresult reserve(int dev, uint64_t bytes, int overhead, int force) {
     if (!vgpu.me) vgpu_region_claim_slot();
     struct vgpu_slot *me = vgpu.me;
     uint64_t limit = force ? VGPU_UNLIMITED : vgpu.cfg.memory_bytes[dev];
-    if (limit != VGPU_UNLIMITED && floor_stale(dev)) refresh_floor(dev);
+    if (limit != VGPU_UNLIMITED && floor_stale(dev)) {
+        if (region_gone()) return CUDA_ERROR_OUT_OF_MEMORY;
+        refresh_floor(dev);
+    }
+    if (limit != VGPU_UNLIMITED && atomic_load_explicit(&region_lost, memory_order_relaxed))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     int locked = vgpu_region_lock(r) == 0;
     uint64_t used = atomic_load(&r->used[dev]);
     if (limit != VGPU_UNLIMITED && (bytes > limit || effective(used, dev) > limit - bytes)) {

@@ -177,3 +177,44 @@ def test_python_reaching_the_driver_through_a_library_that_links_it_is_limited(n
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == [0, OOM, OOM]
+
+
+@pytest.mark.parametrize("how", ["unlink", "rename"])
+def test_a_process_whose_region_is_removed_under_it_allocates_no_more(node, how):
+    """A region removed or replaced while a process uses it: the next process would start a
+    region of its own (where the directory lets it), so the one that lost it fails closed."""
+    box = node.container("c", "memory_mib=1024")
+    flag = node.root / "removed"
+    proc = box.start("init", "ctx", "alloc:100M", "ready", f"waitfile:{flag}", "sleep:150", "alloc:100M",
+                     "wait", wait_for="ready")
+    if how == "unlink":
+        box.region.unlink()
+    else:
+        box.region.rename(box.region.with_name("elsewhere.region"))
+    flag.touch()
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "waiting" in line:
+            break
+    assert [ln for ln in lines if ln.startswith("alloc")] == ["alloc rc=2\n"], lines
+    proc.kill()
+    assert "removed or replaced" in proc.stderr.read()
+
+
+def test_a_region_whose_directory_is_moved_as_a_whole_stays_in_use(node):
+    """What the hub does when a swapped-out kernel resumes in a new allocation: it moves the
+    slice's directory (limits, region) over to the new allocation's name. The kernel's
+    processes keep their region and their limit, and go on allocating."""
+    box = node.container("c", "memory_mib=1024")
+    flag = node.root / "moved"
+    proc = box.start("init", "ctx", "alloc:100M", "ready", f"waitfile:{flag}", "sleep:150", "alloc:100M",
+                     "alloc:900M", "wait", wait_for="ready")
+    box.root.rename(box.root.with_name("resumed"))
+    flag.touch()
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "waiting" in line:
+            break
+    assert [ln for ln in lines if ln.startswith("alloc")] == ["alloc rc=0\n", "alloc rc=2\n"], lines
