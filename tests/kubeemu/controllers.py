@@ -37,6 +37,13 @@ class Controllers:
             self.store.create(sa, namespace, {"metadata": {"name": "default"}})
         except ApiError:
             pass
+        # the root-CA publisher: the cluster CA in every namespace, for in-cluster clients
+        try:
+            self.store.create(BY_KEY[("", "configmaps")], namespace, {
+                "metadata": {"name": "kube-root-ca.crt"},
+                "data": {"ca.crt": self.emu.ca_path.read_text()}})
+        except (ApiError, OSError):
+            pass
 
     def _handle(self, srt: ResourceType, ev: Event) -> None:
         try:

@@ -219,6 +219,33 @@ def default_node(obj: dict) -> None:
     status.setdefault("daemonEndpoints", {"kubeletEndpoint": {"Port": 10250}})
 
 
+def default_workload(kind: str, obj: dict) -> None:
+    """apps/v1 and batch/v1 defaulting, and the pod defaults of their template's spec."""
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        return
+    template = spec.get("template")
+    if isinstance(template, dict) and isinstance(template.get("spec"), dict):
+        default_pod({"spec": template["spec"]})
+    if kind in ("Deployment", "ReplicaSet"):
+        spec.setdefault("replicas", 1)
+    if kind == "Deployment":
+        spec.setdefault("strategy", {"type": "RollingUpdate", "rollingUpdate": {
+            "maxUnavailable": "25%", "maxSurge": "25%"}})
+        spec.setdefault("revisionHistoryLimit", 10)
+        spec.setdefault("progressDeadlineSeconds", 600)
+    elif kind == "DaemonSet":
+        spec.setdefault("updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {
+            "maxUnavailable": 1, "maxSurge": 0}})
+        spec.setdefault("revisionHistoryLimit", 10)
+    elif kind == "Job":
+        spec.setdefault("parallelism", 1)
+        spec.setdefault("completions", 1)
+        spec.setdefault("backoffLimit", 6)
+        spec.setdefault("completionMode", "NonIndexed")
+        spec.setdefault("suspend", False)
+
+
 def apply_defaults(kind: str, obj: dict, cluster_ips: ClusterIPAllocator) -> None:
     if kind == "Pod":
         default_pod(obj)
@@ -232,6 +259,8 @@ def apply_defaults(kind: str, obj: dict, cluster_ips: ClusterIPAllocator) -> Non
         default_pvc(obj)
     elif kind == "LimitRange":
         default_limit_range(obj)
+    elif kind in ("Deployment", "ReplicaSet", "DaemonSet", "Job"):
+        default_workload(kind, obj)
     elif kind == "Event":
         default_event(obj)
     elif kind == "PriorityClass":

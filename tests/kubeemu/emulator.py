@@ -32,7 +32,9 @@ from .resources import BY_KEY, ResourceType, by_plural
 from .scheduler import Scheduler, set_condition
 from .store import SYSTEM_NAMESPACES, Store, micro_time, rfc3339
 from .taints import TaintEviction
+from .tls import make_certificates, server_context
 from .volumes import STANDARD_CLASS, VolumeController
+from .workloads import Workloads
 
 log = logging.getLogger("kubeemu")
 _LIVE: weakref.WeakSet[KubeEmulator] = weakref.WeakSet()
@@ -155,12 +157,16 @@ class KubeEmulator:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: tornado.httpserver.HTTPServer | None = None
+        self._tls_server: tornado.httpserver.HTTPServer | None = None
+        self.tls_port = 0
+        self.ca_path = Path()
         self._owns_data_dir = False
         self.kubelet: Kubelet
         self.scheduler: Scheduler
         self.controllers: Controllers
         self.volumes: VolumeController
         self.taint_eviction: TaintEviction
+        self.workloads: Workloads
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -169,8 +175,19 @@ class KubeEmulator:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def https_url(self) -> str:
+        """The same API over TLS (the cluster CA is :attr:`ca_path`)."""
+        return f"https://127.0.0.1:{self.tls_port}"
+
+    @property
     def kubeconfig_path(self) -> str:
         return str(self.data_dir / "kubeconfig.yaml")
+
+    @property
+    def tls_kubeconfig_path(self) -> str:
+        """A kubeconfig of the admin token over HTTPS: for Go clients (kubectl, helm), which
+        send no token over plain HTTP."""
+        return str(self.data_dir / "kubeconfig-tls.yaml")
 
     def env(self, kubeconfig: str | None = None) -> dict[str, str]:
         """Environment for a subprocess (a hub) that should use this cluster (as the admin, or
@@ -182,10 +199,11 @@ class KubeEmulator:
         authorized by the RBAC objects stored here (rbac.py)."""
         return self.authorizer.issue(namespace, name)
 
-    def kubeconfig_for(self, token: str, namespace: str = "default") -> str:
-        """Write a kubeconfig that authenticates with ``token``; returns its path."""
-        path = self.data_dir / f"kubeconfig-{token[-12:]}.yaml"
-        self._write_kubeconfig(path, token, namespace)
+    def kubeconfig_for(self, token: str, namespace: str = "default", tls: bool = False) -> str:
+        """Write a kubeconfig that authenticates with ``token`` (over HTTPS with ``tls``);
+        returns its path."""
+        path = self.data_dir / f"kubeconfig-{token[-12:]}{'-tls' if tls else ''}.yaml"
+        self._write_kubeconfig(path, token, namespace, tls)
         return str(path)
 
     def start(self) -> KubeEmulator:
@@ -200,12 +218,17 @@ class KubeEmulator:
         sockets = tornado.netutil.bind_sockets(self._port_wanted, "127.0.0.1",
                                                family=socket.AF_INET)
         self.port = sockets[0].getsockname()[1]
+        tls_sockets = tornado.netutil.bind_sockets(0, "127.0.0.1", family=socket.AF_INET)
+        self.tls_port = tls_sockets[0].getsockname()[1]
+        self.ca_path, cert, key = make_certificates(self.data_dir / "pki")
         self._write_kubeconfig()
+        self._write_kubeconfig(self.tls_kubeconfig_path, tls=True)
         self.kubelet = Kubelet(self)
         self.scheduler = Scheduler(self)
         self.controllers = Controllers(self)
         self.volumes = VolumeController(self)
         self.taint_eviction = TaintEviction(self)
+        self.workloads = Workloads(self)
         ready = threading.Event()
         failure: list[BaseException] = []
 
@@ -216,8 +239,12 @@ class KubeEmulator:
             try:
                 from .server import make_app
 
-                self._server = tornado.httpserver.HTTPServer(make_app(self))
+                app = make_app(self)
+                self._server = tornado.httpserver.HTTPServer(app)
                 self._server.add_sockets(sockets)
+                self._tls_server = tornado.httpserver.HTTPServer(
+                    app, ssl_options=server_context(cert, key))
+                self._tls_server.add_sockets(tls_sockets)
             except BaseException as e:  # report to start()
                 failure.append(e)
                 ready.set()
@@ -259,6 +286,8 @@ class KubeEmulator:
             self.store.close_watchers()
             if self._server is not None:
                 self._server.stop()
+            if self._tls_server is not None:
+                self._tls_server.stop()
             await asyncio.sleep(0.05)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.close_all_connections(), 2)
@@ -283,10 +312,12 @@ class KubeEmulator:
         self.stop()
 
     def _write_kubeconfig(self, path: str | Path | None = None, token: str = "kubeemu-token",
-                          namespace: str = "default") -> None:
+                          namespace: str = "default", tls: bool = False) -> None:
+        cluster = ({"server": self.https_url, "certificate-authority": str(self.ca_path)}
+                   if tls else {"server": self.url})
         config = {
             "apiVersion": "v1", "kind": "Config", "preferences": {},
-            "clusters": [{"name": "kubeemu", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "kubeemu", "cluster": cluster}],
             "users": [{"name": "kubeemu", "user": {"token": token}}],
             "contexts": [{"name": "kubeemu", "context": {"cluster": "kubeemu",
                                                          "user": "kubeemu",

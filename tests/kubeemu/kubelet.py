@@ -157,6 +157,7 @@ class PodRuntime:
         self.hosts_path = self.dir / "etc-hosts"
         self.attempt = 0
         self.runs: dict[str, int] = {}  # containers started, per container name
+        self.sa_token: str | None = None
         self.pulled: set[str] = set()
         self.terminating = asyncio.Event()
         self.kill_at: float | None = None
@@ -841,8 +842,13 @@ class PodRuntime:
         bindir = os.path.dirname(sys.executable)
         base["PATH"] = bindir + os.pathsep + base.get("PATH", os.defpath)
         hostname = pod["spec"].get("hostname") or self.name
+        # the API server's address, as the kubelet injects it for in-cluster clients
+        api = {"KUBERNETES_SERVICE_HOST": "127.0.0.1",
+               "KUBERNETES_SERVICE_PORT": str(self.emu.tls_port),
+               "KUBERNETES_SERVICE_PORT_HTTPS": str(self.emu.tls_port),
+               "KUBERNETES_PORT": f"tcp://127.0.0.1:{self.emu.tls_port}"}
         env = {**base, "HOME": image.home, "HOSTNAME": hostname, **image.env,
-               **self.emu.pod_env, **spec_env}
+               **self.emu.pod_env, **api, **spec_env}
         env.update({
             "KUBEEMU_POD_IP": self.ip or "", "KUBEEMU_POD_NAME": self.name,
             "KUBEEMU_POD_NAMESPACE": self.ns, "KUBEEMU_POD_UID": self.uid,
@@ -989,7 +995,7 @@ class PodRuntime:
                                                           mode))
                     elif src.get("serviceAccountToken"):
                         files[src["serviceAccountToken"].get("path", "token")] = (
-                            b"kubeemu-token", mode)
+                            self._service_account_token(pod).encode(), mode)
                 self._write_files(target, files)
             elif v.get("hostPath") is not None:
                 self._host_path(v, target)
@@ -1019,6 +1025,14 @@ class PodRuntime:
             if not e.message.startswith("MountVolume"):
                 raise PrepareError(e.reason, fail + e.message, e.event_reason) from None
             raise
+
+    def _service_account_token(self, pod: dict) -> str:
+        """The pod's projected token: its service account's, authorized by RBAC (one per pod,
+        as the kubelet's TokenRequest for the pod)."""
+        if self.sa_token is None:
+            sa = pod["spec"].get("serviceAccountName") or "default"
+            self.sa_token = self.emu.authorizer.issue(self.ns, sa)
+        return self.sa_token
 
     def _host_path_claim(self, v: dict) -> bool:
         """Whether volume ``v`` is a claim bound to a hostPath PersistentVolume."""

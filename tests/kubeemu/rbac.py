@@ -69,6 +69,11 @@ def _subject_matches(subject: dict, who: Identity, binding_ns: str | None) -> bo
     return False
 
 
+#: what every authenticated user may create (ClusterRole system:basic-user)
+SELF_REVIEWS = {("authorization.k8s.io", "selfsubjectaccessreviews"),
+                ("authorization.k8s.io", "selfsubjectrulesreviews"),
+                ("authentication.k8s.io", "selfsubjectreviews")}
+ADMIN = Identity("kubeemu-admin", ("system:masters", "system:authenticated"))
 ANONYMOUS = Identity("system:anonymous", ("system:unauthenticated",))
 #: the non-resource paths system:public-info-viewer opens to everyone, anonymous included
 PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
@@ -92,7 +97,10 @@ class Authorizer:
     def identify(self, authorization: str | None) -> Identity | None:
         """Who makes a request: an issued token's service account, ``system:anonymous`` without
         a token, None (a cluster admin) for any other token."""
-        token = (authorization or "").removeprefix("Bearer ").strip()
+        scheme, _, token = (authorization or "").strip().partition(" ")
+        if scheme.lower() != "bearer":  # the scheme is case-insensitive ("bearer" in-cluster)
+            token = ""
+        token = token.strip()
         if not token:
             return ANONYMOUS
         return self.tokens.get(token)
@@ -129,16 +137,26 @@ class Authorizer:
             rules += (role or {}).get("rules") or []
         return rules
 
+    def allows(self, who: Identity | None, verb: str, group: str, plural: str, sub: str | None,
+               namespace: str | None, name: str | None) -> bool:
+        """Whether ``who`` (None: a cluster admin) may do ``verb`` on the resource."""
+        if who is None:
+            return True
+        if who is not ANONYMOUS and verb == "create" and (group, plural) in SELF_REVIEWS:
+            return True  # system:basic-user, bound to every authenticated user
+        resource = f"{plural}/{sub}" if sub else plural
+        with self.store.lock:
+            return any(_rule_allows(r, verb, group, resource, name)
+                       for r in self._rules(who, namespace))
+
     def check(self, authorization: str | None, verb: str, group: str, plural: str, sub: str | None,
               namespace: str | None, name: str | None) -> None:
         """Raise the API server's 403 unless the caller may do ``verb`` on the resource."""
         who = self.identify(authorization)
-        if who is None:
-            return  # the emulator's admin token (or a token it did not issue): system:masters
+        if self.allows(who, verb, group, plural, sub, namespace, name):
+            return
+        assert who is not None
         resource = f"{plural}/{sub}" if sub else plural
-        with self.store.lock:
-            if any(_rule_allows(r, verb, group, resource, name) for r in self._rules(who, namespace)):
-                return
         scope = f'in the namespace "{namespace}"' if namespace else "at the cluster scope"
         qualified = f"{plural}.{group}" if group else plural
         subject = f'{qualified} "{name}"' if name else qualified

@@ -130,7 +130,7 @@ RESOURCES: tuple[ResourceType, ...] = (
                  _META_FIELDS | {"spec.unschedulable"}),
     ResourceType("", "v1", "resourcequotas", "ResourceQuota", True, ("quota",), ("status",)),
     ResourceType("", "v1", "limitranges", "LimitRange", True, ("limits",)),
-    ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",)),
+    ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True, ("sa",), ("token",)),
     ResourceType("", "v1", "endpoints", "Endpoints", True, ("ep",)),
     ResourceType("events.k8s.io", "v1", "events", "Event", True, ("ev",), (), _NEW_EVENT_FIELDS,
                  name_rule="path", storage=("", "events"), to_view=_event_to_new,
@@ -139,6 +139,18 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False, ()),
     ResourceType("storage.k8s.io", "v1", "storageclasses", "StorageClass", False, ("sc",)),
     ResourceType("coordination.k8s.io", "v1", "leases", "Lease", True, ()),
+    ResourceType("apps", "v1", "deployments", "Deployment", True, ("deploy",), ("status",),
+                 has_generation=True),
+    ResourceType("apps", "v1", "replicasets", "ReplicaSet", True, ("rs",), ("status",),
+                 has_generation=True),
+    ResourceType("apps", "v1", "daemonsets", "DaemonSet", True, ("ds",), ("status",),
+                 has_generation=True),
+    ResourceType("batch", "v1", "jobs", "Job", True, (), ("status",), has_generation=True),
+    # reviews: created and answered, never stored (server.py)
+    ResourceType("authorization.k8s.io", "v1", "selfsubjectaccessreviews",
+                 "SelfSubjectAccessReview", False, ()),
+    ResourceType("authentication.k8s.io", "v1", "selfsubjectreviews", "SelfSubjectReview",
+                 False, ()),
     ResourceType("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy", True,
                  ("netpol",)),
     ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True, ()),
@@ -181,13 +193,15 @@ def api_resource_list(group: str, version: str) -> dict | None:
     for r in items:
         resources.append({
             "name": r.plural, "singularName": r.kind.lower(), "namespaced": r.namespaced,
-            "kind": r.kind, "verbs": ALL_VERBS, **({"shortNames": list(r.short_names)}
-                                                   if r.short_names else {}),
+            "kind": r.kind, "verbs": ["create"] if r.plural.startswith("self") else ALL_VERBS,
+            **({"shortNames": list(r.short_names)} if r.short_names else {}),
         })
         for sub in r.subresources:
             verbs = {"status": ["get", "patch", "update"], "log": ["get"],
-                     "binding": ["create"], "eviction": ["create"], "finalize": ["update"]}[sub]
-            kind = {"log": "Pod", "binding": "Binding", "eviction": "Eviction"}.get(sub, r.kind)
+                     "binding": ["create"], "eviction": ["create"], "finalize": ["update"],
+                     "token": ["create"]}[sub]
+            kind = {"log": "Pod", "binding": "Binding", "eviction": "Eviction",
+                    "token": "TokenRequest"}.get(sub, r.kind)
             resources.append({"name": f"{r.plural}/{sub}", "singularName": "",
                               "namespaced": r.namespaced, "kind": kind, "verbs": verbs})
     return {"kind": "APIResourceList", "apiVersion": "v1",

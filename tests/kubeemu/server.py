@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from typing import TYPE_CHECKING, Any
 
 import tornado.web
@@ -12,10 +13,11 @@ import yaml
 from tornado.iostream import StreamClosedError
 
 from . import errors as E
+from . import openapi, protobuf
 from . import resources as R
 from .errors import ApiError
 from .podexec import ExecHandler
-from .rbac import request_verb
+from .rbac import ADMIN, request_verb
 from .schema import FieldValidation
 
 if TYPE_CHECKING:
@@ -98,6 +100,9 @@ class BaseHandler(tornado.web.RequestHandler):
 
     def json_body(self, required: bool = True) -> Any:
         raw = self.request.body
+        ctype = (self.request.headers.get("Content-Type") or "").split(";")[0].strip()
+        if ctype == protobuf.MEDIA_TYPE:
+            return protobuf.decode_body(raw)
         if not raw or not raw.strip():
             if required:
                 raise E.bad_request("the body of the request was empty")
@@ -148,6 +153,25 @@ class ResourceListHandler(BaseHandler):
             self.write_api_error(E.unknown_route())
         else:
             self.write_json(doc)
+
+
+class OpenAPIV3Handler(BaseHandler):
+    """/openapi/v3 and /openapi/v3/<api/v1 | apis/group/version> (openapi.py)."""
+
+    def get(self, gv: str | None = None) -> None:
+        text = openapi.index() if not gv else None
+        if gv:
+            parts = gv.strip("/").split("/")
+            if len(parts) == 2 and parts[0] == "api":
+                text = openapi.document("", parts[1])
+            elif len(parts) == 3 and parts[0] == "apis":
+                text = openapi.document(parts[1], parts[2])
+        if text is None:
+            self.write_api_error(E.unknown_route())
+            return
+        self.set_header("Content-Type", "application/json")
+        self.set_header("Cache-Control", "no-cache, private")
+        self.finish(text)
 
 
 class FallbackHandler(BaseHandler):
@@ -375,7 +399,13 @@ class ResourceHandler(BaseHandler):
         try:
             rt, ns, name, sub, _ = self._route(group, version, rest)
             dry = self.arg("dryRun") == "All"
-            if name is None:
+            if name is None and rt.plural.startswith("self"):
+                self.write_json(self._review(rt, self.json_body()), 201)
+            elif sub == "token":
+                self.store.get(rt, ns, name or "")
+                self.write_json(self._token_request(ns or "", name or "",
+                                                    self.json_body(required=False) or {}), 201)
+            elif name is None:
                 if rt.namespaced and ns is None:
                     raise E.method_not_allowed()
                 obj = self.store.create(rt, ns, self.json_body(), dry_run=dry,
@@ -396,6 +426,40 @@ class ResourceHandler(BaseHandler):
                 raise E.method_not_allowed()
         except ApiError as e:
             self.write_api_error(e)
+
+    def _review(self, rt: R.ResourceType, body: dict) -> dict:
+        """SelfSubjectAccessReview (may I?) and SelfSubjectReview (who am I?), answered."""
+        who = self.emu.authorizer.identify(self.request.headers.get("Authorization"))
+        out = {**body, "apiVersion": rt.api_version, "kind": rt.kind,
+               "metadata": {"creationTimestamp": None}}
+        if rt.kind == "SelfSubjectReview":
+            ident = who or ADMIN
+            out["status"] = {"userInfo": {"username": ident.user, "groups": list(ident.groups)}}
+            return out
+        attrs = (body.get("spec") or {}).get("resourceAttributes")
+        if attrs is None:
+            raise E.invalid_object(rt.kind, rt.group, "", [E.required(
+                "spec.resourceAttributes", "exactly one of nonResourceAttributes or "
+                "resourceAttributes must be specified")])
+        allowed = self.emu.authorizer.allows(
+            who, attrs.get("verb") or "", attrs.get("group") or "", attrs.get("resource") or "",
+            attrs.get("subresource") or None, attrs.get("namespace") or None,
+            attrs.get("name") or None)
+        out["status"] = {"allowed": allowed}
+        return out
+
+    def _token_request(self, ns: str, name: str, body: dict) -> dict:
+        """TokenRequest (serviceaccounts/<name>/token): a token of that service account."""
+        spec = body.get("spec") or {}
+        seconds = int(spec.get("expirationSeconds") or 3600)
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + seconds))
+        return {"kind": "TokenRequest", "apiVersion": "authentication.k8s.io/v1",
+                "metadata": {"name": name, "namespace": ns, "creationTimestamp": None},
+                "spec": {"audiences": spec.get("audiences") or ["https://kubernetes.default.svc"],
+                         "expirationSeconds": seconds,
+                         "boundObjectRef": spec.get("boundObjectRef")},
+                "status": {"token": self.emu.authorizer.issue(ns, name),
+                           "expirationTimestamp": expires}}
 
     async def put(self, group: str, version: str, rest: str = "") -> None:
         try:
@@ -513,6 +577,8 @@ def make_app(emu: KubeEmulator) -> tornado.web.Application:
         (r"/api/v1/?", ResourceListHandler, a),
         (r"/api/(v1)/namespaces/([^/]+)/pods/([^/]+)/exec/?", ExecHandler, a),
         (r"/api/(v1)/(.+)", _CoreResourceHandler, a),
+        (r"/openapi/v3/?", OpenAPIV3Handler, a),
+        (r"/openapi/v3/(.+)", OpenAPIV3Handler, a),
         (r"/apis/?", GroupListHandler, a),
         (r"/apis/([^/]+)/?", GroupHandler, a),
         (r"/apis/([^/]+)/([^/]+)/?", ResourceListHandler, a),

@@ -123,6 +123,30 @@ class _TypeState:
     watchers: set = field(default_factory=set)
 
 
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def _mount_service_account(spec: dict) -> None:
+    """ServiceAccount admission: the kube-api-access projected volume (token, ca.crt,
+    namespace) mounted read-only in every container, unless one is mounted there already."""
+    containers = (spec.get("initContainers") or []) + (spec.get("containers") or [])
+    if any(m.get("mountPath") == SERVICE_ACCOUNT_DIR for c in containers if isinstance(c, dict)
+           for m in c.get("volumeMounts") or []):
+        return
+    name = "kube-api-access-" + "".join(random.choice(_NAME_CHARS) for _ in range(5))
+    spec.setdefault("volumes", []).append({"name": name, "projected": {
+        "defaultMode": 0o644, "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"name": "kube-root-ca.crt",
+                           "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+            {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {
+                "apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}]}})
+    for c in containers:
+        if isinstance(c, dict):
+            c.setdefault("volumeMounts", []).append(
+                {"name": name, "readOnly": True, "mountPath": SERVICE_ACCOUNT_DIR})
+
+
 class Store:
     def __init__(self, history_size: int = 5000, cache_capacity: int = 100,
                  cache_fresh_seconds: float = 75.0) -> None:
@@ -690,6 +714,12 @@ class Store:
             if why:
                 raise E.forbidden_error("pods", "", name, why)
             pod.setdefault("status", {})["qosClass"] = qos_class(spec)
+        automount = spec.get("automountServiceAccountToken")
+        if automount is None:
+            sa_obj = self._types[("", "serviceaccounts")].objects[(ns, sa)]
+            automount = sa_obj.get("automountServiceAccountToken")
+        if automount is not False:
+            _mount_service_account(spec)
         for hook in self.pod_admission:
             hook(pod)
 

@@ -62,7 +62,7 @@ def test_configmap_crud_with_the_sync_client(core, kube_namespace):
         "cfg", ns, [{"op": "replace", "path": "/data/b", "value": "20"}])
     assert json_patched.data == {"b": "20", "c": "3"}
     names = [c.metadata.name for c in core.list_namespaced_config_map(ns).items]
-    assert names == ["cfg"]
+    assert names == ["cfg", "kube-root-ca.crt"]  # the root-CA publisher's, in every namespace
     status = core.delete_namespaced_config_map("cfg", ns)
     assert status["status"] == "Success" and status["details"]["name"] == "cfg"
     with pytest.raises(ApiException) as err:
@@ -251,15 +251,15 @@ def test_raw_protocol_errors(kube_emulator, kube_namespace):
 def test_delete_collection_by_label_and_pagination(core, kube_namespace):
     ns = kube_namespace
     for i in range(5):
-        core.create_namespaced_config_map(
+        core.create_namespaced_secret(
             ns, {"metadata": {"name": f"c{i}", "labels": {"batch": "a" if i < 3 else "b"}}})
-    page = core.list_namespaced_config_map(ns, limit=2)
+    page = core.list_namespaced_secret(ns, limit=2)
     assert [c.metadata.name for c in page.items] == ["c0", "c1"]
     assert page.metadata.remaining_item_count == 3
-    rest = core.list_namespaced_config_map(ns, limit=10, _continue=page.metadata._continue)
+    rest = core.list_namespaced_secret(ns, limit=10, _continue=page.metadata._continue)
     assert [c.metadata.name for c in rest.items] == ["c2", "c3", "c4"]
-    core.delete_collection_namespaced_config_map(ns, label_selector="batch=a")
-    assert [c.metadata.name for c in core.list_namespaced_config_map(ns).items] == ["c3", "c4"]
+    core.delete_collection_namespaced_secret(ns, label_selector="batch=a")
+    assert [c.metadata.name for c in core.list_namespaced_secret(ns).items] == ["c3", "c4"]
 
 
 def test_pod_admission_priority_class_runtime_class_and_service_account(kube_emulator, core,

@@ -63,34 +63,34 @@ def test_list_filters_by_label_selector(core, kube_namespace):
     ns = kube_namespace
     for name, labels in [("a", {"app": "hub", "tier": "web"}), ("b", {"app": "hub"}),
                          ("c", {"app": "proxy", "tier": "web"}), ("d", {})]:
-        core.create_namespaced_config_map(ns, {"metadata": {"name": name, "labels": labels}})
-    assert _names(core.list_namespaced_config_map(ns, label_selector="app=hub").items) == [
+        core.create_namespaced_secret(ns, {"metadata": {"name": name, "labels": labels}})
+    assert _names(core.list_namespaced_secret(ns, label_selector="app=hub").items) == [
         "a", "b"]
-    assert _names(core.list_namespaced_config_map(ns, label_selector="app!=hub").items) == [
+    assert _names(core.list_namespaced_secret(ns, label_selector="app!=hub").items) == [
         "c", "d"]
-    assert _names(core.list_namespaced_config_map(
+    assert _names(core.list_namespaced_secret(
         ns, label_selector="app in (hub,proxy),tier").items) == ["a", "c"]
-    assert _names(core.list_namespaced_config_map(ns, label_selector="!tier").items) == [
+    assert _names(core.list_namespaced_secret(ns, label_selector="!tier").items) == [
         "b", "d"]
-    assert _names(core.list_namespaced_config_map(
+    assert _names(core.list_namespaced_secret(
         ns, label_selector="app notin (hub)").items) == ["c", "d"]
     with pytest.raises(ApiException) as err:
-        core.list_namespaced_config_map(ns, label_selector="app in hub")
+        core.list_namespaced_secret(ns, label_selector="app in hub")
     assert err.value.status == 400
 
 
 def test_list_filters_by_field_selector(kube_emulator, core, kube_namespace):
     ns = kube_namespace
     for name in ("x", "y"):
-        core.create_namespaced_config_map(ns, {"metadata": {"name": name}})
-    assert _names(core.list_namespaced_config_map(
+        core.create_namespaced_secret(ns, {"metadata": {"name": name}})
+    assert _names(core.list_namespaced_secret(
         ns, field_selector="metadata.name=x").items) == ["x"]
-    assert _names(core.list_namespaced_config_map(
+    assert _names(core.list_namespaced_secret(
         ns, field_selector="metadata.name!=x").items) == ["y"]
-    across = core.list_config_map_for_all_namespaces(field_selector=f"metadata.namespace={ns}")
+    across = core.list_secret_for_all_namespaces(field_selector=f"metadata.namespace={ns}")
     assert _names(across.items) == ["x", "y"]
     with pytest.raises(ApiException) as err:
-        core.list_namespaced_config_map(ns, field_selector="data.x=1")
+        core.list_namespaced_secret(ns, field_selector="data.x=1")
     assert err.value.status == 400
     assert json.loads(err.value.body)["message"] == "field label not supported: data.x"
 

@@ -178,10 +178,10 @@ def test_sync_client_watch_streams_events(kube_emulator, kube_namespace):
 async def test_send_initial_events_ends_with_an_annotated_bookmark(kube_emulator, acore,
                                                                    kube_namespace):
     ns = kube_namespace
-    await acore.create_namespaced_config_map(ns, {"metadata": {"name": "c"}})
+    await acore.create_namespaced_secret(ns, {"metadata": {"name": "c"}})
     lines = await asyncio.to_thread(
         _raw_watch_lines, kube_emulator,
-        f"/api/v1/namespaces/{ns}/configmaps?watch=1&sendInitialEvents=true"
+        f"/api/v1/namespaces/{ns}/secrets?watch=1&sendInitialEvents=true"
         "&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=1")
     assert [e["type"] for e in lines[:2]] == ["ADDED", "BOOKMARK"]
     assert lines[1]["object"]["metadata"]["annotations"] == {

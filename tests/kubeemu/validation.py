@@ -424,6 +424,34 @@ def validate_service_spec(spec: Any) -> list[FieldError]:
     return errs
 
 
+def _validate_workload(kind: str, spec: dict) -> list[FieldError]:
+    errs: list[FieldError] = []
+    template = spec.get("template") or {}
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    selector = spec.get("selector")
+    if kind != "Job":
+        if not selector:
+            errs.append(required("spec.selector", ""))
+        elif not all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items()):
+            shown = "map[string]string{" + ", ".join(
+                f'"{k}":"{v}"' for k, v in sorted(labels.items())) + "}"
+            errs.append(FieldError("spec.template.metadata.labels", "Invalid value",
+                                   detail=f"{shown}: `selector` does not match template "
+                                          "`labels`"))
+    pod_spec = template.get("spec")
+    if pod_spec is None:
+        errs.append(required("spec.template.spec", ""))
+        return errs
+    errs += validate_pod_spec(pod_spec, "spec.template.spec")
+    policy = pod_spec.get("restartPolicy")
+    if kind == "Job" and policy not in ("OnFailure", "Never"):
+        errs.append(not_supported("spec.template.spec.restartPolicy", policy,
+                                  ["OnFailure", "Never"]))
+    elif kind != "Job" and policy not in (None, "Always"):
+        errs.append(not_supported("spec.template.spec.restartPolicy", policy, ["Always"]))
+    return errs
+
+
 MAX_DATA_BYTES = 1024 * 1024  # corev1.MaxSecretSize, also the limit of a ConfigMap
 
 
@@ -498,6 +526,8 @@ def validate(kind: str, obj: dict, old: dict | None = None) -> list[FieldError]:
         for section in ("capacity", "allocatable"):
             for v in ((obj.get("status") or {}).get(section) or {}).values():
                 quantity.parse(v)
+    elif kind in ("Deployment", "ReplicaSet", "DaemonSet", "Job"):
+        errs += _validate_workload(kind, obj.get("spec") or {})
     elif kind == "Event":
         if not (obj.get("involvedObject") or {}).get("name") and not obj.get("regarding"):
             pass  # real API accepts events without involvedObject.name
