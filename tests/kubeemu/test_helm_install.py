@@ -97,3 +97,38 @@ def test_helm_install_upgrade_and_uninstall_leave_nothing_of_ours(tools, emu, tm
                  message=f"the release's objects to go (left: {_ours(emu)})")
     assert emu.get("deployments", name, NS, group="apps") is None
 
+
+
+WEB = """apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: jhub}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+      - name: c
+        image: python:3.11
+        command: [python, -c, "print('hello', flush=True); import time; time.sleep(600)"]
+"""
+
+
+def test_kubectl_apply_get_logs_describe_and_rollout(tools, emu, tmp_path):
+    manifest = tmp_path / "web.yaml"
+    manifest.write_text(WEB)
+    run = lambda *a: _run(tools, emu, tmp_path, "kubectl", "-n", NS, *a).stdout  # noqa: E731
+    assert run("apply", "-f", str(manifest)) == "deployment.apps/web created\n"
+    assert run("rollout", "status", "deploy/web", "--timeout=60s").endswith(
+        'deployment "web" successfully rolled out\n')
+    assert run("apply", "-f", str(manifest)) == "deployment.apps/web unchanged\n"
+    assert run("get", "pods", "-l", "app=web", "-o", "name").startswith("pod/web-")
+    emu.wait_for(lambda: "hello" in run("logs", "deploy/web"), timeout=30,
+                 message="the pod's log through kubectl")
+    described = run("describe", "deployment", "web")
+    assert "NewReplicaSetAvailable" in described and "1 available" in described
+    assert run("delete", "-f", str(manifest)).startswith('deployment.apps "web" deleted')
+    emu.wait_for(lambda: not emu.list("pods", NS, label_selector="app=web"), timeout=30,
+                 message="the Deployment's pods to go")
