@@ -36,7 +36,7 @@ def _render_on(emu, release: str, namespace: str, claims_ns: str) -> list[dict]:
         "--dry-run=server",
         "--disable-openapi-validation",
         "--kubeconfig",
-        emu.kubeconfig_path,
+        emu.tls_kubeconfig_path,  # helm (client-go) sends no token over plain HTTP
         "--set",
         f"claims.namespace={claims_ns}",
         "--set",
