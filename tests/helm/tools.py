@@ -35,6 +35,9 @@ CRD_KINDS = {
         "prometheus-operator CRD: kubernetes-validate ships only the built-in Kubernetes "
         "schemas; test_chart checks the ServiceMonitor's selector and port itself"
     ),
+    ("monitoring.coreos.com/v1", "PrometheusRule"): (
+        "prometheus-operator CRD: test_alert_rules runs promtool's check and unit tests on its rules"
+    ),
 }
 
 RELEASE = "jhub"

@@ -1,0 +1,102 @@
+"""The chart's Prometheus alert rules (a prometheus-operator PrometheusRule), checked and
+unit-tested by promtool itself (Debian's `prometheus` package): they are valid, and each alert
+fires on the series it is about (the node agent down, the culler no longer cycling, Xid errors,
+backstop kills), scoped to this release's jobs and namespaces."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from tests.helm import tools
+
+MONITORING = tools.CHART / "examples" / "monitoring.yaml"
+AGENT_JOB = f"{tools.RELEASE}-elastic-gpu-node-agent"
+AGENT_NS = f"{tools.RELEASE}-elastic-gpu-node-agent"
+CULLER_JOB = f"{tools.RELEASE}-elastic-gpu-culler"
+
+
+def _promtool() -> str:
+    found = shutil.which("promtool")
+    if not found:
+        if os.environ.get("ELASTIC_GPU_CI"):
+            pytest.fail("promtool is missing, but CI installs it (Debian's prometheus package)")
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def rules_file(tmp_path_factory) -> str:
+    docs = tools.render([MONITORING])
+    rule = tools.one(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"].get("release") == "kube-prometheus-stack"  # what the stack selects on
+    path = tmp_path_factory.mktemp("rules") / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    return str(path)
+
+
+def test_the_alert_rules_pass_promtool_check(rules_file):
+    proc = subprocess.run([_promtool(), "check", "rules", rules_file], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_each_alert_fires_on_its_series_and_only_for_this_release(rules_file, tmp_path):
+    other = 'namespace="other-hub"'
+    tests = {
+        "rule_files": [rules_file],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    # one agent down for good, another release's agent down too (not ours to page)
+                    {"series": f'up{{job="{AGENT_JOB}",namespace="{AGENT_NS}",node="gpu-1"}}', "values": "0x30"},
+                    {"series": f'up{{job="{AGENT_JOB}",{other},node="gpu-9"}}', "values": "0x30"},
+                    # the culler's last cycle stays at t=0
+                    {"series": f'elastic_gpu_culler_last_cycle_timestamp_seconds{{job="{CULLER_JOB}",'
+                               f'namespace="{tools.NAMESPACE}"}}', "values": "0x30"},
+                    # a fatal Xid (79: fallen off the bus) at minute 3
+                    {"series": f'elastic_gpu_xid_errors_total{{job="{AGENT_JOB}",namespace="{AGENT_NS}",'
+                               'node="gpu-1",gpu_uuid="GPU-1",gpu_index="0",xid="79"}', "values": "0 0 0 1x27"},
+                    # the backstop killed a process at minute 4
+                    {"series": f'elastic_gpu_enforcement_kills_total{{job="{AGENT_JOB}",namespace="{AGENT_NS}",'
+                               'node="gpu-1",gpu_uuid="GPU-1",reason="over-limit"}', "values": "0 0 0 0 1x26"},
+                ],  # fmt: skip
+                "alert_rule_test": [
+                    {"eval_time": "15m", "alertname": "ElasticGPUNodeAgentDown", "exp_alerts": [
+                        {"exp_labels": {"severity": "critical", "job": AGENT_JOB, "namespace": AGENT_NS,
+                                        "node": "gpu-1"}}]},
+                    {"eval_time": "20m", "alertname": "ElasticGPUCullerNotCycling", "exp_alerts": [
+                        {"exp_labels": {"severity": "warning", "job": CULLER_JOB, "namespace": tools.NAMESPACE}}]},
+                    {"eval_time": "6m", "alertname": "ElasticGPUXidError", "exp_alerts": [
+                        {"exp_labels": {"severity": "critical", "job": AGENT_JOB, "namespace": AGENT_NS,
+                                        "node": "gpu-1", "gpu_uuid": "GPU-1", "gpu_index": "0", "xid": "79"}}]},
+                    {"eval_time": "6m", "alertname": "ElasticGPUBackstopKilled", "exp_alerts": [
+                        {"exp_labels": {"severity": "warning", "job": AGENT_JOB, "namespace": AGENT_NS,
+                                        "node": "gpu-1", "gpu_uuid": "GPU-1", "reason": "over-limit"}}]},
+                    # nothing fires before its series says so
+                    {"eval_time": "2m", "alertname": "ElasticGPUXidError", "exp_alerts": []},
+                    {"eval_time": "2m", "alertname": "ElasticGPUCullerNotCycling", "exp_alerts": []},
+                ],  # fmt: skip
+            }
+        ],
+    }
+    # the annotations each alert carries: its rule's templates with the alert's labels
+    annotations = {r["alert"]: r.get("annotations", {}) for g in yaml.safe_load(open(rules_file))["groups"]
+                   for r in g["rules"]}  # fmt: skip
+    for case in tests["tests"][0]["alert_rule_test"]:
+        for alert in case["exp_alerts"]:
+            labels = alert["exp_labels"]
+            alert["exp_annotations"] = {
+                k: re.sub(r"\{\{ \$labels\.(\w+) \}\}", lambda m, lb=labels: lb[m[1]], v)
+                for k, v in annotations[case["alertname"]].items()
+            }
+    path = tmp_path / "tests.yaml"
+    path.write_text(yaml.safe_dump(tests, sort_keys=False))
+    proc = subprocess.run([_promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
