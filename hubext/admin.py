@@ -144,6 +144,14 @@ def pool_view(
     }
 
 
+def recent_events(kept: list[dict[str, Any]], heard: list[dict[str, Any]], limit: int = 20) -> list[dict[str, Any]]:
+    """The pool page's events, newest first: what the pool keeps (the local ledger's, across
+    restarts) and what this hub heard as slice events (both modes), each once."""
+    seen = {(e.get("allocation_id"), e.get("kind")) for e in kept}
+    merged = kept + [e for e in heard if (e.get("allocation_id"), e.get("kind")) not in seen]
+    return sorted(merged, key=lambda e: e.get("at") or 0.0, reverse=True)[:limit]
+
+
 def quota_view(state: AdmissionState, *, source: str = "hub") -> dict[str, Any]:
     """Use against limits per workspace, namespace and user, from the admission core's own
     accounting (so whole cards and oversubscription count exactly as admission counts them).
@@ -161,7 +169,7 @@ async def hub_pool_view(allocator: GPUAllocator, users: Iterable[Any] = ()) -> d
     backend = allocator.backend
     pool = await backend.inventory()
     activity = backend.activity()
-    events = backend.events()
+    events = recent_events(backend.events(), allocator.recent_events.latest())
     allocations = list(allocator.state.allocations.values())
     servers, kernels = server_names(users), kernel_records()
     holders = {}

@@ -46,7 +46,7 @@ from quotas import (
 from quotas.queue import AdmissionQueue, Waiting, propose_moves
 
 from .backends import POOL_ENTRY_POINTS, ClaimConflict, PoolBackend, ReleaseCause
-from .events import SliceEvent, SliceEventKind, SliceEvents
+from .events import RecentSliceEvents, SliceEvent, SliceEventKind, SliceEvents
 from .moves import SliceMover, carry_out
 
 #: progress callback: (message, position in queue or None)
@@ -134,6 +134,9 @@ class GPUAllocator(SingletonConfigurable):
         self._started: asyncio.Future | None = None
         #: what happens to slices: grants and releases (here), resumes of swapped kernels (the broker)
         self.slice_events = SliceEvents(self.log)
+        #: the last notable slice events, for the admin page (both modes)
+        self.recent_events = RecentSliceEvents()
+        self.slice_events.subscribe(self.recent_events)
         #: allocation id -> (why, cause): holders being stopped on purpose (expect_stop)
         self._stopping: dict[str, tuple[str, ReleaseCause]] = {}
         #: allocation id -> why its old holder went ('' while none was reported): holders being replaced

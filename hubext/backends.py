@@ -376,7 +376,9 @@ class PoolBackend(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         """Release connections and watches. Called when the hub shuts down."""
 
     def events(self, limit: int = 20) -> list[dict[str, Any]]:
-        """Recent preemptions, newest first (the admin page); [] where the mode keeps them elsewhere."""
+        """Events the pool keeps itself (the local ledger's preemptions and backstop stops, across
+        restarts), newest first; the admin page adds the slice events this hub heard. [] where
+        the mode keeps none."""
         return []
 
     def held_elsewhere(self) -> list[dict[str, Any]]:

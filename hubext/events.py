@@ -14,8 +14,10 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from quotas import Allocation
 
@@ -82,3 +84,37 @@ class SliceEvents:
                 subscriber(event)
             except Exception:  # a broken subscriber must not break allocation
                 self.log.exception("GPU slice event subscriber failed on %s %s", event.kind.value, event.allocation_id)
+
+
+#: the releases an admin looks for on the pool page (a stop or a failed start is not news)
+NOTABLE_CAUSES = frozenset(
+    {ReleaseCause.PREEMPTED, ReleaseCause.CULLED, ReleaseCause.SWAPPED, ReleaseCause.HOLDER_GONE}
+)
+
+
+class RecentSliceEvents:
+    """A subscriber that keeps the last ``size`` notable events (a slice preempted, culled, swapped
+    out or lost with its holder; a swapped-out kernel resumed), newest first, for the admin page
+    and ``/hub/api/gpu/pool`` in either mode. In memory: the local ledger keeps its own events
+    across restarts (``PoolBackend.events``)."""
+
+    def __init__(self, size: int = 50) -> None:
+        self._events: deque[dict[str, Any]] = deque(maxlen=size)
+
+    def __call__(self, event: SliceEvent) -> None:
+        released = event.kind is SliceEventKind.RELEASED and event.cause in NOTABLE_CAUSES
+        if not released and event.kind is not SliceEventKind.RESUMED:
+            return
+        kind = event.cause.value if released and event.cause is not None else event.kind.value
+        self._events.appendleft(
+            {
+                "at": event.at,
+                "allocation_id": event.allocation_id,
+                "user": event.allocation.owner.user if event.allocation is not None else "",
+                "kind": kind,
+                "reason": event.why or (f"resumes {event.previous_id}" if event.previous_id else kind),
+            }
+        )
+
+    def latest(self, limit: int = 20) -> list[dict[str, Any]]:
+        return list(self._events)[:limit]

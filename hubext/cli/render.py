@@ -68,7 +68,7 @@ def render_pool(view: dict[str, Any], origin: str) -> str:
     else:
         out.append("Queue: empty")
     for e in view.get("events") or []:
-        out.append(f"Preempted: {e['user']} ({e['allocation_id']}): {e['reason']}")
+        out.append(f"{str(e.get('kind') or 'event').capitalize()}: {e['user']} ({e['allocation_id']}): {e['reason']}")
     return "\n".join(out)
 
 
