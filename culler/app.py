@@ -164,7 +164,9 @@ class GPUCuller(CycleMixin, WarnMixin, ReclaimMixin, Application):
         300.0,
         config=True,
         help="""Warn a connected kernel this many seconds before it is culled (a line on its stderr,
-        which JupyterLab shows in the notebook's Log Console); 0 = no warning. Default: 300.""",
+        which JupyterLab shows in the notebook's Log Console); 0 = no warning. A kernel that is
+        shut down gets the whole grace period after its warning; one swapped out instead (its
+        state kept) is swapped at its timeout whatever the warning. Default: 300.""",
     )
     pressure_min_idle_seconds = Float(
         600.0,
@@ -333,6 +335,7 @@ class GPUCuller(CycleMixin, WarnMixin, ReclaimMixin, Application):
             require_gpu_activity=self.require_gpu_activity,
             cull_orphans=self.cull_orphans,
             priority_values=dict(self.priority_values),
+            keeps_state=self.will_swap,
         )
         self.store = WarningStore(self.state_file, log=self.log)
         self.store.load()

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from textwrap import shorten
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -172,7 +173,12 @@ class HubClient:
         """Ask the broker to swap a kernel out (its slice goes back, the kernel lives on), and say
         when it will be culled (``cull_after`` seconds swapped out; on a kernel swapped out
         already, that alone): (True, "") when done, else (False, the broker's reason)."""
-        query = urlencode({"reason": reason[:200], **({"cull_after": f"{cull_after:g}"} if cull_after else {})})
+        query = urlencode(
+            {
+                "reason": shorten(reason, 200, placeholder="..."),
+                **({"cull_after": f"{cull_after:g}"} if cull_after else {}),
+            }
+        )
         resp = await self._fetch("POST", f"{self.api_url}/gpu/kernels/{quote(broker_id, safe='')}/suspend?{query}")
         if resp is not None and resp.code == 200:
             return True, ""
@@ -183,7 +189,7 @@ class HubClient:
     async def delete_gpu_kernel(self, broker_id: str, reason: str) -> bool:
         """Ask the broker to stop a kernel and free its slice as culled (the fallback path). True
         when done or already gone."""
-        query = urlencode({"reason": reason, "cause": "culled"})
+        query = urlencode({"reason": shorten(reason, 200, placeholder="..."), "cause": "culled"})
         resp = await self._fetch("DELETE", f"{self.api_url}/gpu/kernels/{quote(broker_id, safe='')}?{query}")
         return resp is not None and resp.code in (200, 202, 204, 404, 410)
 

@@ -12,7 +12,7 @@ profile's overrides (the profile wins).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -144,6 +144,9 @@ class Rules:
     cull_orphans: bool = True
     #: priority class -> value (higher wins); unknown classes count as 0
     priority_values: Mapping[str, int] = field(default_factory=dict)
+    #: whether a kernel keeps its state when reclaimed (it is swapped out, not shut down): its
+    #: warning then does not delay the reclaim past its timeout (None: no kernel does)
+    keeps_state: Callable[[GPUKernel], bool] | None = None
 
     def priority(self, name: str) -> int:
         return int(self.priority_values.get(name, 0))
@@ -314,15 +317,15 @@ def _judge(view: KernelView, rules: Rules, now: float, warnings: Mapping[str, Gr
         return Verdict(view, "keep", "no-limit", idle_seconds=idle, extra=extra)
     extra["pressure_eligible"] = True
     needs_warning = policy.warning_seconds > 0 and j.connections > 0
+    # a swap keeps the kernel's state: its warning is a courtesy, never a reason to hold the slice longer
+    grace = 0.0 if rules.keeps_state is not None and rules.keeps_state(k) else policy.warning_seconds
     if needs_warning and not warned:
         if now >= due - policy.warning_seconds:
-            return Verdict(
-                view, "warn", reason, idle_seconds=idle, due_at=max(due, now + policy.warning_seconds), extra=extra
-            )
+            return Verdict(view, "warn", reason, idle_seconds=idle, due_at=max(due, now + grace), extra=extra)
         extra["check_at"] = due - policy.warning_seconds  # the moment to warn
         return Verdict(view, "keep", "idle", idle_seconds=idle, due_at=due, extra=extra)
     if warned and warning is not None:
-        due = max(due, warning.warned_at + policy.warning_seconds)
+        due = max(due, warning.warned_at + grace)
     if now >= due:
         return Verdict(view, "cull", reason, idle_seconds=idle, due_at=due, extra=extra)
     return Verdict(view, "keep", "warned" if warned else "idle", idle_seconds=idle, due_at=due, extra=extra)

@@ -107,6 +107,16 @@ NO_CAPABILITIES = Capabilities(
 )
 
 
+class HostMemoryFull(CheckpointError):
+    """A suspend refused because the host memory kept for swapped-out kernels is full: the
+    kernel's ``needed_mib`` would not fit under ``cap_mib`` with ``held_mib`` held. The broker may
+    make room by stopping swapped-out kernels of users over their share, then ask again."""
+
+    def __init__(self, message: str, needed_mib: int, held_mib: int, cap_mib: int) -> None:
+        super().__init__(message, 0, "suspend", 0)
+        self.needed_mib, self.held_mib, self.cap_mib = needed_mib, held_mib, cap_mib
+
+
 @dataclass(frozen=True)
 class SuspendAsk:
     """What the broker asks of a suspend (``KernelLauncher.suspend``)."""
@@ -117,8 +127,6 @@ class SuspendAsk:
     host_memory_percent: float
     #: what swapped-out kernels on the kernel's machine hold in host memory now, MiB (as the hub knows it)
     swapped_here_mib: int = 0
-    #: the most host memory this suspend may add, MiB, under the owner's share; None: only the machine's cap
-    share_left_mib: int | None = None
     #: why it is swapped out (kept with the kernel), and the model of its card
     why: str = ""
     model: str = ""

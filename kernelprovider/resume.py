@@ -24,7 +24,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-#: seconds one request to the hub may wait for the resume to end
+#: seconds one request to the hub may wait for the resume to end; the hub answers at once when
+#: the kernel's place in the GPU queue changes, so this only bounds a quiet wait
 POLL_SECONDS = 10.0
 #: the culler's notices ("will be shut down ...") are no cells of the user's: no resume for them
 #: (culler/hub.py NOTICE_USERNAME; this module runs in the kernel and imports nothing of the hub)
@@ -83,9 +84,8 @@ def resume_if_swapped(say: Any = print) -> bool:
         position = swap.get("position")
         line = (
             f"The GPU of this kernel was swapped out; waiting for a GPU slice: position {position + 1} in the GPU "
-            f"queue ({position} request{'s' if position != 1 else ''} ahead"
-            + (f"; {swap['waiting_reason']}" if swap.get("waiting_reason") else "")
-            + ")."
+            f"queue ({position} request{'s' if position != 1 else ''} ahead)."
+            + (f" {swap['waiting_reason']}" if swap.get("waiting_reason") else "")
             if position is not None
             else "The GPU of this kernel was swapped out; resuming it..."
         )

@@ -25,6 +25,7 @@ import asyncio
 import dataclasses
 import hashlib
 import hmac
+import re
 import time
 import uuid
 from typing import Any
@@ -34,8 +35,9 @@ from traitlets.config import Configurable
 
 from libvgpu.checkpoint import CheckpointError
 from quotas import AdmissionError
+from quotas.messages import mib
 
-from ..backends import Capability, ReleaseCause, SuspendAsk
+from ..backends import Capability, HostMemoryFull, ReleaseCause, SuspendAsk
 from ..events import SliceEvent, SliceEventKind
 from ..kernels import KernelRecord
 from ..moves import SliceMover
@@ -61,6 +63,17 @@ class SwapMixin(Configurable):
         each node's RAM, for the kernel pods swapped out on that node (the node agent checks it).
         0: never swap. Default: 50.""",
     )
+    swap_user_share_percent = Float(
+        0.0,
+        config=True,
+        help="""Share of the host memory for swapped-out kernels (swap_host_memory_percent) that one
+        user's swapped-out kernels may hold, in percent of it, before they yield to others'. When
+        it is full, a suspend (the culler's, or a user's own) of a user within their share stops
+        swapped-out kernels of users over theirs, newest first, each owner told why; a suspend
+        of a user over their share is refused (the kernel is culled as before). 0: the cap
+        divided equally among the users with kernels swapped out on that machine, the one asking
+        included. A user's first swapped-out kernel is always within their share. Default: 0.""",
+    )
     resume_queue_seconds = Float(
         600.0,
         config=True,
@@ -75,6 +88,8 @@ class SwapMixin(Configurable):
     )
 
     _resumes: dict[str, asyncio.Task] | None = None
+    #: kernel id -> events of the resume requests waiting now: set when its place in the queue changes
+    _resume_news: dict[str, set[asyncio.Event]] | None = None
 
     # ---- helpers ---------------------------------------------------------------------------
 
@@ -163,7 +178,7 @@ class SwapMixin(Configurable):
                 model=model,
             )
             try:
-                cuda, host_mib = await self.launcher.suspend(record, ask)
+                cuda, host_mib = await self._suspend_fairly(record, ask)
             except CheckpointError as e:
                 if not e.stuck:
                     raise BrokerError(f"This GPU kernel cannot be swapped out: {e.message}.", 409) from None
@@ -196,6 +211,97 @@ class SwapMixin(Configurable):
             why,
         )
         return record
+
+    async def _suspend_fairly(self, record: KernelRecord, ask: SuspendAsk) -> tuple[list[int], int]:
+        """The launcher's suspend; when host memory is full, make room by stopping swapped-out
+        kernels of users over their share (``swap_user_share_percent``) and ask once more."""
+        try:
+            return await self.launcher.suspend(record, ask)
+        except HostMemoryFull as full:
+            victims, share = self._over_share(record, full)
+            if victims is None:
+                held = self._held_by(record)[record.user]
+                raise CheckpointError(
+                    f"{full.message}; {record.user}'s swapped-out kernels hold {mib(held)} of it already, and "
+                    f"{mib(held + full.needed_mib)} would be over their share of {mib(int(share))}"
+                    if held
+                    else full.message,
+                    0,
+                    "suspend",
+                    0,
+                ) from None
+            for victim in victims:
+                await self._stop_over_share(victim, record, full.cap_mib, share)
+            ask = dataclasses.replace(ask, swapped_here_mib=self.swapped_host_mib(record.allocation.get("node")))
+            return await self.launcher.suspend(record, ask)
+
+    def _held_by(self, record: KernelRecord) -> dict[str, int]:
+        """Host memory each user's swapped-out kernels hold on ``record``'s machine, MiB."""
+        held: dict[str, int] = {record.user: 0}
+        for r in self.kernels.values():
+            if r.swap and r.allocation.get("node") == record.allocation.get("node"):
+                held[r.user] = held.get(r.user, 0) + int(r.swap.get("host_mib", 0))
+        return held
+
+    def _over_share(self, record: KernelRecord, full: HostMemoryFull) -> tuple[list[KernelRecord] | None, float]:
+        """(The swapped-out kernels to stop so that ``record`` fits, newest first, only of users over
+        their share and never a user's last one; None when the asker is over their own share or
+        stopping those would not make room), and the share."""
+        held = self._held_by(record)
+        users = {u for u, mib_held in held.items() if mib_held} | {record.user}
+        fraction = self.swap_user_share_percent / 100 if self.swap_user_share_percent > 0 else 1 / len(users)
+        share = full.cap_mib * fraction
+        if held[record.user] and held[record.user] + full.needed_mib > share:
+            return None, share  # the asker is over their own share (their first kernel always fits it)
+        node = record.allocation.get("node")
+        swapped = [r for r in self.kernels.values() if r.swap and r.allocation.get("node") == node]
+        count = {u: sum(1 for r in swapped if r.user == u) for u in held}
+        need = full.held_mib + full.needed_mib - full.cap_mib
+        victims = []
+        for r in sorted(swapped, key=lambda r: -float(r.swap.get("since") or 0)):
+            if need <= 0:
+                break
+            if r.user == record.user or r.swap.get("state") != "swapped":
+                continue  # one's own, or on its way back to a GPU
+            if held[r.user] > share and count[r.user] > 1:
+                victims.append(r)
+                host = int(r.swap.get("host_mib", 0))
+                held[r.user] -= host
+                count[r.user] -= 1
+                need -= host
+        return (victims, share) if need <= 0 else (None, share)
+
+    async def _stop_over_share(self, victim: KernelRecord, record: KernelRecord, cap_mib: int, share: float) -> None:
+        """Stop a swapped-out kernel whose owner is over their share, telling them why."""
+        held = self._held_by(victim)[victim.user]
+        why = (
+            f"your swapped-out GPU kernel on server '{victim.server_name or 'default'}' was stopped and its "
+            f"variables lost: the host memory kept for swapped-out kernels ({mib(cap_mib)}) was full, and your "
+            f"swapped-out kernels held {mib(held)}, over your share of {mib(int(share))}; another user's idle "
+            "kernel was swapped out in its place"
+        )
+        self.log.warning(
+            "GPU kernel %s of %s stopped for %s's swap (over its share): %s", victim.id, victim.user, record.user, why
+        )
+        self.mark_culled(victim, why)
+        await self.delete(victim, why)
+
+    def _resume_reason(self, record: KernelRecord, admission: str, pins: tuple[str, ...]) -> str:
+        """Why a resume waits, written for a resume: what must free (its own size, on its model of
+        card, on its own card where only that can take it back), then admission's facts without
+        its advice to new requests (a resume cannot pick a smaller profile: its state is that size)."""
+        memory = int(record.allocation.get("memory_mib") or 0)
+        count = len(record.swap.get("gpu_uuids") or []) or 1
+        size = f"{mib(memory)} of GPU memory" + (f" on each of {count} cards" if count > 1 else "")
+        model = record.swap.get("model")
+        where = f" on a card of model {model}" if model and count == 1 else (f" of model {model}" if model else "")
+        own = (
+            f" (only its own card{'s' if len(pins) > 1 else ''} {', '.join(pins)} can take its state back)"
+            if pins
+            else ""
+        )
+        facts = " ".join(filter(None, (_for_a_resume(sentence) for sentence in _sentences(admission))))
+        return f"It comes back at its own size: {size}{where}{own} must be free." + (f" {facts}" if facts else "")
 
     def _model_of(self, uuids: list[str]) -> str:
         state = self.allocator.state
@@ -254,7 +360,19 @@ class SwapMixin(Configurable):
         task = self._resumes.get(record.id)
         if task is None or task.done():
             task = self._resumes[record.id] = asyncio.ensure_future(self._resume(record))
-        await asyncio.wait({task}, timeout=max(0.0, min(wait_seconds, self.max_wait_seconds)))
+        # the answer comes when the resume ends or its place in the queue changes, whichever is first
+        if self._resume_news is None:
+            self._resume_news = {}
+        news = asyncio.Event()
+        listeners = self._resume_news.setdefault(record.id, set())
+        listeners.add(news)
+        heard = asyncio.ensure_future(news.wait())
+        try:
+            timeout = max(0.0, min(wait_seconds, self.max_wait_seconds))
+            await asyncio.wait({task, heard}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            heard.cancel()
+            listeners.discard(news)
         if task.done() and task.exception() is not None:
             error = task.exception()
             if isinstance(error, BrokerError):
@@ -284,7 +402,12 @@ class SwapMixin(Configurable):
             request = dataclasses.replace(request, pinned_uuids=pins)
 
         def progress(reason: str, position: int | None) -> None:
+            reason = self._resume_reason(record, reason, pins)
+            if (swap.get("position"), swap.get("waiting_reason")) == (position, reason):
+                return
             swap["position"], swap["waiting_reason"] = position, reason
+            for news in (self._resume_news or {}).get(record.id, ()):
+                news.set()  # the kernel waiting for its resume hears it now
 
         started = time.monotonic()
         try:
@@ -297,7 +420,13 @@ class SwapMixin(Configurable):
             )
         except AdmissionError as e:
             swap["state"], swap["position"] = "swapped", None
-            raise BrokerError(f"The GPU kernel is still swapped out: {e.message}", e.status) from None
+            waited = time.monotonic() - started
+            after = f" after {waited:.0f} s in the GPU queue" if waited >= 1 else ""
+            raise BrokerError(
+                f"The GPU of this kernel is still swapped out{after}. "
+                f"{self._resume_reason(record, e.message, pins)} Its variables are kept; the next cell asks again.",
+                e.status,
+            ) from None
         why_not = self.launcher.restorable_on(record, allocation)
         if why_not:
             await self._release(allocation.id, f"resume not possible here: {why_not}", ReleaseCause.CANCELLED)
@@ -335,3 +464,20 @@ class SwapMixin(Configurable):
 
 
 SliceMover.register(SwapMixin)
+
+
+def _sentences(text: str) -> list[str]:
+    """``text`` cut into sentences (a full stop followed by a space and a capital ends one; '1.5 GiB' does not)."""
+    return [part.strip() for part in re.split(r"(?<=[.!?])\s+(?=[A-Z])", text.strip()) if part.strip()]
+
+
+def _for_a_resume(sentence: str) -> str:
+    """An admission sentence as it applies to a resume: advice a resume cannot take (a smaller
+    profile: its state is its size; "try again later": the next cell does) taken out, the rest
+    kept ("Stop one of your kernels."); '' when nothing is left."""
+    if sentence.startswith("Waited ") or sentence.startswith("Pick a smaller profile."):
+        return ""
+    sentence = sentence.replace("Pick a smaller profile or ask an admin", "Ask an admin")
+    sentence = re.sub(r", (wait for [^.]*?), or pick a smaller profile\.", r", or \1.", sentence)
+    sentence = re.sub(r",? or pick a smaller profile\.", ".", sentence)
+    return "" if "smaller profile" in sentence else sentence

@@ -19,7 +19,7 @@ from traitlets.config import LoggingConfigurable
 from libvgpu.checkpoint import CheckpointError, CheckpointUnavailable, CudaCheckpoint, ProcessState
 from quotas import Allocation
 
-from ..backends import Capabilities, Capability, SuspendAsk
+from ..backends import Capabilities, Capability, HostMemoryFull, SuspendAsk
 from ..kernels import KernelRecord
 from .inventory import machine_resources, nvml_process_memory_mib
 from .processes import slice_processes
@@ -94,13 +94,13 @@ class LocalSwapMixin(LoggingConfigurable):
         host_mib = nvml_process_memory_mib(cuda) if cuda else 0
         cap = self.host_cap_mib(ask.host_memory_percent)
         if ask.swapped_here_mib + host_mib > cap:
-            raise CheckpointError(
+            raise HostMemoryFull(
                 f"its {host_mib} MiB of GPU memory would bring what swapped-out kernels hold in host memory to "
                 f"{ask.swapped_here_mib + host_mib} MiB, over the cap of {cap} MiB "
                 f"({ask.host_memory_percent:g}% of this machine's RAM)",
-                0,
-                "suspend",
-                0,
+                host_mib,
+                ask.swapped_here_mib,
+                cap,
             )
         await asyncio.to_thread(cp.suspend, cuda, ask.lock_timeout_ms)
         return cuda, host_mib

@@ -120,6 +120,20 @@ def test_connected_kernel_is_warned_before_its_timeout_then_culled_after_the_gra
     assert (v.action, v.reason) == ("cull", "idle-timeout")
 
 
+def test_a_warning_does_not_delay_a_swap_that_keeps_the_kernels_state_past_its_timeout():
+    # a 60 s swap timeout with the default 300 s warning: warned at once, swapped at the timeout
+    r = rules(default={"idle_timeout_seconds": 60, "warning_seconds": 300}, keeps_state=lambda k: True)
+    k = kernel(launch=NOW - 2 * H)
+    first = one(view(k, activity=NOW - 10, connections=1), r)
+    assert first.action == "warn" and first.due_at == pytest.approx(NOW + 50)
+    w = GraceWarning(warned_at=NOW, activity_before=NOW - 10, activity_after=NOW + 0.5, due_at=first.due_at)
+    v = decide([view(k, activity=NOW + 0.5, connections=1)], r, NOW + 61, warnings={k.kernel_id: w})[0]
+    assert v.action == "cull"
+    # a kernel that would lose its state still gets the whole grace period
+    r = rules(default={"idle_timeout_seconds": 60, "warning_seconds": 300}, keeps_state=lambda k: False)
+    assert one(view(k, activity=NOW - 10, connections=1), r).due_at == pytest.approx(NOW + 300)
+
+
 def test_activity_after_a_warning_cancels_it():
     r = rules(default={"warning_seconds": 300})
     k = kernel(launch=NOW - 2 * H)

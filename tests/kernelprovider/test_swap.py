@@ -426,3 +426,116 @@ def test_a_swapped_out_kernel_is_listed_with_its_host_memory_and_cull_time_on_th
     )
     servers["alice"].api("DELETE", f"/sessions/{session['id']}")
 
+
+def test_a_resume_into_a_full_pool_prints_its_place_in_the_queue_at_once_in_sentences_written_for_a_resume(stack):
+    hub, servers, _ = stack
+    status, session = servers["alice"].start_session(SPEC)
+    assert status == 201, session
+    alice = session["kernel"]["id"]
+    tab = KernelTab(hub, "alice", alice)
+    bob_sessions = []
+    try:
+        assert "alloc 0" in tab.execute(CUDA_CELL + "kept = 'still here'")
+        status, model = hub.api("POST", f"/gpu/kernels/{broker_kernel(hub, alice)['id']}/suspend")
+        assert status == 200 and model["gpu_swapped"], model
+        for _ in range(2):  # bob fills both cards: no 10 GiB slice is free
+            status, bob = servers["bob"].start_session(SPEC)
+            assert status == 201, bob
+            bob_sessions.append(bob)
+        asked = time.monotonic()
+        msg_id = tab.send_execute("print(kept)")
+        line = tab.wait_stream(msg_id, "in the GPU queue", timeout=30)
+        seconds = time.monotonic() - asked
+        print(f"queue position printed {seconds:.2f} s after the cell: {line.strip()}")
+        # driven by the queue's own news, not by the end of the hook's 10 s long-poll
+        assert seconds < 5, f"the queue position came {seconds:.1f} s after the cell"
+        assert "position 1 in the GPU queue (0 requests ahead)." in line, line
+        assert "10 GiB of GPU memory on a card of model H100-80GB must be free" in line, line
+        for wrong in ("smaller profile", "profile.).", ".)."):
+            assert wrong not in line, f"{wrong!r} in a resume's sentence: {line}"
+        # a card frees: the cell runs on the restored state
+        servers["bob"].api("DELETE", f"/sessions/{bob_sessions.pop()['id']}")
+        assert "still here" in tab.wait_stream(msg_id, "still here", timeout=60)
+    finally:
+        tab.close()
+        for bob in bob_sessions:
+            servers["bob"].api("DELETE", f"/sessions/{bob['id']}")
+        servers["alice"].api("DELETE", f"/sessions/{session['id']}")
+
+
+def test_one_user_suspending_repeatedly_cannot_make_another_users_idle_kernel_lose_its_state(stack):
+    # swapped-out kernels may hold 1.5 GiB of host memory here; each kernel below holds 640 MiB
+    hub, servers, _ = stack
+    cell = CUDA_CELL.replace("1 << 30", "640 << 20")
+    sessions: dict[str, list[dict]] = {"alice": [], "bob": []}
+
+    def kernel(user: str) -> dict:
+        status, session = servers[user].start_session(SPEC)
+        assert status == 201, session
+        sessions[user].append(session)
+        client = servers[user].connect(session["kernel"]["id"])
+        assert "alloc 0" in client.execute(cell + "kept = 'mine'")["text"]
+        client.close()
+        return broker_kernel(hub, session["kernel"]["id"])
+
+    try:
+        # bob swaps out his own kernels (his suspends need no culler), and would go on: two fit the cap
+        bob_first, bob_second = kernel("bob"), kernel("bob")
+        for k in (bob_first, bob_second):
+            status, model = hub.api("POST", f"/gpu/kernels/{k['id']}/suspend", token=hub.user_token("bob"))
+            assert status == 200 and model["gpu_swapped"], model
+        # alice's idle kernel is swapped out by the culler (a GPU admin): the cap is full, but bob holds
+        # 1.25 GiB, over his half of it: his newest swapped-out kernel makes room, with a sentence to him
+        alice = kernel("alice")
+        status, model = hub.api("POST", f"/gpu/kernels/{alice['id']}/suspend?reason=idle")
+        assert status == 200 and model["gpu_swapped"], model
+        status, gone = hub.api("GET", f"/gpu/kernels/{bob_second['id']}")
+        assert status == 404 or gone["state"] in ("stopped", "failed", "culled"), gone
+        line = hub.wait_for(
+            lambda: next(
+                (x for x in hub.log_tail(400).splitlines() if f"GPU kernel {bob_second['id']} of bob stopped" in x),
+                None,
+            ),
+            30,
+            what="the hub's line about bob's stopped kernel",
+        )
+        assert "over your share of 768 MiB" in line and "its variables lost" in line, line
+        assert broker_kernel(hub, bob_first["kernel_id"])["gpu_swapped"], "bob keeps one swapped-out kernel"
+        # bob suspending again cannot take alice's place: refused, his kernel keeps its slice and state
+        bob_third = kernel("bob")
+        status, refusal = hub.api("POST", f"/gpu/kernels/{bob_third['id']}/suspend", token=hub.user_token("bob"))
+        assert status == 409 and "over their share of 768 MiB" in refusal["message"], refusal
+        assert broker_kernel(hub, alice["kernel_id"])["gpu_swapped"], "alice's kernel must keep its state"
+        # alice's state is there when she comes back
+        client = servers["alice"].connect(alice["kernel_id"])
+        out = client.execute("print(kept)", timeout=60)
+        client.close()
+        assert out["status"] == "ok" and "mine" in out["text"], out
+    finally:
+        for user, started in sessions.items():
+            for session in started:
+                servers[user].api("DELETE", f"/sessions/{session['id']}")
+
+
+def test_with_the_default_warning_an_open_tab_is_swapped_out_at_its_short_timeout_not_300_s_later(stack):
+    hub, servers, work = stack
+    status, session = servers["alice"].start_session(SPEC)
+    assert status == 201, session
+    kernel_id = session["kernel"]["id"]
+    tab = KernelTab(hub, "alice", kernel_id)
+    culler = None
+    try:
+        assert "alloc 0" in tab.execute(CUDA_CELL)
+        culler = CullerProcess(
+            hub, work, TOKEN, name="short-swap", swap_idle_kernels=True, idle_timeout_seconds=3, warning_seconds=300
+        ).start()
+        # the default warning lead (300 s) is longer than the timeout: warned at once, swapped at the timeout
+        wait_until(lambda: broker_kernel(hub, kernel_id)["gpu_swapped"], 30, "the kernel swapped out at its timeout")
+        tab.drain(0.5)
+        (notice,) = tab.streams("will be moved to host memory")
+        assert "Your variables stay" in notice, notice
+    finally:
+        if culler is not None:
+            culler.stop()
+        tab.close()
+        servers["alice"].api("DELETE", f"/sessions/{session['id']}")
