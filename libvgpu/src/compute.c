@@ -59,9 +59,46 @@ static inline void stamp_activity(void) {
 #define MAX_WINDOW_NS 2000000000ull /* give up waiting for NVML samples after this long */
 #define MAX_SLEEP_NS 10000000000ull /* one launch never waits longer than this */
 #define SATURATED_PERMILLE 970      /* a window this busy is "saturated" */
+#define COST_WINDOW_NS 1000000000ull /* the longest window kept open for a cost estimate */
+#define COST_LAUNCHES 8             /* launches' time a window needs to re-estimate the cost */
+
+/* The container's launch count as this process saw it at recent times (NVML timestamps, us):
+ * NVML's samples end in the past (a period of 1/6 s to 1 s, then the time to ask), so the
+ * launches a window of samples holds are those let through by its end, not by now. */
+#define HISTORY 64
+#define HISTORY_STEP_NS 5000000ull
+static struct {
+    uint64_t us, total;
+} history[VGPU_MAX_DEV][HISTORY];
+static _Atomic unsigned history_next[VGPU_MAX_DEV];
+static _Atomic uint64_t history_ns[VGPU_MAX_DEV];
+
+static void remember(int dev, struct vgpu_compute *c, uint64_t now) {
+    uint64_t last = atomic_load_explicit(&history_ns[dev], memory_order_relaxed);
+    if (now - last < HISTORY_STEP_NS || !atomic_compare_exchange_strong(&history_ns[dev], &last, now))
+        return;
+    unsigned i = atomic_fetch_add(&history_next[dev], 1) % HISTORY;
+    history[dev][i].total = atomic_load(&c->total);
+    history[dev][i].us = vgpu_real_ns() / 1000;
+}
+
+/* The container's launch count at NVML time us: the last one remembered by then (the oldest
+ * remembered if us is older; the current one if none is). */
+static uint64_t total_at(int dev, struct vgpu_compute *c, uint64_t us) {
+    uint64_t best_us = 0, best = atomic_load(&c->total), oldest_us = UINT64_MAX, oldest = best;
+    for (unsigned i = 0; i < HISTORY; i++) {
+        uint64_t t = history[dev][i].us;
+        if (!t) continue;
+        if (t <= us && t > best_us) best_us = t, best = history[dev][i].total;
+        if (t < oldest_us) oldest_us = t, oldest = history[dev][i].total;
+    }
+    return best_us ? best : oldest_us != UINT64_MAX ? oldest : best;
+}
 
 static void restart(struct vgpu_compute *c) {
+    atomic_store(&c->aligned, 0);
     atomic_store(&c->launches, 0);
+    atomic_store(&c->window_total, atomic_load(&c->total));
     atomic_store(&c->sample_us, vgpu_real_ns() / 1000);
 }
 
@@ -91,12 +128,31 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
     }
     uint64_t window_ns = ts > since ? (ts - since) * 1000 : 0;
     if (src == 2 && window_ns < MAX_WINDOW_NS) return; /* no new samples: keep the window open */
+    uint64_t old = atomic_load(&c->cost_ns);
+    /* NVML samples whole periods (1/6 s to 1 s) and the launches counted here are not aligned
+     * with them: a window must hold several launches to tell what one costs, so it stays open
+     * up to COST_WINDOW_NS while it is shorter than COST_LAUNCHES launches */
+    if (src == 0 && window_ns < COST_LAUNCHES * old && window_ns < COST_WINDOW_NS) return;
     if (!window_ns) window_ns = now - last;
+    if (src == 0 && (!atomic_exchange(&c->aligned, 1) || window_ns > COST_WINDOW_NS)) {
+        /* the first samples (their period began before the window) or a window longer than
+         * NVML is sure to keep samples for: the next window begins where these end */
+        atomic_store(&c->launches, 0);
+        atomic_store(&c->window_total, total_at(dev, c, ts - old / 2000));
+        atomic_store(&c->sample_us, ts);
+        return;
+    }
     uint64_t n = atomic_exchange(&c->launches, 0);
+    if (src == 0) { /* the launches let through within the sampled window (a launch counts
+                     * where the middle of its run falls) */
+        uint64_t end = total_at(dev, c, ts - old / 2000), begin = atomic_exchange(&c->window_total, end);
+        if (begin && end >= begin) n = end - begin;
+    } else {
+        atomic_store(&c->window_total, atomic_load(&c->total));
+    }
     atomic_store(&c->sample_us, ts > since ? ts : vgpu_real_ns() / 1000);
     atomic_store(&c->util_permille, permille);
     uint64_t busy = (uint64_t)((double)permille / 1000.0 * (double)window_ns);
-    uint64_t old = atomic_load(&c->cost_ns);
     /* The GPU was busy all window (other containers' work, or ours): launches admitted in it
      * may still be queued behind that work, so a low use of ours says nothing about the cost
      * of a launch, and the time they have not run yet is no credit. */
@@ -107,17 +163,23 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
     if (old) {
         int64_t delta = (int64_t)(n * old) - (int64_t)busy;
         if (delta > 0 && gpu_busy) delta = 0;
-        /* the correction is bounded, the launches' own charges are not forgiven: a debt
-         * that other processes of the container are sleeping off stays */
-        int64_t floor = -(int64_t)(BURST_NS * pct / 100), cap = (int64_t)(BURST_NS * pct / 100);
-        int64_t t = atomic_load(&c->tokens_ns), want;
-        do {
-            want = t + delta;
-            if (delta < 0 && want < floor) want = t < floor ? t : floor;
-            if (delta > 0 && want > cap) want = t > cap ? t : cap;
-        } while (!atomic_compare_exchange_weak(&c->tokens_ns, &t, want));
+        /* the correction is bounded to one burst either way, and the launches' own charges
+         * are not forgiven: a debt that other processes of the container are sleeping off
+         * stays (long launches counted in one window often run in the next: the credit of
+         * one window is the debit of the next) */
+        int64_t bound = (int64_t)(BURST_NS * pct / 100);
+        if (delta > bound) delta = bound;
+        if (delta < -bound) delta = -bound;
+        int64_t t = atomic_fetch_add(&c->tokens_ns, delta) + delta;
+        while (t > bound && !atomic_compare_exchange_weak(&c->tokens_ns, &t, bound)) {
+        }
     }
-    int saturated = permille >= SATURATED_PERMILLE && pct <= 90;
+    /* fewer than COST_LAUNCHES launches' time in the window (long launches): the part of a
+     * launch that falls in it is too large a share of it, so it says too little of the cost;
+     * the measured cost stands (the bucket was corrected above) */
+    if (old && window_ns < COST_LAUNCHES * old) return;
+    /* (a window of a few launches is busy throughout whenever they fall in it together) */
+    int saturated = permille >= SATURATED_PERMILLE && pct <= 90 && window_ns >= 16 * old;
     if (!n && !saturated) return;
     uint64_t cost;
     uint64_t bound = window_ns / (n ? n : 1);
@@ -134,10 +196,7 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
         /* the GPU idled in this window: little was left queued. Below NVML's resolution
          * (1 %) the work is not known to be zero: count it as half a percent. */
         uint64_t est = (busy > window_ns / 200 ? busy : window_ns / 200) / n;
-        uint64_t since_admit = now - atomic_load(&c->admit_ns);
         if (!old) cost = est;
-        else if (est < old && (window_ns < 4 * old || since_admit < 2 * old))
-            cost = old; /* launches of this size may not have run yet */
         else cost = est < old / 2 ? old / 2 : (old + est) / 2; /* down at most twofold */
     }
     atomic_store(&c->cost_ns, cost ? cost : 1);
@@ -246,8 +305,10 @@ void vgpu_compute_gate(int dev, CUstream s) {
     if (now - last >= SAMPLE_NS) sample(dev, pct, c, last, now, prev_gate);
 
     uint64_t cost = atomic_load_explicit(&c->cost_ns, memory_order_relaxed);
+    remember(dev, c, now);
     if (!cost) { /* not measured yet: measure this launch, or a few launches per window */
         if (capturing(s)) return;
+        atomic_fetch_add_explicit(&c->total, 1, memory_order_relaxed);
         uint64_t in_window = atomic_fetch_add_explicit(&c->launches, 1, memory_order_relaxed) + 1;
         int64_t t = atomic_load(&c->tokens_ns);
         if (t < 0) { /* a measured launch left a debt: sleep it off first */
@@ -281,6 +342,7 @@ void vgpu_compute_gate(int dev, CUstream s) {
     /* counted when it is let through: it runs in the window open now, not in one closed while
      * it slept */
     atomic_fetch_add_explicit(&c->launches, 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&c->total, 1, memory_order_relaxed);
     atomic_store_explicit(&c->admit_ns, vgpu_mono_ns(), memory_order_relaxed);
 }
 

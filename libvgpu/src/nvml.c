@@ -63,6 +63,20 @@ int vgpu_nvml_container_util(int dev, uint64_t *since_us, uint32_t *permille,
     return util_of(nd, since_us, permille, gpu_permille);
 }
 
+/* The driver's sample period (us), learnt from the timestamps of its samples: the shortest
+ * gap seen between two of them. 0 until two distinct ones were seen. */
+static _Atomic uint64_t sample_period_us;
+
+static void learn_period(uint64_t gap_us) {
+    if (gap_us < 1000) return; /* not a sample period (two samples of one sampling pass) */
+    uint64_t p = atomic_load(&sample_period_us);
+    while ((p == 0 || gap_us < p) && !atomic_compare_exchange_weak(&sample_period_us, &p, gap_us)) {
+    }
+}
+
+/* A driver returns one sample per process per sample period in which the process used the
+ * GPU (integer percent), and none for periods it idled: the busy time of a window is the sum
+ * of its samples times the period, over the window, not their average. */
 static int util_of(nvmlDevice_t nd, uint64_t *since_us, uint32_t *permille,
                    uint32_t *gpu_permille) {
     nvmlDeviceGetProcessUtilization_fn per_process = REAL(nvmlDeviceGetProcessUtilization);
@@ -76,21 +90,27 @@ static int util_of(nvmlDevice_t nd, uint64_t *since_us, uint32_t *permille,
             return 2;
         }
         if (rc == NVML_SUCCESS) {
-            uint64_t total = 0, gpu = 0, newest = *since_us;
-            for (unsigned int i = 0; i < n && i < 128; i++) {
+            uint64_t total = 0, gpu = 0, newest = *since_us, stamps[128];
+            unsigned int nstamps = 0;
+            if (n > 128) n = 128;
+            for (unsigned int i = 0; i < n; i++) {
                 if (s[i].timeStamp > newest) newest = s[i].timeStamp;
-                int first = 1; /* average a pid's samples, then sum over pids */
-                for (unsigned int j = 0; j < i; j++) first &= s[j].pid != s[i].pid;
-                if (!first) continue;
-                uint64_t sum = 0, cnt = 0;
-                for (unsigned int j = i; j < n && j < 128; j++)
-                    if (s[j].pid == s[i].pid) {
-                        sum += s[j].smUtil;
-                        cnt++;
-                    }
-                gpu += sum * 10 / cnt;
-                if (container_has_pid(s[i].pid)) total += sum * 10 / cnt;
+                gpu += s[i].smUtil;
+                if (container_has_pid(s[i].pid)) total += s[i].smUtil;
+                unsigned int j = 0;
+                while (j < nstamps && stamps[j] != s[i].timeStamp) j++;
+                if (j == nstamps) stamps[nstamps++] = s[i].timeStamp;
             }
+            for (unsigned int i = 0; i < nstamps; i++) /* gaps between the samples' periods */
+                for (unsigned int j = 0; j < nstamps; j++)
+                    if (stamps[j] > stamps[i]) learn_period(stamps[j] - stamps[i]);
+            uint64_t window = newest > *since_us ? newest - *since_us : 0;
+            uint64_t period = atomic_load(&sample_period_us);
+            /* not learnt yet, or a window shorter than one: the samples cover the window */
+            if (!period || !window || period * nstamps > window) period = window / (nstamps ? nstamps : 1);
+            uint64_t scale = window ? period * 10 : 10, div = window ? window : 1;
+            total = total * scale / div;
+            gpu = gpu * scale / div;
             *permille = (uint32_t)(total > 1000 ? 1000 : total);
             *gpu_permille = (uint32_t)(gpu > 1000 ? 1000 : gpu);
             *since_us = newest;

@@ -64,7 +64,10 @@ struct vgpu_compute {
     uint32_t pad0;
     _Atomic uint64_t gate_ns;    /* CLOCK_MONOTONIC of a recent launch (1 ms resolution) */
     _Atomic uint64_t admit_ns;   /* CLOCK_MONOTONIC when the last launch was let through */
-    uint64_t pad1[7];
+    _Atomic uint64_t total;      /* launches let through, ever */
+    _Atomic uint64_t window_total; /* total when the sampled window began (0: unknown) */
+    _Atomic uint64_t aligned;    /* the window begins where NVML's samples end */
+    uint64_t pad1[4];
 };
 
 /* One process of the container (320 bytes). pid == 0: free. Liveness: the owner holds an

@@ -63,3 +63,17 @@ def test_two_processes_share_the_limit_from_a_cold_start_with_big_graphs(node):
     both = [utils(second)[0], float(out.split("util=")[1].split()[0])]
     for measured in both:  # each sees the container's total on the card
         assert LIMIT - 5 <= measured <= LIMIT + 5
+
+
+# The NVML double samples per-process utilisation as a driver does: one integer percent per
+# process per 167 ms period (CUDA_DOUBLE_UTIL_SAMPLE_MS), newer than lastSeenTimeStamp.
+@pytest.mark.parametrize(("limit", "work"), [(30, "20000:kernel"), (30, "200000:kernel"),
+                                             (50, "100000:graph"), (20, "200000:graph"),
+                                             (80, "200000:kernel")],
+                         ids=["30-20ms", "30-200ms", "50-graph100ms", "20-graph200ms", "80-200ms"])
+def test_long_launches_hold_the_limit_against_sampled_utilisation(node, limit, work):
+    box = node.container("c", f"cores_percent={limit}")
+    r = box.run("init", "ctx", f"util:1:2:{work}", "sleep:3200", f"util:1:2:{work}")
+    cold, after_idle = utils(r)
+    assert limit - 5 <= cold <= limit + 5
+    assert limit - 5 <= after_idle <= limit + 5

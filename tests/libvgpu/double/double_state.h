@@ -18,6 +18,10 @@
  *   CUDA_DOUBLE_LAUNCH_CPU_NS  CPU time a launch costs the caller (busy loop, default 0)
  *   CUDA_DOUBLE_ALLOC_CPU_NS   CPU time an allocation costs the caller (default 0)
  *   CUDA_DOUBLE_UTIL_WINDOW_MS window of nvmlDeviceGetUtilizationRates (default 100)
+ *   CUDA_DOUBLE_UTIL_SAMPLE_MS nvmlDeviceGetProcessUtilization's sample period, as a real driver
+ *                              samples (about 167 ms to 1 s by GPU; default 167): one integer
+ *                              percent per process per period, stamped with the period's end;
+ *                              0: exact utilisation since lastSeenTimeStamp (no sampling)
  *   CUDA_DOUBLE_NO_PROCESS_UTIL=1  nvmlDeviceGetProcessUtilization answers NOT_SUPPORTED
  *   CUDA_DOUBLE_PROC_ALIASES=1 cuGetProcAddress returns internal entry points, not the
  *                              exported symbols (as a real driver may)
@@ -101,7 +105,7 @@ struct dbl_state {
 struct dbl_env {
     int ndev;
     uint64_t memory, context, context_create_ns, module, lazy_module, kernel_ns, launch_cpu_ns, alloc_cpu_ns,
-        util_window_ns;
+        util_window_ns, util_sample_ns;
     char host_proc[256];
     int queue, no_process_util, proc_aliases;
     int cp_unsupported, cp_fail; /* cp_fail: 1 checkpoint, 2 restore */
@@ -167,6 +171,7 @@ static void dbl_init(void) {
     e->launch_cpu_ns = dbl_env_u64("CUDA_DOUBLE_LAUNCH_CPU_NS", 0);
     e->alloc_cpu_ns = dbl_env_u64("CUDA_DOUBLE_ALLOC_CPU_NS", 0);
     e->util_window_ns = dbl_env_u64("CUDA_DOUBLE_UTIL_WINDOW_MS", 100) * 1000000ull;
+    e->util_sample_ns = dbl_env_u64("CUDA_DOUBLE_UTIL_SAMPLE_MS", 167) * 1000000ull;
     e->no_process_util = dbl_env_u64("CUDA_DOUBLE_NO_PROCESS_UTIL", 0) != 0;
     e->proc_aliases = dbl_env_u64("CUDA_DOUBLE_PROC_ALIASES", 0) != 0;
     const char *cp = getenv("CUDA_DOUBLE_CHECKPOINT"), *fail = getenv("CUDA_DOUBLE_CHECKPOINT_FAIL");

@@ -1,7 +1,9 @@
 /*
  * An NVML test double: built by the tests as libnvidia-ml.so.1. Reads the simulated devices
  * of double_state.h: memory as the device sees it, device-wide utilisation over the last
- * CUDA_DOUBLE_UTIL_WINDOW_MS, per-process SM utilisation since lastSeenTimeStamp, and the
+ * CUDA_DOUBLE_UTIL_WINDOW_MS, per-process SM utilisation as a driver samples it (one integer
+ * percent per process per CUDA_DOUBLE_UTIL_SAMPLE_MS period, stamped with the period's end,
+ * the samples newer than lastSeenTimeStamp returned, the last second's at most), and the
  * memory each process uses (contexts and modules included), all measured from the kernels
  * that really ran on the simulated timeline.
  *
@@ -192,24 +194,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizatio
     return NVML_SUCCESS;
 }
 
-EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
-                                                    nvmlProcessUtilizationSample_t *out,
-                                                    unsigned int *count,
-                                                    unsigned long long last_seen_us) {
-    if (!valid(d) || !count) return NVML_ERROR_INVALID_ARGUMENT;
-    if (dbl_env.no_process_util) return NVML_ERROR_NOT_SUPPORTED;
-    uint64_t now = dbl_now(), t0 = last_seen_us * 1000;
-    if (t0 < now - 1000000000ull || t0 >= now) t0 = now - 1000000000ull;
-    uint64_t window = now - t0;
-    int pids[DBL_PIDS], n = 0;
-    uint64_t busy[DBL_PIDS];
-    dbl_lock();
-    struct dbl_dev *x = &dbl->dev[idx(d)];
+/* Busy ns per pid of the kernels that ran within [t0, t1) on dev (lock held); n pids. */
+static int busy_per_pid_locked(int dev, uint64_t t0, uint64_t t1, int *pids, uint64_t *busy) {
+    struct dbl_dev *x = &dbl->dev[dev];
     uint64_t total = x->head < DBL_RING ? x->head : DBL_RING;
+    int n = 0;
     for (uint64_t k = 0; k < total; k++) {
         const struct dbl_kernel *r = &x->ring[(x->head - 1 - k) % DBL_RING];
         if (r->end <= t0) break;
-        uint64_t s = r->start > t0 ? r->start : t0, e = r->end < now ? r->end : now;
+        uint64_t s = r->start > t0 ? r->start : t0, e = r->end < t1 ? r->end : t1;
         if (e <= s) continue;
         int j = 0;
         while (j < n && pids[j] != r->pid) j++;
@@ -220,23 +213,68 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
         }
         busy[j] += e - s;
     }
+    return n;
+}
+
+#define DBL_SAMPLES 512
+static _Thread_local nvmlProcessUtilizationSample_t samples[DBL_SAMPLES];
+
+/* The samples a driver would hold newer than t0: one per process busy in each sample period
+ * (periods end at multiples of the sample period), integer percent. */
+static unsigned sampled_locked(int dev, uint64_t t0, uint64_t now) {
+    uint64_t period = dbl_env.util_sample_ns;
+    int pids[DBL_PIDS];
+    uint64_t busy[DBL_PIDS];
+    unsigned n = 0;
+    for (uint64_t end = (t0 / period + 1) * period; end <= now && n < DBL_SAMPLES; end += period) {
+        int np = busy_per_pid_locked(dev, end - period, end, pids, busy);
+        for (int j = 0; j < np && n < DBL_SAMPLES; j++) {
+            memset(&samples[n], 0, sizeof(samples[n]));
+            samples[n].pid = (unsigned)pids[j];
+            samples[n].timeStamp = end / 1000;
+            samples[n++].smUtil = (unsigned)((busy[j] * 100 + period / 2) / period);
+        }
+    }
+    return n;
+}
+
+/* Exact utilisation over [t0, now) per process, one sample each (CUDA_DOUBLE_UTIL_SAMPLE_MS=0). */
+static unsigned exact_locked(int dev, uint64_t t0, uint64_t now) {
+    int pids[DBL_PIDS];
+    uint64_t busy[DBL_PIDS];
+    int np = busy_per_pid_locked(dev, t0, now, pids, busy);
+    unsigned n = 0;
+    for (int j = 0; j < np && n < DBL_SAMPLES; j++) {
+        memset(&samples[n], 0, sizeof(samples[n]));
+        samples[n].pid = (unsigned)pids[j];
+        samples[n].timeStamp = now / 1000;
+        samples[n++].smUtil = (unsigned)((busy[j] * 100 + (now - t0) / 2) / (now - t0));
+    }
+    return n;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
+                                                    nvmlProcessUtilizationSample_t *out,
+                                                    unsigned int *count,
+                                                    unsigned long long last_seen_us) {
+    if (!valid(d) || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (dbl_env.no_process_util) return NVML_ERROR_NOT_SUPPORTED;
+    uint64_t now = dbl_now(), t0 = last_seen_us * 1000;
+    if (t0 < now - 1000000000ull || t0 >= now) t0 = now - 1000000000ull; /* the last second's */
+    dbl_lock();
+    unsigned n = dbl_env.util_sample_ns ? sampled_locked(idx(d), t0, now) : exact_locked(idx(d), t0, now);
     dbl_unlock();
     if (!n) return NVML_ERROR_NOT_FOUND;
     if (!out) {
-        *count = (unsigned)n;
+        *count = n;
         return NVML_SUCCESS;
     }
-    if (*count < (unsigned)n) {
-        *count = (unsigned)n;
+    if (*count < n) {
+        *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
-    for (int j = 0; j < n; j++) {
-        memset(&out[j], 0, sizeof(out[j]));
-        out[j].pid = (unsigned)pids[j];
-        out[j].timeStamp = now / 1000;
-        out[j].smUtil = (unsigned)((busy[j] * 100 + window / 2) / window);
-    }
-    *count = (unsigned)n;
+    memcpy(out, samples, n * sizeof(*out));
+    *count = n;
     return NVML_SUCCESS;
 }
 

@@ -24,6 +24,7 @@
  *   keeppool (the device's pool keeps what is freed, as PyTorch sets it) | trim
  *   util:WARM_S:MEASURE_S:US:KIND[:all]   launch KIND (kernel|ex|coop|graph|legacy) for WARM+MEASURE
  *                                          seconds; print the utilisation of the last MEASURE
+ *                                          (over whole launch periods: first to last launch)
  *   timeline:SECONDS:US                    launch for SECONDS; print the gaps between launches
  *   threads:N:ROUNDS:SIZE                  N threads allocating, launching and freeing at once
  *   bench:N                                N launches, then N alloc+free pairs: CPU ns per op
@@ -596,14 +597,24 @@ static int step(char *arg) {
         CUgraphExec g = !strcmp(kind, "graph") ? make_graph(4, us / 4) : NULL;
         uint64_t t0 = now_ns(), tw = t0 + (uint64_t)(warm * 1e9), t1 = tw + (uint64_t)(measure * 1e9);
         long launches = 0;
+        uint64_t first = 0, last = 0; /* returns of the first and last launches measured */
         while (now_ns() < t1 && !rc) {
             rc = launch_one(kind, f, g);
             launches++;
+            uint64_t t = now_ns();
+            if (t >= tw) {
+                if (!first) first = t;
+                last = t;
+            }
         }
         uint64_t end = now_ns();
         if (g) D.cuGraphExecDestroy(g);
-        unsigned long long b = D.busy(0, all ? 0 : -1, tw, end);
-        printf("util rc=%d util=%.1f launches=%ld\n", rc, 100.0 * (double)b / (double)(end - tw),
+        /* over whole launch periods: from the first launch measured to the last one (a launch
+         * starts on the GPU as it returns, the limiter having held it before), unless fewer
+         * than two launches fell in the measured time */
+        if (last <= first) first = tw, last = end;
+        unsigned long long b = D.busy(0, all ? 0 : -1, first, last);
+        printf("util rc=%d util=%.1f launches=%ld\n", rc, 100.0 * (double)b / (double)(last - first),
                launches);
     } else if (!strcmp(cmd, "timeline")) {
         double secs = atof(a[1]);
