@@ -1,0 +1,175 @@
+"""The claims' workloads against the CUDA/NVML doubles (tests/libvgpu/double), driven by the C
+probe program (tests/libvgpu/progs/probe.c): what runs here without a GPU or PyTorch. Every
+workload gets a simulated node (GPU state file) of its own, so workloads may run at once."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from libvgpu.regions import read_container_region
+
+from ..shim_overhead import measure as measure_overhead
+from .claims import CHUNK_MIB, Figures, Phase
+from .common import held_figures, host_used_mib, median
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+from tests.libvgpu.harness import Build, Container, Node, Result, build_all, pid_namespaces_unavailable  # noqa: E402
+
+#: how each PyTorch allocator reaches the driver, as a probe step allocating one chunk
+ALLOCATOR_STEP = {"caching": "alloc", "expandable": "vmm", "mallocasync": "async"}
+#: a context takes this much on the simulated GPU (a real one: a few hundred MiB)
+CONTEXT_MIB = 300
+MODULE_MIB = 64
+#: the double copies nothing when it checkpoints: it models this bandwidth (figures are the
+#: model's, the claim checks the path and its latency)
+MODELLED_GIB_S = 25
+
+
+class DoubleTarget:
+    name = "doubles"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.build: Build = build_all(root / "build")
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        return "target=doubles (tests/libvgpu/double: simulated GPUs, the shim built from libvgpu/src)"
+
+    def pidns_unavailable(self) -> str | None:
+        return pid_namespaces_unavailable()
+
+    def _node(self, what: str, **double_env: str | int) -> Node:
+        with self._lock:
+            n = next(self._ids)
+        return Node(self.build, self.root / f"{n:02d}-{what}", **double_env)
+
+    def _hold(self, box: Container, steps: list[str], pidns: bool, **kw: str) -> tuple[subprocess.Popen[str], Result]:
+        """Runs the probe up to its final 'wait' step; returns it (alive) and its output so far."""
+        env = box.env(**kw)
+        proc = subprocess.Popen(box._command(self.build.probe, (*steps, "wait"), pidns, env), env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        box.node.processes.append(proc)
+        lines = []
+        for line in proc.stdout:
+            if line.startswith("waiting"):
+                return proc, Result.parse(0, "".join(lines), "")
+            lines.append(line)
+        raise RuntimeError(f"the probe ended early: {''.join(lines)[-300:]} {proc.stderr.read()[-300:]}")
+
+    def memory(self, slice_mib: int, allocator: str, pidns: bool) -> Figures:
+        node = self._node(f"mem-{allocator}", CUDA_DOUBLE_CONTEXT_MIB=CONTEXT_MIB)
+        try:
+            box = node.container("c", f"memory_mib={slice_mib}")
+            step = f"{ALLOCATOR_STEP[allocator]}:{CHUNK_MIB}M"
+            chunks = slice_mib // CHUNK_MIB + 2
+            _, r = self._hold(box, ["init", "ctx", "info", "nvml", *[step] * chunks], pidns)
+            rcs = r.rcs(ALLOCATOR_STEP[allocator])
+            ok = len(list(itertools.takewhile(lambda rc: rc == 0, rcs)))
+            return {"total_mib": int(r.num("info", "total")) >> 20, "free_mib": int(r.num("info", "free")) >> 20,
+                    "nvml_total_mib": int(r.num("nvml", "total")) >> 20, "allocated_mib": ok * CHUNK_MIB,
+                    "oom": 2 in rcs[ok:], "used_mib": host_used_mib(node.env())}
+        finally:
+            node.cleanup()
+
+    def driver_memory(self, pidns: bool) -> Figures:
+        node = self._node("driver", CUDA_DOUBLE_CONTEXT_MIB=CONTEXT_MIB, CUDA_DOUBLE_MODULE_MIB=MODULE_MIB)
+        try:
+            box = node.container("c", "memory_mib=2048")
+            self._hold(box, ["init", "ctx", "module", "module", "alloc:100M"], pidns)
+            counted = read_container_region(box.region).memory_used_bytes[0] >> 20
+            return {"counted_mib": counted, "nvml_mib": host_used_mib(node.env())}
+        finally:
+            node.cleanup()
+
+    @staticmethod
+    def _util_steps(phases: tuple[Phase, ...]) -> list[str]:
+        steps = []
+        for p in phases:
+            if p.idle_s:
+                steps.append(f"sleep:{int(p.idle_s * 1000)}")
+            steps.append(f"util:{p.warm_s:g}:{p.measure_s:g}:{int(p.ms * 1000)}:{p.kind}")
+        return steps
+
+    def cores(self, limit: int, phases: tuple[Phase, ...], pidns: bool) -> list[float]:
+        node = self._node(f"cores{limit}")
+        try:
+            box = node.container("c", f"cores_percent={limit}")
+            timeout = sum(p.idle_s + p.warm_s + p.measure_s for p in phases) + 60
+            r = box.run("init", "ctx", *self._util_steps(phases), pidns=pidns, timeout=timeout)
+            if r.returncode:
+                raise RuntimeError(f"probe: {r.stderr[-300:]}")
+            return [float(kv["util"]) for kv in r.all("util")]
+        finally:
+            node.cleanup()
+
+    def two_containers(self, limits: tuple[int, int], pidns: bool) -> list[float]:
+        node = self._node("two")
+        try:
+            steps = ["init", "ctx", "ready", "util:3:3:2000:kernel"]
+            a, b = (node.container(f"c{lim}", f"cores_percent={lim}") for lim in limits)
+            first = b.start(*steps, wait_for="ready", pidns=pidns)
+            r = a.run(*steps, pidns=pidns, timeout=60)
+            out, _ = first.communicate(timeout=60)
+            other = Result.parse(first.returncode, out, "")
+            return [r.num("util", "util"), other.num("util", "util")]
+        finally:
+            node.cleanup()
+
+    def priority(self, pidns: bool) -> Figures:
+        node = self._node("priority", CUDA_DOUBLE_QUEUE=2)
+        try:
+            common = f"node_region_dir={node.node_dir}\npriority_window_ms=200"
+            low = node.container("low", f"priority=1\nname=low\n{common}")
+            high = node.container("high", f"priority=100\nname=high\n{common}")
+            low_proc = low.start("init", "ctx", "ready", "timeline:3:1000", wait_for="ready", pidns=pidns)
+            time.sleep(1.0)  # the low one runs alone for a while first
+            h = high.run("init", "ctx", "timeline:1:1000", "sleep:400", pidns=pidns)
+            out, _ = low_proc.communicate(timeout=30)
+            lo, hi = Result.parse(0, out, "").one("timeline"), h.one("timeline")
+            gaps = [tuple(map(float, w[4:].split("-"))) for w in out.split() if w.startswith("gap=")]
+            return held_figures(gaps, float(lo["end_ms"]), float(hi["start_ms"]), float(hi["end_ms"]))
+        finally:
+            node.cleanup()
+
+    def bypass(self, how: str, slice_mib: int) -> Figures:
+        node = self._node(f"bypass-{how}")
+        try:
+            box = node.container("c", f"memory_mib={slice_mib}")
+            half = slice_mib // 2
+            r = box.run("init", "ctx", *[f"alloc:{half}M"] * 3, mode=how)
+            return {"allocated_mib": r.rcs("alloc").count(0) * half}
+        finally:
+            node.cleanup()
+
+    def capture_after_idle(self, limit: int) -> Figures | None:
+        return None
+
+    def launch_overhead(self) -> Figures:
+        node = self._node("overhead", CUDA_DOUBLE_LAUNCH_CPU_NS=2000, CUDA_DOUBLE_ALLOC_CPU_NS=5000)
+        m = measure_overhead(node, 20000, 5)
+        return {**{f"{k[:-3]}_ratio": round(m["with"][k] / m["without"][k], 3) for k in ("launch_ns", "alloc_ns")},
+                "cpu_model": True}
+
+    def swap(self, gib: int) -> Figures:
+        node = self._node("swap", CUDA_DOUBLE_MEMORY_MIB=gib * 1024 + 1024, CUDA_DOUBLE_CONTEXT_MIB=0,
+                          CUDA_DOUBLE_CHECKPOINT_GIB_S=MODELLED_GIB_S)
+        env = node.env({"PYTHONPATH": str(REPO)})
+        cmd = [sys.executable, str(REPO / "bench" / "swap.py"), "--controller", str(gib), "2",
+               str(self.build.lib_dir / "libcuda.so.1")]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        if proc.returncode:
+            raise RuntimeError(f"bench/swap.py: {proc.stderr[-300:]}")
+        rows = json.loads(proc.stdout.strip().splitlines()[-1])
+        return {"suspend_gib_s": round(gib / median([r["suspend_s"] for r in rows]), 1),
+                "resume_gib_s": round(gib / median([r["resume_s"] for r in rows]), 1),
+                "resume_latency_s": round(median([r["latency_s"] for r in rows]), 3),
+                "identical": "n/a", "modelled_gib_s": MODELLED_GIB_S}
