@@ -172,7 +172,7 @@ def _bypass(how: str) -> Callable[[Target, bool], Verdict]:
 def _capture_after_idle(target: Target, pidns: bool) -> Verdict:
     f = target.capture_after_idle(30)
     if f is None:
-        raise NotModelled("the CUDA double does not model stream capture")
+        raise NotModelled("this target does not model stream capture")
     return bool(f["captured"]), f
 
 

@@ -151,7 +151,17 @@ class DoubleTarget:
             node.cleanup()
 
     def capture_after_idle(self, limit: int) -> Figures | None:
-        return None
+        node = self._node("capture")
+        try:
+            box = node.container("c", f"cores_percent={limit}")
+            r = box.run("init", "ctx", "util:0.3:0.3:500:kernel", "sleep:3500", "capture:8:1000",
+                        "capturewhile:1000")
+            cap, other = r.one("capture"), r.one("capturewhile")
+            # (capturewhile: another thread's first launch while this one captures)
+            return {"captured": cap["rc"] == cap["end"] == cap["run"] == "0" and other["end"] == "0",
+                    "end_rc": cap["end"], "end_rc_other_thread_launching": other["end"]}
+        finally:
+            node.cleanup()
 
     def launch_overhead(self) -> Figures:
         node = self._node("overhead", CUDA_DOUBLE_LAUNCH_CPU_NS=2000, CUDA_DOUBLE_ALLOC_CPU_NS=5000)
