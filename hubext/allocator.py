@@ -337,6 +337,7 @@ class GPUAllocator(SingletonConfigurable):
                 "memory_mib": w.request.memory_mib,
                 "cores_percent": w.request.cores_percent,
                 "count": w.request.count,
+                "whole": w.request.whole,
                 "position": w.position,
                 "reason": w.reason,
                 "waiting_seconds": round(time.monotonic() - w.enqueued_at, 1),

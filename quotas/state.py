@@ -404,7 +404,7 @@ class AdmissionState(RequestChecks, UsageReport):
                 f"No node has {msg.plural(k, 'free ' + model + 'GPU')} to give out whole right "
                 f"now (at most {most} on one node)."
             )
-            todo = "Wait for a kernel to stop or ask for fewer GPUs."
+            todo = "Wait for a kernel to stop or ask for " + ("fewer GPUs." if k > 1 else "a slice of a GPU instead.")
         elif k == 1:
             fm, fc = ix.most_free_card(group)
             text = (

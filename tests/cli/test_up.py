@@ -271,6 +271,18 @@ async def test_admin_sees_the_pool_on_the_gpu_page_in_a_browser(hub):
             "Array.from(document.querySelectorAll('.egpu-quota-row td:first-child')).map(c => c.innerText.trim())"
         )
         assert "workspace default" in quota_rows and BOB in quota_rows
+        # each slice's stop button lies inside its GPU's card (they overflowed the card's right edge)
+        outside = await browser.evaluate(
+            "Array.from(document.querySelectorAll('.egpu-stop-kernel, .egpu-stop-server')).filter(b => {"
+            " const c = b.closest('.egpu-gpu').getBoundingClientRect(), r = b.getBoundingClientRect();"
+            " return r.right > c.right + 0.5 || r.left < c.left - 0.5; }).map(b => b.outerHTML)"
+        )
+        assert await browser.evaluate("document.querySelectorAll('.egpu-stop-server').length") == 2
+        assert outside == [], outside
+        headers = await browser.evaluate(
+            "Array.from(document.querySelectorAll('.egpu-quota thead th')).map(h => h.innerText.trim())"
+        )
+        assert "GPUs" not in headers and "vGPUs (slices)" in headers, headers  # it counted slices, not GPUs
         shot = await browser.screenshot(ARTIFACTS / "hub-gpu.png")
         assert shot.stat().st_size > 10_000
     finally:

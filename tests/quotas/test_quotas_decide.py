@@ -83,6 +83,13 @@ def test_a_whole_request_waits_for_an_empty_card():
     assert d.reason.startswith("No node has 2 free GPUs to give out whole right now (at most 0")
 
 
+def test_one_whole_gpu_waiting_is_not_told_to_ask_for_fewer_gpus():
+    st = state(pool(node("a", 1)), allocations=[alloc("x", "a-gpu0", 1)])
+    d = st.decide(req(whole=True, count=1))
+    assert d.kind == "wait"
+    assert "fewer GPUs" not in d.reason and "ask for a slice of a GPU instead" in d.reason, d.reason
+
+
 def test_deciding_does_not_change_the_state():
     st = state(pool(node("a", 1)))
     before = st.usage()
