@@ -27,6 +27,8 @@ DEFAULT = load_config({})
 NO_HOLD = load_config({"queue": {"hold": False}})
 #: a session may move again at once (``same_session_after_seconds`` 0 is a valid setting)
 AGAIN = load_config({"queue": {"moves": {"same_session_after_seconds": 0}}})
+#: the same without holding (only the offer rule then stops a second head being offered the slice)
+AGAIN_NO_HOLD = load_config({"queue": {"hold": False, "moves": {"same_session_after_seconds": 0}}})
 VALUE = {"high": 1000, "default": 100, "low": 10}
 
 
@@ -135,7 +137,8 @@ def test_holding_never_delays_a_request_no_held_capacity_could_serve(scenario, h
 @PROPERTY
 @given(filled_pools(max_nodes=4, kinds=("notebook", "kernel", "kernel"), min_per_card=1),
        heads("first", "default"), heads("second", "low"),
-       st.lists(st.sampled_from([5.0, 30.0, 130.0]), min_size=1, max_size=4), st.sampled_from([DEFAULT, AGAIN]))
+       st.lists(st.sampled_from([5.0, 30.0, 130.0]), min_size=1, max_size=4),
+       st.sampled_from([DEFAULT, AGAIN, AGAIN_NO_HOLD]))
 def test_one_slice_is_never_offered_to_two_heads(scenario, first, second, ticks, cfg):
     pool_, fill = scenario
     st_ = AdmissionState(cfg, pool_, fill)
@@ -165,7 +168,7 @@ def test_one_slice_is_never_offered_to_two_heads(scenario, first, second, ticks,
     event(f"{len(set(offered.values()))} heads offered moves")
 
 
-@pytest.mark.parametrize("cfg", [DEFAULT, AGAIN], ids=["default", "same-session-0"])
+@pytest.mark.parametrize("cfg", [DEFAULT, AGAIN, AGAIN_NO_HOLD], ids=["default", "same-session-0", "no-hold"])
 def test_two_heads_are_not_offered_the_same_slice(cfg):
     """a-g0 has the fewest in the way of a whole card (one notebook server, most free): the first
     head reserves it; the kernel on a-g1 is the only slice that can move (to a-g2). The second
