@@ -17,7 +17,7 @@ import kubernetes_validate.utils
 import pytest
 
 from hubext.allocator import GPUAllocator
-from hubext.backends import ServerRef
+from hubext.backends import Capabilities, Capability, ServerRef
 from hubext.broker import BrokerError, validate_sizes
 from hubext.kernels import KernelRecord
 from hubext.kubernetes.launcher import KubernetesKernelLauncher
@@ -369,7 +369,10 @@ def test_the_broker_offers_for_moves_only_running_kernels_whose_resume_may_land_
     broker = GPUBroker()
     try:
         broker.kernels = {k.id: k for k in (record("k1"), record("k2", "pending"), record("k3", swap={"state": "x"}))}
-        broker.launcher = LocalKernelLauncher(state_dir=str(tmp_path))
+        broker.launcher = LocalKernelLauncher(state_dir=str(tmp_path), cuda_library="libcuda-missing.so.1")
+        assert not broker.can_move() and broker.movable_sessions() == {}  # no driver here: nothing can checkpoint
+        able = Capabilities(checkpoint=Capability(True), move=Capability(True), burst=Capability(False, "n/a"))
+        broker.launcher.capabilities = lambda: able  # a card whose driver can checkpoint
         assert broker.can_move() and broker.movable_sessions() == {"a-k1": "k1"}  # the session key: the kernel
         broker.swap_host_memory_percent = 0
         assert not broker.can_move() and broker.movable_sessions() == {}  # swapping is off
