@@ -376,7 +376,7 @@ def wait_run(node_policy: str, gpu_policy: str, seed: int, hours: float, n_nodes
     large_waiting = 0
     area = last = 0.0
     samples = 0
-    ix = state._index  # read-only, for the "why" figures
+    ix = state.index  # read-only, for the "why" figures
     cpu_total = sum(cpu for _, cpu, _ in nodes)
     large_cpu, large_hmem = SESSIONS[-1][1], SESSIONS[-1][2] * GIB
     bound = cfg.policy.reserve_after_seconds

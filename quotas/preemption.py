@@ -102,7 +102,7 @@ class VictimSearch(NodeVictims):
         base: tuple[int, list[int]] | None,
     ) -> None:
         self.st = state
-        self.ix = state._index
+        self.ix = state.index
         self.ask = ask
         self.pc = pc
         self.p = predicate
