@@ -82,6 +82,16 @@ def install_shim(host_dir: str | os.PathLike[str], container_lib_dir: str = "/us
         installed.append(dst)
     preload = root / "ld.so.preload"
     text = f"{container_lib_dir.rstrip('/')}/{libvgpu.LIBRARY}\n".encode()
+    if preload.is_dir() and not preload.is_symlink():
+        # a GPU pod that started before this file existed: the kubelet made its subPath a
+        # directory. Empty, it is the kubelet's and gives way; with content, it is someone's.
+        try:
+            preload.rmdir()
+        except OSError as e:
+            raise OSError(
+                f"{preload} is a directory with files in it, where the shim's ld.so.preload goes: "
+                "remove it, then restart the node agent"
+            ) from e
     if not (preload.is_file() and preload.read_bytes() == text):
         _atomic_write(preload, text, 0o644)
         changed.append(preload.name)

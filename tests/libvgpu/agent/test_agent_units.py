@@ -333,6 +333,29 @@ def test_install_is_atomic_idempotent_and_names_the_library_inside_pods(tmp_path
     assert not [p for p in (host / "lib").iterdir() if p.name.startswith(".")]
 
 
+def test_install_replaces_the_empty_directory_a_kubelet_left_where_the_preload_file_goes(tmp_path):
+    """GPU pods mount <host dir>/ld.so.preload as a subPath; a pod that lands before the agent
+    wrote it makes the kubelet create a directory there. The agent then failed every install
+    (IsADirectoryError), so no pod on that node ever got the shim preloaded."""
+    src = tmp_path / "src"
+    src.mkdir()
+    files = []
+    for name in ("libvgpu.so", "libvgpu-cuda.so", "libvgpu-nvml.so"):
+        (src / name).write_bytes(b"x")
+        files.append(str(src / name))
+    host = tmp_path / "host"
+    (host / "ld.so.preload").mkdir(parents=True)  # what the kubelet makes for a missing subPath
+    installed = install_shim(host, "/opt/egpu", sources=files)
+    assert "ld.so.preload" in installed.changed
+    assert (host / "ld.so.preload").read_text() == "/opt/egpu/libvgpu.so\n"
+    # a directory with something in it is not the kubelet's: left alone, with the reason
+    (host / "ld.so.preload").unlink()
+    (host / "ld.so.preload").mkdir()
+    (host / "ld.so.preload" / "keep").write_text("")
+    with pytest.raises(OSError, match="ld.so.preload is a directory"):
+        install_shim(host, "/opt/egpu", sources=files)
+
+
 # ---- configuration ---------------------------------------------------------------------------------
 
 
