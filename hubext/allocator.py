@@ -279,7 +279,7 @@ class GPUAllocator(SingletonConfigurable):
                 self._drop(waiter)
             waited = int(time.monotonic() - waiter.enqueued_at)
             raise PoolFull(
-                f"{waiter.reason} Waited {waited} s in the GPU queue; try again later or pick a smaller profile."
+                f"{waiter.reason} Waited {waited} s in the GPU queue; try again later."
             ) from None
         except asyncio.CancelledError:
             async with self._lock:

@@ -1,0 +1,38 @@
+"""What a request that waited out its time in the hub's allocator is told: the reason it waited
+(with that reason's own advice) and how long, not a second piece of advice about profiles."""
+
+from __future__ import annotations
+
+import pytest
+from traitlets.config import Config
+
+from hubext.allocator import GPUAllocator
+from quotas import GPURequest, Owner, PoolFull
+
+
+@pytest.fixture()
+def allocator(tmp_path):
+    c = Config()
+    c.GPUAllocator.pool_backend_class = "local"
+    c.LocalPool.simulate_gpus = "1xH100-80GB"
+    c.LocalPool.data_dir = str(tmp_path)
+    c.LocalPool.check_interval_seconds = 60
+    yield GPUAllocator(config=c)
+    GPUAllocator.clear_instance()
+
+
+async def test_a_request_that_waited_out_its_time_is_told_why_and_how_long_once(allocator):
+    held = await allocator.allocate(
+        GPURequest(owner=Owner(user="alice"), memory_mib=80 * 1024, cores_percent=50, request_id="a", kind="notebook")
+    )
+    try:
+        with pytest.raises(PoolFull) as refused:
+            await allocator.allocate(
+                GPURequest(owner=Owner(user="bob"), memory_mib=10240, cores_percent=10, request_id="b", kind="kernel"),
+                timeout=0.3,
+            )
+        message = refused.value.message
+        assert "s in the GPU queue; try again later." in message and message.endswith("try again later."), message
+        assert message.count("smaller profile") <= 1, message  # the reason's advice, not a second one
+    finally:
+        await allocator.release(held.id)
