@@ -170,8 +170,10 @@ if [ "$CHECK" = 1 ]; then
   PY=$ROOT/.venv/bin/python
   [ -x "$PY" ] || die "the checks need the test venv: run ./dev install first (or pass --no-check)"
   say "running the images (tests/helm/test_images_run.py)"
+  CHECK_TMP=$(mktemp -d /var/tmp/elastic-gpu-images-check.XXXXXX)
   ELASTIC_GPU_IMAGES="hub=$HUB_TAG agent=$AGENT_TAG kernel=$KERNEL_TAG" ELASTIC_GPU_DOCKER="$DOCKER" \
-    "$PY" -m pytest -q -p no:cacheprovider tests/helm/test_images_run.py \
-    --basetemp="$(mktemp -d /var/tmp/elastic-gpu-images-check.XXXXXX)" -rs
+    "$PY" -m pytest -q -p no:cacheprovider tests/helm/test_images_run.py --basetemp="$CHECK_TMP" -rs \
+    || die "the image checks failed (their files: $CHECK_TMP)"
+  rm -rf "$CHECK_TMP"
 fi
 say "done in $((SECONDS - t0)) s"
