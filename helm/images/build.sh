@@ -52,7 +52,13 @@ stop_engine() {
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     kill -9 "$pid" 2>/dev/null || true
   fi
-  [ -n "$RUN_DIR" ] && rm -rf "$RUN_DIR"
+  if [ -n "$RUN_DIR" ]; then
+    # dockerd leaves its default network namespace bind-mounted under its exec root
+    awk -v d="$RUN_DIR/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r | while read -r m; do
+      umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
+    done
+    rm -rf "$RUN_DIR"
+  fi
   return 0
 }
 if [ -z "${DOCKER_HOST:-}" ]; then
