@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -313,7 +314,9 @@ class GPUAllocator(SingletonConfigurable):
             if waiter is None or waiter.future.done():
                 return False
             self._drop(waiter)
-            why = f" It waited because: {waiter.reason}" if waiter.reason else ""
+            # why it waited (the reason's first sentence), not the reason's advice: the request is gone
+            cause = re.split(r"(?<=[.!?])\s+(?=[A-Z])", waiter.reason.strip(), maxsplit=1)[0] if waiter.reason else ""
+            why = f" It waited because: {cause}" if cause else ""
             waiter.future.set_exception(
                 AdmissionError(f"The GPU request was cancelled by {by} while it waited in the queue.{why}", 409)
             )

@@ -36,3 +36,30 @@ async def test_a_request_that_waited_out_its_time_is_told_why_and_how_long_once(
         assert message.count("smaller profile") <= 1, message  # the reason's advice, not a second one
     finally:
         await allocator.release(held.id)
+
+
+async def test_a_request_an_admin_cancels_is_told_why_it_waited_without_advice_to_pick_a_profile(allocator):
+    import asyncio
+
+    held = await allocator.allocate(
+        GPURequest(owner=Owner(user="alice"), memory_mib=80 * 1024, cores_percent=50, request_id="a", kind="notebook")
+    )
+    try:
+        waiting = asyncio.ensure_future(
+            allocator.allocate(
+                GPURequest(owner=Owner(user="bob"), memory_mib=10240, cores_percent=10, request_id="b", kind="kernel"),
+                timeout=60,
+            )
+        )
+        while not allocator.queue():
+            await asyncio.sleep(0.05)
+        assert await allocator.cancel("b", by="an admin (boss)")
+        with pytest.raises(Exception) as refused:
+            await waiting
+        message = refused.value.message
+        cancelled = "The GPU request was cancelled by an admin (boss) while it waited in the queue."
+        assert message.startswith(cancelled), message
+        assert "No GPU has 10 GiB of memory" in message, message  # why it waited
+        assert "smaller profile" not in message and "Wait for" not in message, message  # no advice: it is gone
+    finally:
+        await allocator.release(held.id)
