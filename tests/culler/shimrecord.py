@@ -14,8 +14,17 @@ SIZE = 4096
 
 
 def write_activity(
-    path: str, *, last_launch: float | None, used_mib: tuple[int, ...] = (0,), launches: int = 0, version: int = VERSION
+    path: str,
+    *,
+    last_launch: float | None,
+    used_mib: tuple[int, ...] = (0,),
+    launches: int = 0,
+    version: int = VERSION,
+    in_place: bool = False,
 ) -> None:
+    """Write an activity record as the shim lays it out: through a temporary file and a rename,
+    or, ``in_place``, over the existing file (what a kernel can do to the file the hub made for
+    its slice in a directory that is not the kernel's)."""
     buf = bytearray(SIZE)
     now_ns = time.time_ns()
     struct.pack_into("<8sIIQQ", buf, 0, MAGIC, version, KIND_ACTIVITY, SIZE, now_ns)
@@ -23,6 +32,10 @@ def write_activity(
     struct.pack_into("<QQQQ", buf, 32, 0xC0FFEE, last_ns, launches, now_ns)
     for dev, mib in enumerate(used_mib):
         struct.pack_into("<Q", buf, 64 + 8 * dev, mib * 1024 * 1024)
+    if in_place:
+        with open(path, "r+b") as f:
+            f.write(buf)
+        return
     tmp = f"{path}.tmp"
     with open(tmp, "wb") as f:
         f.write(buf)

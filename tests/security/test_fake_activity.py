@@ -37,7 +37,7 @@ def forge_code(last_launch: float) -> str:
         + constants
         + inspect.getsource(shimrecord.write_activity)
         + "\npath = os.path.join(os.path.dirname(os.environ['LIBVGPU_CONTAINER_REGION']), 'activity')\n"
-        + f"write_activity(path, last_launch={last_launch!r}, used_mib=(512,), launches=1)\n"
+        + f"write_activity(path, last_launch={last_launch!r}, used_mib=(512,), launches=1, in_place=True)\n"
         + "print(path)\n"
     )
 
