@@ -397,7 +397,7 @@ def test_a_swapped_out_kernel_is_listed_with_its_host_memory_and_cull_time_on_th
     assert entry["user"] == "alice" and entry["host_mib"] > 0 and entry["memory_mib"] == 10240, entry
     assert abs(entry["cull_at"] - entry["since"] - 7200) < 1, entry
     assert not [s for s in slices(hub) if s["user"] == "alice"], "a swapped-out kernel holds no slice"
-    host = f"{entry['host_mib']} MiB" if entry["host_mib"] < 1024 else f"{entry['host_mib'] / 1024:.1f} GiB"
+    host = mib(entry["host_mib"])  # the one size formatter the pages and the CLI use
     cli = subprocess.run(
         [
             str(Path(sys.executable).parent / "elastic-gpu"),
