@@ -26,6 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from hubext.metering.replay import cards_held
 from quotas import GPU, AdmissionState, GPURequest, Node, Owner, Pool, load_config
 from quotas.queue import AdmissionQueue
 
@@ -214,18 +215,7 @@ def concurrency_bound(uses: Sequence[Use], idle_timeout: float, p: float = 95.0)
         for s, e in periods(u, idle_timeout):
             changes[s] = changes.get(s, 0.0) + u.share
             changes[e] = changes.get(e, 0.0) - u.share
-    times = sorted(changes)
-    level, durations = 0.0, {}
-    for t0, t1 in itertools.pairwise(times):
-        level += changes[t0]
-        n = math.ceil(level - 1e-9)
-        durations[n] = durations.get(n, 0.0) + (t1 - t0)
-    total, covered = sum(durations.values()), 0.0
-    for n in sorted(durations):
-        covered += durations[n]
-        if covered >= total * p / 100 - 1e-9:
-            return n
-    return max(durations, default=0)
+    return cards_held(changes, p)
 
 
 def smallest_pool(uses: Sequence[Use], queue: dict, idle_timeout: float, max_wait: float = 30.0,

@@ -276,6 +276,12 @@ def _concurrency_bound(requests: Sequence[Request], percentile: float) -> int:
     for r in requests:
         changes[r.arrival] = changes.get(r.arrival, 0.0) + r.size * r.count
         changes[r.arrival + r.duration] = changes.get(r.arrival + r.duration, 0.0) - r.size * r.count
+    return cards_held(changes, percentile)
+
+
+def cards_held(changes: dict[float, float], percentile: float) -> int:
+    """Whole cards that hold a demand ``percentile`` % of the time, the demand given as its
+    changes (time -> cards added, negative where they leave; the sum of the shares, rounded up)."""
     if not changes:
         return 0
     times = sorted(changes)
@@ -290,7 +296,7 @@ def _concurrency_bound(requests: Sequence[Request], percentile: float) -> int:
         covered += durations[gpus]
         if covered >= total * percentile / 100 - 1e-9:
             return gpus
-    return max(durations)
+    return max(durations, default=0)
 
 
 @dataclass
