@@ -45,6 +45,8 @@ A_GPU_UUIDS = PREFIX + "gpu-uuids"
 A_NODE = PREFIX + "node"
 A_MEMORY_MIB = PREFIX + "memory-mib"
 A_CORES_PERCENT = PREFIX + "cores-percent"
+A_MEMORY_LIMIT_MIB = PREFIX + "memory-limit-mib"
+A_CORES_LIMIT_PERCENT = PREFIX + "cores-limit-percent"
 A_BORROWED = PREFIX + "borrowed"
 A_WHOLE = PREFIX + "whole"
 A_CREATED_AT = PREFIX + "created-at"
@@ -146,6 +148,8 @@ def allocation_annotations(allocation: Allocation) -> dict[str, str]:
         A_NODE: allocation.node,
         A_MEMORY_MIB: str(allocation.memory_mib),
         A_CORES_PERCENT: str(allocation.cores_percent),
+        A_MEMORY_LIMIT_MIB: str(allocation.memory_limit_mib),
+        A_CORES_LIMIT_PERCENT: str(allocation.cores_limit_percent),
         A_BORROWED: "true" if allocation.borrowed else "false",
         A_WHOLE: "true" if allocation.whole else "false",
         A_CREATED_AT: repr(allocation.created_at),
@@ -179,6 +183,8 @@ def allocation_from_metadata(
             borrowed=annotations.get(A_BORROWED) == "true",
             kind=annotations.get(KIND, "notebook"),
             created_at=float(annotations.get(A_CREATED_AT, "0")),
+            memory_limit_mib=int(annotations.get(A_MEMORY_LIMIT_MIB, "0")),
+            cores_limit_percent=int(annotations.get(A_CORES_LIMIT_PERCENT, "0")),
         )
     except (KeyError, ValueError):
         return None

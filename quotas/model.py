@@ -180,7 +180,13 @@ class Pool:
 @dataclass(frozen=True)
 class Allocation:
     """A granted request: where it runs, its per-GPU limits, and the node CPU and host memory
-    it holds (for the whole allocation)."""
+    it holds (for the whole allocation).
+
+    ``memory_mib`` and ``cores_percent`` are the request, what admission guarantees and counts;
+    ``memory_limit_mib`` and ``cores_limit_percent`` are how far the slice may grow into what
+    the card leaves idle (0: no further than the request). :attr:`memory_ceiling_mib` and
+    :attr:`cores_ceiling_percent` read them with that default applied.
+    """
 
     id: str
     owner: Owner
@@ -195,6 +201,24 @@ class Allocation:
     created_at: float = 0.0
     cpu_millicores: int = 0
     host_memory_mib: int = 0
+    memory_limit_mib: int = 0
+    cores_limit_percent: int = 0
+
+    @property
+    def memory_ceiling_mib(self) -> int:
+        """The most memory per GPU the slice may use: its limit, or its request when it has none."""
+        return max(self.memory_limit_mib, self.memory_mib)
+
+    @property
+    def cores_ceiling_percent(self) -> int:
+        """The most compute per GPU the slice may use: its limit, or its request when it has none."""
+        return max(self.cores_limit_percent, self.cores_percent)
+
+    @property
+    def elastic(self) -> bool:
+        """True when the slice may grow past its request in memory or compute."""
+        return (self.memory_ceiling_mib > self.memory_mib
+                or self.cores_ceiling_percent > self.cores_percent)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready form (the local ledger's, the APIs' and the CLI's) that
@@ -215,6 +239,8 @@ class Allocation:
             "created_at": self.created_at,
             "cpu_millicores": self.cpu_millicores,
             "host_memory_mib": self.host_memory_mib,
+            "memory_limit_mib": self.memory_limit_mib,
+            "cores_limit_percent": self.cores_limit_percent,
         }
 
     @classmethod
@@ -234,6 +260,8 @@ class Allocation:
             created_at=float(data.get("created_at", 0.0)),
             cpu_millicores=int(data.get("cpu_millicores", 0)),
             host_memory_mib=int(data.get("host_memory_mib", 0)),
+            memory_limit_mib=int(data.get("memory_limit_mib", 0)),
+            cores_limit_percent=int(data.get("cores_limit_percent", 0)),
         )
 
 
