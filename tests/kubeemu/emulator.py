@@ -195,8 +195,16 @@ class KubeEmulator:
         return {"KUBECONFIG": kubeconfig or self.kubeconfig_path}
 
     def service_account_token(self, namespace: str, name: str) -> str:
-        """A bearer token of the service account ``namespace/name``: requests made with it are
-        authorized by the RBAC objects stored here (rbac.py)."""
+        """A bearer token of the service account ``namespace/name`` (``kubectl create token``),
+        made first when it does not exist (``kubectl create serviceaccount``): requests made with
+        the token are authorized by the RBAC objects stored here (rbac.py), and refused with 401
+        once the account is deleted."""
+        if self.get("serviceaccounts", name, namespace) is None:
+            try:
+                self.create({"metadata": {"name": name}}, "serviceaccounts", namespace)
+            except ApiError as e:
+                if e.code != 409:  # made meanwhile
+                    raise
         return self.authorizer.issue(namespace, name)
 
     def kubeconfig_for(self, token: str, namespace: str = "default", tls: bool = False) -> str:

@@ -1,11 +1,13 @@
 """Authentication by service-account token and RBAC authorization, as the API server does them.
 
-The emulator's own kubeconfig token (``kubeemu-token``) is a cluster admin (``system:masters``)
-and so is any token the emulator did not issue (tests and clients that predate RBAC here keep
-working). A request with no token at all is ``system:anonymous`` (group
-``system:unauthenticated``), as with kube-apiserver's default ``--anonymous-auth=true``: no
-binding names it, so it may only read the public-info paths (``/version``, ``/healthz``,
-``/livez``, ``/readyz``) and gets 403 for everything else. A token from
+The emulator's own kubeconfig token (``kubeemu-token``) is a cluster admin (``system:masters``).
+A bearer token the emulator did not issue, or one of a service account deleted since, is
+refused on every path with kube-apiserver's 401 ``Unauthorized`` Status (authentication fails
+before any authorization; the request is not downgraded to anonymous). A request with no
+token at all is ``system:anonymous`` (group ``system:unauthenticated``), as with
+kube-apiserver's default ``--anonymous-auth=true``: no binding names it, so it may only read
+the public-info paths (``/version``, ``/healthz``, ``/livez``, ``/readyz``) and gets 403 for
+everything else. A token from
 :meth:`KubeEmulator.service_account_token` is the service account
 ``system:serviceaccount:<ns>:<name>`` (groups ``system:serviceaccounts``,
 ``system:serviceaccounts:<ns>``, ``system:authenticated``), and every request it makes is
@@ -74,6 +76,8 @@ SELF_REVIEWS = {("authorization.k8s.io", "selfsubjectaccessreviews"),
                 ("authorization.k8s.io", "selfsubjectrulesreviews"),
                 ("authentication.k8s.io", "selfsubjectreviews")}
 ADMIN = Identity("kubeemu-admin", ("system:masters", "system:authenticated"))
+#: the token of the emulator's own kubeconfig (emulator.py writes it)
+ADMIN_TOKEN = "kubeemu-token"
 ANONYMOUS = Identity("system:anonymous", ("system:unauthenticated",))
 #: the non-resource paths system:public-info-viewer opens to everyone, anonymous included
 PUBLIC_PATHS = ("/version", "/healthz", "/livez", "/readyz")
@@ -84,26 +88,33 @@ class Authorizer:
 
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.tokens: dict[str, Identity] = {}
+        #: issued token -> (its identity, the service account's namespace and name)
+        self.tokens: dict[str, tuple[Identity, str, str]] = {}
 
     def issue(self, namespace: str, name: str) -> str:
         token = f"kubeemu-sa-{secrets.token_hex(16)}"
-        self.tokens[token] = Identity(
+        self.tokens[token] = (Identity(
             f"system:serviceaccount:{namespace}:{name}",
             ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"),
-        )
+        ), namespace, name)
         return token
 
     def identify(self, authorization: str | None) -> Identity | None:
-        """Who makes a request: an issued token's service account, ``system:anonymous`` without
-        a token, None (a cluster admin) for any other token."""
+        """Who makes a request: None (a cluster admin) for the emulator's own token, an issued
+        token's service account while that account exists, ``system:anonymous`` without a
+        token; any other token raises the API server's 401."""
         scheme, _, token = (authorization or "").strip().partition(" ")
         if scheme.lower() != "bearer":  # the scheme is case-insensitive ("bearer" in-cluster)
             token = ""
         token = token.strip()
         if not token:
             return ANONYMOUS
-        return self.tokens.get(token)
+        if token == ADMIN_TOKEN:
+            return None
+        issued = self.tokens.get(token)
+        if issued is None or self.store.raw_object("serviceaccounts", issued[1], issued[2]) is None:
+            raise ApiError(401, "Unauthorized", "Unauthorized")
+        return issued[0]
 
     def check_path(self, authorization: str | None, path: str) -> None:
         """A non-resource request (discovery, health): anonymous callers only reach the public

@@ -230,6 +230,11 @@ class Store:
         """Stored objects of a type (no copies: callers must not mutate; hold the lock)."""
         return list(self._types[(group, plural)].objects.values())
 
+    def raw_object(self, plural: str, namespace: str, name: str, group: str = "") -> dict | None:
+        """One stored object, or None (no copy: callers must not mutate it)."""
+        with self.lock:
+            return self._types[(group, plural)].objects.get((namespace, name))
+
     # ------------------------------------------------------------------ reads
 
     def get(self, rt: ResourceType, namespace: str | None, name: str) -> dict:

@@ -64,3 +64,53 @@ def test_a_service_account_may_only_what_its_bindings_grant(kube_emulator, kube_
         assert admin.read_namespaced_config_map("other", ns).data == {"a": "1"}
     finally:
         api_client.close()
+
+
+UNAUTHORIZED = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                "message": "Unauthorized", "reason": "Unauthorized", "code": 401}
+
+
+def test_a_token_the_cluster_never_issued_is_unauthorized_not_an_admin(kube_emulator, kube_namespace):
+    """kube-apiserver answers a bearer token no authenticator accepts with 401 Unauthorized, on
+    every path (authentication runs before authorization; the token is not downgraded to
+    anonymous). The emulator made any such token a cluster admin, so a client configured with a
+    wrong or stale token (a hub's mistyped kubeconfig, a token copied from another cluster) passed
+    every test and failed on a real cluster."""
+    emu, ns = kube_emulator, kube_namespace
+    core = kubernetes.client.CoreV1Api(
+        kubernetes.config.new_client_from_config(emu.kubeconfig_for("made-up-token", ns)))
+    try:
+        with pytest.raises(ApiException) as err:
+            core.list_namespaced_pod(ns)
+        assert err.value.status == 401
+        assert json.loads(err.value.body) == UNAUTHORIZED
+        with pytest.raises(ApiException) as err:
+            core.create_namespaced_config_map(ns, {"metadata": {"name": "planted"}})
+        assert err.value.status == 401
+        assert emu.get("configmaps", "planted", ns) is None
+        with pytest.raises(ApiException) as err:  # not even the public paths
+            kubernetes.client.VersionApi(core.api_client).get_code()
+        assert err.value.status == 401
+    finally:
+        core.api_client.close()
+
+
+def test_a_token_of_a_deleted_service_account_is_unauthorized(kube_emulator, kube_namespace):
+    """A service-account token is valid while its service account exists (kube-apiserver looks
+    the account up on every request); deleting the account revokes its tokens."""
+    emu, ns = kube_emulator, kube_namespace
+    emu.create({"metadata": {"name": "gone"}}, "serviceaccounts", ns)
+    core = kubernetes.client.CoreV1Api(
+        kubernetes.config.new_client_from_config(emu.kubeconfig_for(emu.service_account_token(ns, "gone"), ns)))
+    try:
+        with pytest.raises(ApiException) as err:
+            core.list_namespaced_pod(ns)
+        assert err.value.status == 403  # known, merely not allowed
+        emu.delete("serviceaccounts", "gone", ns)
+        emu.wait_for(lambda: emu.get("serviceaccounts", "gone", ns) is None)
+        with pytest.raises(ApiException) as err:
+            core.list_namespaced_pod(ns)
+        assert err.value.status == 401
+        assert json.loads(err.value.body) == UNAUTHORIZED
+    finally:
+        core.api_client.close()
