@@ -185,7 +185,12 @@ class GPUSpawnerMixin(LoggingConfigurable):
         self.__dict__.setdefault("_gpu_events", [])
         try:
             profile = self.gpu_selected_profile()
-            section = profile_gpu_section(profile, self.user_options or {}) if profile else None
+            try:
+                section = profile_gpu_section(profile, self.user_options or {}) if profile else None
+            except ValueError as e:
+                raise GPUSpawnError(
+                    f"The server profiles are misconfigured ({e}). Ask an admin to fix them.", 500
+                ) from None
             if section is None:
                 return None
             if self.gpu_allocation is not None:  # restart within the same spawner: keep the slice

@@ -49,6 +49,7 @@ class RequestChecks:
                     f"The {what} a GPU request asks of its node must be a whole number of 0 or "
                     f"more; got {value!r}."
                 )
+        self._check_limits(request)
         if not request.whole:
             m, c = request.memory_mib, request.cores_percent
             if isinstance(m, bool) or not isinstance(m, int) or m <= 0:
@@ -95,6 +96,13 @@ class RequestChecks:
                 "only). Ask for whole GPUs instead."
             )
         m, c = request.memory_mib, request.cores_percent
+        biggest = ix.max_card_m.get(group, 0)
+        if request.memory_limit_mib > biggest:
+            raise InvalidRequest(
+                f"A slice that may grow to {msg.mib(request.memory_limit_mib)} is larger than any "
+                f"{model}GPU in the pool (the largest holds {msg.mib(biggest)}). Pick a profile with "
+                "a smaller memory limit."
+            )
         if m > ix.max_cap_m[group]:
             raise InvalidRequest(
                 f"A {msg.mib(m)} slice is larger than any {model}GPU in the pool (the largest "
@@ -113,6 +121,29 @@ class RequestChecks:
             )
         self._check_node(request, group, model)
         return pc, group, levels
+
+    @staticmethod
+    def _check_limits(request: GPURequest) -> None:
+        """An elastic slice's limits: whole numbers, at least the request, compute at most 100 %."""
+        ml, cl = request.memory_limit_mib, request.cores_limit_percent
+        for value in (ml, cl):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidRequest(f"A GPU limit must be a whole number of 0 or more; got {value!r}.")
+        if request.whole and (ml or cl):
+            raise InvalidRequest(
+                "A whole GPU is all of the card already: it has no memory or compute limit to grow to."
+            )
+        m, c = request.memory_mib, request.cores_percent
+        if ml and isinstance(m, int) and ml < m:
+            raise InvalidRequest(
+                f"A GPU memory limit ({msg.mib(ml)}) must be at least the memory asked for ({msg.mib(m)}); "
+                "leave it out for a slice that does not grow."
+            )
+        if cl and ((isinstance(c, int) and cl < c) or cl > 100):
+            raise InvalidRequest(
+                f"A GPU compute limit ({cl}%) must be at least the compute asked for ({c}%) and at most "
+                "100%; leave it out for a slice that does not grow."
+            )
 
     def _check_node(self, request: GPURequest, group: str, model: str) -> None:
         """Reject a request whose CPU or host memory no node with room for its GPUs has."""

@@ -143,3 +143,18 @@ def quota_never(level: Level, resource: str, limit: int, asked: int, kind: str) 
         f"{cap(level.label)} may hold {plural(limit, 'vGPU')} in all, so a {kind} "
         f"asking for {asked} can never fit. {todo}"
     )
+
+
+def memory_size(memory_mib: int, memory_limit_mib: int = 0) -> str:
+    """A slice's GPU memory as pages, the CLI and the API show it: '20 GiB' for a fixed slice,
+    '20 GiB guaranteed, up to 40 GiB' for an elastic one (a limit above its request)."""
+    if memory_limit_mib and memory_limit_mib > memory_mib:
+        return f"{mib(memory_mib)} guaranteed, up to {mib(memory_limit_mib)}"
+    return mib(memory_mib)
+
+
+def compute_size(cores_percent: int, cores_limit_percent: int = 0) -> str:
+    """A slice's compute: '25%' for a fixed slice, '25% guaranteed, up to 100%' for an elastic one."""
+    if cores_limit_percent and cores_limit_percent > cores_percent:
+        return f"{cores_percent}% guaranteed, up to {cores_limit_percent}%"
+    return f"{cores_percent}%"

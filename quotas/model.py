@@ -37,7 +37,11 @@ class GPURequest:
 
     ``cpu_millicores`` and ``host_memory_mib`` are what the pod or process needs of the node
     itself, for the whole request (Kubernetes' CPU and memory requests); 0 means it asks for
-    none and fits any node's CPU and memory."""
+    none and fits any node's CPU and memory.
+
+    ``memory_limit_mib`` and ``cores_limit_percent`` (per GPU; 0: the request) make the slice
+    elastic: it may grow to them while the card has room nobody's request needs. Admission,
+    quotas and placement count only the request; a limit is bounded by the card."""
 
     owner: Owner
     memory_mib: int
@@ -54,6 +58,8 @@ class GPURequest:
     #: kernel pod's resume, whose container sees no other card. Empty: anywhere that fits.
     #: A pinned request waits for its cards; it never preempts.
     pinned_uuids: tuple[str, ...] = ()
+    memory_limit_mib: int = 0
+    cores_limit_percent: int = 0
 
     @classmethod
     def split(

@@ -160,6 +160,8 @@ class CardIndex(FGDScoring, EvictableIndex):
     def _static_shape(self) -> None:
         self.max_cap_m: dict[str, int] = {}
         self.max_cap_c: dict[str, int] = {}
+        #: the most memory one card of a group has (no oversubscription): what a limit may reach
+        self.max_card_m: dict[str, int] = {}
         self.min_cap_m: dict[str, int] = {}
         self.min_cap_c: dict[str, int] = {}
         self.max_slice_cards: dict[str, int] = {}
@@ -169,6 +171,7 @@ class CardIndex(FGDScoring, EvictableIndex):
                 self.max_slice_cards[g] = max(self.max_slice_cards.get(g, 0), len(gl))
                 for gi in gl:
                     self.max_cap_m[g] = max(self.max_cap_m.get(g, 0), self.cap_m[gi])
+                    self.max_card_m[g] = max(self.max_card_m.get(g, 0), self.gpus[gi].memory_mib)
                     self.max_cap_c[g] = max(self.max_cap_c.get(g, 0), self.cap_c[gi])
                     self.min_cap_m[g] = min(self.min_cap_m.get(g, self.cap_m[gi]), self.cap_m[gi])
                     self.min_cap_c[g] = min(self.min_cap_c.get(g, self.cap_c[gi]), self.cap_c[gi])

@@ -324,11 +324,16 @@ class AdmissionState(RequestChecks, UsageReport):
     ) -> Decision:
         ix = self._index
         ni, cards = where
+        memory_limit = cores_limit = 0
         if request.whole:
             memory = min(ix.gpus[gi].memory_mib for gi in cards)
             cores = 100
         else:
             memory, cores = request.memory_mib, request.cores_percent
+            if request.memory_limit_mib > memory:  # no further than the smallest granted card
+                memory_limit = max(memory, min(request.memory_limit_mib, *(ix.gpus[gi].memory_mib for gi in cards)))
+            if request.cores_limit_percent > cores:
+                cores_limit = request.cores_limit_percent
         allocation = Allocation(
             id=request.request_id or f"alloc-{uuid.uuid4().hex[:12]}",
             owner=request.owner,
@@ -343,6 +348,8 @@ class AdmissionState(RequestChecks, UsageReport):
             created_at=now,
             cpu_millicores=request.cpu_millicores,
             host_memory_mib=request.host_memory_mib,
+            memory_limit_mib=memory_limit if memory_limit > memory else 0,
+            cores_limit_percent=cores_limit,
         )
         return Decision("grant", allocation=allocation, reason=reason)
 

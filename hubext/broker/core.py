@@ -60,14 +60,17 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
         help="""GPU kernel sizes the hub offers; each becomes a kernelspec ("Python 3 (GPU 10 GiB)")
         through `python -m kernelprovider install-kernelspecs`. Each size: {name (lowercase,
         digits, '-'), display_name, memory_mib (per GPU), cores_percent (per GPU, 1..100),
-        count (default 1), priority_class, model, whole, allowed_groups (who may use it;
-        default everyone)}.""",
+        memory_limit_mib and cores_limit_percent (optional, per GPU: how far the kernel's slice
+        may grow into what its card leaves idle; at least the request, compute at most 100;
+        quotas and admission count only the request), count (default 1), priority_class, model,
+        whole, allowed_groups (who may use it; default everyone)}.""",
     )
     allow_custom_gpu = Bool(
         False,
         config=True,
         help="""Whether a kernel request may carry its own gpu section instead of a size name
-        (quotas still apply). Such a section may set only memory_mib, cores_percent and model:
+        (quotas still apply). Such a section may set only memory_mib, cores_percent, their
+        limits (memory_limit_mib, cores_limit_percent) and model:
         a priority class, whole cards, a count or a MIG profile come only from a size the user may
         see. Default: False (sizes only).""",
     )

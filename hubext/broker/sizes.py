@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from quotas.messages import mib
+from quotas.messages import memory_size
 
 from ..gpu_spawner import GPUSpawnError
 from ..requests import validate_gpu_section
@@ -22,11 +22,13 @@ SIZE_KEYS = {
     "whole",
     "allowed_groups",
     "mig_profile",
+    "memory_limit_mib",
+    "cores_limit_percent",
 }
 SIGNATURE_SCHEMES = tuple(f"hmac-{name}" for name in ("sha256", "sha512", "sha384", "sha224", "sha1", "md5"))
 _NAME_OK = re.compile(r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$")
 #: what a user's own gpu section may set; the rest (GRANTED_KEYS) comes only from a size they may see
-CUSTOM_KEYS = frozenset({"memory_mib", "cores_percent", "model"})
+CUSTOM_KEYS = frozenset({"memory_mib", "cores_percent", "model", "memory_limit_mib", "cores_limit_percent"})
 GRANTED_KEYS = frozenset({"priority_class", "whole", "count", "mig_profile"})
 
 
@@ -107,7 +109,7 @@ def _default_display(section: Mapping[str, Any]) -> str:
     if section.get("whole"):
         n = section.get("count", 1)
         return f"{n} whole GPU{'s' if n != 1 else ''}"
-    text = f"GPU {mib(section.get('memory_mib', 0))}"
+    text = f"GPU {memory_size(section.get('memory_mib', 0), section.get('memory_limit_mib', 0))}"
     if section.get("count", 1) > 1:
         text = f"{section['count']}x {text}"
     return text

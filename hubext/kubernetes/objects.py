@@ -549,6 +549,13 @@ def apply_gpu_to_pod(
             k8s.V1VolumeMount(name="elastic-gpu-host", mount_path=f"{REGION_DIR}/node", sub_path="regions"),
             k8s.V1VolumeMount(name="elastic-gpu-region", mount_path=REGION_DIR),
         ]
+    elif allocation.elastic:
+        raise GPUSpawnError(
+            f"This profile lets its GPU slice grow past its request (memory_limit_mib, "
+            f"cores_limit_percent), which only the 'native' GPU backend enforces; with '{backend}' "
+            "it could not grow. Ask an admin to remove the limits or use the 'native' backend.",
+            500,
+        )
     elif backend == "hami":
         # HAMi's admission webhook hands only pods of the default scheduler to HAMi's scheduler;
         # a GPU pod left with z2jh's user-scheduler would stay Pending

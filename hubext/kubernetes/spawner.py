@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
+from typing import Any
 
 from kubernetes_asyncio.client import models as k8s
 from kubespawner import KubeSpawner
-from traitlets import Dict, Float, List, Unicode
+from traitlets import Dict, Float, List, TraitError, Unicode, validate
 
 from ..gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options
-from ..requests import profile_gpu_section
+from ..requests import check_profile_limits, profile_gpu_section, validate_gpu_section
 from .objects import HOST_CLAIM, PodDelivery, apply_gpu_to_pod
 from .status import unschedulable_message
 
@@ -64,6 +66,29 @@ class ElasticGPUSpawner(GPUSpawnerMixin, KubeSpawner):
     )
 
     # ---- profiles: group filtering and forged options -------------------------------------
+
+    @validate("profile_list")
+    def _validate_gpu_profiles(self, proposal: Any) -> Any:
+        """The ``gpu`` sections of a profile list given as data (KubeSpawner checks the rest at
+        spawn time): each section and choice, and the limits of every combination of choices."""
+        value = proposal.value
+        if callable(value):
+            return value
+        try:
+            for i, p in enumerate(value.values() if isinstance(value, Mapping) else value or []):
+                if not isinstance(p, Mapping):
+                    continue
+                where = f"profile '{p.get('slug') or p.get('display_name') or i}'"
+                if p.get("gpu") is not None:
+                    validate_gpu_section(p["gpu"], where)
+                for name, option in (p.get("profile_options") or {}).items():
+                    for cname, choice in ((option or {}).get("choices") or {}).items():
+                        if isinstance(choice, Mapping) and choice.get("gpu") is not None:
+                            validate_gpu_section(choice["gpu"], f"{where} option '{name}' choice '{cname}'")
+                check_profile_limits(p, where)
+        except (ValueError, AttributeError, TypeError) as e:
+            raise TraitError(f"ElasticGPUSpawner.profile_list: {e}") from None
+        return value
 
     def _get_initialized_profile_list(self, profile_list: list) -> list:
         visible = [p for p in profile_list or [] if self.gpu_profile_visible(p)]

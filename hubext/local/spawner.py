@@ -32,10 +32,10 @@ from tornado.gen import maybe_future
 from traitlets import Callable as CallableTrait
 from traitlets import HasTraits, List, TraitError, Unicode, Union, default, validate
 
-from quotas.messages import mib
+from quotas.messages import compute_size, memory_size, mib
 
 from ..gpu_spawner import GPUSpawnerMixin, GPUSpawnError, check_forged_options
-from ..requests import validate_gpu_section
+from ..requests import check_profile_limits, validate_gpu_section
 
 TEMPLATES = Path(__file__).parent.parent / "templates"
 FORM_PREFIX = "profile-option-"
@@ -107,6 +107,7 @@ def normalize_profile_list(profiles: Any) -> list[dict[str, Any]]:
                     raise ValueError(f"{where}.profile_options.{name}.choices.{cname} must be a mapping")
                 if choice.get("gpu") is not None:
                     validate_gpu_section(choice["gpu"], f"{where} option '{name}' choice '{cname}'")
+        check_profile_limits(p, where)
         for key in ("spawner_override", "kubespawner_override"):
             if p.get(key) is not None and not isinstance(p[key], Mapping):
                 raise ValueError(f"{where}.{key} must be a mapping of trait name -> value")
@@ -122,8 +123,12 @@ def gpu_summary(section: Mapping[str, Any] | None) -> str:
     model = section.get("model") or "GPU"
     if section.get("whole"):
         return f"{count} whole {model}{'s' if count != 1 else ''}"
-    memory = section.get("memory_mib", 0)
-    text = f"{mib(memory)}, {section.get('cores_percent', 0)} % compute"
+    memory, cores = section.get("memory_mib", 0), section.get("cores_percent", 0)
+    memory_limit, cores_limit = section.get("memory_limit_mib", 0), section.get("cores_limit_percent", 0)
+    if memory_limit > memory or cores_limit > cores:  # elastic: 'X guaranteed, up to Y'
+        text = f"{memory_size(memory, memory_limit)} · compute {compute_size(cores, cores_limit)}"
+    else:
+        text = f"{mib(memory)}, {cores} % compute"
     if count != 1:
         text += f" on each of {count} {model}s"
     elif section.get("model"):
@@ -146,7 +151,9 @@ class LocalGPUSpawner(GPUSpawnerMixin, LocalProcessSpawner):
         config=True,
         help="""Server profiles a user picks from, in KubeSpawner's format: display_name,
         slug, description, default, allowed_groups (who sees it), gpu (memory_mib,
-        cores_percent, count, model, priority_class, whole — per GPU), profile_options (choices
+        cores_percent, count, model, priority_class, whole — per GPU; memory_limit_mib and
+        cores_limit_percent, optional: how far the slice may grow into what its card leaves
+        idle, at least the request, compute at most 100), profile_options (choices
         may carry gpu and spawner_override) and spawner_override (traits of this spawner to set).
         A callable (spawner) -> list is called at spawn time. Empty (default): one CPU server.""",
     )
