@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import signal
 import socket
@@ -26,10 +27,33 @@ REPO = Path(__file__).resolve().parent.parent
 NODE_BIN = REPO / "node_modules" / ".bin"
 
 
+_GIVEN: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range, never the same one twice in this process.
+
+    Not a bind to port 0: that hands out ephemeral ports, the ones JupyterHub's ``random_port``,
+    `elastic-gpu init` (the hub's internal ports) and every kernel's ports also come from, so a port
+    picked here and bound seconds later could be taken meanwhile, or be one of the hub's own ports
+    (a CI run once started `elastic-gpu up --port P` with P its config's hub port)."""
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    first, last = (10000, low) if low > 12000 else (high + 1, 65536)
+    for _ in range(200):
+        port = random.randrange(first, last)
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise RuntimeError(f"no free port between {first} and {last}")
 
 
 class HubRunner:

@@ -9,7 +9,7 @@ JSON API or, when the hub is down, from the SQLite ledger it left.
 Modules: ``commands`` (the parser and the commands), ``config`` (init and the config template),
 ``accounts`` (who runs what, who may read the hub's files), ``supervise`` (``up``), ``client``
 (the hub's API, where the hub is), ``offline`` (the ledger), ``render`` (tables and bars),
-``proxy`` (finding configurable-http-proxy).
+``proxy`` (configurable-http-proxy: finding it, the ports, one left behind).
 """
 
 from __future__ import annotations
@@ -29,6 +29,6 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args) or 0
     except CLIError as e:
         print(f"elastic-gpu {args.command}: error: {e}", file=sys.stderr)
-        return 1
+        return e.status
     except KeyboardInterrupt:
         return 130

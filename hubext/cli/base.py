@@ -17,7 +17,15 @@ REPO = Path(__file__).resolve().parent.parent.parent
 
 
 class CLIError(Exception):
-    """A problem the user can fix; printed as one message, no traceback."""
+    """A problem the user can fix; printed as one message, no traceback (exit status 1)."""
+
+    status = 1
+
+
+class UsageError(CLIError):
+    """An option that cannot work as given (exit status 2, as argparse's own refusals)."""
+
+    status = 2
 
 
 def say(message: str) -> None:

@@ -12,7 +12,6 @@ import fcntl
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from .base import ADMISSION_FILE, CONFIG_FILE, DEFAULT_IP, DEFAULT_PORT, CLIErro
 from .client import http_get, hub_running, read_hub_state, read_token, write_hub_state
 from .config import config_mode
 from .offline import live_holders, stop_leftover_holders
-from .proxy import find_proxy
+from .proxy import check_ports, find_proxy, hub_lines, left_behind, stop_left_behind
 
 
 def claim_config_dir(config_dir: Path) -> IO[str]:
@@ -70,22 +69,6 @@ def _pid_file(path: Path) -> int:
     return pid if process_alive(pid) else 0
 
 
-def port_free(ip: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((ip, port))
-        except OSError:
-            return False
-    return True
-
-
-def stale_proxy(data: Path) -> int | None:
-    """The pid of a configurable-http-proxy left running by this config's previous hub, if any."""
-    pid = _pid_file(data / "jupyterhub-proxy.pid")
-    return pid if pid and "configurable-http-proxy" in " ".join(process_cmdline(pid)) else None
-
-
 def install_kernelspecs(url: str, token: str, log_path: Path) -> str:
     """Install a kernelspec per GPU kernel size the hub's broker offers; return what happened."""
     if importlib.util.find_spec("kernelprovider.__main__") is None:
@@ -116,13 +99,6 @@ def gpu_summary(url: str, data: Path) -> str:
     return text + (" (SIMULATED: no real GPU is used)" if body.get("simulated") else "")
 
 
-def tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 class Hub:
     """The JupyterHub process ``up`` started: its command, environment, and how it stops."""
 
@@ -143,10 +119,12 @@ class Hub:
         self.env["ELASTIC_GPU_CONFIG_DIR"] = str(config_dir)
         self.env["ELASTIC_GPU_PUBLIC_URL"] = self.url
         self.proc: subprocess.Popen | None = None
+        self.log_start = 0  # where this start's lines begin in the log (earlier runs' come before)
 
     def start(self) -> subprocess.Popen:
         fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         with os.fdopen(fd, "ab") as log:
+            self.log_start = log.seek(0, os.SEEK_END)
             self.proc = subprocess.Popen(
                 self.cmd,
                 cwd=self.data,
@@ -166,10 +144,7 @@ class Hub:
             if self.proc.poll() is not None:
                 if stopping["signal"]:
                     return False
-                raise CLIError(
-                    f"JupyterHub exited with status {self.proc.returncode}; the end of {self.log_path}:\n"
-                    f"{tail(self.log_path)}"
-                )
+                raise CLIError(f"JupyterHub exited with status {self.proc.returncode}; {self.own_lines()}")
             try:
                 status, _ = http_get(f"{self.url}/hub/api/", timeout=2)
                 if status == 200:
@@ -180,6 +155,12 @@ class Hub:
                 self.proc.send_signal(signal.SIGTERM)
                 raise CLIError(f"JupyterHub did not answer at {self.url} within {timeout} s; see {self.log_path}")
             time.sleep(0.3)
+
+    def own_lines(self, lines: int = 40) -> str:
+        """What JupyterHub wrote to its log since this start, without the proxy's lines."""
+        text, dropped = hub_lines(self.log_path, self.log_start, lines)
+        left_out = f", without the proxy's {dropped} line(s)" if dropped else ""
+        return f"its last lines in {self.log_path}{left_out}:\n{text}"
 
     def stop(self, timeout: float) -> None:
         assert self.proc is not None
@@ -221,11 +202,10 @@ def _up(args: argparse.Namespace, config_dir: Path, data: Path, cmd_init: Any) -
     for line in prepare_mode(config_dir, *config_mode(config_dir)):
         print(line if line.startswith((" ", "!")) else f"==> {line}", flush=True)
     harden_hub_state(data)
-    if not port_free(ip, port):
-        stale = stale_proxy(data)
-        if stale is None:
-            raise CLIError(f"port {port} on {ip} is in use (another hub?); pick another with --port")
-        say(f"the proxy of a hub that stopped abruptly (pid {stale}) holds port {port}; JupyterHub replaces it")
+    stale = left_behind(data)
+    check_ports(config_dir, ip, port, stale)
+    if stale is not None:
+        say(f"the proxy of a hub that stopped abruptly (pid {stale}) still runs; JupyterHub replaces it")
     proxy = find_proxy()
     say(f"proxy: {proxy}")
     hub = Hub(config_dir, ip, port, args, proxy)
@@ -255,10 +235,13 @@ def _up(args: argparse.Namespace, config_dir: Path, data: Path, cmd_init: Any) -
                 pass
         if stopping["signal"]:
             return 0
-        say(f"JupyterHub exited with status {proc.returncode}; the end of {hub.log_path}:\n{tail(hub.log_path, 20)}")
+        say(f"JupyterHub exited with status {proc.returncode}; {hub.own_lines(20)}")
         return proc.returncode or 1
     finally:
         hub.stop(args.stop_timeout)
+        proxy_pid = stop_left_behind(data)
+        if proxy_pid:
+            say(f"stopped the configurable-http-proxy (pid {proxy_pid}) JupyterHub left running")
         write_hub_state(data, {**state, "running": False, "stopped_at": time.time()})
         if stopping["signal"]:
             leftovers = stop_leftover_holders(data)
