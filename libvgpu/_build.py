@@ -20,7 +20,7 @@ from pathlib import Path
 SRC_DIR = Path(__file__).resolve().parent / "src"
 SOURCES = (
     "hooks.c", "dlsym.c", "config.c", "region.c", "memory.c", "alloc.c", "pools.c", "context.c",
-    "compute.c", "priority.c", "nvml.c",
+    "compute.c", "priority.c", "elastic.c", "nvml.c",
 )
 LIBRARY = "libvgpu.so"
 PROXIES = {"libvgpu-cuda.so": "libcuda.so.1", "libvgpu-nvml.so": "libnvidia-ml.so.1"}

@@ -202,13 +202,21 @@ def limits_file_text(
 
     GPU indices are container-relative: the container sees only its granted GPUs, in order.
     Region paths live here too, not only in env vars a user could change; ``name`` ties the
-    shim's regions to the allocation for the node agent and the culler.
+    shim's regions to the allocation for the node agent and the culler. An elastic allocation
+    (``memory_limit_mib`` / ``cores_limit_percent`` above its request) also gets
+    ``memory_limit_mib.N`` / ``cores_limit_percent.N``: what it may burst to (docs/libvgpu.md).
     """
     lines = [f"# elastic-gpu allocation {allocation.id}", f"name={allocation.id}"]
+    # elastic slices: the burst limits, written only above the request (absent = the request)
+    memory_limit, cores_limit = allocation.memory_limit_mib, allocation.cores_limit_percent
     for index, _uuid in enumerate(allocation.gpu_uuids):
         if not allocation.whole:
             lines.append(f"memory_mib.{index}={allocation.memory_mib}")
             lines.append(f"cores_percent.{index}={allocation.cores_percent}")
+            if memory_limit > allocation.memory_mib:
+                lines.append(f"memory_limit_mib.{index}={memory_limit}")
+            if cores_limit > allocation.cores_percent:
+                lines.append(f"cores_limit_percent.{index}={min(cores_limit, 100)}")
     lines.append(f"priority={priority_value}")
     for key, value in (
         ("container_region", container_region),

@@ -102,6 +102,7 @@ LAYOUT: dict[str, int] = {
     "entry.last_launch_ns": 32,
     "entry.held_since_ns": 40,
     "entry.attached_ns": 48,
+    "entry.reclaim": 56,
     "entry.name": 64,
     "entry.size": 128,
     "activity.container_id": 32,
@@ -172,6 +173,10 @@ class NodeContainer:
     held_since: float | None  # set while it holds launches for a higher priority
     attached_at: float
     alive: bool | None
+    # elastic slices: MiB it waits for within its request while other containers' bursts hold
+    # the card's memory (0: none), and since when (unix seconds); see libvgpu.elastic
+    reclaim_mib: int = 0
+    reclaim_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -402,6 +407,7 @@ def read_node_region(path: str | os.PathLike[str], *, include_dead: bool = False
                 continue
             cores = _u32(buf, base + L["entry.cores_percent"])
             limit = _u64(buf, base + L["entry.memory_limit"])
+            reclaim = _u64(buf, base + L["entry.reclaim"])
             containers.append(
                 NodeContainer(
                     index=i,
@@ -415,6 +421,8 @@ def read_node_region(path: str | os.PathLike[str], *, include_dead: bool = False
                     held_since=_seconds(_u64(buf, base + L["entry.held_since_ns"])),
                     attached_at=_u64(buf, base + L["entry.attached_ns"]) / 1e9,
                     alive=alive,
+                    reclaim_mib=reclaim & 0xFFFFFFFF,
+                    reclaim_since=float(reclaim >> 32) if reclaim & 0xFFFFFFFF else None,
                 )
             )
         return NodeGPU(

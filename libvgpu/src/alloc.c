@@ -18,6 +18,8 @@ VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
     CUresult rc = vgpu_mem_begin(H_cuMemAlloc_v2, bytes, &dev, &ctx);
     if (rc != CUDA_SUCCESS) return rc;
     rc = REAL(cuMemAlloc_v2)(dptr, bytes);
+    for (struct vgpu_reclaim w = {0}; vgpu_reclaim_retry(&w, dev, bytes, rc);)
+        rc = REAL(cuMemAlloc_v2)(dptr, bytes);
     return vgpu_mem_end(rc, rc == CUDA_SUCCESS ? *dptr : 0, K_PTR, dev, ctx, bytes);
 }
 
@@ -89,6 +91,8 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
     rc = vgpu_mem_reserve(dev, bytes, 0);
     if (rc != CUDA_SUCCESS) return rc;
     rc = real(handle, bytes, prop, flags);
+    for (struct vgpu_reclaim w = {0}; vgpu_reclaim_retry(&w, dev, bytes, rc);)
+        rc = real(handle, bytes, prop, flags);
     return vgpu_mem_end(rc, rc == CUDA_SUCCESS ? *handle : 0, K_VMM, dev, NULL, bytes);
 }
 
@@ -264,7 +268,9 @@ VGPU_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     vgpu_mem_true_up(dev, 1);
     uint64_t used = vgpu_container_used(dev);
     uint64_t total = limit < *total_bytes ? limit : *total_bytes;
-    uint64_t avail = used >= total ? 0 : total - used;
+    uint64_t now = vgpu_mem_allowed(dev); /* an elastic slice: what it may hold now */
+    if (now > total) now = total;
+    uint64_t avail = used >= now ? 0 : now - used;
     *total_bytes = (size_t)total;
     if (avail < *free_bytes) *free_bytes = (size_t)avail;
     return rc;

@@ -296,7 +296,7 @@ static inline void probe_done(CUresult launched) {
 }
 
 void vgpu_compute_gate(int dev, CUstream s) {
-    uint32_t pct = vgpu.cfg.cores_percent[dev];
+    uint32_t pct = vgpu_compute_share(dev); /* the request, or more while the card idles */
     struct vgpu_compute *c = &vgpu.reg->compute[dev];
     uint64_t now = vgpu_mono_ns();
     uint64_t prev_gate = atomic_load_explicit(&c->gate_ns, memory_order_relaxed);
@@ -313,6 +313,7 @@ void vgpu_compute_gate(int dev, CUstream s) {
         int64_t t = atomic_load(&c->tokens_ns);
         if (t < 0) { /* a measured launch left a debt: sleep it off first */
             uint64_t wait = (uint64_t)(-t) * 100 / pct;
+            vgpu_compute_will_launch(dev, wait);
             vgpu_sleep_ns(wait < MAX_SLEEP_NS ? wait : MAX_SLEEP_NS);
         }
         if (probe_begin(dev, s)) return;
@@ -337,6 +338,7 @@ void vgpu_compute_gate(int dev, CUstream s) {
     int64_t t = atomic_fetch_sub(&c->tokens_ns, (int64_t)cost) - (int64_t)cost;
     if (t < 0) {
         uint64_t wait = (uint64_t)(-t) * 100 / pct;
+        vgpu_compute_will_launch(dev, wait);
         vgpu_sleep_ns(wait < MAX_SLEEP_NS ? wait : MAX_SLEEP_NS);
     }
     /* counted when it is let through: it runs in the window open now, not in one closed while

@@ -194,8 +194,9 @@ void vgpu_mem_forget_context(CUcontext ctx) {
 
 /* ---- the container's counters -------------------------------------------------------- */
 
+/* The most the container may hold on dev: its burst limit (its request when not elastic). */
 uint64_t vgpu_limit(int dev) {
-    return dev >= 0 && dev < VGPU_MAX_DEV ? vgpu.cfg.memory_bytes[dev] : VGPU_UNLIMITED;
+    return dev >= 0 && dev < VGPU_MAX_DEV ? vgpu.cfg.memory_limit_bytes[dev] : VGPU_UNLIMITED;
 }
 
 /* ---- what other processes of the container use, checked against NVML ---------------------
@@ -312,13 +313,16 @@ static CUresult reserve(int dev, uint64_t bytes, int overhead, int force) {
     if (!r || dev < 0 || dev >= VGPU_MAX_DEV || !bytes) return CUDA_SUCCESS;
     if (!vgpu.me) vgpu_region_claim_slot();
     struct vgpu_slot *me = vgpu.me;
-    uint64_t limit = force ? VGPU_UNLIMITED : vgpu.cfg.memory_bytes[dev];
+    uint64_t limit = force ? VGPU_UNLIMITED : vgpu.cfg.memory_limit_bytes[dev];
     if (limit != VGPU_UNLIMITED && floor_stale(dev)) {
         if (region_gone()) return CUDA_ERROR_OUT_OF_MEMORY;
         refresh_floor(dev);
     }
     if (limit != VGPU_UNLIMITED && atomic_load_explicit(&region_lost, memory_order_relaxed))
         return CUDA_ERROR_OUT_OF_MEMORY;
+    int elastic = limit != VGPU_UNLIMITED && limit > vgpu.cfg.memory_bytes[dev];
+    if (elastic) vgpu_mem_allowed(dev); /* attaches the node region before the region lock (the
+                                         * attach takes slow_lock, which is taken before it) */
     int locked = vgpu_region_lock(r) == 0;
     uint64_t used = atomic_load(&r->used[dev]);
     if (limit != VGPU_UNLIMITED && (bytes > limit || effective(used, dev) > limit - bytes)) {
@@ -334,6 +338,12 @@ static CUresult reserve(int dev, uint64_t bytes, int overhead, int force) {
             if (locked) vgpu_region_unlock(r);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
+    }
+    /* an elastic slice past its request: only what the card has that no other slice needs */
+    if (elastic && effective(used, dev) + bytes > vgpu.cfg.memory_bytes[dev] &&
+        effective(used, dev) + bytes > vgpu_mem_allowed(dev)) {
+        if (locked) vgpu_region_unlock(r);
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (me) {
         atomic_fetch_add(&me->used[dev], bytes);

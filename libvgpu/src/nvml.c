@@ -281,9 +281,11 @@ static int slice(nvmlDevice_t d, unsigned long long real_total, unsigned long lo
     vgpu_mem_true_up(idx, 1);
     uint64_t u = vgpu_container_used(idx);
     if (u > t) u = t;
+    uint64_t now = vgpu_mem_allowed(idx); /* an elastic slice: what it may hold now */
+    if (now > t) now = t;
     *total = t;
     *used = u;
-    *free_bytes = t - u;
+    *free_bytes = now > u ? now - u : 0;
     return 1;
 }
 

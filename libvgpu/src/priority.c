@@ -37,7 +37,7 @@
 
 /* Whether entry i has a live process attached (its liveness lock is held), cached briefly:
  * a forged entry written by a process that has exited holds nobody. */
-static int entry_alive(struct vgpu_node_attach *na, int i, uint64_t now) {
+int vgpu_entry_alive(struct vgpu_node_attach *na, int i, uint64_t now) {
     static _Atomic uint64_t checked[VGPU_MAX_DEV][VGPU_NODE_ENTRIES];
     static _Atomic int alive[VGPU_MAX_DEV][VGPU_NODE_ENTRIES];
     int dev = (int)(na - vgpu.node);
@@ -163,7 +163,7 @@ static uint64_t busy_until(struct vgpu_node_attach *na, int32_t prio, uint64_t n
         if (e->priority <= prio) continue;
         uint64_t t = atomic_load_explicit(&e->last_launch_ns, memory_order_relaxed);
         if (!t || t > now + CLOCK_SLACK_NS || t + window <= now || t + window <= until) continue;
-        if (!entry_alive(na, i, now) || !confirmed(e, uuid, now)) continue;
+        if (!vgpu_entry_alive(na, i, now) || !confirmed(e, uuid, now)) continue;
         until = t + window;
     }
     return until;

@@ -547,6 +547,7 @@ static int claim_entry(struct vgpu_node_region *n, int fd, int dev) {
         atomic_store(&e->memory_used, atomic_load(&vgpu.reg->used[dev]));
         atomic_store(&e->last_launch_ns, 0);
         atomic_store(&e->held_since_ns, 0);
+        atomic_store(&e->reclaim, 0);
         e->attached_ns = vgpu_real_ns();
         memset(e->name, 0, sizeof(e->name));
         snprintf(e->name, sizeof(e->name), "%s", vgpu.cfg.name);

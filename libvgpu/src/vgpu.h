@@ -7,6 +7,7 @@
  * memory.c (the counters and the allocation table), alloc.c (allocation hooks and queries),
  * pools.c (stream-ordered pools, graph memory) and context.c (contexts, modules; the four
  * share memory.h), compute.c (launch gate, rate limiter), priority.c (node-wide priority),
+ * elastic.c (elastic slices: memory burst and reclaim, the compute share now),
  * nvml.c (NVML hooks and the shim's own NVML queries).
  *
  * The region layouts below are a contract with libvgpu/regions.py (Python reader used by the
@@ -111,6 +112,7 @@ struct vgpu_container_region {
 };
 
 /* One container on one GPU in the node region (128 bytes). container_id == 0: free.
+ * priority, cores_percent and memory_limit are the container's requests (its guarantee).
  * Liveness: every attached process holds an OFD read lock on VGPU_LOCK_BASE + index. */
 struct vgpu_node_entry {
     _Atomic uint64_t container_id;
@@ -121,7 +123,10 @@ struct vgpu_node_entry {
     _Atomic uint64_t last_launch_ns;   /* CLOCK_REALTIME ns, 1 ms resolution */
     _Atomic uint64_t held_since_ns;    /* != 0 while it holds launches for a higher priority */
     uint64_t attached_ns;
-    uint64_t pad;
+    /* elastic slices: != 0 while the container waits for memory within its request that other
+     * containers' bursts hold: MiB wanted (low 32 bits) | CLOCK_REALTIME seconds since (high 32);
+     * read by libvgpu/elastic.py (pending_reclaims) */
+    _Atomic uint64_t reclaim;
     char name[64];                     /* config 'name' (e.g. the allocation id) */
 };
 
@@ -162,9 +167,14 @@ struct vgpu_activity {
 struct vgpu_config {
     uint64_t memory_bytes[VGPU_MAX_DEV]; /* VGPU_UNLIMITED if none */
     uint32_t cores_percent[VGPU_MAX_DEV]; /* 0 = unlimited */
+    /* elastic slices: what the slice may burst to while the card has room (memory) or idle
+     * share (compute); equal to the request above when not elastic (cores: 0 with no limit) */
+    uint64_t memory_limit_bytes[VGPU_MAX_DEV];
+    uint32_t cores_limit_percent[VGPU_MAX_DEV];
     int32_t priority;
     int64_t context_bytes;      /* -1: measure, else charge this per context */
     uint32_t priority_window_ms;
+    uint32_t reclaim_wait_ms;   /* the longest an allocation within the request waits for bursts */
     char container_region[PATH_MAX];
     char node_region_dir[PATH_MAX];
     char activity_file[PATH_MAX];
@@ -312,6 +322,18 @@ uint64_t vgpu_container_used(int dev);
 void vgpu_compute_gate(int dev, CUstream s);
 void vgpu_priority_gate(int dev);
 void vgpu_priority_after_fork_child(void);
+int vgpu_entry_alive(struct vgpu_node_attach *na, int i, uint64_t now); /* cached briefly */
+
+/* elastic.c: elastic slices (request + burst limit) */
+uint64_t vgpu_mem_allowed(int dev);   /* bytes the container may hold on dev now */
+uint32_t vgpu_compute_share(int dev); /* the cores percent the limiter runs at now */
+void vgpu_compute_will_launch(int dev, uint64_t wait_ns); /* busy while sleeping off a debt */
+struct vgpu_reclaim {
+    uint64_t since_ns; /* 0: not waiting */
+};
+/* After a driver allocation of bytes on dev returned rc: 1 when the caller should call the
+ * driver again (it waited for other slices' bursts to be given back), else 0. */
+int vgpu_reclaim_retry(struct vgpu_reclaim *w, int dev, uint64_t bytes, CUresult rc);
 
 /* nvml.c */
 int vgpu_nvml_device(int dev, nvmlDevice_t *out);

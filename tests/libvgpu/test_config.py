@@ -25,6 +25,12 @@ BAD = [
     ("memory_mib=5\n\nmemory_mib=6", "line 3: key 'memory_mib' is given twice"),
     ("container_region=var/run/x", "container_region must be an absolute path"),
     ("priority.1=3", "key 'priority' takes no GPU index"),
+    ("memory_mib=512\nmemory_limit_mib.0=256",
+     "for GPU 0: memory_limit_mib (256) is below memory_mib (512): the limit is what the slice "
+     "may burst to, at least its request"),
+    ("memory_limit_mib=1024", "for GPU 0: memory_limit_mib needs a memory_mib"),
+    ("cores_percent=50\ncores_limit_percent=25", "for GPU 0: cores_limit_percent (25) is below"),
+    ("cores_limit_percent.1=101", "cores_limit_percent.1 must be an integer 1..100, got '101'"),
 ]
 
 

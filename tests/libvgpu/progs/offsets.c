@@ -55,6 +55,7 @@ int main(void) {
     P("entry.last_launch_ns", E(last_launch_ns));
     P("entry.held_since_ns", E(held_since_ns));
     P("entry.attached_ns", E(attached_ns));
+    P("entry.reclaim", E(reclaim));
     P("entry.name", E(name));
     P("entry.size", sizeof(struct vgpu_node_entry));
     P("activity.container_id", A(container_id));

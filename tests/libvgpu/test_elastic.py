@@ -1,0 +1,146 @@
+"""Elastic slices inside the card: a request the slice is guaranteed and a limit it may burst
+to while the card has room (memory) or idle share (compute), given back in time."""
+
+from __future__ import annotations
+
+from libvgpu import contract
+from quotas import Allocation, Owner
+
+MiB = 1 << 20
+OOM = 2
+
+
+def _allocation(memory_mib: int, cores: int, memory_limit: int = 0, cores_limit: int = 0) -> Allocation:
+    return Allocation(
+        id="a-1", owner=Owner(user="ann", namespace="default", workspace="default"), node="n",
+        gpu_uuids=("GPU-0",), memory_mib=memory_mib, cores_percent=cores, priority_class="normal",
+        memory_limit_mib=memory_limit, cores_limit_percent=cores_limit,
+    )
+
+
+def test_the_limits_file_of_an_elastic_allocation_names_its_burst_limits_and_the_shim_takes_it(node):
+    text = contract.limits_file_text(_allocation(512, 25, 2048, 100), 0)
+    assert "memory_limit_mib.0=2048\n" in text and "cores_limit_percent.0=100\n" in text
+    fixed = contract.limits_file_text(_allocation(512, 25, 512, 25), 0)
+    assert "limit" not in fixed.replace("limits", "")  # a limit equal to the request: not written
+    box = node.container("c", text)
+    r = box.run("init", "ctx", "alloc:256M")
+    assert r.rcs("init") == [0] and r.rcs("alloc") == [0], r.stderr
+    assert "invalid configuration" not in r.stderr
+
+
+# ---- compute: work-conserving ----------------------------------------------------------------
+
+def _elastic(node, name: str, limits: str):
+    return node.container(name, f"name={name}\n{limits}", node_regions=True)
+
+
+def test_an_elastic_slice_alone_on_the_card_runs_past_its_request_up_to_its_limit(node):
+    elastic = _elastic(node, "e", "cores_percent=25\ncores_limit_percent=80")
+    r = elastic.run("init", "ctx", "util:1:2:2000:kernel")
+    assert r.rcs("util") == [0], r.stderr
+    assert 70 <= r.num("util", "util") <= 88, r.stdout  # its limit, not its 25 % request
+    fixed = _elastic(node, "f", "cores_percent=25")
+    assert 20 <= fixed.run("init", "ctx", "util:1:2:2000:kernel").num("util", "util") <= 30
+
+
+def test_a_busy_neighbour_gets_at_least_its_request_while_an_elastic_slice_bursts(node):
+    burster = _elastic(node, "b", "cores_percent=25\ncores_limit_percent=100")
+    proc = burster.start("init", "ctx", "ready", "util:1:8:2000:kernel", wait_for="ready")
+    neighbour = _elastic(node, "n", "cores_percent=50")
+    r = neighbour.run("init", "ctx", "util:1:3:2000:kernel")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    # the neighbour's floor (50 %) from one second after it started; the burster keeps the rest
+    assert r.num("util", "util") >= 45, r.stdout
+    assert "util rc=0" in out
+
+
+def test_two_busy_elastic_slices_split_the_idle_share_in_proportion_to_their_requests(node):
+    one = _elastic(node, "one", "cores_percent=20\ncores_limit_percent=100")
+    two = _elastic(node, "two", "cores_percent=40\ncores_limit_percent=100")
+    proc = one.start("init", "ctx", "ready", "util:1.5:3:2000:kernel", wait_for="ready")
+    r = two.run("init", "ctx", "util:1.5:3:2000:kernel")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    share_one = float(out.split("util=")[1].split()[0])
+    # 20 + 40 guaranteed, the idle 40 split 1:2 -> about 33 % and 67 %
+    assert 25 <= share_one <= 42, out
+    assert 55 <= r.num("util", "util") <= 75, r.stdout
+
+
+def test_priority_wins_over_burst(node):
+    low = _elastic(node, "low", "priority=1\ncores_percent=25\ncores_limit_percent=100\n"
+                   "priority_window_ms=200")
+    high = _elastic(node, "high", "priority=100\ncores_percent=25\ncores_limit_percent=100\n"
+                    "priority_window_ms=200")
+    proc = low.start("init", "ctx", "ready", "util:1:4:2000:kernel", wait_for="ready")
+    r = high.run("init", "ctx", "util:1:2:2000:kernel")
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    # the high one bursts to the card; the low one is held while it launches (not given its floor)
+    assert r.num("util", "util") >= 80, r.stdout
+
+
+# ---- memory: burst, the view, reclaim ------------------------------------------------------------
+
+def test_an_elastic_slice_allocates_past_its_request_up_to_its_limit_and_sees_the_limit(node):
+    box = _elastic(node, "e", "memory_mib=512\nmemory_limit_mib=2048")
+    r = box.run("init", "ctx", "info", "alloc:1500M", "info", "alloc:600M", "nvml")
+    assert r.rcs("alloc") == [0, OOM], r.stderr  # past the request, not past the limit
+    first, second = r.all("info")
+    assert int(first["total"]) == 2048 * MiB and int(first["free"]) == 2048 * MiB
+    assert int(second["free"]) == (2048 - 1500) * MiB
+    assert int(r.one("nvml")["total"]) == 2048 * MiB
+
+
+def test_a_burst_takes_only_memory_no_other_slices_request_needs(node):
+    # the card has 4096 MiB; the neighbour is guaranteed 2048 of it and uses 100
+    neighbour = _elastic(node, "n", "memory_mib=2048")
+    neighbour.start("init", "ctx", "alloc:100M", "wait")
+    box = _elastic(node, "e", "memory_mib=1024\nmemory_limit_mib=4096")
+    r = box.run("init", "ctx", "info", "alloc:2100M", "alloc:2000M", "info")
+    assert r.rcs("alloc") == [OOM, 0], r.stderr
+    before, after = r.all("info")
+    assert int(before["total"]) == 4096 * MiB  # the limit is the total it sees...
+    assert int(before["free"]) == 2048 * MiB  # ...and what it may use now is free
+    assert int(after["free"]) == 48 * MiB
+
+
+def _wait_for(what, timeout: float = 30.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"not reached within {timeout} s")
+
+
+def test_an_owner_asking_within_its_request_gets_it_once_the_burst_is_given_back(node):
+    from libvgpu.elastic import pending_reclaims
+
+    burster = _elastic(node, "burster", "memory_mib=1024\nmemory_limit_mib=4096")
+    held = burster.start("init", "ctx", "alloc:3500M", "wait")
+    owner = _elastic(node, "owner", "memory_mib=2048")
+    proc = owner.start("init", "ctx", "alloc:2000M", "ready", "wait", wait_for=None)
+    reclaims = _wait_for(lambda: pending_reclaims(node.node_dir))
+    assert [(r.owner, r.burster, r.wanted_mib) for r in reclaims] == [("owner", "burster", 2000)]
+    assert reclaims[0].burst_mib == 3500 - 1024
+    held.kill()  # the hub takes the burst back (stops or swaps out the burster)
+    held.wait(timeout=10)
+    lines = iter(proc.stdout.readline, "")
+    assert next(line for line in lines if line.startswith("alloc")).strip() == "alloc rc=0"
+    assert pending_reclaims(node.node_dir) == []
+
+
+def test_an_owner_whose_burst_is_not_given_back_in_time_gets_out_of_memory_with_a_sentence(node):
+    burster = _elastic(node, "burster", "memory_mib=1024\nmemory_limit_mib=4096")
+    burster.start("init", "ctx", "alloc:3500M", "wait")
+    owner = _elastic(node, "owner", "memory_mib=2048\nreclaim_wait_ms=300")
+    r = owner.run("init", "ctx", "alloc:2000M")
+    assert r.rcs("alloc") == [OOM]
+    assert "held by other slices' bursts; waiting up to 300 ms" in r.stderr
+    assert "the bursts were not given back within 300 ms; the allocation fails" in r.stderr
