@@ -17,7 +17,7 @@ from tests.helm import tools
 
 MONITORING = tools.CHART / "examples" / "monitoring.yaml"
 AGENT_JOB = f"{tools.RELEASE}-elastic-gpu-node-agent"
-AGENT_NS = f"{tools.RELEASE}-elastic-gpu-node-agent"
+AGENT_NS = tools.AGENT_NAMESPACE
 CULLER_JOB = f"{tools.RELEASE}-elastic-gpu-culler"
 
 

@@ -255,7 +255,7 @@ def test_hub_rights_follow_the_user_namespace(rendered):
 
 def test_node_agent_may_only_patch_nodes_read_user_pods_and_create_events(default):
     # pods patch: the agent's gpu-activity annotation on the GPU pods (the culler's signal)
-    grants = _grants(default, f"{tools.RELEASE}-elastic-gpu-node-agent", f"{tools.RELEASE}-elastic-gpu-node-agent")
+    grants = _grants(default, f"{tools.RELEASE}-elastic-gpu-node-agent", tools.AGENT_NAMESPACE)
     assert grants == {
         ("cluster", "", "nodes", "get"),
         ("cluster", "", "nodes", "patch"),
@@ -280,7 +280,7 @@ def test_one_node_agent_serves_the_other_hubs_namespaces_with_the_same_rights_th
     cm = tools.one(docs, "ConfigMap", f"{tools.RELEASE}-elastic-gpu-node-agent")
     agent = yaml.safe_load(cm["data"]["config.yaml"])["NodeAgent"]
     assert (agent["pod_namespace"], agent["extra_pod_namespaces"]) == (tools.NAMESPACE, ["research"])
-    grants = _grants(docs, f"{tools.RELEASE}-elastic-gpu-node-agent", f"{tools.RELEASE}-elastic-gpu-node-agent")
+    grants = _grants(docs, f"{tools.RELEASE}-elastic-gpu-node-agent", tools.AGENT_NAMESPACE)
     own = {(res, v) for scope, _, res, v in grants if scope == tools.NAMESPACE}
     assert {(res, v) for scope, _, res, v in grants if scope == "research"} == own
     assert ("pods", "list") in own

@@ -42,6 +42,8 @@ CRD_KINDS = {
 
 RELEASE = "jhub"
 NAMESPACE = "jhub"
+#: the node agent's own namespace (cluster-scoped: named after the release and its namespace)
+AGENT_NAMESPACE = f"{RELEASE}-elastic-gpu-{NAMESPACE}-node-agent"
 
 
 class HelmMissing(RuntimeError):

@@ -18,6 +18,13 @@
 {{- end }}
 {{- end }}
 
+{{/* Names of cluster-scoped objects (and of objects in a namespace every release shares): the
+release's full name and its namespace, so the same release name in two namespaces collides on
+nothing but the PriorityClasses, which the hub's config names (tests/helm/test_two_releases_gitops.py). */}}
+{{- define "elastic-gpu.clusterName" -}}
+{{- printf "%s-%s" (include "elastic-gpu.fullname" .) .Release.Namespace | trunc 200 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "elastic-gpu.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -59,12 +66,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- .Values.userServiceAccount.name | default (printf "%s-user" (include "elastic-gpu.fullname" .)) }}
 {{- end }}
 
-{{/* The node agent's namespace: its own (Pod Security 'privileged'), not the users'. */}}
+{{/* The node agent's namespace: its own (Pod Security 'privileged'), not the users'; a Namespace
+is cluster-scoped, so its default name carries the release's namespace (at most 63 characters). */}}
 {{- define "elastic-gpu.nodeAgent.namespace" -}}
-{{- .Values.nodeAgent.namespace.name | default (printf "%s-node-agent" (include "elastic-gpu.fullname" .)) }}
+{{- .Values.nodeAgent.namespace.name | default (printf "%s-node-agent" (include "elastic-gpu.clusterName" . | trunc 52 | trimSuffix "-")) }}
 {{- end }}
 
-{{/* PriorityClasses are cluster-wide: named after the release unless a prefix is given. */}}
+{{/* PriorityClasses are cluster-wide: named after the release unless a prefix is given (the hub's
+c.ElasticGPUSpawner.gpu_priority_class_prefix must match; a second release of the same name
+shares the first one's: priorityClasses.create: false). */}}
 {{- define "elastic-gpu.priorityClassPrefix" -}}
 {{- .Values.priorityClasses.prefix | default (printf "%s-" (include "elastic-gpu.fullname" .)) }}
 {{- end }}
