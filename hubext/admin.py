@@ -25,7 +25,15 @@ from quotas import AdmissionState
 from quotas.messages import mib
 
 from .allocator import GPUAllocator
-from .pages import kernel_records, server_names, slice_row, swap_capability, swapped_kernels
+from .pages import (
+    kernel_records,
+    server_names,
+    slice_activity,
+    slice_row,
+    slice_sizes,
+    swap_capability,
+    swapped_kernels,
+)
 
 TEMPLATES = Path(__file__).parent / "templates"
 RESOURCES = ("memory_mib", "cores_percent", "gpus")
@@ -46,8 +54,13 @@ def pool_view(
     now: float | None = None,
     holders: Mapping[str, Mapping[str, str]] | None = None,
     elsewhere: Iterable[Mapping[str, Any]] = (),
+    slice_use: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The pool: every GPU with its slices (owner, size, age), use against capacity and activity.
+
+    Each slice shows its request, its limit and its memory in use (``slice_use``: allocation id ->
+    the shim's activity record, ``PoolBackend.slice_activity``; absent: not measured); the card's
+    used memory and compute count requests, as admission does.
 
     ``elsewhere``: slices other hubs hold on these cards (``PoolBackend.held_elsewhere()``);
     each card lists them under ``held_elsewhere`` and counts them as used.
@@ -101,6 +114,9 @@ def pool_view(
                         "server_name": holders.get(a["id"], {}).get("server_name", ""),
                         "kernel_id": holders.get(a["id"], {}).get("kernel_id", ""),
                         "swap_capability": holders.get(a["id"], {}).get("swap_capability"),
+                        **slice_sizes({**a, "memory_mib": memory, "cores_percent": cores,
+                                       "memory_in_use_mib": ((slice_use or {}).get(a["id"]) or {}).get(
+                                           "memory_used_mib")}),
                     }
                 )
             held_elsewhere = []
@@ -185,6 +201,7 @@ async def hub_pool_view(allocator: GPUAllocator, users: Iterable[Any] = ()) -> d
         events=events,
         holders=holders,
         elsewhere=backend.held_elsewhere(),
+        slice_use=slice_activity(allocator, (a.id for a in allocations)),
     )
     view["swapped"] = swapped_kernels()  # kernels holding host memory, no slice
     swap = swap_capability()

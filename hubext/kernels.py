@@ -76,7 +76,9 @@ class KernelRecord:
             "profile": self.size,
             "allocation": self.allocation,
             **{
-                k: self.allocation[k] for k in ("memory_mib", "cores_percent", "priority_class") if k in self.allocation
+                k: self.allocation[k]
+                for k in ("memory_mib", "cores_percent", "memory_limit_mib", "cores_limit_percent", "priority_class")
+                if k in self.allocation
             },
             "gpu_count": len(self.allocation.get("gpu_uuids", [])) or self.section.get("count", 1),
             "workspace": self.allocation.get("workspace", ""),
@@ -94,6 +96,8 @@ class KernelRecord:
             "gpu_uuids": list(allocation.gpu_uuids),
             "memory_mib": allocation.memory_mib,
             "cores_percent": allocation.cores_percent,
+            "memory_limit_mib": allocation.memory_ceiling_mib,
+            "cores_limit_percent": allocation.cores_ceiling_percent,
             "priority_class": allocation.priority_class,
             "workspace": allocation.owner.workspace,
             "namespace": allocation.owner.namespace,

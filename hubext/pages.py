@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from quotas import Allocation, Owner
-from quotas.messages import mib
+from quotas.messages import compute_size, memory_size, mib
 
 from .allocator import GPUAllocator
 
@@ -87,9 +87,43 @@ def kernel_swap_capability(record: Any) -> dict[str, Any] | None:
     return GPUBroker.instance().swap_capability(record).as_dict()
 
 
-def slice_row(allocation: Allocation, servers: Mapping[str, tuple[str, str]], kernels: Mapping[str, Any]) -> dict:
-    """One slice as pages show it: what it is for (server, kernel), its size, and for a kernel
-    whether it can be swapped out (state kept) or only stopped (state lost) when reclaimed."""
+def slice_sizes(a: Mapping[str, Any]) -> dict[str, Any]:
+    """A slice's request, limit and current use as pages, the CLI and the APIs show them, from an
+    allocation's dict (``Allocation.to_dict``) and ``memory_in_use_mib`` (None: not measured):
+    ``memory_text`` '20 GiB guaranteed, up to 40 GiB', ``cores_text`` '25% guaranteed, up to 100%'."""
+    memory, cores = a["memory_mib"], a["cores_percent"]
+    memory_limit = max(memory, a.get("memory_limit_mib") or 0)
+    cores_limit = max(cores, a.get("cores_limit_percent") or 0)
+    if a.get("whole"):
+        memory_limit, cores_limit = memory, cores
+    used = a.get("memory_in_use_mib")
+    return {
+        "memory_limit_mib": memory_limit,
+        "cores_limit_percent": cores_limit,
+        "elastic": memory_limit > memory or cores_limit > cores,
+        "memory_text": memory_size(memory, memory_limit),
+        "cores_text": compute_size(cores, cores_limit),
+        "memory_in_use_mib": used,
+        "in_use_text": "" if used is None else f"{mib(used)} in use",
+    }
+
+
+def slice_activity(allocator: GPUAllocator, ids: Iterable[str]) -> dict[str, Any]:
+    """allocation id -> the shim's activity record of each slice (memory in use; ``{}`` where the
+    pool has none: no process of it initialised CUDA, or the pool cannot say)."""
+    backend = allocator.backend
+    return backend.slice_activity(list(ids)) if backend is not None else {}
+
+
+def slice_row(
+    allocation: Allocation,
+    servers: Mapping[str, tuple[str, str]],
+    kernels: Mapping[str, Any],
+    activity: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict:
+    """One slice as pages show it: what it is for (server, kernel), its size (request, limit and
+    memory in use, :func:`slice_sizes`), and for a kernel whether it can be swapped out (state
+    kept) or only stopped (state lost) when reclaimed."""
     record = kernels.get(allocation.id)
     if record is not None:
         server_name, kernel_id = record.server_name, record.id
@@ -108,6 +142,8 @@ def slice_row(allocation: Allocation, servers: Mapping[str, tuple[str, str]], ke
         "whole": allocation.whole,
         "node": allocation.node,
         "priority_class": allocation.priority_class,
+        **slice_sizes({**allocation.to_dict(),
+                       "memory_in_use_mib": ((activity or {}).get(allocation.id) or {}).get("memory_used_mib")}),
     }
 
 
@@ -164,9 +200,10 @@ def user_gpu(user: Any) -> dict[str, Any] | None:
     servers = server_names([user])
     kernels = kernel_records()
     levels = quota_levels(state.usage(), owner)
+    activity = slice_activity(allocator, (a.id for a in mine))
     return {
         "owner": {"workspace": owner.workspace, "namespace": owner.namespace},
-        "slices": [slice_row(a, servers, kernels) for a in sorted(mine, key=lambda a: a.created_at)],
+        "slices": [slice_row(a, servers, kernels, activity) for a in sorted(mine, key=lambda a: a.created_at)],
         "waiting": [q for q in allocator.queue() if q["user"] == user.name],
         "swapped": swapped_kernels(user.name),
         "levels": levels,

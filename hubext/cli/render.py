@@ -46,6 +46,11 @@ def render_pool(view: dict[str, Any], origin: str) -> str:
                     f"  {s['user']:<14} {s['kind']:<8} {mib(s['memory_mib']):>9} {s['cores_percent']:>4} %  "
                     f"{s['workspace']}/{s['namespace']}  {s['priority_class']}{flags}  {age}  {s['allocation_id']}"
                 )
+                # an elastic slice's limit and any slice's memory in use, on a line of their own
+                if s.get("elastic") or s.get("in_use_text"):
+                    parts = [f"memory {s['memory_text']}", f"compute {s['cores_text']}"] if s.get("elastic") else []
+                    parts += [s["in_use_text"]] if s.get("in_use_text") else []
+                    out.append(f"  {'':<14} {'':<8} {'; '.join(parts)}")
     out.append("")
     swapped = view.get("swapped") or []
     if swapped:
