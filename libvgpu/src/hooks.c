@@ -282,8 +282,10 @@ static void init_state(void) {
     const char *dbg = getenv("LIBVGPU_DEBUG");
     vgpu_debug_on = dbg && *dbg && *dbg != '0';
 #ifdef VGPU_TEST_HOOKS /* never in the shipped build: a user could hold the lock with it */
-    const char *t = getenv("LIBVGPU_TEST_SLEEP_IN_LOCK_MS");
-    if (t) vgpu.test_sleep_in_lock_ms = (unsigned)atoi(t);
+    const char *t = getenv("LIBVGPU_TEST_SLEEP_IN_LOCK_MS"); /* the update under the lock */
+    const char *m = getenv("LIBVGPU_TEST_SLEEP_MID_UPDATE_MS"); /* the one without it */
+    vgpu.test_locked_path = t != NULL;
+    if (t || m) vgpu.test_sleep_in_lock_ms = (unsigned)atoi(t ? t : m);
 #endif
     if (vgpu_config_load(&vgpu.cfg, err, sizeof(err)) != 0) {
         vgpu_log("invalid configuration: %s; CUDA is disabled until it is fixed", err);

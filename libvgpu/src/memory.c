@@ -307,6 +307,61 @@ uint64_t vgpu_container_used(int dev) {
     return vgpu.cfg.memory_bytes[dev] != VGPU_UNLIMITED ? effective(used, dev) : used;
 }
 
+/* ---- updates without the lock ---------------------------------------------------------
+ * An allocation or a free changes the container's total with one compare-and-swap (the check
+ * against the limit and the reservation are that one step, so concurrent processes never take
+ * more than the limit together), then its own slot; the slot's busy count is raised around
+ * both so that a holder of the lock that recounts the total (vgpu_region_reap_locked) waits
+ * until nothing is half-done. While a recount is under way (quiesce), or without a slot, the
+ * update takes the lock instead. The robust mutex's lock and unlock cost more than the update
+ * they guard: this is most of what the shim adds to an alloc+free pair. */
+static inline int unlocked_begin(struct vgpu_container_region *r, struct vgpu_slot *me) {
+    if (!me) return 0;
+    atomic_fetch_add(&me->busy, 1);
+    if (VGPU_LIKELY(!atomic_load(&r->quiesce))) return 1;
+    atomic_fetch_sub(&me->busy, 1);
+    return 0;
+}
+
+static inline void unlocked_end(struct vgpu_slot *me) {
+    atomic_fetch_sub_explicit(&me->busy, 1, memory_order_release);
+}
+
+static inline int over(uint64_t used, int dev, uint64_t bytes, uint64_t limit) {
+    return limit != VGPU_UNLIMITED && (bytes > limit || effective(used, dev) > limit - bytes);
+}
+
+/* Adds bytes to the total unless that takes it over limit; *used: the total it last saw. */
+static inline int add_within(struct vgpu_container_region *r, int dev, uint64_t bytes,
+                             uint64_t limit, uint64_t *used) {
+    *used = atomic_load(&r->used[dev]);
+    do {
+        if (over(*used, dev, bytes, limit)) return 0;
+    } while (!atomic_compare_exchange_weak(&r->used[dev], used, *used + bytes));
+    return 1;
+}
+
+static inline void count_own(struct vgpu_slot *me, int dev, uint64_t bytes, int overhead) {
+    if (me) {
+        atomic_fetch_add(&me->used[dev], bytes);
+        if (overhead) atomic_fetch_add(&me->overhead[dev], bytes);
+    }
+    atomic_fetch_add(&own_bytes[dev], bytes);
+}
+
+#ifdef VGPU_TEST_HOOKS
+static void test_pause(const char *where) { /* test hook: die here, mid-update */
+    if (VGPU_LIKELY(!vgpu.test_sleep_in_lock_ms)) return;
+    vgpu_log("test: %s for %u ms", where, vgpu.test_sleep_in_lock_ms);
+    vgpu_sleep_ns((uint64_t)vgpu.test_sleep_in_lock_ms * 1000000ull);
+}
+#define TEST_PAUSE(where) test_pause(where)
+#define TEST_LOCKED_PATH() (vgpu.test_locked_path)
+#else
+#define TEST_PAUSE(where) ((void)0)
+#define TEST_LOCKED_PATH() 0
+#endif
+
 /* force: memory the driver already holds (a true-up): counted even past the limit. */
 static CUresult reserve(int dev, uint64_t bytes, int overhead, int force) {
     struct vgpu_container_region *r = vgpu.reg;
@@ -320,44 +375,39 @@ static CUresult reserve(int dev, uint64_t bytes, int overhead, int force) {
     }
     if (limit != VGPU_UNLIMITED && atomic_load_explicit(&region_lost, memory_order_relaxed))
         return CUDA_ERROR_OUT_OF_MEMORY;
-    int elastic = limit != VGPU_UNLIMITED && limit > vgpu.cfg.memory_bytes[dev];
-    if (elastic) vgpu_mem_allowed(dev); /* attaches the node region before the region lock (the
-                                         * attach takes slow_lock, which is taken before it) */
+    /* an elastic slice past its request: only what the card has that no other slice needs
+     * (vgpu_mem_allowed attaches the node region: before the region lock, as slow_lock is
+     * taken before it) */
+    if (limit != VGPU_UNLIMITED && limit > vgpu.cfg.memory_bytes[dev]) limit = vgpu_mem_allowed(dev);
+    uint64_t used;
+    if (!TEST_LOCKED_PATH() && unlocked_begin(r, me)) {
+        int added = add_within(r, dev, bytes, limit, &used);
+        if (added) {
+            TEST_PAUSE("between the total and the slot");
+            count_own(me, dev, bytes, overhead);
+        }
+        unlocked_end(me);
+        if (added) goto counted;
+    }
+    /* over the limit, or a recount under way: under the lock */
     int locked = vgpu_region_lock(r) == 0;
-    uint64_t used = atomic_load(&r->used[dev]);
-    if (limit != VGPU_UNLIMITED && (bytes > limit || effective(used, dev) > limit - bytes)) {
+    if (!add_within(r, dev, bytes, limit, &used)) {
         vgpu_region_reap_locked(r); /* the dead hold nothing */
         used = atomic_load(&r->used[dev]);
         if (bytes <= limit && used <= limit - bytes) { /* only the floor says no: recheck */
             if (locked) vgpu_region_unlock(r);
             refresh_floor(dev);
             locked = vgpu_region_lock(r) == 0;
-            used = atomic_load(&r->used[dev]);
         }
-        if (bytes > limit || effective(used, dev) > limit - bytes) {
+        if (!add_within(r, dev, bytes, limit, &used)) {
             if (locked) vgpu_region_unlock(r);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
     }
-    /* an elastic slice past its request: only what the card has that no other slice needs */
-    if (elastic && effective(used, dev) + bytes > vgpu.cfg.memory_bytes[dev] &&
-        effective(used, dev) + bytes > vgpu_mem_allowed(dev)) {
-        if (locked) vgpu_region_unlock(r);
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
-    if (me) {
-        atomic_fetch_add(&me->used[dev], bytes);
-        if (overhead) atomic_fetch_add(&me->overhead[dev], bytes);
-    }
-#ifdef VGPU_TEST_HOOKS
-    if (VGPU_UNLIKELY(vgpu.test_sleep_in_lock_ms)) { /* test hook: die here, mid-update */
-        vgpu_log("test: holding the accounting lock for %u ms", vgpu.test_sleep_in_lock_ms);
-        vgpu_sleep_ns((uint64_t)vgpu.test_sleep_in_lock_ms * 1000000ull);
-    }
-#endif
-    atomic_store(&r->used[dev], used + bytes);
-    atomic_fetch_add(&own_bytes[dev], bytes);
+    TEST_PAUSE("holding the accounting lock");
+    count_own(me, dev, bytes, overhead);
     if (locked) vgpu_region_unlock(r);
+counted:
     if (!overhead) atomic_fetch_add(&local_alloc[dev], bytes);
     vgpu_publish_usage(dev);
     return CUDA_SUCCESS;
@@ -418,12 +468,13 @@ void vgpu_mem_release(int dev, uint64_t bytes, int overhead) {
     struct vgpu_container_region *r = vgpu.reg;
     if (!r || dev < 0 || dev >= VGPU_MAX_DEV || !bytes) return;
     struct vgpu_slot *me = vgpu.me;
-    int locked = vgpu_region_lock(r) == 0;
-    if (me) {
+    int unlocked = unlocked_begin(r, me), locked = !unlocked && vgpu_region_lock(r) == 0;
+    if (me) { /* the slot first: a process killed in between leaves the total high, not low */
         sub_clamped(&me->used[dev], bytes);
         if (overhead) sub_clamped(&me->overhead[dev], bytes);
     }
     sub_clamped(&r->used[dev], bytes);
+    if (unlocked) unlocked_end(me);
     sub_clamped(&own_bytes[dev], bytes);
     if (locked) vgpu_region_unlock(r);
     if (!overhead) sub_clamped(&local_alloc[dev], bytes);

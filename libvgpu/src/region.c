@@ -21,6 +21,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -388,25 +389,65 @@ static int slot_alive(struct vgpu_container_region *r, int i) {
     return !(kill(pid, 0) != 0 && errno == ESRCH);
 }
 
+/* Allocations and frees update the counters without the lock (memory.c: a compare-and-swap on
+ * the total, then the slot, with the slot's busy count raised around both). A holder of the lock
+ * reaps: it raises quiesce, after which new updates take the lock instead, and waits for the
+ * busy counts of the live slots to drop; then nothing is half-done and the total is recounted
+ * exactly from the live slots (which also undoes what a process killed mid-update left in it).
+ * A live slot that stays busy (a stopped process, or a hostile one raising its count) is not
+ * waited for past QUIESCE_NS: then only the dead slots' bytes are taken off the total. */
+#define QUIESCE_NS (2ull * 1000000ull)
+
+static int quiesced(struct vgpu_container_region *r, uint32_t hwm, int mine) {
+    uint64_t deadline = 0;
+    for (unsigned spins = 0;; spins++) {
+        int busy = 0;
+        for (uint32_t i = 0; i < hwm && !busy; i++) {
+            struct vgpu_slot *s = &r->slots[i];
+            if (!atomic_load(&s->busy) || !atomic_load(&s->pid)) continue;
+            busy = (int)i == mine || slot_alive(r, (int)i);
+        }
+        if (!busy) return 1;
+        if (spins < 64) continue;
+        uint64_t now = vgpu_mono_ns();
+        if (!deadline) deadline = now + QUIESCE_NS;
+        if (now >= deadline) return 0;
+        sched_yield();
+    }
+}
+
 void vgpu_region_reap_locked(struct vgpu_container_region *r) {
-    uint64_t total[VGPU_MAX_DEV] = {0};
+    uint64_t total[VGPU_MAX_DEV] = {0}, dead[VGPU_MAX_DEV] = {0};
     int mine = atomic_load(&vgpu.slot);
     uint32_t hwm = atomic_load(&r->hwm);
     if (hwm > VGPU_MAX_PROCS) hwm = VGPU_MAX_PROCS;
+    atomic_store(&r->quiesce, 1);
+    int exact = quiesced(r, hwm, mine);
     for (uint32_t i = 0; i < hwm; i++) {
         struct vgpu_slot *s = &r->slots[i];
         if (!atomic_load(&s->pid)) continue;
         if ((int)i != mine && !slot_alive(r, (int)i)) {
             for (int d = 0; d < VGPU_MAX_DEV; d++) {
-                atomic_store(&s->used[d], 0);
+                dead[d] += atomic_exchange(&s->used[d], 0);
                 atomic_store(&s->overhead[d], 0);
             }
+            atomic_store(&s->busy, 0);
             atomic_store(&s->pid, 0);
             continue;
         }
         for (int d = 0; d < VGPU_MAX_DEV; d++) total[d] += atomic_load(&s->used[d]);
     }
-    for (int d = 0; d < VGPU_MAX_DEV; d++) atomic_store(&r->used[d], total[d]);
+    for (int d = 0; d < VGPU_MAX_DEV; d++) {
+        if (exact) {
+            atomic_store(&r->used[d], total[d]);
+            continue;
+        }
+        uint64_t old = atomic_load(&r->used[d]);
+        while (dead[d] && !atomic_compare_exchange_weak(&r->used[d], &old,
+                                                        old > dead[d] ? old - dead[d] : 0)) {
+        }
+    }
+    atomic_store(&r->quiesce, 0);
 }
 
 int vgpu_region_lock(struct vgpu_container_region *r) {
@@ -484,9 +525,9 @@ __attribute__((destructor)) static void release_slot_at_exit(void) {
     for (int d = 0; d < VGPU_MAX_DEV; d++) {
         uint64_t used = atomic_exchange(&s->used[d], 0);
         atomic_store(&s->overhead[d], 0);
-        if (locked == 0 && used) {
-            uint64_t total = atomic_load(&r->used[d]);
-            atomic_store(&r->used[d], total > used ? total - used : 0);
+        uint64_t total = atomic_load(&r->used[d]);
+        while (locked == 0 && used &&
+               !atomic_compare_exchange_weak(&r->used[d], &total, total > used ? total - used : 0)) {
         }
     }
     atomic_store(&s->pid, 0);

@@ -77,7 +77,7 @@ struct vgpu_slot {
     _Atomic int32_t pid;           /* pid in the container's pid namespace */
     _Atomic int32_t host_pid;      /* host pid if known (the node agent may fill it), else 0 */
     uint32_t flags;
-    uint32_t reserved;
+    _Atomic uint32_t busy;         /* > 0 while its threads update the counters without the lock */
     uint64_t attached_ns;          /* CLOCK_REALTIME ns */
     _Atomic uint64_t last_launch_ns; /* CLOCK_REALTIME ns of the last kernel/graph launch, 0 never */
     _Atomic uint64_t launches;     /* launches so far (approximate under thread races) */
@@ -101,7 +101,9 @@ struct vgpu_container_region {
     int32_t priority;         /* informational copy of the config */
     _Atomic uint32_t hwm;     /* slots [0, hwm) may be in use */
     _Atomic uint64_t last_launch_ns; /* container-wide, CLOCK_REALTIME ns (1 ms resolution) */
-    uint64_t pad0[7];
+    _Atomic uint32_t quiesce; /* != 0: a holder of the lock recounts used[]: updates take the lock */
+    uint32_t pad0a;
+    uint64_t pad0[6];
     vgpu_lock_t lock;                        /* offset 128 */
     _Atomic uint64_t used[VGPU_MAX_DEV];     /* offset 192: sum over live slots */
     uint64_t limit[VGPU_MAX_DEV];            /* offset 320: informational, never read as a limit */
@@ -249,7 +251,8 @@ struct vgpu_proc {
     struct vgpu_node_attach node[VGPU_MAX_DEV];
     _Atomic int host_pid;            /* this process's pid as NVML reports it; 0 = not known */
 #ifdef VGPU_TEST_HOOKS
-    unsigned test_sleep_in_lock_ms;  /* LIBVGPU_TEST_SLEEP_IN_LOCK_MS: test builds only */
+    unsigned test_sleep_in_lock_ms;  /* LIBVGPU_TEST_SLEEP_{IN_LOCK,MID_UPDATE}_MS: test builds */
+    int test_locked_path;            /* IN_LOCK: allocations take the locked path */
 #endif
     pthread_mutex_t slow_lock;       /* process-local: slot claim, node attach */
 };

@@ -3,9 +3,10 @@ holding the region lock) never keep memory or wedge the region; readers see it."
 
 from __future__ import annotations
 
+import struct
 import time
 
-from libvgpu.regions import read_activity, read_container_region
+from libvgpu.regions import LAYOUT, read_activity, read_container_region
 
 from .harness import kill
 
@@ -101,3 +102,56 @@ def test_the_card_never_holds_more_than_the_sum_of_its_slices(make_node):
     used = int(outside.run("init", "devused", shim=False).one("devused")["used"])
     assert used <= sum(slices.values()) * MiB
     assert used >= (sum(slices.values()) - 256) * MiB  # and the slices were really used
+
+
+def _raw_total(region) -> int:
+    """The container's total as the shim keeps it (offset 192), not recounted by a reader."""
+    return struct.unpack_from("<Q", region.read_bytes(), LAYOUT["container.used"])[0]
+
+
+def _until(proc, needle: str) -> list[str]:
+    lines = []
+    while True:
+        line = proc.stdout.readline()
+        assert line, f"{needle!r} not seen: {''.join(lines)}{proc.stderr.read()}"
+        lines.append(line)
+        if needle in line:
+            return lines
+
+
+def test_processes_hammering_one_limit_never_exceed_it_and_leave_exact_counts(make_node, tmp_path):
+    """Allocations and frees update the counters without the lock: four processes of four
+    threads each allocating and freeing at the limit at once must never put more on the card
+    than the limit, and must leave every count exact."""
+    box = make_node(CUDA_DOUBLE_CONTEXT_MIB=16).container("c", "memory_mib=320")
+    go = tmp_path / "go"
+    procs = [box.start("init", "ctx", f"waitfile:{go}", "hammer:4:300:40M", "wait",
+                       wait_for="ctx rc=0") for _ in range(4)]
+    go.touch()
+    results = []
+    for proc in procs:
+        (line,) = [x for x in _until(proc, "waiting") if x.startswith("hammer")]
+        results.append(dict(kv.split("=") for kv in line.split()[1:]))
+    assert [r["errors"] for r in results] == ["0"] * 4
+    assert all(int(r["ok"]) > 0 for r in results)
+    assert sum(int(r["refused"]) for r in results) > 0  # they did meet at the limit
+    assert max(int(r["peak"]) for r in results) <= 320 * MiB  # the card's own count
+    usage = read_container_region(box.region)
+    assert len(usage.processes) == 4
+    for p in usage.processes:  # every allocation was freed: only context memory is left
+        assert p.memory_bytes[0] == p.overhead_bytes[0] > 0
+    assert _raw_total(box.region) == sum(p.memory_bytes[0] for p in usage.processes)
+
+
+def test_a_process_killed_between_the_total_and_its_own_count_leaves_nothing_behind(hooks_node):
+    box = hooks_node.container("c", "memory_mib=1024")
+    stuck = box.start("init", "ctx", "alloc:700M",
+                      env={"LIBVGPU_TEST_SLEEP_MID_UPDATE_MS": "600000"}, wait_for=None,
+                      stderr_line="between the total and the slot")
+    assert _raw_total(box.region) >= 700 * MiB  # counted in the total, not yet in its slot
+    kill(stuck)
+    r = box.run("init", "ctx", "info", "alloc:1G", timeout=20)
+    assert r.returncode == 0, r.stderr
+    assert int(r.one("info")["free"]) == 1024 * MiB
+    assert r.rcs("alloc") == [0]
+    assert r.stderr == ""

@@ -27,6 +27,9 @@
  *                                          (over whole launch periods: first to last launch)
  *   timeline:SECONDS:US                    launch for SECONDS; print the gaps between launches
  *   threads:N:ROUNDS:SIZE                  N threads allocating, launching and freeing at once
+ *   hammer:N:ROUNDS:SIZE                   N threads allocating three blocks and freeing them, over
+ *                                          and over (refusals at the limit counted apart); peak:
+ *                                          the card's own count, the highest one seen
  *   bench:N                                N launches, then N alloc+free pairs: CPU ns per op
  *   capture:N:US                           a stream captured (global mode): N kernels of US into
  *                                          it, the graph instantiated and launched
@@ -356,6 +359,34 @@ static void *work(void *p) {
         if (f && D.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL)) w->failures++;
         if (a && D.cuMemFree(a)) w->failures++;
         if (b && D.cuMemFreeAsync(b, NULL)) w->failures++;
+    }
+    return NULL;
+}
+
+/* hammer: allocations and frees only, refusals at the limit expected; the card's own count
+ * (the double's, not the shim's) sampled after every allocation that succeeded. */
+struct hammer {
+    int rounds;
+    uint64_t size;
+    long ok, refused, errors;
+    unsigned long long peak;
+};
+
+static void *hammer(void *p) { /* each round: up to three blocks held at once, then freed */
+    struct hammer *h = p;
+    D.cuCtxSetCurrent(primary);
+    for (int i = 0; i < h->rounds; i++) {
+        CUdeviceptr a[3] = {0};
+        for (int k = 0; k < 3; k++) {
+            CUresult rc = D.cuMemAlloc(&a[k], h->size);
+            if (rc == CUDA_ERROR_OUT_OF_MEMORY) h->refused++;
+            else if (rc) h->errors++;
+            else h->ok++;
+        }
+        unsigned long long used = D.device_used(0);
+        if (used > h->peak) h->peak = used;
+        for (int k = 0; k < 3; k++)
+            if (a[k] && D.cuMemFree(a[k])) h->errors++;
     }
     return NULL;
 }
@@ -751,6 +782,24 @@ static int step(char *arg) {
             failures += w[i].failures;
         }
         printf("threads rc=0 failures=%d\n", failures);
+    } else if (!strcmp(cmd, "hammer")) { /* hammer:THREADS:ROUNDS:SIZE */
+        int n = atoi(a[1]);
+        pthread_t tids[64];
+        struct hammer h[64];
+        for (int i = 0; i < n && i < 64; i++) {
+            h[i] = (struct hammer){atoi(a[2]), size_arg(a[3]), 0, 0, 0, 0};
+            pthread_create(&tids[i], NULL, hammer, &h[i]);
+        }
+        long ok = 0, refused = 0, errors = 0;
+        unsigned long long peak = 0;
+        for (int i = 0; i < n && i < 64; i++) {
+            pthread_join(tids[i], NULL);
+            ok += h[i].ok;
+            refused += h[i].refused;
+            errors += h[i].errors;
+            if (h[i].peak > peak) peak = h[i].peak;
+        }
+        printf("hammer rc=0 ok=%ld refused=%ld errors=%ld peak=%llu\n", ok, refused, errors, peak);
     } else if (!strcmp(cmd, "bench")) { /* CPU ns per launch and per alloc+free pair */
         long count = atol(a[1]);
         CUfunction f = kernel(0);
