@@ -213,8 +213,13 @@ class Claim:
 
 #: Paths to the driver that must end in the shim: one row per path (the escapes that are
 #: closed add theirs). 'dlopen': ctypes/PyTorch's dlopen("libcuda.so.1") + dlsym;
-#: 'getproc': every entry point through cuGetProcAddress (the CUDA 12 runtime's way).
-BYPASSES = ("dlopen", "getproc")
+#: 'getproc': every entry point through cuGetProcAddress (the CUDA 12 runtime's way); through a
+#: library that links libcuda (tests/libvgpu/progs/sneaky.c, as triton's cuda_utils does):
+#: 'handle' dlsym on its handle, 'next' dlsym(RTLD_NEXT) from inside it, 'rawdlopen' dlsym on
+#: a handle from glibc's own dlopen; 'v1': cuMemAlloc without _v2 (32-bit, before CUDA 3.2);
+#: 'region_unlink': the container's region unlinked while the process holds half the slice (a
+#: fresh region would be a fresh limit): the process allocates no more.
+BYPASSES = ("dlopen", "getproc", "handle", "next", "rawdlopen", "v1", "region_unlink")
 
 CLAIMS: tuple[Claim, ...] = (
     Claim("slice_visible", _slice_visible),

@@ -24,6 +24,8 @@ from tests.libvgpu.harness import Build, Container, Node, Result, build_all, pid
 
 #: how each PyTorch allocator reaches the driver, as a probe step allocating one chunk
 ALLOCATOR_STEP = {"caching": "alloc", "expandable": "vmm", "mallocasync": "async"}
+#: the bypass rows that go through libsneaky.so (a library linked to libcuda): sneakyprog HOW
+SNEAKY = ("handle", "next", "rawdlopen")
 #: a context takes this much on the simulated GPU (a real one: a few hundred MiB)
 CONTEXT_MIB = 300
 MODULE_MIB = 64
@@ -145,10 +147,38 @@ class DoubleTarget:
         try:
             box = node.container("c", f"memory_mib={slice_mib}")
             half = slice_mib // 2
-            r = box.run("init", "ctx", *[f"alloc:{half}M"] * 3, mode=how)
-            return {"allocated_mib": r.rcs("alloc").count(0) * half}
+            if how in SNEAKY:  # a library linked to libcuda leads the program to the driver
+                r = box.run(how, str(half), program=self.build.bin_dir / "sneakyprog")
+                rcs = [int(rc) for rc in r.one("sneaky")["allocs"].split(",")]
+            elif how == "v1":
+                rcs = box.run("init", "ctx", *[f"alloc1:{half}M"] * 3).rcs("alloc1")
+            elif how == "region_unlink":
+                rcs = self._region_unlinked(box, half)
+            else:
+                rcs = box.run("init", "ctx", *[f"alloc:{half}M"] * 3, mode=how).rcs("alloc")
+            return {"allocated_mib": rcs.count(0) * half}
         finally:
             node.cleanup()
+
+    def _region_unlinked(self, box: Container, half: int) -> list[int]:
+        """The process holds half the slice; its region is unlinked (a fresh one would be a
+        fresh limit); then it asks for two more halves."""
+        flag = box.root / "unlinked"
+        steps = ("init", "ctx", f"alloc:{half}M", "ready", f"waitfile:{flag}", "sleep:150",
+                 f"alloc:{half}M", f"alloc:{half}M", "wait")
+        env = box.env()
+        proc = subprocess.Popen(box._command(self.build.probe, steps, False, env), env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        box.node.processes.append(proc)
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("ready"):
+                box.region.unlink()
+                flag.touch()
+            if line.startswith("waiting"):
+                return Result.parse(0, "".join(lines), "").rcs("alloc")
+        raise RuntimeError(f"the probe ended early: {''.join(lines)[-300:]} {proc.stderr.read()[-300:]}")
 
     def capture_after_idle(self, limit: int) -> Figures | None:
         node = self._node("capture")

@@ -11,7 +11,9 @@ cycles per millisecond come from ``calibrate`` (run without a limit).
     cores CYCLES_PER_MS PHASES     each phase (JSON list) after its idle time; shares
     timeline SECONDS               wait for a line, then 1 ms kernels one at a time; pauses
     capture IDLE_S                 capture a graph (global mode) after IDLE_S idle
-    bypass HOW HALF_MIB            3 x HALF_MIB through one path to the driver (claims.BYPASSES)
+    bypass HOW HALF_MIB [PATH]     3 x HALF_MIB through one path to the driver (claims.BYPASSES;
+                                   PATH: libsneaky.so for handle/next/rawdlopen, the container's
+                                   region for region_unlink)
     overhead STEPS                 a small training step and cuMemAlloc/cuMemFree: times
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import sys
 import time
 
@@ -188,14 +191,14 @@ def overhead(steps: int) -> None:
     say(step_us=best * 1e6, alloc_ns=(time.perf_counter() - t) / pairs * 1e9)
 
 
-def bypass(how: str, half_mib: int) -> None:
+def bypass(how: str, half_mib: int, path: str = "") -> None:
     """Three allocations of half the slice through one path to the driver, after PyTorch made
     its context; prints how many the driver (through the shim or not) granted."""
     torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     cuda = ctypes.CDLL("libcuda.so.1")
     alloc_t = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)
-    if how == "dlopen":
+    if how in ("dlopen", "region_unlink"):
         alloc = cuda.cuMemAlloc_v2
     elif how == "getproc":
         fn, status = ctypes.c_void_p(), ctypes.c_int()
@@ -204,10 +207,32 @@ def bypass(how: str, half_mib: int) -> None:
         if rc or not fn.value:
             raise SystemExit(f"cuGetProcAddress_v2: {rc}")
         alloc = alloc_t(fn.value)
+    elif how in ("handle", "next", "rawdlopen"):  # libsneaky.so links libcuda.so.1
+        lib = ctypes.CDLL(path)
+        if how == "handle":
+            fn = ctypes.cast(lib.cuMemAlloc_v2, ctypes.c_void_p).value
+        else:
+            getter = getattr(lib, f"sneaky_{how}")
+            getter.restype, getter.argtypes = ctypes.c_void_p, [ctypes.c_char_p]
+            fn = getter(b"cuMemAlloc_v2")
+        if not fn:
+            raise SystemExit(f"libsneaky.so {how}: no cuMemAlloc_v2")
+        alloc = alloc_t(fn)
+    elif how == "v1":  # 32-bit sizes and pointers
+        v1 = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint), ctypes.c_uint)(
+            ctypes.cast(cuda.cuMemAlloc, ctypes.c_void_p).value)
+        ptrs32 = [ctypes.c_uint() for _ in range(3)]
+        granted = sum(1 for p in ptrs32 if v1(ctypes.byref(p), ctypes.c_uint(half_mib << 20)) == 0)
+        say(allocated_mib=granted * half_mib)
+        return
     else:
         raise SystemExit(f"no bypass {how} here")
     ptrs = [ctypes.c_uint64() for _ in range(3)]
-    granted = sum(1 for p in ptrs if alloc(ctypes.byref(p), ctypes.c_size_t(half_mib << 20)) == 0)
+    granted = int(alloc(ctypes.byref(ptrs[0]), ctypes.c_size_t(half_mib << 20)) == 0)
+    if how == "region_unlink":  # a fresh region would be a fresh limit: this process stops
+        os.unlink(path)
+        time.sleep(0.15)  # the shim looks at its region at most every 100 ms
+    granted += sum(1 for p in ptrs[1:] if alloc(ctypes.byref(p), ctypes.c_size_t(half_mib << 20)) == 0)
     say(allocated_mib=granted * half_mib)
 
 
@@ -226,7 +251,7 @@ def main(argv: list[str]) -> None:
     elif cmd == "capture":
         capture(float(args[0]))
     elif cmd == "bypass":
-        bypass(args[0], int(args[1]))
+        bypass(args[0], int(args[1]), *args[2:])
     elif cmd == "overhead":
         overhead(int(args[0]))
     else:

@@ -1,13 +1,14 @@
 /*
- * sneakyprog HOW: a program linked to libsneaky.so (which links libcuda.so.1) that allocates
- * through the driver entry points libsneaky leads to (HOW: handle, getproc, next, rawdlopen;
- * see sneaky.c; vsym: dlvsym on its handle, by the versions a symbol could have), three times
- * 600 MiB, and prints "sneaky allocs=A,B,C total=T" (T: the total cuMemGetInfo reports through
+ * sneakyprog HOW [MIB]: a program linked to libsneaky.so (which links libcuda.so.1) that
+ * allocates through the driver entry points libsneaky leads to (HOW: handle, getproc, next,
+ * rawdlopen; see sneaky.c; vsym: dlvsym on its handle, by the versions a symbol could have),
+ * three times MIB (600) MiB, and prints "sneaky allocs=A,B,C total=T" (T: the total cuMemGetInfo reports through
  * the same route), or "sneaky missing=1" when the route gives no entry point.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "../../../libvgpu/src/cuda_api.h"
@@ -54,7 +55,7 @@ int main(int argc, char **argv) {
     int rc[3];
     for (int i = 0; i < 3; i++) {
         CUdeviceptr p = 0;
-        rc[i] = alloc(&p, 600ull << 20);
+        rc[i] = alloc(&p, (unsigned long long)(argc > 2 ? atoi(argv[2]) : 600) << 20);
     }
     size_t free_b = 0, total = 0;
     info(&free_b, &total);
