@@ -153,6 +153,86 @@ def test_the_hub_image_initialises_jupyterhub_with_z2jh_config_and_our_extension
     assert culler_roles, f"no role grants the broker's scopes: {hub['roles']}"
 
 
+def _z2jh_config_dirs(tmp_path: Path, extra: str = "") -> tuple[Path, Path]:
+    """z2jh's config shape (+ ``extra`` lines) and our chart's admission ConfigMap, as files."""
+    conf = shared_dir(tmp_path / "z2jh")
+    shutil.copy(tools.Z2JH_EXAMPLES / "values.yaml", conf / "values.yaml")
+    (conf / "jupyterhub_config.py").write_text(Z2JH_CONFIG + extra)
+    admission = shared_dir(tmp_path / "admission")
+    docs = tools.render([tools.CHART / "examples" / "z2jh-integration.yaml"], release="elastic-gpu")
+    for name, text in tools.one(docs, "ConfigMap", "elastic-gpu-admission")["data"].items():
+        (admission / name).write_text(text)
+    for f in [*conf.iterdir(), *admission.iterdir()]:
+        f.chmod(0o644)
+    return conf, admission
+
+
+def test_the_hub_image_starts_jupyterhub_and_serves_behind_the_proxy(tmp_path):
+    """The hub image runs ``jupyterhub`` as z2jh's hub pod does (z2jh's config shape, the
+    example's extension settings, the chart's admission config, a Kubernetes API to talk to), with
+    configurable-http-proxy in front as z2jh's proxy pod: the hub starts, registers its routes, and
+    /hub/health and the login page answer through the proxy. (Initialising only, as the test above
+    does, never starts the spawner's pool, the broker's handlers or the proxy sync.)"""
+    import urllib.error
+    import urllib.request
+
+    from tests.kubeemu import KubeEmulator
+
+    hub_port, proxy_port, api_port = free_port(), free_port(), free_port()
+    conf, admission = _z2jh_config_dirs(tmp_path, f"""
+# what z2jh's Services give the hub pod, on this machine's network
+c.JupyterHub.hub_bind_url = "http://127.0.0.1:{hub_port}"
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
+""")
+    chp = tools.REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+    emu = KubeEmulator(namespaces=["jhub"])
+    emu.start()
+    proxy = subprocess.Popen(
+        [str(chp), "--ip", "127.0.0.1", "--port", str(proxy_port), "--api-ip", "127.0.0.1",
+         "--api-port", str(api_port), "--default-target", f"http://127.0.0.1:{hub_port}",
+         "--error-target", f"http://127.0.0.1:{hub_port}/hub/error"],
+        env={**os.environ, "CONFIGPROXY_AUTH_TOKEN": "proxy-token"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    kube = shared_dir(tmp_path / "kube")
+    shutil.copy(emu.env()["KUBECONFIG"], kube / "config")
+    (kube / "config").chmod(0o644)
+    name = f"hub-{uuid.uuid4().hex[:8]}"
+    try:
+        docker("run", "-d", "--name", name, "--network", "host", "-v", f"{conf}:/etc/z2jh:ro",
+               "-v", f"{admission}:/etc/elastic-gpu:ro", "-v", f"{kube}:/etc/kube:ro",
+               "-e", "KUBECONFIG=/etc/kube/config", "-e", "POD_NAMESPACE=jhub",
+               IMAGES["hub"], "jupyterhub", "--config", "/etc/z2jh/jupyterhub_config.py")  # fmt: skip
+
+        def get(path: str) -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{proxy_port}{path}", timeout=10) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read().decode(errors="replace")
+            except OSError as e:
+                return 0, str(e)
+
+        deadline = time.monotonic() + 180
+        while True:
+            running = docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip() == "true"
+            assert running, f"the hub exited:\n{docker('logs', name).stderr[-4000:]}"
+            code, body = get("/hub/health")
+            if code == 200:
+                break
+            assert time.monotonic() < deadline, (
+                f"/hub/health answers {code} {body[:200]}:\n{docker('logs', name).stderr[-4000:]}")
+            time.sleep(0.5)
+        code, body = get("/hub/login")
+        assert code == 200 and "<form" in body, body[:500]
+        log = docker("logs", name).stderr
+        assert "Traceback" not in log, log[-4000:]
+    finally:
+        docker("rm", "-f", name, check=False)
+        proxy.terminate()
+        proxy.wait(10)
+        emu.stop()
+
+
 # ---- the kernel image: the launcher's kernel command ------------------------------------------
 
 
