@@ -73,6 +73,11 @@ NODE_GPUS_ANNOTATION = PREFIX + "gpus"
 # the chart's uninstall hook asks each node's agent to withdraw (value: the release); the agent
 # answers "done: ..." once its host files and its inventory are gone
 NODE_UNINSTALL_ANNOTATION = PREFIX + "uninstall"
+# whether the node's driver can checkpoint kernel pods (swap them out keeping their state),
+# published by the node agent: JSON {"able": bool, "why_not": str, "driver": NVML's driver version};
+# every card of the node shares its driver. The hub promises
+# a swap (state kept) only for kernels on a node that says able (see node_checkpoint)
+NODE_CHECKPOINT_ANNOTATION = PREFIX + "checkpoint"
 # a GPU pod's GPU activity, published by the node agent, read by the broker (for the culler):
 # compact JSON {"last_launch": unix s | null, "memory_used_mib": int, "updated_at": unix s}
 A_GPU_ACTIVITY = PREFIX + "gpu-activity"
@@ -107,6 +112,18 @@ def swapped_out(annotations: dict[str, str] | None) -> bool:
         and status.get("generation") == request.get("generation")
         and status.get("ok") is True
     )
+
+
+def node_checkpoint(annotations: Mapping[str, str] | None) -> tuple[bool, str] | None:
+    """A node's published checkpoint capability: (able, why not); None when its agent said nothing
+    readable (no annotation, or not the JSON above)."""
+    try:
+        data = json.loads((annotations or {}).get(NODE_CHECKPOINT_ANNOTATION) or "null")
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("able"), bool):
+        return None
+    return data["able"], "" if data["able"] else str(data.get("why_not") or "the node agent gave no reason")
 
 
 _LABEL_OK = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")

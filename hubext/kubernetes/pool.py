@@ -31,6 +31,7 @@ from .claims import Claim, ClaimsLedger, valid_hub_id, without
 from .launcher import KubernetesKernelLauncher
 from .quantities import cpu_and_memory
 from .rest import call_json
+from .swap import NodeCheckpoints
 
 
 def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
@@ -170,6 +171,9 @@ class KubernetesPool(PoolBackend):
         self._claims_adopted = False
         #: GPU nodes where the device plugin advertises cards (said once per node)
         self._device_plugin_nodes: set[str] = set()
+        #: each GPU node's checkpoint capability, as its agent published it (the launcher asks it)
+        self.checkpoints = NodeCheckpoints()
+        self._node_watch: asyncio.Task | None = None
 
     @property
     def api(self):
@@ -201,10 +205,12 @@ class KubernetesPool(PoolBackend):
         self.reflector = ManagedPodReflector(parent=self, namespace=self.namespace)
         await self.reflector.start()
         self._task = asyncio.ensure_future(self._reconcile_forever())
+        self._node_watch = asyncio.ensure_future(self.checkpoints.watch(self.api, self.node_label_selector, self.log))
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
+        for task in (self._task, self._node_watch):
+            if task:
+                task.cancel()
         if self.reflector:
             await self.reflector.stop()
         if self.claims is not None and self._claims_adopted:
@@ -218,6 +224,7 @@ class KubernetesPool(PoolBackend):
         )
         for node in result.items:
             name = node.metadata.name
+            self.checkpoints.update(node)
             raw = (node.metadata.annotations or {}).get(C.NODE_GPUS_ANNOTATION)
             if not raw or name in known:
                 continue

@@ -11,6 +11,11 @@ replaces it by a resume (a later generation), so an agent that acts late undoes 
 the kernel keeps its slice. A resume takes the new allocation's labels and annotations in the
 same patch, so the pod never names a slice it does not hold. The pod can only use the cards its
 container was given: a resume must land on them (``restorable_on``).
+
+Whether a node's driver can checkpoint at all is its agent's answer, published on the Node
+(``elastic-gpu.jupyter.org/checkpoint``; :class:`NodeCheckpoints` keeps the pool's view of it):
+a kernel on a node that cannot, or has not said, is promised no swap (the culler's warning and
+the pages say it will be stopped), and its suspend is refused without asking the agent.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import time
 from typing import Any
 
 from jupyterhub.utils import exponential_backoff
+from kubernetes_asyncio import watch
 from kubernetes_asyncio.client.rest import ApiException
 from traitlets import Bool, Float
 from traitlets.config import LoggingConfigurable
@@ -36,6 +42,56 @@ from .objects import RESUME_EXT
 #: a pod's container sees only the cards it started with (NVIDIA_VISIBLE_DEVICES is fixed at its start)
 POD_MOVE = Capability(False, "a kernel pod sees only the card(s) its container started with")
 POD_BURST = Capability(False, "kernel pods' slices do not burst")
+
+
+class NodeCheckpoints:
+    """Each GPU node's checkpoint capability as its agent published it, kept current by a watch
+    of the Nodes (:meth:`watch`, started by the pool) and by each inventory read."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, tuple[bool, str] | None] = {}
+
+    def update(self, node: Any) -> None:
+        """Take ``node``'s answer (a ``V1Node``)."""
+        self.nodes[node.metadata.name] = C.node_checkpoint(node.metadata.annotations)
+
+    def capability(self, node: str) -> Capability:
+        """Whether kernel pods on ``node`` can be swapped out, and why not."""
+        said = self.nodes.get(node)
+        if said is None:
+            return Capability(
+                False,
+                f"the node agent on {node or 'its node'} has not said whether its driver can checkpoint "
+                f"(no {C.NODE_CHECKPOINT_ANNOTATION} annotation on the Node)",
+            )
+        able, why_not = said
+        return Capability(True) if able else Capability(False, f"on node {node}, {why_not}")
+
+    def any_able(self) -> Capability:
+        """Whether some GPU node can swap kernel pods out; else the reasons, node by node."""
+        answers = {node: self.capability(node) for node in sorted(self.nodes)}
+        if any(answers.values()):
+            return Capability(True)
+        if not answers:
+            return Capability(False, f"no node agent has published {C.NODE_CHECKPOINT_ANNOTATION} yet")
+        return Capability(False, "; ".join(c.why_not for c in answers.values()))
+
+    async def watch(self, api: Any, label_selector: str, log: Any) -> None:
+        """Follow the GPU nodes' annotations for ever (a broken watch is started again)."""
+        while True:
+            try:
+                stream = watch.Watch().stream(api.list_node, label_selector=label_selector, timeout_seconds=300)
+                async for event in stream:
+                    node = event["object"]
+                    if event["type"] == "DELETED":
+                        self.nodes.pop(node.metadata.name, None)
+                    elif event["type"] in ("ADDED", "MODIFIED"):
+                        self.update(node)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.warning("Watch of the GPU nodes' checkpoint capability broke (%s); watching again in 5 s", e)
+                await asyncio.sleep(5)
 
 
 class PodSwapMixin(LoggingConfigurable):
@@ -102,18 +158,26 @@ class PodSwapMixin(LoggingConfigurable):
                 0,
             ) from None
 
+    def node_checkpoints(self) -> NodeCheckpoints:
+        """The pool's view of its nodes' checkpoint capability (an empty one without a pool)."""
+        found = getattr(self.pool, "checkpoints", None)
+        return found if isinstance(found, NodeCheckpoints) else NodeCheckpoints()
+
     def capabilities(self) -> Capabilities:
-        """Pods swap through their node's agent when ``swap_kernels`` is on; a pod comes back only
-        to its own card(s)."""
+        """Pods swap through their node's agent when ``swap_kernels`` is on and some node's driver
+        can checkpoint (its agent says so); a pod comes back only to its own card(s)."""
         if not self.swap_kernels:
             checkpoint = Capability(False, "swapping kernel pods is off (KubernetesKernelLauncher.swap_kernels)")
         else:
-            checkpoint = Capability(True)
+            checkpoint = self.node_checkpoints().any_able()
         return Capabilities(checkpoint=checkpoint, move=POD_MOVE, burst=POD_BURST)
 
     def checkpoint_capability(self, record: KernelRecord) -> Capability:
-        """The mode's answer, then the pod's: it must have started with the resume hook."""
+        """The mode's answer, then the kernel's node (its agent's answer), then the pod: it must
+        have started with the resume hook."""
         capability = self.capabilities().checkpoint
+        if capability:
+            capability = self.node_checkpoints().capability(str(record.allocation.get("node") or ""))
         if capability and not record.resume_url:
             return Capability(
                 False,

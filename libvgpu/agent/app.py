@@ -219,6 +219,8 @@ class NodeAgent(Application):
     k8s_api_request_timeout = Float(10.0, min=0.1, config=True, help="Seconds to wait for one Kubernetes API call.")
 
     classes = [Backstop]
+    #: the node's checkpoint capability (JSON) as probed at start (None until then)
+    _checkpoint_text: str | None = None
 
     @default("log_level")
     def _default_log_level(self) -> int:
@@ -302,6 +304,9 @@ class NodeAgent(Application):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        self.checkpoint = CudaCheckpoint(self.cuda_library) if self.swap_interval_seconds > 0 else None
+        self._checkpoint_text = json.dumps(await asyncio.to_thread(swap.probe, self.checkpoint, driver))
+        self.log.info("Checkpoints (swapping kernel pods out): %s", swap.probe_line(self._checkpoint_text))
         await self._publish()
         await self._refresh()
         tasks = [
@@ -309,8 +314,7 @@ class NodeAgent(Application):
             asyncio.ensure_future(self._every(self.refresh_interval_seconds, self._refresh, "metrics refresh")),
             asyncio.ensure_future(self._every(self.backstop.interval_seconds, self._check, "backstop")),
         ]
-        if self.swap_interval_seconds > 0:
-            self.checkpoint = CudaCheckpoint(self.cuda_library)
+        if self.checkpoint is not None:
             self._swap_wake = asyncio.Event()
             tasks.append(asyncio.ensure_future(self._swap_loop()))
             namespaces = dict.fromkeys([self.pod_namespace, *self.extra_pod_namespaces]) if self.pod_namespace else [""]
@@ -377,6 +381,7 @@ class NodeAgent(Application):
         return objs
 
     async def _publish(self) -> None:
+        await self._publish_checkpoint()
         if not self.publish_inventory:
             return
         try:
@@ -401,6 +406,17 @@ class NodeAgent(Application):
         changed = "republished" if self._published is not None else "published"
         self._published = text
         self.log.info("GPU inventory %s on node %s: %d GPU(s)", changed, self.node_name, len(objs))
+
+    async def _publish_checkpoint(self) -> None:
+        """The node's checkpoint capability (probed at start) on the Node, so the hub promises a
+        swap only where it can be done; repaired when someone else changed it."""
+        if self._checkpoint_text is None:
+            return  # not probed yet
+        try:
+            if await self.kube.publish_checkpoint(self._checkpoint_text):
+                self.log.info("Checkpoint capability published on node %s", self.node_name)
+        except KubeError as e:
+            self.log.warning("Checkpoint capability not published yet: %s (retrying)", e)
 
     async def _rediscover(self) -> None:
         gpus = self.nvml.discover()

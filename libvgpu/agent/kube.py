@@ -109,12 +109,30 @@ class Kube:
         }
         await self._call(f"patch node {self.node_name}", self.core.patch_node(self.node_name, body))
 
+    async def publish_checkpoint(self, text: str) -> bool:
+        """Annotate the node with its checkpoint capability (JSON) unless it says so already or
+        the chart is being uninstalled; whether it was patched."""
+        node = await self._call(f"get node {self.node_name}", self.core.read_node(self.node_name))
+        annotations = node.metadata.annotations or {}
+        self.uninstall_requested = annotations.get(L.NODE_UNINSTALL_ANNOTATION, "")
+        if annotations.get(L.NODE_CHECKPOINT_ANNOTATION) == text or (
+            self.uninstall_requested and not self.uninstall_requested.startswith("done")
+        ):
+            return False  # said already, or being uninstalled (withdraw removes it)
+        body = {"metadata": {"annotations": {L.NODE_CHECKPOINT_ANNOTATION: text}}}
+        await self._call(f"patch node {self.node_name}", self.core.patch_node(self.node_name, body))
+        return True
+
     async def withdraw_inventory(self, answer: str) -> None:
-        """Remove the label and the inventory; answer the uninstall hook ("done: ...")."""
+        """Remove the label, the inventory and the checkpoint capability; answer the uninstall hook ("done: ...")."""
         body = {
             "metadata": {
                 "labels": {L.NODE_GPU_LABEL: None},
-                "annotations": {L.NODE_GPUS_ANNOTATION: None, L.NODE_UNINSTALL_ANNOTATION: answer},
+                "annotations": {
+                    L.NODE_GPUS_ANNOTATION: None,
+                    L.NODE_CHECKPOINT_ANNOTATION: None,
+                    L.NODE_UNINSTALL_ANNOTATION: answer,
+                },
             }
         }
         await self._call(f"patch node {self.node_name}", self.core.patch_node(self.node_name, body))

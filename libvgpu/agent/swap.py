@@ -51,6 +51,29 @@ class SwapRequest:
     host_memory_percent: float | None = None
 
 
+def probe(cp: CudaCheckpoint | None, driver: str = "") -> dict[str, Any]:
+    """What the node publishes in ``elastic-gpu.jupyter.org/checkpoint``: whether its driver can
+    checkpoint (``cp``: None when the agent's swap is off), and why not (blocking: the driver's
+    first cuInit; run it in a thread)."""
+    out: dict[str, Any] = {"able": False, "driver": driver}
+    if cp is None:
+        out["why_not"] = "the node agent's swap is off on this node (NodeAgent.swap_interval_seconds is 0)"
+        return out
+    try:
+        cp.check()
+    except CheckpointUnavailable as e:
+        out["why_not"] = e.message
+    else:
+        out["able"] = True
+    return out
+
+
+def probe_line(text: str) -> str:
+    """The probe's answer (JSON) as the agent's log says it."""
+    data = json.loads(text)
+    return "possible" if data["able"] else f"not possible: {data['why_not']}"
+
+
 def parse_request(text: str) -> SwapRequest | str:
     """The hub's request, or a sentence saying what is wrong with it."""
     try:

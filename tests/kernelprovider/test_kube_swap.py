@@ -26,7 +26,10 @@ from pathlib import Path
 
 import pytest
 
+from culler.app import GPUCuller
+from culler.model import GPUKernel
 from libvgpu import contract as L
+from tests.culler.stack import page_text
 from tests.kernelprovider.helpers import ADMISSION, CUDA_CELL, NAMESPACE, NODE, SIZES, Server, kube_stack, start_server
 from tests.libvgpu.harness import CFLAGS, cc
 
@@ -102,23 +105,44 @@ def stack(tmp_path_factory):
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "KUBERNETES_"))}
         env.update(double, **st["emulator"].env(), PYTHONPATH=str(REPO))
-        log = work / "agent.log"
-        agent = subprocess.Popen(
+        agent = NodeAgentProcess(
             [sys.executable, "-m", "libvgpu.agent", "--node-name", NODE, "--metrics-port", str(free_port()),
              "--config", str(work / "agent.yaml"), "--host-lib-dir", str(host)],
-            env=env, cwd=REPO, stdout=log.open("w"), stderr=subprocess.STDOUT,
+            env, work / "agent.log", st["hub"],
         )  # fmt: skip
         try:
-            st["hub"].wait_for(lambda: agent.poll() is not None or "GPU(s)" in log.read_text(), 30, 0.1, "the agent")
-            assert agent.poll() is None, log.read_text()
-            yield st, proc_root, log, host
+            agent.start()
+            yield st, proc_root, agent.log, host, agent
         finally:
-            agent.send_signal(signal.SIGTERM)
-            try:
-                agent.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait()
+            agent.stop()
+
+
+class NodeAgentProcess:
+    """The node agent as the DaemonSet runs it (``python -m libvgpu.agent``); started again with
+    another environment as a node whose driver differs (a restarted agent probes it again)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, hub) -> None:
+        self.argv, self.env, self.log, self.hub = argv, env, log, hub
+        self.process: subprocess.Popen | None = None
+
+    def start(self, **more_env: str) -> None:
+        self.process = subprocess.Popen(
+            self.argv, env={**self.env, **more_env}, cwd=REPO, stdout=self.log.open("w"), stderr=subprocess.STDOUT
+        )
+        agent = self.process
+        self.hub.wait_for(lambda: agent.poll() is not None or "GPU(s)" in self.log.read_text(), 30, 0.1, "the agent")
+        assert agent.poll() is None, self.log.read_text()
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
 
 
 def pod_cgroups(emu, proc_root: Path, pod: str) -> None:
@@ -139,7 +163,7 @@ def slices(hub) -> list[str]:
 
 
 def test_a_swapped_out_kernel_pod_resumes_on_its_next_cell_after_a_hub_restart_waiting_in_the_queue(stack):
-    st, proc_root, log, host = stack
+    st, proc_root, log, host, _ = stack
     hub, emu, alice = st["hub"], st["emulator"], st["alice"]
     status, session = alice.start_session(SPEC)
     assert status == 201, session
@@ -215,3 +239,51 @@ def test_a_swapped_out_kernel_pod_resumes_on_its_next_cell_after_a_hub_restart_w
             if s is not None:
                 status, body = server.api("DELETE", f"/sessions/{s['id']}")
                 assert status == 204, body
+
+
+def test_a_kernel_pod_on_a_node_whose_driver_cannot_checkpoint_is_promised_no_swap(stack):
+    # the node agent probes its driver's checkpoint API and publishes the answer on the Node; the
+    # hub promises a swap (state kept) only on a node that says it can, and says why not elsewhere
+    st, _, log, _, agent = stack
+    hub, emu, alice = st["hub"], st["emulator"], st["alice"]
+    culler = GPUCuller(swap_idle_kernels=True)  # what the culler warns and does at the timeout
+
+    def published() -> dict:
+        return json.loads(emu.get("nodes", NODE)["metadata"]["annotations"].get(L.NODE_CHECKPOINT_ANNOTATION, "{}"))
+
+    status, session = alice.start_session(SPEC)
+    assert status == 201, session
+    try:
+        status, body = hub.api("GET", "/gpu/kernels?user=alice")
+        [record] = body["kernels"]
+        assert published()["able"] is True, (published(), log.read_text())
+        assert record["swap_capability"] == {"able": True}, record
+        assert culler.will_swap(GPUKernel.from_record(record))
+        home = page_text(hub, "alice", "/hub/home")
+        assert "it can be swapped out to host memory (its variables kept)" in home, home
+
+        # the same node with a driver that answers CUDA_ERROR_NOT_SUPPORTED (the agent restarts, probes again)
+        agent.stop()
+        agent.start(CUDA_DOUBLE_CHECKPOINT="unsupported")
+        hub.wait_for(lambda: published().get("able") is False, 30, 0.2, "the node to say it cannot checkpoint")
+        assert "CUDA_ERROR_NOT_SUPPORTED" in published()["why_not"], published()
+
+        def cannot() -> dict | None:
+            status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
+            return model if model["swap_capability"]["able"] is False else None
+
+        model = hub.wait_for(cannot, 30, 0.2, "the hub to read the node's answer")
+        why = model["swap_capability"]["why_not"]
+        assert f"on node {NODE}" in why and "CUDA_ERROR_NOT_SUPPORTED" in why, model
+        assert not culler.will_swap(GPUKernel.from_record(model))  # the warning says it will be shut down
+        home = page_text(hub, "alice", "/hub/home")
+        assert "it is shut down and its variables are lost (it cannot be swapped out: on node" in home, home
+        assert "variables kept" not in home, home
+        status, refused = hub.api("POST", f"/gpu/kernels/{record['id']}/suspend?reason=idle", timeout=90)
+        assert status == 409 and "CUDA_ERROR_NOT_SUPPORTED" in json.dumps(refused), (status, refused)
+        assert emu.get("pods", record["holder"], NAMESPACE)["metadata"]["annotations"].get(L.A_SWAP) is None
+    finally:
+        agent.stop()
+        agent.start()  # the node as the other tests of this module expect it
+        status, body = alice.api("DELETE", f"/sessions/{session['id']}")
+        assert status == 204, body
