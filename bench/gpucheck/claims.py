@@ -28,6 +28,13 @@ OVERHEAD_RATIO = 1.02
 #: swap: GiB moved and the goals of docs/kernels.md (GiB/s each way, seconds to the first call)
 SWAP_GIB = 16
 SWAP_GIB_S = 10.0
+#: elastic slices: a request of ELASTIC_REQUEST percent that may burst to ELASTIC_LIMIT, and a
+#: memory request of SLICE_MIB that may burst to ELASTIC_MEMORY_MIB; a newcomer's floor is back
+#: within FLOOR_BACK_S (docs/libvgpu.md, Elastic slices)
+ELASTIC_REQUEST = 25
+ELASTIC_LIMIT = 80
+ELASTIC_MEMORY_MIB = 3 * SLICE_MIB
+FLOOR_BACK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,15 @@ class Target(Protocol):
     def swap(self, gib: int) -> Figures:
         """A process holding ``gib`` GiB suspended and resumed: suspend_gib_s, resume_gib_s,
         resume_latency_s (resume's start to the first CUDA call's return), identical."""
+
+    def elastic(self, pidns: bool) -> Figures:
+        """Elastic slices (request ELASTIC_REQUEST %, limit ELASTIC_LIMIT %; memory request
+        SLICE_MIB, limit ELASTIC_MEMORY_MIB): burst_share (alone on the card, 2 ms kernels),
+        floor_back_s (another slice bursting on the card, a newcomer of the same request starts
+        launching: until its share stays within CORES_POINTS of its request), burst_mib (allocated in
+        CHUNK_MIB chunks alone, past the request, until refused), total_mib (mem_get_info's
+        total then), reclaimed (a slice bursting over the whole card, then an owner asks for
+        memory within its request: its allocation succeeds once the burster exits)."""
 
 
 Verdict = tuple[bool, Figures]
@@ -192,6 +208,14 @@ def _swap(target: Target, pidns: bool) -> Verdict:
     return ok, {"gib": SWAP_GIB, **f}
 
 
+def _elastic(target: Target, pidns: bool) -> Verdict:
+    f = target.elastic(pidns)
+    ok = (f["burst_share"] >= ELASTIC_LIMIT - CORES_POINTS and f["floor_back_s"] <= FLOOR_BACK_S
+          and ELASTIC_MEMORY_MIB - CHUNK_MIB <= f["burst_mib"] <= ELASTIC_MEMORY_MIB
+          and f["total_mib"] == ELASTIC_MEMORY_MIB and f["reclaimed"] is True)
+    return bool(ok), {"request": ELASTIC_REQUEST, "limit": ELASTIC_LIMIT, **f}
+
+
 class NotModelled(Exception):
     """The target cannot run this claim's workload, or its figures are no verdict there (said
     on the claim's line, with the figures measured)."""
@@ -234,4 +258,5 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("capture_after_idle", _capture_after_idle, pidns=False),
     Claim("launch_overhead", _launch_overhead, pidns=False),
     Claim("swap", _swap, pidns=False),
+    Claim("elastic_burst_reclaim", _elastic, pidns=False),
 )

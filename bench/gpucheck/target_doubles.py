@@ -12,10 +12,20 @@ import threading
 import time
 from pathlib import Path
 
+from libvgpu.elastic import pending_reclaims
 from libvgpu.regions import read_container_region
 
 from ..shim_overhead import measure as measure_overhead
-from .claims import CHUNK_MIB, Figures, Phase
+from .claims import (
+    CHUNK_MIB,
+    CORES_POINTS,
+    ELASTIC_LIMIT,
+    ELASTIC_MEMORY_MIB,
+    ELASTIC_REQUEST,
+    SLICE_MIB,
+    Figures,
+    Phase,
+)
 from .common import held_figures, host_used_mib, median
 
 REPO = Path(__file__).resolve().parents[2]
@@ -213,3 +223,39 @@ class DoubleTarget:
                 "resume_gib_s": round(gib / median([r["resume_s"] for r in rows]), 1),
                 "resume_latency_s": round(median([r["latency_s"] for r in rows]), 3),
                 "identical": "n/a", "modelled_gib_s": MODELLED_GIB_S}
+
+    def elastic(self, pidns: bool) -> Figures:
+        node = self._node("elastic")
+        try:
+            cores = f"cores_percent={ELASTIC_REQUEST}\ncores_limit_percent={ELASTIC_LIMIT}"
+            memory = f"memory_mib={SLICE_MIB}\nmemory_limit_mib={ELASTIC_MEMORY_MIB}"
+            alone = node.container("alone", f"name=alone\n{cores}\n{memory}", node_regions=True)
+            chunks = ELASTIC_MEMORY_MIB // CHUNK_MIB + 2
+            r = alone.run("init", "ctx", "info", "util:1:2:2000:kernel", *[f"alloc:{CHUNK_MIB}M"] * chunks,
+                          pidns=pidns, timeout=60)
+            burst_mib = len(list(itertools.takewhile(lambda rc: rc == 0, r.rcs("alloc")))) * CHUNK_MIB
+            figures: Figures = {"burst_share": r.num("util", "util"), "burst_mib": burst_mib,
+                                "total_mib": int(r.num("info", "total")) >> 20}
+            burster = node.container("burster", f"name=burster\n{cores}", node_regions=True)
+            burster.start("init", "ctx", "ready", "util:0:30:2000:kernel", wait_for="ready", pidns=pidns)
+            time.sleep(1.0)  # it bursts: the card is its
+            newcomer = node.container("newcomer", f"name=newcomer\n{cores}", node_regions=True)
+            floor = ELASTIC_REQUEST - CORES_POINTS
+            f = newcomer.run("init", "ctx", f"floorback:3:2000:{floor}", pidns=pidns, timeout=60)
+            figures["floor_back_s"] = round(f.num("floorback", "back_ms") / 1000, 2)
+            card = 4096  # the node's simulated GPU
+            hog = node.container("hog", f"name=hog\nmemory_mib={SLICE_MIB}\nmemory_limit_mib={card}",
+                                 node_regions=True)
+            held, _ = self._hold(hog, ["init", "ctx", f"alloc:{card - 256}M"], pidns)
+            owner = node.container("owner", f"name=owner\nmemory_mib={SLICE_MIB}", node_regions=True)
+            asking = owner.start("init", "ctx", f"alloc:{SLICE_MIB // 2}M", "ready", wait_for=None, pidns=pidns)
+            deadline = time.monotonic() + 20
+            while not pending_reclaims(node.node_dir) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            held.kill()  # the hub's part: the burster is swapped out or stopped
+            held.wait(timeout=10)
+            out, _ = asking.communicate(timeout=60)
+            figures["reclaimed"] = "alloc rc=0" in out
+            return figures
+        finally:
+            node.cleanup()

@@ -15,9 +15,19 @@ import tempfile
 import time
 from pathlib import Path
 
+from libvgpu.elastic import pending_reclaims
 from libvgpu.regions import read_container_region
 
-from .claims import CHUNK_MIB, Figures, Phase
+from .claims import (
+    CHUNK_MIB,
+    CORES_POINTS,
+    ELASTIC_LIMIT,
+    ELASTIC_MEMORY_MIB,
+    ELASTIC_REQUEST,
+    SLICE_MIB,
+    Figures,
+    Phase,
+)
 from .common import clean_env, held_figures, host_used_mib, median
 
 REPO = Path(__file__).resolve().parents[2]
@@ -227,3 +237,43 @@ class GpuTarget:
                 "resume_gib_s": round(gib / median([r["resume_s"] for r in rows]), 1),
                 "resume_latency_s": round(median([r["latency_s"] for r in rows]), 3),
                 "identical": all(r["identical"] is True for r in rows)}
+
+    def elastic(self, pidns: bool) -> Figures:
+        node = Path(tempfile.mkdtemp(prefix="node-", dir=self.root))
+        cpm = str(self.cycles_per_ms())
+        cores = f"cores_percent={ELASTIC_REQUEST}\ncores_limit_percent={ELASTIC_LIMIT}\nnode_region_dir={node}"
+        memory = f"memory_mib={SLICE_MIB}\nmemory_limit_mib={ELASTIC_MEMORY_MIB}"
+        env, _ = self._container(f"name=alone\n{cores}\n{memory}")
+        f = self._run(["elastic", cpm, str(CHUNK_MIB), str(2 * ELASTIC_MEMORY_MIB)], env, pidns)
+        figures: Figures = {"burst_share": round(f["burst_share"], 1), "burst_mib": f["burst_mib"],
+                            "total_mib": f["total_mib"]}
+        phase = self._phases_arg((Phase("kernel", 2, warm_s=0.0, measure_s=6.0),))
+        burster = Child(["cores", cpm, phase], self._container(f"name=burster\n{cores}")[0], pidns)
+        try:
+            time.sleep(2.0)  # CUDA up, and it bursts: the card is its
+            env, _ = self._container(f"name=newcomer\n{cores}")
+            figures["floor_back_s"] = round(self._run(["floorback", "3", cpm, str(ELASTIC_REQUEST - CORES_POINTS)], env,
+                                                      pidns)["back_s"], 2)
+        finally:
+            burster.close()
+        card = int(_first_line("nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"))
+        # the hog leaves room for the owner's context, not for what the owner then asks
+        hog = Child(["memory", "1024", str(card)], self._container(
+            f"name=hog\nmemory_mib={SLICE_MIB}\nmemory_limit_mib={card - 2048}\nnode_region_dir={node}")[0], pidns)
+        owner = None
+        try:
+            hog.read()  # it holds what it could take of the card
+            owner = Child(["owner", "4096"], self._container(
+                f"name=owner\nmemory_mib=8192\nnode_region_dir={node}")[0], pidns)
+            deadline = time.monotonic() + 20
+            while not pending_reclaims(node) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            figures["reclaim_seen"] = bool(pending_reclaims(node))
+            hog.proc.kill()  # the hub's part: the burster is swapped out or stopped
+            hog.proc.wait(timeout=30)
+            figures["reclaimed"] = owner.read().get("ok") is True
+        finally:
+            hog.close()
+            if owner:
+                owner.close()
+        return figures

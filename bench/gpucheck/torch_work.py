@@ -15,6 +15,10 @@ cycles per millisecond come from ``calibrate`` (run without a limit).
                                    PATH: libsneaky.so for handle/next/rawdlopen, the container's
                                    region for region_unlink)
     overhead STEPS                 a small training step and cuMemAlloc/cuMemFree: times
+    elastic CYCLES_PER_MS CHUNK MAX  mem_get_info, the share of 2 ms kernels, then CHUNK MiB
+                                   tensors until out of memory (an elastic slice alone)
+    floorback SECS CYCLES_PER_MS PCT  2 ms kernels for SECS: since when the share held at PCT
+    owner MIB                      one tensor of MIB (waits while a reclaim is pending)
 """
 
 from __future__ import annotations
@@ -236,6 +240,48 @@ def bypass(how: str, half_mib: int, path: str = "") -> None:
     say(allocated_mib=granted * half_mib)
 
 
+def elastic(cycles_per_ms: float, chunk_mib: int, max_mib: int) -> None:
+    free, total = torch.cuda.mem_get_info()
+    burst_share = share("kernel", 2, 1.0, 2.0, cycles_per_ms)
+    kept = []
+    try:
+        while len(kept) * chunk_mib < max_mib:
+            kept.append(torch.empty(chunk_mib << 20, dtype=torch.uint8, device="cuda"))
+    except torch.cuda.OutOfMemoryError:
+        pass
+    say(total_mib=total >> 20, free_mib=free >> 20, burst_share=burst_share, burst_mib=len(kept) * chunk_mib)
+
+
+def floorback(seconds: float, cycles_per_ms: float, pct: float) -> None:
+    """Each 2 ms kernel counts at its calibrated length where it starts; windows of 250 ms."""
+    launch = launcher("kernel", 2, cycles_per_ms)
+    first = torch.cuda.Event(enable_timing=True)
+    first.record()
+    starts = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        launch()
+        starts.append(e)
+    torch.cuda.synchronize()
+    at = [first.elapsed_time(e) for e in starts]  # ms since the first launch
+    back, w = 250.0, 250.0
+    s = 0.0
+    while s + w <= at[-1]:
+        work = 2.0 * sum(1 for t in at if s <= t < s + w)
+        if 100.0 * work / w < pct:
+            back = s + w
+        s += 10.0
+    say(back_s=back / 1000)
+
+
+def owner(mib: int) -> None:
+    t = torch.empty(mib << 20, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    say(ok=t.numel() == mib << 20)
+
+
 def main(argv: list[str]) -> None:
     cmd, args = argv[0], argv[1:]
     if cmd == "memory":
@@ -254,6 +300,12 @@ def main(argv: list[str]) -> None:
         bypass(args[0], int(args[1]), *args[2:])
     elif cmd == "overhead":
         overhead(int(args[0]))
+    elif cmd == "elastic":
+        elastic(float(args[0]), int(args[1]), int(args[2]))
+    elif cmd == "floorback":
+        floorback(float(args[0]), float(args[1]), float(args[2]))
+    elif cmd == "owner":
+        owner(int(args[0]))
     else:
         raise SystemExit(f"unknown command {cmd}")
 

@@ -23,7 +23,7 @@
 #define _GNU_SOURCE
 #include "memory.h"
 
-#define BUSY_WINDOW_NS (500ull * 1000000ull)
+#define BUSY_WINDOW_NS (200ull * 1000000ull)
 #define SHARE_RECHECK_NS (2ull * 1000000ull)
 #define RECLAIM_STEP_NS (10ull * 1000000ull)
 

@@ -1,0 +1,253 @@
+"""Elastic slices against fixed slices: four bursty notebooks sharing one card, each guaranteed
+25 % of its time and a quarter of its memory, run through the real shim against the CUDA/NVML
+doubles (the NVML double sampling every 167 ms, as a driver does), the same trace twice in one
+run: once with fixed slices (25 %), once with elastic slices (25 % guaranteed, up to 100 %).
+
+    python bench/elastic.py [--seconds 30] [--seed 7]
+
+The trace is shaped like notebook use: cells (GPU work of 0.1-3 s at the full card's speed,
+log-normal around 0.6 s) and think times between them (0.5-6 s); one notebook in three of its
+cells also allocates past its guaranteed memory; the fourth notebook opens a little after the
+others (its guaranteed memory may be held by bursts then: it is reclaimed). Each notebook runs
+its trace closed-loop for ``--seconds``: the next cell starts a think time after the last ended.
+
+Figures:
+
+* ``work_ratio``: the card's time spent on the notebooks' work (GPU-seconds of cells completed
+  per second), elastic over fixed; also printed: what a fluid model of the same trace gives
+  (fixed 25 % slices, and the card shared equally by the notebooks in a cell: the ideal);
+* ``slowdown_p50_*``: the median cell's wall time over its time alone on the full card;
+* ``floor_back_p95_s``: when three elastic notebooks burst on a busy card and a fourth starts
+  work, how long until its share is within 5 points of its guarantee (the cores limiter's
+  tolerance, bench/gpucheck/claims.py CORES_POINTS) or above in every 250 ms window from then on
+  (probe step ``floorback``; 95th percentile of the repetitions);
+* ``owner_ooms``: allocations within a notebook's guarantee that failed (the reclaim did not
+  give the memory back in time), in both runs; ``burst_refused`` counts allocations past the
+  guarantee refused (always in the fixed run: no burst there).
+
+Prints a table and one line:
+``elastic work_ratio=… slowdown_p50_fixed=… slowdown_p50_elastic=… floor_back_p95_s=… owner_ooms=…``
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.gpucheck.claims import CORES_POINTS  # noqa: E402
+from tests.libvgpu.harness import Node, build_all  # noqa: E402
+
+NOTEBOOKS = 4
+CARD_MIB = 16384
+REQUEST_MIB = CARD_MIB // NOTEBOOKS  # requests fill the card, as admission by request allows
+LIMIT_MIB = 3 * REQUEST_MIB
+BASE_MIB = 3072  # what a notebook's kernel holds from its start (within its request)
+CELL_MIB = 512  # what every cell allocates for itself and frees (within the request)
+BURST_MIB = 4096  # what a memory-heavy cell adds (past the request)
+KERNEL_US = 2000
+STEP_KERNELS = 25  # a cell is run in steps of 25 x 2 ms kernels (50 ms at the full card)
+STEP_MS = STEP_KERNELS * KERNEL_US / 1000
+LATE_S = 3.0  # the fourth notebook opens this long after the others
+FLOOR_REPEATS = 5
+
+
+@dataclass(frozen=True)
+class Cell:
+    steps: int  # of STEP_MS at the full card
+    think_ms: int  # after it
+    heavy: bool  # allocates past the request
+
+
+def trace(rng: random.Random, seconds: float) -> list[Cell]:
+    """Enough cells for ``seconds`` even at the fastest (every cell alone on the card)."""
+    cells: list[Cell] = []
+    total = 0.0
+    while total < seconds * 1000:
+        work = min(3000.0, max(100.0, rng.lognormvariate(math.log(600), 0.8)))
+        think = min(6000.0, max(500.0, rng.lognormvariate(math.log(1800), 0.6)))
+        cell = Cell(max(1, round(work / STEP_MS)), int(think), rng.random() < 1 / 3)
+        cells.append(cell)
+        total += cell.steps * STEP_MS + cell.think_ms
+    return cells
+
+
+def steps_of(cells: list[Cell], go: Path, late: bool) -> list[str]:
+    steps = ["init", "ctx", "ready", f"waitfile:{go}"]
+    if late:
+        steps.append(f"sleep:{int(LATE_S * 1000)}")
+    steps.append(f"alloc:{BASE_MIB}M")
+    for cell in cells:
+        steps.append(f"alloc:{CELL_MIB}M")
+        if cell.heavy:
+            steps.append(f"alloc:{BURST_MIB}M")
+        steps += [f"burst:{STEP_KERNELS}:{KERNEL_US}"] * cell.steps
+        steps.append("free")
+        if cell.heavy:
+            steps.append("free")
+        steps.append(f"sleep:{cell.think_ms}")
+    return steps
+
+
+@dataclass
+class Outcome:
+    work_ms: float = 0.0  # GPU time of the steps completed
+    slowdowns: list[float] | None = None
+    owner_ooms: int = 0
+    burst_refused: int = 0
+
+
+def parse(cells: list[Cell], out: str, outcome: Outcome) -> None:
+    """Walks the probe's lines in the order of the steps (sleep and waitfile print nothing)."""
+    lines = [ln.split() for ln in out.splitlines() if ln.split() and ln.split()[0] in ("alloc", "burst", "free")]
+    it = iter(lines)
+
+    def rc(words: list[str]) -> int:
+        return int(dict(w.split("=", 1) for w in words[1:])["rc"])
+
+    base = next(it, None)
+    if base is None:
+        return
+    outcome.owner_ooms += rc(base) == 2
+    for cell in cells:
+        words = next(it, None)
+        if words is None:
+            return
+        outcome.owner_ooms += rc(words) == 2  # the cell's own memory: within the request
+        if cell.heavy:
+            words = next(it, None)
+            if words is None:
+                return
+            outcome.burst_refused += rc(words) == 2
+        wall = 0.0
+        for _ in range(cell.steps):
+            words = next(it, None)
+            if words is None:
+                return
+            outcome.work_ms += STEP_MS
+            wall += float(dict(w.split("=", 1) for w in words[1:])["ms"])
+        assert outcome.slowdowns is not None
+        outcome.slowdowns.append(wall / (cell.steps * STEP_MS))
+        for _ in range(1 + cell.heavy):
+            next(it, None)
+
+
+def run_mode(build, root: Path, traces: list[list[Cell]], elastic: bool, seconds: float) -> Outcome:
+    node = Node(build, root, CUDA_DOUBLE_MEMORY_MIB=CARD_MIB)
+    try:
+        go = root / "go"
+        procs = []
+        for i, cells in enumerate(traces):
+            limits = f"name=nb{i}\ncores_percent={100 // NOTEBOOKS}\nmemory_mib={REQUEST_MIB}"
+            if elastic:
+                limits += f"\ncores_limit_percent=100\nmemory_limit_mib={LIMIT_MIB}"
+            box = node.container(f"nb{i}", limits, node_regions=True)
+            procs.append(box.start(*steps_of(cells, go, late=i == NOTEBOOKS - 1), wait_for="ready"))
+        go.touch()
+        time.sleep(seconds)  # the run's length: the notebooks work meanwhile
+        outcome = Outcome(slowdowns=[])
+        for proc, cells in zip(procs, traces, strict=True):
+            proc.kill()
+            out, _ = proc.communicate(timeout=30)
+            parse(cells, out, outcome)
+        return outcome
+    finally:
+        node.cleanup()
+
+
+def floor_back(build, root: Path) -> list[float]:
+    """Seconds until a newcomer's floor holds, three elastic notebooks bursting meanwhile."""
+    found = []
+    for rep in range(FLOOR_REPEATS):
+        node = Node(build, root / f"floor{rep}", CUDA_DOUBLE_MEMORY_MIB=CARD_MIB)
+        try:
+            elastic = f"cores_percent={100 // NOTEBOOKS}\ncores_limit_percent=100"
+            for i in range(NOTEBOOKS - 1):
+                box = node.container(f"b{i}", f"name=b{i}\n{elastic}", node_regions=True)
+                box.start("init", "ctx", "ready", f"util:0:30:{KERNEL_US}:kernel", wait_for="ready")
+            time.sleep(1.5)  # they burst: the card is theirs
+            newcomer = node.container("new", f"name=new\n{elastic}", node_regions=True)
+            floor = 100 // NOTEBOOKS - CORES_POINTS
+            r = newcomer.run("init", "ctx", f"floorback:3:{KERNEL_US}:{floor}", timeout=60)
+            found.append(r.num("floorback", "back_ms") / 1000)
+        finally:
+            node.cleanup()
+    return found
+
+
+def ideal_busy(traces: list[list[Cell]], elastic: bool, seconds: float, dt: float = 0.001) -> float:
+    """The card's busy share the same trace gives in a fluid model: fixed slices at 25 % each,
+    or the card shared equally by the notebooks in a cell (ideal work-conserving sharing, no
+    limiter, no sampling): what the measured figures compare with."""
+    n = len(traces)
+    at, left = [0] * n, [0.0] * n
+    wait = [LATE_S if i == n - 1 else 0.0 for i in range(n)]
+    work, t = 0.0, 0.0
+    while t < seconds:
+        for i in range(n):
+            if left[i] <= 0 and at[i] < len(traces[i]):
+                wait[i] -= dt
+                if wait[i] <= 0:
+                    left[i] = traces[i][at[i]].steps * STEP_MS / 1000
+        busy = [i for i in range(n) if left[i] > 0]
+        for i in busy:
+            done = min(left[i], (1 / len(busy) if elastic else 1 / NOTEBOOKS) * dt)
+            left[i] -= done
+            work += done
+            if left[i] <= 0:
+                wait[i] = traces[i][at[i]].think_ms / 1000
+                at[i] += 1
+        t += dt
+    return work / seconds
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=30.0, help="length of each run (30)")
+    parser.add_argument("--seed", type=int, default=7, help="the trace's random seed (7)")
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    traces = [trace(rng, args.seconds) for _ in range(NOTEBOOKS)]
+    with tempfile.TemporaryDirectory(prefix="bench-elastic-") as tmp:
+        build = build_all(Path(tmp) / "build")
+        fixed = run_mode(build, Path(tmp) / "fixed", traces, False, args.seconds)
+        elastic = run_mode(build, Path(tmp) / "elastic", traces, True, args.seconds)
+        floors = floor_back(build, Path(tmp))
+    assert fixed.slowdowns is not None and elastic.slowdowns is not None
+    busy_fixed = fixed.work_ms / 1000 / args.seconds
+    busy_elastic = elastic.work_ms / 1000 / args.seconds
+    print(f"four notebooks, one card, {args.seconds:g} s each run (NVML double sampling every 167 ms)")
+    print(f"{'':8} | {'card busy':>9} | {'cells':>5} | {'slowdown p50':>12} | {'p90':>5} | "
+          f"{'owner OOMs':>10} | {'burst refused':>13}")
+    for name, o, busy in (("fixed", fixed, busy_fixed), ("elastic", elastic, busy_elastic)):
+        assert o.slowdowns is not None
+        s = sorted(o.slowdowns) or [float("nan")]
+        print(f"{name:8} | {busy:9.3f} | {len(o.slowdowns):5d} | {statistics.median(s):12.2f} | "
+              f"{s[int(0.9 * (len(s) - 1))]:5.2f} | {o.owner_ooms:10d} | {o.burst_refused:13d}")
+    model_fixed, model_elastic = (ideal_busy(traces, e, args.seconds) for e in (False, True))
+    print(f"the same trace in a fluid model (no limiter): card busy {model_fixed:.3f} fixed, "
+          f"{model_elastic:.3f} ideal work-conserving (work ratio {model_elastic / model_fixed:.2f})")
+    print(f"floor back (s), {len(floors)} newcomers: " + " ".join(f"{f:.2f}" for f in floors))
+    print(f"elastic work_ratio={busy_elastic / busy_fixed:.2f} "
+          f"slowdown_p50_fixed={statistics.median(fixed.slowdowns):.2f} "
+          f"slowdown_p50_elastic={statistics.median(elastic.slowdowns):.2f} "
+          f"floor_back_p95_s={p95(floors):.2f} owner_ooms={fixed.owner_ooms + elastic.owner_ooms}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
