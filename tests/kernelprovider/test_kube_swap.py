@@ -215,8 +215,10 @@ def test_a_swapped_out_kernel_pod_resumes_on_its_next_cell_after_a_hub_restart_w
         start_server(hub, "bob", bob.token)
         status, second = bob.start_session("elastic-gpu-gpu-75g")
         assert status == 201, second
+        asked_at = time.monotonic()
         msg_id = kernel.execute_async(CUDA_CELL + "print(notes)")
         assert kernel.wait_for_output(msg_id, "position 1 in the GPU queue", timeout=60), hub.log_tail()
+        print(f"queue position printed {time.monotonic() - asked_at:.2f} s after the cell (kernel pod)")
         status, body = bob.api("DELETE", f"/sessions/{second['id']}")
         assert status == 204, body
         second = None

@@ -445,3 +445,39 @@ def test_a_kernel_pods_command_starts_its_kernel_without_a_traceback(resume_hook
         proc.wait(timeout=30)
     text = log.read_text()
     assert "Traceback" not in text and "ModuleNotFoundError" not in text, text
+
+
+def test_a_kernel_pod_is_promised_a_swap_only_on_a_node_whose_agent_said_its_driver_can_checkpoint():
+    """Each node's agent publishes its checkpoint capability on the Node; the launcher answers per
+    kernel from its node's answer (tests/kernelprovider/test_kube_swap.py runs it end to end)."""
+    from kubernetes_asyncio.client import V1Node, V1ObjectMeta
+
+    from hubext.kubernetes.pool import KubernetesPool
+
+    pool = KubernetesPool(namespace="jhub")
+    launcher = KubernetesKernelLauncher(namespace="jhub", pool=pool)
+
+    def kernel(node: str) -> KernelRecord:
+        return KernelRecord(id=f"k-{node}", user="u", server_name="", size="s", allocation_id=f"a-{node}",
+                            allocation={"node": node, "gpu_uuids": ["GPU-1"]}, resume_url="http://hub/resume")
+
+    assert not launcher.capabilities().checkpoint  # no node has said anything yet: nothing is promised
+    said = {
+        "able": {"able": True, "driver": "570.86"},
+        "old": {"able": False, "why_not": "the CUDA driver (CUDA 12.4) has no checkpoint API", "driver": "550.1"},
+        "garbled": "not JSON",
+    }
+    for name, value in said.items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        annotations = {L.NODE_CHECKPOINT_ANNOTATION: text}
+        pool.checkpoints.update(V1Node(metadata=V1ObjectMeta(name=name, annotations=annotations)))
+    pool.checkpoints.update(V1Node(metadata=V1ObjectMeta(name="silent")))
+    assert launcher.capabilities().checkpoint  # some node can
+    assert launcher.checkpoint_capability(kernel("able")) == Capability(True)
+    old = launcher.checkpoint_capability(kernel("old"))
+    assert not old and old.why_not == "on node old, the CUDA driver (CUDA 12.4) has no checkpoint API", old
+    for name in ("garbled", "silent", "gone"):
+        why = launcher.checkpoint_capability(kernel(name)).why_not
+        assert why.startswith(f"the node agent on {name} has not said whether its driver can checkpoint"), why
+    launcher.swap_kernels = False
+    assert "swapping kernel pods is off" in launcher.checkpoint_capability(kernel("able")).why_not
