@@ -99,12 +99,15 @@ def test_a_burst_takes_only_memory_no_other_slices_request_needs(node):
     neighbour = _elastic(node, "n", "memory_mib=2048")
     neighbour.start("init", "ctx", "alloc:100M", "wait")
     box = _elastic(node, "e", "memory_mib=1024\nmemory_limit_mib=4096")
-    r = box.run("init", "ctx", "info", "alloc:2100M", "alloc:2000M", "info")
+    r = box.run("init", "ctx", "info", "nvml", "alloc:2100M", "alloc:2000M", "info", "nvml")
     assert r.rcs("alloc") == [OOM, 0], r.stderr
     before, after = r.all("info")
     assert int(before["total"]) == 4096 * MiB  # the limit is the total it sees...
     assert int(before["free"]) == 2048 * MiB  # ...and what it may use now is free
     assert int(after["free"]) == 48 * MiB
+    smi_before, smi_after = r.all("nvml")  # what nvidia-smi in the slice reads
+    assert [int(smi_before[k]) for k in ("total", "used", "free")] == [4096 * MiB, 0, 2048 * MiB]
+    assert [int(smi_after[k]) for k in ("total", "used", "free")] == [4096 * MiB, 2000 * MiB, 48 * MiB]
 
 
 def _wait_for(what, timeout: float = 30.0):
