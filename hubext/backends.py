@@ -407,3 +407,12 @@ class PoolBackend(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         Called by the usage meter's sampler (``UsageMeter.sample``). Default: {} (the mode sees
         no activity of its slices)."""
         return {}
+
+    def pending_reclaims(self) -> list[Any]:
+        """Slices waiting for memory within their request that other slices' bursts hold:
+        ``libvgpu.elastic.Reclaim`` records (owner and burster as allocation ids), as the shims
+        on the cards report them. Their word only: the caller checks each against the ledger.
+
+        Called by the broker's reclaim loop (``GPUBroker.reclaim_bursts``, every
+        ``reclaim_interval_seconds``). Default: [] (the mode cannot see them)."""
+        return []

@@ -42,11 +42,12 @@ from ..gpu_spawner import GPUSpawnerMixin
 from ..hubstart import when_hub_is_up
 from ..kernels import KernelRecord
 from ..requests import request_from_section
+from .reclaim import ReclaimMixin
 from .sizes import SIGNATURE_SCHEMES, BrokerError, SizesMixin, is_unicode, validate_sizes
 from .swap import SwapMixin, key_digest
 
 
-class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
+class GPUBroker(SizesMixin, SwapMixin, ReclaimMixin, SingletonConfigurable):
     """The hub's GPU kernel broker: one per hub process, next to the one GPUAllocator."""
 
     kernel_sizes = List(
@@ -136,6 +137,7 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
         self._own_releases: set[str] = set()
         self._started: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
+        self._reclaim_task: asyncio.Task | None = None
         self._sizes: list[dict[str, Any]] | None = None
         #: kernel id -> monotonic deadline by which its server must ask about it (see claim_timeout_seconds)
         self._unclaimed: dict[str, float] = {}
@@ -179,6 +181,7 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
         self.allocator.mover = self  # the queue's moves swap kernels out (hubext/moves.py)
         await self.reconcile()
         self._task = asyncio.ensure_future(self._reconcile_forever())
+        self._reclaim_task = asyncio.ensure_future(self._reclaim_forever())  # elastic bursts (reclaim.py)
         checkpoint = (await asyncio.to_thread(self.launcher.capabilities)).checkpoint  # probed once, here
         self.log.info(
             "GPU broker ready: %s, %d kernels, sizes %s; %s",
@@ -189,8 +192,9 @@ class GPUBroker(SizesMixin, SwapMixin, SingletonConfigurable):
         )
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
+        for task in (self._task, self._reclaim_task):
+            if task:
+                task.cancel()
         if self.launcher:
             await self.launcher.stop()
 

@@ -116,7 +116,7 @@ class LocalBackstop:
             if not views:
                 continue
             slices = {
-                a.id: Slice(a.id, uuid, None if a.whole else a.memory_mib * MIB, "", "", user=a.owner.user)
+                a.id: Slice(a.id, uuid, None if a.whole else a.memory_ceiling_mib * MIB, "", "", user=a.owner.user)
                 for a in allocations if uuid in a.gpu_uuids
             }
             findings += evaluate(uuid, index, views, slices, tolerance_bytes=self.backstop.tolerance_bytes,

@@ -30,6 +30,7 @@ from traitlets import Bool, Float, Instance, Unicode
 
 from libvgpu import contract as C
 from libvgpu.backstop import Backstop
+from libvgpu.elastic import pending_reclaims
 from libvgpu.regions import (
     RegionError,
     prepare_container_region,
@@ -371,6 +372,17 @@ class LocalPool(PoolBackend):
     def activity(self) -> dict[str, dict[str, int]]:
         """Per GPU uuid: utilization_percent and memory_used_mib (real GPUs only; {} if simulated)."""
         return {} if self.simulated else nvml_activity()
+
+    def pending_reclaims(self) -> list[Any]:
+        """The node regions' waits for burst memory (``libvgpu.elastic.pending_reclaims``), with a
+        resumed kernel's region named by the allocation it resumed in."""
+        node = self.regions_dir / "node"
+        if self.simulated or not node.is_dir():
+            return []
+        return [
+            replace(r, owner=self._aliases.get(r.owner, r.owner), burster=self._aliases.get(r.burster, r.burster))
+            for r in pending_reclaims(node)
+        ]
 
     def slice_activity(self, allocation_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The shim's activity file of each allocation (``activity_path``)."""

@@ -54,7 +54,7 @@ class RegionMatch:
 def _limit_of(pod: PodInfo) -> int | None:
     a = pod.allocation
     assert a is not None
-    return None if a.whole else a.memory_mib * MIB
+    return None if a.whole else a.memory_ceiling_mib * MIB  # an elastic slice may grow to its limit
 
 
 def live_allocations(pods: Iterable[PodInfo]) -> list[PodInfo]:
