@@ -262,8 +262,8 @@ def load_config(data: Mapping | None) -> AdmissionConfig:
         )
     placement_data = _mapping(data.get("placement"), "placement", PLACEMENT_KEYS)
     placement = Placement(
-        node=_choice(placement_data.get("node", "binpack"), "placement.node", STRATEGIES),
-        gpu=_choice(placement_data.get("gpu", "binpack"), "placement.gpu", STRATEGIES),
+        node=_choice(placement_data.get("node", Placement.node), "placement.node", STRATEGIES),
+        gpu=_choice(placement_data.get("gpu", Placement.gpu), "placement.gpu", STRATEGIES),
     )
     preemption = _mapping(data.get("preemption"), "preemption", PREEMPTION_KEYS)
     max_nodes = _int(preemption.get("max_candidate_nodes", 100),

@@ -13,6 +13,8 @@ class FGDScoring:
     """Mixed into :class:`quotas.placement.CardIndex` (it reads the index's card and node lists)."""
 
     mix: Mix
+    #: node -> (the expected shapes, its _fgd_base for them)
+    fgd_bases: dict[int, tuple[tuple, list[list[float]]]]
 
     # ---- fragmentation-aware placement (FGD) ----------------------------------------------
     #
@@ -80,10 +82,15 @@ class FGDScoring:
         best: tuple[float, int, int] | None = None
         cap_m, used_m, cap_c, used_c = self.cap_m, self.used_m, self.cap_c, self.used_c
         base = None
+        seen: set[tuple[int, int, int, int, bool]] = set()
         for gi in self.sgpus[ni].get(group, ()):
             fm = cap_m[gi] - used_m[gi]
             if fm < m or cap_c[gi] - used_c[gi] < c:
                 continue
+            same = (cap_m[gi], cap_c[gi], fm, used_c[gi], self.nalloc[gi] == 0)
+            if same in seen:
+                continue  # a card like one weighed already (lower numbered): the same score
+            seen.add(same)
             if base is None:
                 base = self._fgd_base(ni, types)
             delta = self._fgd_change(ni, base, [gi], m, c, False, cpu, hmem, types)
@@ -107,21 +114,31 @@ class FGDScoring:
             return n == 0 and self.whole_ok[gi]
         return self.slice_ok[gi] and fm >= t[0] and fc >= t[1]
 
-    def _frac(self, gi: int, fm: int, n: int) -> float:
+    def _frac(self, gi: int, fm: int, fc: int, n: int) -> float:
+        """The free part of a card, in cards: the smaller of its free memory and free compute
+        (a card whose compute is given out is used up, however much memory it has left)."""
         if self.slice_ok[gi]:
-            return max(fm, 0) / self.cap_m[gi] if self.cap_m[gi] else 0.0
+            if not self.cap_m[gi] or not self.cap_c[gi]:
+                return 0.0
+            return max(0.0, min(fm / self.cap_m[gi], fc / self.cap_c[gi]))
         return 1.0 if n == 0 and self.whole_ok[gi] else 0.0
 
     def _fgd_base(self, ni: int, types: list[tuple[tuple, float]]) -> list[list[float]]:
-        """Per type: [cards it fits, free fraction on those cards]."""
+        """Per type: [cards it fits, free fraction on those cards]. Kept per node until the
+        node's cards change (``CardIndex._refresh`` drops it) or the expected shapes do."""
+        shapes = tuple(t[:4] for t, _ in types)  # what the base depends on (not CPU, memory)
+        hit = self.fgd_bases.get(ni)
+        if hit is not None and hit[0] == shapes:
+            return hit[1]
         base = [[0.0, 0.0] for _ in types]
         for gi in self.node_gpus[ni]:
             fm, fc, n = self._card_state(gi)
-            frac = self._frac(gi, fm, n)
+            frac = self._frac(gi, fm, fc, n)
             for i, (t, _) in enumerate(types):
                 if self._fits(gi, fm, fc, n, t):
                     base[i][0] += 1
                     base[i][1] += frac
+        self.fgd_bases[ni] = (shapes, base)
         return base
 
     def _fgd_change(
@@ -137,7 +154,7 @@ class FGDScoring:
                 fm2, fc2 = fm - self.cap_m[gi], fc - self.cap_c[gi]
             else:
                 fm2, fc2 = fm - m, fc - c
-            frac, frac2 = self._frac(gi, fm, n), self._frac(gi, fm2, n + 1)
+            frac, frac2 = self._frac(gi, fm, fc, n), self._frac(gi, fm2, fc2, n + 1)
             total += frac2 - frac
             for i, (t, _) in enumerate(types):
                 if self._fits(gi, fm, fc, n, t):

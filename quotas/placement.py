@@ -54,6 +54,7 @@ class CardIndex(FGDScoring, EvictableIndex):
         self.fgd_gpus = placement.gpu == "fgd"
         #: the expected mix of requests FGD keeps room for (fed by AdmissionState.add)
         self.mix = Mix()
+        self.fgd_bases = {}
         self.gpus: list[GPU] = []
         self.gi_of: dict[str, int] = {}
         self.node_of_gpu: list[int] = []
@@ -312,6 +313,7 @@ class CardIndex(FGDScoring, EvictableIndex):
             self._refresh(ni)
 
     def _refresh(self, ni: int, initial: bool = False) -> None:
+        self.fgd_bases.pop(ni, None)
         cap_m, cap_c, used_m, used_c, nalloc = (
             self.cap_m, self.cap_c, self.used_m, self.used_c, self.nalloc
         )

@@ -36,7 +36,7 @@ class Placement:
     emptiest, ``fgd`` the one whose fragmentation grows least for the expected mix of
     requests; chosen separately for nodes and for cards within the node."""
 
-    node: Strategy = "binpack"
+    node: Strategy = "fgd"  # chosen by bench/placement.py (docs/admission.md)
     gpu: Strategy = "binpack"
 
 
