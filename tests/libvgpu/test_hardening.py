@@ -18,6 +18,7 @@ import pytest
 from libvgpu.regions import LAYOUT, RegionError, read_container_region, read_node_regions
 
 MiB = 1 << 20
+OOM = 2
 
 
 def test_readers_skip_a_fifo_or_symlink_planted_where_regions_are_expected(node, tmp_path):
@@ -132,3 +133,28 @@ def test_readers_do_not_trust_launch_times_in_the_future(node):
         m[off:off + 8] = struct.pack("<Q", 2_082_758_400 * 10**9)  # 2036
     (gpu,) = read_node_regions(node.node_dir).values()
     assert gpu.containers[0].last_launch_at is None  # not "active until 2036"
+
+
+QUIESCE = 72  # vgpu.h: the container region's quiesce word follows last_launch_ns
+SLOT_BUSY = 12  # vgpu.h: a slot's busy count follows its flags
+
+
+def test_a_process_keeping_the_counters_busy_neither_stops_the_container_nor_skews_its_counts(node):
+    """Allocations update the counters without the lock unless a recount is under way, and a
+    recount waits for the live processes' updates to end. A process that raises the quiesce
+    word and keeps its own busy count up (what the container can write) makes the others take
+    the lock and a recount wait for it at most 2 ms, never forever; the counts stay right."""
+    box = node.container("c", "memory_mib=1024")
+    box.start("init", "ctx", "alloc:100M", "wait")
+    (holder,) = read_container_region(box.region).processes
+    with open(box.region, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
+        m[QUIESCE:QUIESCE + 4] = struct.pack("<I", 1)
+        busy = 4096 + holder.slot * LAYOUT["slot.size"] + SLOT_BUSY
+        m[busy:busy + 4] = struct.pack("<I", 7)
+    started = time.monotonic()
+    r = box.run("init", "ctx", "alloc:500M", "alloc:500M", *["info"] * 50, "alloc:424M",
+                timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.rcs("alloc") == [0, OOM, 0]
+    assert int(r.one("info")["free"]) == 424 * MiB
+    assert time.monotonic() - started < 5
