@@ -17,8 +17,6 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from jupyterhub.utils import random_port
-
 from .accounts import TEAM_ACCOUNT, harden_hub_state
 from .base import ADMISSION_FILE, CONFIG_FILE, DEFAULT_SIMULATED, TOKEN_FILE, CLIError
 
@@ -222,6 +220,8 @@ def init_config(
     force: bool = False,
 ) -> list[str]:
     """Write the config dir; return the files written. Existing files are kept unless ``force``."""
+    from jupyterhub.utils import random_port  # here: importing jupyterhub takes a second every command would pay
+
     check_user_names(admins + users)
     config_dir.mkdir(parents=True, exist_ok=True)
     data = config_dir / "data"
