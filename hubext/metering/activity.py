@@ -43,6 +43,8 @@ class ActivityTotals:
     #: when the slice was granted (busy periods are seconds from then)
     granted_at: float = 0.0
     busy_periods: list[list[float]] = field(default_factory=list)
+    #: card-seconds used above the request (memory past the request over one card's memory)
+    burst_gpu_seconds: float = 0.0
 
     @classmethod
     def at(cls, granted_at: float) -> ActivityTotals:
@@ -60,10 +62,15 @@ class ActivityTotals:
             samples=record.activity_samples,
             granted_at=record.granted_at,
             busy_periods=[[float(x) for x in p.split("-")] for p in (record.busy_periods or "").split(",") if p],
+            burst_gpu_seconds=record.burst_gpu_seconds or 0.0,
         )
 
-    def add(self, activity: dict[str, Any], now: float) -> None:
-        """Count the interval since the last sample as busy or idle, and this sample's memory."""
+    def add(self, activity: dict[str, Any], now: float, request_mib: int = 0, card_mib: int = 0) -> None:
+        """Count the interval since the last sample as busy or idle, and this sample's memory.
+
+        ``request_mib``: the memory the slice was guaranteed on all its cards; ``card_mib``: one
+        card's memory. With both, memory in use past the request counts as burst for the interval
+        (``burst_gpu_seconds``: that memory over one card's, times the interval's seconds)."""
         interval = max(0.0, now - self.last_sample_at)
         last_launch = activity.get("last_launch")
         launches = activity.get("launches")
@@ -75,6 +82,8 @@ class ActivityTotals:
             self.busy_seconds += interval
             self._busy(self.last_sample_at - self.granted_at, now - self.granted_at)
         used = int(activity.get("memory_used_mib") or 0)
+        if request_mib and card_mib and used > request_mib:
+            self.burst_gpu_seconds += (used - request_mib) / card_mib * interval
         self.memory_used_peak_mib = max(self.memory_used_peak_mib, used)
         self.memory_used_mean_mib = (self.memory_used_mean_mib * self.samples + used) / (self.samples + 1)
         self.samples += 1
@@ -102,4 +111,5 @@ class ActivityTotals:
             "memory_used_mean_mib": self.memory_used_mean_mib,
             "activity_samples": self.samples,
             "busy_periods": format_periods(self.busy_periods),
+            "burst_gpu_seconds": self.burst_gpu_seconds,
         }

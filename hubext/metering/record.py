@@ -17,7 +17,9 @@ UNRECORDED = "unrecorded"
 class UsageRecord:
     """Who held what, when, why it was released and (where known) how busy it was.
 
-    ``memory_mib`` and ``cores_percent`` are per GPU, as in :class:`quotas.Allocation`;
+    ``memory_mib`` and ``cores_percent`` are per GPU, as in :class:`quotas.Allocation`: the
+    request, what was guaranteed (``share`` and the GPU-hours come from it); an elastic slice's
+    ``memory_limit_mib`` and ``cores_limit_percent`` are how far it could grow (0: no further).
     ``gpu_memory_mib`` is one card's memory (0 when the pool did not know the card)."""
 
     id: str
@@ -58,6 +60,12 @@ class UsageRecord:
     #: when the kernel was stopped while swapped out (UsageMeter.swap_ended); None: still swapped
     #: out (revision 0005)
     swap_ended_at: float | None = None
+    #: an elastic slice's limits, per GPU (0: none; revision 0006)
+    memory_limit_mib: int = 0
+    cores_limit_percent: int = 0
+    #: card-seconds it used above its request: memory in use past the request over one card's
+    #: memory, summed over the sampled intervals (None: no activity known; revision 0006)
+    burst_gpu_seconds: float | None = None
 
     @classmethod
     def from_allocation(
@@ -90,6 +98,8 @@ class UsageRecord:
             granted_at=granted,
             last_seen=max(granted, at or granted),
             hub_groups=",".join(sorted(set(hub_groups))),
+            memory_limit_mib=allocation.memory_limit_mib if allocation.elastic else 0,
+            cores_limit_percent=allocation.cores_limit_percent if allocation.elastic else 0,
         )
 
     @classmethod

@@ -10,6 +10,10 @@ counts until ``now``). For that part, of ``h`` hours, it adds:
 - ``busy_gpu_hours`` / ``idle_gpu_hours``: ``gpu_hours`` split by the busy fraction measured by
   the activity samples (busy seconds / sampled seconds); records without activity add to
   ``unmetered_gpu_hours`` instead. ``idle_gpu_hours`` is the waste the culler could reclaim;
+- ``burst_gpu_hours``: what an elastic slice used above its request (``gpu_hours`` count the
+  request, what was guaranteed): its measured burst card-seconds (memory in use past the request
+  over one card's memory, per activity sample), the part of them inside the period in proportion
+  to its time there. Compute above the request is not measured per slice, so it is not counted;
 - ``swapped_hours``: of a kernel swapped out to host memory (docs/culler.md), the hours from its
   release (cause ``swapped``) until it resumed or was stopped, inside the period: it kept its
   state and held no slice, so these hours cost nothing and are not in ``gpu_hours``; they fall
@@ -45,6 +49,7 @@ METRICS = (
     "idle_gpu_hours",
     "unmetered_gpu_hours",
     "swapped_hours",
+    "burst_gpu_hours",
     "cost",
     "unpriced_gpu_hours",
 )
@@ -219,6 +224,9 @@ def _add(row: dict[str, Any], record: UsageRecord, hours: float, prices: PriceTa
         row["idle_gpu_hours"] += gpu_hours * (1 - busy)
     else:
         row["unmetered_gpu_hours"] += gpu_hours
+    if record.burst_gpu_seconds:
+        lived = max(record.end(record.last_seen) - record.granted_at, 1e-9) / 3600.0
+        row["burst_gpu_hours"] += record.burst_gpu_seconds / 3600.0 * min(1.0, hours / lived)
     cost = prices.cost(record, hours)
     if cost is None:
         row["unpriced_gpu_hours"] += gpu_hours

@@ -51,6 +51,10 @@ usage = Table(
     Column("resumes", String(255), nullable=True),
     # revision 0005: when its swapped period ended (its resume's grant, or the kernel stopped while swapped out)
     Column("swap_ended_at", Double, nullable=True),
+    # revision 0006: an elastic slice's limits and its use above its request
+    Column("memory_limit_mib", Integer, nullable=False, server_default="0"),  # per GPU; 0: none
+    Column("cores_limit_percent", Integer, nullable=False, server_default="0"),  # per GPU; 0: none
+    Column("burst_gpu_seconds", Double, nullable=True),  # card-seconds above the request; NULL: unknown
     Index("ix_elastic_gpu_usage_granted_at", "granted_at"),
     Index("ix_elastic_gpu_usage_released_at", "released_at"),
     Index("ix_elastic_gpu_usage_user", "user"),

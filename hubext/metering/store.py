@@ -51,6 +51,7 @@ ACTIVITY_COLUMNS = (
     "memory_used_mean_mib",
     "activity_samples",
     "busy_periods",
+    "burst_gpu_seconds",
 )
 
 

@@ -82,6 +82,7 @@ def test_report_by_user_matches_the_hand_computed_example():
             "idle_gpu_hours": 0.75,
             "unmetered_gpu_hours": 4.0,
             "swapped_hours": 0.0,
+            "burst_gpu_hours": 0.0,
             "cost": 1.0 * 4.0 + 2 * 2 * 4.0,
             "unpriced_gpu_hours": 0.0,
         }

@@ -13,6 +13,10 @@ from hubext.metering.schema import VERSION_TABLE
 from hubext.metering.store import UsageStore, head_revision
 
 
+#: columns revision 0006 added (an elastic slice's limits and burst)
+NEWER_0006 = ("memory_limit_mib", "cores_limit_percent", "burst_gpu_seconds")
+
+
 def record(rid: str, user: str = "alice", granted_at: float = 1000.0, **kw) -> dict:
     data = dict(
         id=rid,
@@ -41,7 +45,7 @@ def test_an_empty_database_is_migrated_to_head(tmp_path):
     store = UsageStore(f"sqlite:///{tmp_path / 'hub.sqlite'}")
     assert store.revision() is None
     store.upgrade()
-    assert store.revision() == head_revision() == "0005"
+    assert store.revision() == head_revision() == "0006"
     columns = {c["name"] for c in inspect(store.engine).get_columns("elastic_gpu_usage")}
     assert {
         "busy_seconds",
@@ -208,7 +212,7 @@ def test_a_swapped_out_kernel_and_its_resume_express_the_swapped_period_from_the
     path = tmp_path / "hub.sqlite"
     store = UsageStore(f"sqlite:///{path}")
     store.upgrade("0003")
-    old = {k: v for k, v in record("old").items() if k not in ("resumes", "swap_ended_at")}  # a 0003 row
+    old = {k: v for k, v in record("old").items() if k not in ("resumes", "swap_ended_at", *NEWER_0006)}  # 0003
     with sqlite3.connect(path) as db:
         db.execute(
             f"INSERT INTO elastic_gpu_usage ({', '.join(old)}) VALUES ({', '.join('?' * len(old))})", list(old.values())
@@ -270,7 +274,8 @@ def test_the_0005_migration_ends_the_swapped_periods_of_resumed_kernels(tmp_path
     ]
     with sqlite3.connect(path) as db:
         for row in rows:
-            row.pop("swap_ended_at", None)  # a row the 0004 code wrote
+            for key in ("swap_ended_at", *NEWER_0006):  # a row the 0004 code wrote
+                row.pop(key, None)
             db.execute(
                 f"INSERT INTO elastic_gpu_usage ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                 list(row.values()),
