@@ -48,7 +48,8 @@ class Mix:
         """The most frequent GPU shapes with their mean CPU and host memory, and their shares
         (summing to 1); empty before any grant."""
         if self._types is None:
-            common = self._counts.most_common(self.top)
+            # a stable order: fgd keeps per-node work per list of shapes
+            common = sorted(self._counts.most_common(self.top))
             total = sum(n for _, n in common)
             self._types = [
                 ((*gpu, self._node[gpu][0] // n, self._node[gpu][1] // n), n / total)
