@@ -1,6 +1,9 @@
 """The images `./dev images` built, run: the hub image initialises JupyterHub under z2jh's config
-shape, the agent image installs its shim that caps a container of the kernel image, the kernel
-image runs the launcher's kernel command. Each image carries only what it needs.
+shape and serves behind configurable-http-proxy, the agent image installs its shim that caps a
+container of the kernel image, the kernel image runs the launcher's kernel command. Each image
+carries only what it needs. In the Kubernetes emulator, pods of the built images run from the
+images' own filesystems (tests/kubeemu/images.py from_engine): a pod of the agent image, and a
+z2jh-shaped hub Deployment of the hub image beside our chart installed by `helm install`.
 
 `./dev images` builds the images, then runs this file with ``ELASTIC_GPU_IMAGES`` naming them
 (``hub=... agent=... kernel=...``) and ``DOCKER_HOST`` its engine. Without that variable (the main
@@ -81,6 +84,53 @@ def test_the_hub_image_carries_jupyterhub_5_but_no_jupyterlab_or_jupyter_server(
     found = json.loads(in_image(IMAGES["hub"], MISSING % (["jupyterlab", "jupyter_server", "notebook"],)))
     assert not any(found.values()), f"the hub image carries {[n for n, f in found.items() if f]}"
     assert in_image(IMAGES["hub"], "import jupyterhub; print(jupyterhub.__version__)").startswith("5.")
+
+
+def test_a_pod_of_the_agent_image_runs_the_images_contents_in_the_kubernetes_emulator(tmp_path):
+    """The emulator's kubelet runs a pod of an image this engine holds from that image's own
+    filesystem (tests/kubeemu/images.py from_engine): the pod's python is the image's, which has
+    our package and neither JupyterLab nor KubeSpawner (this test's own environment has both), and
+    the in-cluster configuration the kubelet mounts works from inside the image."""
+    from tests.kubeemu import KubeEmulator
+    from tests.kubeemu.images import from_engine
+
+    emu = KubeEmulator(namespaces=["jhub"])
+    emu.start()
+    try:
+        emu.images[IMAGES["agent"]] = from_engine(IMAGES["agent"], tmp_path / "agent", DOCKER)
+        code = (MISSING % (["jupyterlab", "kubespawner", "libvgpu"],)) + INCLUSTER
+        emu.create({"metadata": {"name": "probe"}, "spec": {"restartPolicy": "Never", "containers": [
+            {"name": "main", "image": IMAGES["agent"], "command": ["python", "-c", code]}]}}, "pods", "jhub")
+        pod = emu.wait_for_pod_phase("probe", ("Succeeded", "Failed"), "jhub", timeout=120)
+        log = emu.pod_log("probe", "jhub")
+        assert pod["status"]["phase"] == "Succeeded", log
+        found_line, status = log.strip().splitlines()[-2:]
+        assert json.loads(found_line) == {"jupyterlab": False, "kubespawner": False, "libvgpu": True}
+        # the default service account may not list pods: the API server knew who asked
+        assert status == "403", log
+        import importlib.util
+
+        assert importlib.util.find_spec("jupyterlab") is not None  # here, not in the pod
+    finally:
+        emu.stop()
+
+
+INCLUSTER = """
+import asyncio
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.rest import ApiException
+
+async def main():
+    config.load_incluster_config()  # the token, CA and KUBERNETES_SERVICE_HOST the kubelet gave
+    async with client.ApiClient() as api:
+        try:
+            await client.CoreV1Api(api).list_namespaced_pod("jhub")
+            print(200)
+        except ApiException as e:
+            print(e.status)
+
+asyncio.run(main())
+"""
 
 
 # ---- the hub image: JupyterHub 5 initialised under z2jh's config shape ------------------------
@@ -228,6 +278,102 @@ c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
         assert "Traceback" not in log, log[-4000:]
     finally:
         docker("rm", "-f", name, check=False)
+        proxy.terminate()
+        proxy.wait(10)
+        emu.stop()
+
+
+# z2jh 4.x's hub Role (templates/hub/rbac.yaml)
+Z2JH_HUB_RULES = [
+    {"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims", "secrets", "services"],
+     "verbs": ["get", "watch", "list", "create", "delete"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "watch", "list"]},
+]
+
+
+def test_a_z2jh_shaped_hub_deployment_of_the_hub_image_comes_up_beside_our_chart_in_the_emulator(tmp_path):
+    """`helm install` of our chart (the documented z2jh values) into the Kubernetes emulator, and a
+    hub Deployment shaped like z2jh's: the hub image, its `hub` ServiceAccount with z2jh's Role,
+    the config as a ConfigMap (jupyterhub_config.py by subPath), our admission ConfigMap mounted,
+    POD_NAMESPACE from the downward API, a readiness probe on /hub/health, a `hub` Service. The
+    pod runs from the hub image's own filesystem, talks to the API with its service account's
+    token (RBAC as bound by z2jh's Role and our chart's), and becomes Ready."""
+    import urllib.error
+    import urllib.request
+
+    from tests.kubeemu import KubeEmulator
+    from tests.kubeemu.images import from_engine
+
+    ns, api_port = "jhub", free_port()
+    emu = KubeEmulator(namespaces=[ns])
+    emu.start()
+    chp = tools.REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+    proxy = subprocess.Popen(  # z2jh's proxy pod; its image is not built here
+        [str(chp), "--ip", "127.0.0.1", "--port", str(free_port()), "--api-ip", "127.0.0.1",
+         "--api-port", str(api_port)],
+        env={**os.environ, "CONFIGPROXY_AUTH_TOKEN": "proxy-token"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        emu.images[IMAGES["hub"]] = from_engine(IMAGES["hub"], tmp_path / "hub", DOCKER)
+        proc = tools.helm("install", "elastic-gpu", str(tools.CHART), "-n", ns, "--kubeconfig",
+                          emu.tls_kubeconfig_path, "-f", str(tools.CHART / "examples" / "z2jh-integration.yaml"),
+                          "--set", "culler.enabled=false", "--set", "nodeAgent.enabled=false", timeout=240)
+        assert proc.returncode == 0, proc.stderr
+        rbac = "rbac.authorization.k8s.io/v1"
+        if emu.get("serviceaccounts", "hub", ns) is None:
+            emu.create({"metadata": {"name": "hub"}}, "serviceaccounts", ns)
+        emu.create({"apiVersion": rbac, "kind": "Role", "metadata": {"name": "hub", "namespace": ns},
+                    "rules": Z2JH_HUB_RULES})
+        emu.create({"apiVersion": rbac, "kind": "RoleBinding", "metadata": {"name": "hub", "namespace": ns},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "hub"},
+                    "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": ns}]})
+        config = Z2JH_CONFIG + f'c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"\n'
+        emu.create({"metadata": {"name": "hub"}, "data": {
+            "jupyterhub_config.py": config, "values.yaml": (tools.Z2JH_EXAMPLES / "values.yaml").read_text()}},
+            "configmaps", ns)
+        labels = {"app": "jupyterhub", "component": "hub"}
+        emu.create({"metadata": {"name": "hub"}, "spec": {"selector": labels, "ports": [
+            {"name": "hub", "port": 8081, "targetPort": 8081}]}}, "services", ns)
+        container = {
+            "name": "hub", "image": IMAGES["hub"],
+            "args": ["jupyterhub", "--config", "/usr/local/etc/jupyterhub/jupyterhub_config.py"],
+            "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
+            "volumeMounts": [
+                {"name": "config", "mountPath": "/usr/local/etc/jupyterhub/jupyterhub_config.py",
+                 "subPath": "jupyterhub_config.py"},
+                {"name": "config", "mountPath": "/etc/z2jh/values.yaml", "subPath": "values.yaml"},
+                {"name": "admission", "mountPath": "/etc/elastic-gpu"}],
+            "ports": [{"name": "http", "containerPort": 8081}],
+            "readinessProbe": {"httpGet": {"path": "/hub/health", "port": "http"}, "periodSeconds": 2},
+        }
+        emu.create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "hub", "labels": labels},
+                    "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {"serviceAccountName": "hub", "containers": [container], "volumes": [
+                            {"name": "config", "configMap": {"name": "hub"}},
+                            {"name": "admission", "configMap": {"name": "elastic-gpu-admission"}}]}}}},
+                   "deployments", ns, group="apps")
+
+        def ready_hub() -> dict | None:
+            for pod in emu.list("pods", ns, label_selector="component=hub"):
+                conditions = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions") or []}
+                if conditions.get("Ready") == "True":
+                    return pod
+                if pod.get("status", {}).get("phase") in ("Failed", "Succeeded"):
+                    raise AssertionError(emu.pod_log(pod["metadata"]["name"], ns)[-4000:])
+            return None
+
+        try:
+            pod = emu.wait_for(ready_hub, timeout=240, message="the hub pod Ready")
+        except Exception:
+            logs = [emu.pod_log(p["metadata"]["name"], ns)[-4000:] for p in emu.list("pods", ns)]
+            raise AssertionError("\n".join(logs)) from None
+        name = pod["metadata"]["name"]
+        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8081/hub/health", timeout=10) as r:
+            assert r.status == 200
+        log = emu.pod_log(name, ns)
+        assert "Traceback" not in log and "Forbidden" not in log, log[-4000:]
+    finally:
         proxy.terminate()
         proxy.wait(10)
         emu.stop()

@@ -838,9 +838,13 @@ class PodRuntime:
             uid, gid, groups = ctr.identity(pod, container, image)
         except ValueError as e:
             raise PrepareError("CreateContainerConfigError", str(e)) from None
-        base = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
-        bindir = os.path.dirname(sys.executable)
-        base["PATH"] = bindir + os.pathsep + base.get("PATH", os.defpath)
+        own_fs = image.rootfs is not None  # the image's filesystem, not this machine's
+        if own_fs:  # only what the image says (containerd's default PATH when it says none)
+            base = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+        else:
+            base = {k: os.environ[k] for k in BASE_ENV_KEYS if k in os.environ}
+            bindir = os.path.dirname(sys.executable)
+            base["PATH"] = bindir + os.pathsep + base.get("PATH", os.defpath)
         hostname = pod["spec"].get("hostname") or self.name
         # the API server's address, as the kubelet injects it for in-cluster clients
         api = {"KUBERNETES_SERVICE_HOST": "127.0.0.1",
@@ -854,19 +858,24 @@ class PodRuntime:
             "KUBEEMU_POD_NAMESPACE": self.ns, "KUBEEMU_POD_UID": self.uid,
             "KUBEEMU_NODE_NAME": self.node,
         })
-        argv = [expand(a, env) for a in (container.get("command") or [])
-                + (container.get("args") or [])]
+        command = [expand(a, env) for a in container.get("command") or []]
+        args = [expand(a, env) for a in container.get("args") or []]
+        argv = image.argv(command, args) if own_fs else command + args
+        if own_fs and not argv:
+            raise PrepareError("CreateContainerError", "failed to generate container spec: no command specified")
         mounts = [{"source": src, "target": dst} for src, dst in self.emu.node_mounts]
         mounts += self._mounts(pod, container)
         mounts.append({"source": str(self.hosts_path), "target": "/etc/hosts"})
         shim = self.kubelet.netshim
+        if own_fs:  # the pod network library, where the container's preload names it
+            mounts.append({"source": os.path.dirname(shim), "target": os.path.dirname(shim), "readOnly": True})
         files = []
         if any(m["target"] == "/etc/ld.so.preload" for m in mounts):
             env["LD_PRELOAD"] = shim + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
         else:
             host = ""
             with contextlib.suppress(OSError):
-                host = Path("/etc/ld.so.preload").read_text()
+                host = Path(image.rootfs or "/", "etc/ld.so.preload").read_text()
             files.append({"path": "/etc/ld.so.preload",
                           "content": (host.rstrip("\n") + "\n" if host.strip() else "") + shim
                           + "\n"})
@@ -875,9 +884,9 @@ class PodRuntime:
         return {
             "argv": argv, "env": env, "cwd": container.get("workingDir") or image.workdir,
             "uid": uid, "gid": gid, "groups": groups, "hostname": hostname,
-            "mounts": mounts, "files": files, "hide": [str(self.emu.data_dir)],
+            "mounts": mounts, "files": files, "hide": [] if own_fs else [str(self.emu.data_dir)],
             "dirs": [{"path": image.home, "uid": image.uid, "gid": image.gid}],
-            "traverse": self.kubelet.interpreter_dirs,
+            "traverse": [] if own_fs else self.kubelet.interpreter_dirs, "lower": image.rootfs,
             "readOnlyRoot": ctr.read_only_root(container),
             "memory_limit": int(quantity.parse(limit)) if limit else None,
         }

@@ -29,6 +29,7 @@ import json
 import os
 import signal
 import sys
+import warnings  # noqa: F401 - os.execvpe imports it lazily, after the chroot into an image
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -126,11 +127,14 @@ def _setup_rootfs(spec: dict) -> str:
     root, upper, work = spec["rootfs"], spec["upper"], spec["work"]
     for d in (root, upper, work):
         os.makedirs(d, exist_ok=True)
-    mount("overlay", root, "overlay", 0, f"lowerdir=/,upperdir={upper},workdir={work}")
+    lower = spec.get("lower") or "/"  # the image's filesystem, else this machine's
+    mount("overlay", root, "overlay", 0, f"lowerdir={lower},upperdir={upper},workdir={work}")
 
     def inside(p: str) -> str:
         return os.path.join(root, p.lstrip("/"))
 
+    for d in ("/dev", "/sys", "/proc", "/etc"):  # mount points an image may lack (in its layer)
+        os.makedirs(inside(d), exist_ok=True)
     mount("/dev", inside("/dev"), None, MS_BIND | MS_REC)
     mount("shm", inside("/dev/shm"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     mount("/sys", inside("/sys"), None, MS_BIND | MS_REC)
