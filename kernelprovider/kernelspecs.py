@@ -8,6 +8,7 @@ the kernel needs no signal from the notebook server.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -17,6 +18,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from quotas.messages import mib
 
 PROVISIONER_NAME = "elastic-gpu-provisioner"
 SPEC_PREFIX = "elastic-gpu-"
@@ -48,6 +51,34 @@ def kernelspec(size: Mapping[str, Any], language_display: str = "Python 3", pyth
             "kernel_provisioner": {"provisioner_name": PROVISIONER_NAME, "config": {"size": name}},
         },
     }
+
+
+def size_label(size: Mapping[str, Any]) -> tuple[str, str]:
+    """The two lines a GPU kernel's launcher icon shows: memory ("10 GiB", "2 × 40 GiB", "whole")
+    and compute ("25%", "1 GPU", "2 GPUs")."""
+    count = size.get("count", 1) if isinstance(size.get("count", 1), int) else 1
+    if size.get("whole"):
+        return "whole", f"{count} GPU{'s' if count != 1 else ''}"
+    memory = mib(size.get("memory_mib")) if isinstance(size.get("memory_mib"), int | float) else "GPU"
+    if count > 1:
+        memory = f"{count} × {memory}"
+    cores = size.get("cores_percent")
+    return memory, f"{cores}%" if isinstance(cores, int | float) else ""
+
+
+def logo_svg(size: Mapping[str, Any]) -> str:
+    """The launcher icon of a GPU kernel size (``logo-svg.svg`` in its kernelspec): "GPU" and its size."""
+    memory, compute = (html.escape(part) for part in size_label(size))
+    return (
+        '<svg xmlns="http://www.w3.org/2000/svg" width="64" height="64" viewBox="0 0 64 64">'
+        '<rect x="2" y="2" width="60" height="60" rx="8" fill="#76b900"/>'
+        '<text x="32" y="22" font-family="sans-serif" font-size="15" font-weight="bold" fill="#fff" '
+        'text-anchor="middle">GPU</text>'
+        f'<text class="egpu-size" x="32" y="40" font-family="sans-serif" font-size="{11 if len(memory) < 8 else 8}" '
+        f'fill="#fff" text-anchor="middle">{memory}</text>'
+        f'<text x="32" y="55" font-family="sans-serif" font-size="10" fill="#fff" text-anchor="middle">{compute}</text>'
+        "</svg>"
+    )
 
 
 def fetch_sizes(hub_url: str, token: str, timeout: float = 15.0) -> list[dict[str, Any]]:
@@ -98,6 +129,9 @@ def install(
             with open(os.path.join(tmp, "kernel.json"), "w") as f:
                 json.dump(spec, f, indent=1)
             os.chmod(os.path.join(tmp, "kernel.json"), 0o644)
+            with open(os.path.join(tmp, "logo-svg.svg"), "w") as f:  # the launcher's icon: the size
+                f.write(logo_svg(size))
+            os.chmod(os.path.join(tmp, "logo-svg.svg"), 0o644)
             try:
                 path = ksm.install_kernel_spec(tmp, kernel_name=name, user=user, prefix=prefix)
             except OSError as e:

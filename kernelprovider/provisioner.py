@@ -80,6 +80,26 @@ class GPUKernelError(web.HTTPError):
         return self.log_message
 
 
+#: how the broker begins its answer for a kernel it stopped (``hubext.broker.handlers``)
+STOPPED_PREFIX = "The hub stopped this GPU kernel: "
+
+
+#: kernels of this server the hub stopped, newest last: Jupyter kernel id -> the broker's last model
+#: of it, with ``state: "stopped"`` and the hub's reason (read by :mod:`kernelprovider.labstatus`;
+#: jupyter_server forgets a dead kernel at once, the user is told about it later)
+STOPPED_BY_HUB: dict[str, dict[str, Any]] = {}
+STOPPED_KEPT = 100
+
+
+def stopped_reason(data: Any) -> str:
+    """Why the hub stopped a kernel, from the broker's 404 answer: "the hub stopped it", with the
+    hub's reason (who stopped it and the reason they gave) when the broker kept it."""
+    message = str(data.get("message", "")) if isinstance(data, dict) else ""
+    if message.startswith(STOPPED_PREFIX):
+        return "the hub stopped it: " + message[len(STOPPED_PREFIX) :].rstrip(".")
+    return "the hub stopped it"
+
+
 class ElasticGPUProvisioner(KernelProvisionerBase):
     """Kernels with a GPU slice, started by the hub's GPU broker."""
 
@@ -137,6 +157,27 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
         self._shutting_down = False
         self._deleted = False  # the broker's record is gone (deleted by us, or by the hub)
         self._gone_reason = ""  # set when the hub stopped it: then a restart must not take a new slice
+
+    def _stopped_by_hub(self, data: Any) -> None:
+        """The broker no longer knows the kernel (404): remember why, and let it die without a restart."""
+        self._deleted = True
+        self._gone_reason = self._gone_reason or stopped_reason(data)
+        self.model = {**self.model, "state": "stopped", "exit_code": 1, "reason": self._gone_reason}
+        if self.kernel_id:
+            STOPPED_BY_HUB.pop(self.kernel_id, None)
+            STOPPED_BY_HUB[self.kernel_id] = dict(self.model)
+            while len(STOPPED_BY_HUB) > STOPPED_KEPT:
+                STOPPED_BY_HUB.pop(next(iter(STOPPED_BY_HUB)))
+        self.log.warning("GPU kernel %s (kernel %s): %s", self.remote_id, self.kernel_id, self._gone_reason)
+        self._no_autorestart()
+
+    def _no_autorestart(self) -> None:
+        """The hub stopped the kernel on purpose: jupyter_client's restarter must not try to start it
+        again (JupyterLab would show "The kernel appears to have died. It will restart automatically.",
+        and the restart is refused anyway); JupyterLab's extension tells the user the hub's reason."""
+        restarter = getattr(self.parent, "_restarter", None)  # jupyter_client's KernelRestarter, if started
+        if restarter is not None:
+            restarter.restart_limit = 0  # this poll's "not alive" then reports the kernel dead, not restarting
 
     # ---- talking to the broker ---------------------------------------------------------------
 
@@ -310,8 +351,7 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
     async def _restart_remote(self) -> None:
         code, data = await self._api("POST", self._kernel_path("/restart"), timeout=self.request_timeout + 30)
         if code == 404:
-            self._deleted = True
-            self._gone_reason = self._gone_reason or "the hub stopped it"
+            self._stopped_by_hub(data)
             raise GPUKernelError(f"The GPU kernel cannot be restarted: {self._gone_reason}. Start a new kernel.", 410)
         if code != 200:
             raise GPUKernelError(self._message(code, data), code if 400 <= code < 600 else 500)
@@ -330,10 +370,7 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
                 self.log.warning("GPU kernel %s: poll failed, assuming it runs: %s", self.remote_id, e.message)
                 return None
             if code == 404:
-                self.model = {**self.model, "state": "stopped", "exit_code": 1}
-                self._deleted = True
-                self._gone_reason = "the hub stopped it"
-                self.log.warning("GPU kernel %s (kernel %s) was stopped by the hub", self.remote_id, self.kernel_id)
+                self._stopped_by_hub(data)
                 return 1
             if code == 200:
                 self.model = data

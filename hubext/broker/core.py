@@ -46,6 +46,9 @@ from .reclaim import ReclaimMixin
 from .sizes import SIGNATURE_SCHEMES, BrokerError, SizesMixin, is_unicode, validate_sizes
 from .swap import SwapMixin, key_digest
 
+#: how many deleted kernels' reasons the broker keeps for their servers to read
+STOPPED_KEPT = 1000
+
 
 class GPUBroker(SizesMixin, SwapMixin, ReclaimMixin, SingletonConfigurable):
     """The hub's GPU kernel broker: one per hub process, next to the one GPUAllocator."""
@@ -131,6 +134,8 @@ class GPUBroker(SizesMixin, SwapMixin, ReclaimMixin, SingletonConfigurable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.kernels: dict[str, KernelRecord] = {}
+        #: kernels deleted lately: id -> (user, why), so their server learns why (an admin's reason)
+        self.stopped: dict[str, tuple[str, str]] = {}
         self.launcher: KernelLauncher | None = None
         self.users: Any = None
         self._locks: dict[str, asyncio.Lock] = {}
@@ -473,6 +478,9 @@ class GPUBroker(SizesMixin, SwapMixin, ReclaimMixin, SingletonConfigurable):
         why, cause = self._stop_cause(record, why, forget=True)
         async with self._lock(record.id):
             self.kernels.pop(record.id, None)
+            self.stopped[record.id] = (record.user, why)
+            while len(self.stopped) > STOPPED_KEPT:
+                self.stopped.pop(next(iter(self.stopped)))
             try:
                 await self.launcher.delete(record)
             finally:

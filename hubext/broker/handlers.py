@@ -23,6 +23,8 @@ from .sizes import BrokerError, bad_text_in
 KERNELS_SCOPE = "custom:elastic-gpu:kernels"
 ADMIN_SCOPE = "custom:elastic-gpu:admin"
 SIZES_SCOPE = "custom:elastic-gpu:sizes"
+#: a deleted kernel's 404 to its owner: this, then who stopped it and why (the provisioner reads it)
+STOPPED_PREFIX = "The hub stopped this GPU kernel: "
 
 #: for ``c.JupyterHub.custom_scopes``
 CUSTOM_SCOPES: dict[str, dict[str, Any]] = {
@@ -98,6 +100,9 @@ class BrokerAPIHandler(APIHandler):
     def find_kernel(self, kernel_id: str) -> KernelRecord:
         record = self.broker.kernels.get(kernel_id)
         if record is None or not self.may_act_for(record.user):
+            user, why = self.broker.stopped.get(kernel_id, ("", ""))
+            if record is None and user and self.may_act_for(user):  # its owner learns who stopped it, and why
+                raise BrokerError(f"{STOPPED_PREFIX}{why}.", 404)
             # the same answer for "not yours" and "does not exist": ids are not disclosed
             raise BrokerError(f"No GPU kernel {kernel_id!r}.", 404)
         return record

@@ -33,6 +33,10 @@ def checkout(tmp_path) -> Path:
     (root / "node_modules" / ".bin").mkdir(parents=True)
     proxy = "node_modules/.bin/configurable-http-proxy"
     (root / proxy).symlink_to(REPO / proxy)
+    shutil.copytree(REPO / "labextension" / "jupyter-config", root / "labextension" / "jupyter-config")
+    lab = root / ".venv" / "share" / "jupyter" / "labextensions" / "@elastic-gpu"
+    lab.mkdir(parents=True)
+    (lab / "jupyterlab").symlink_to(REPO / "kernelprovider" / "labextension")
     stamp = dev(root, "stamp")
     assert stamp.returncode == 0 and len(stamp.stdout.strip()) == 64, stamp
     (root / ".venv" / ".dev-install-stamp").write_text(stamp.stdout)

@@ -1,0 +1,211 @@
+"""What JupyterLab shows of a GPU kernel: the server extension behind the ``@elastic-gpu/jupyterlab``
+status item and notifications.
+
+``GET {base_url}elastic-gpu/kernels`` answers, for each GPU kernel of this server (keyed by its
+Jupyter kernel id), the broker's view of it: its slice (memory guaranteed and limit, compute
+share, memory in use), its state (running, swapped out, queued for a GPU at a position, stopped
+and why). The hub is asked with the server's own token (``$JUPYTERHUB_API_TOKEN``, which holds
+the kernel scope for this user only) about ``$JUPYTERHUB_USER``: who is asked about comes from the
+server, never from the browser, and no new credential reaches a kernel or the page.
+
+A kernel the hub stopped (an admin) is no longer listed by the hub; its provisioner in this
+server kept the hub's reason (:data:`kernelprovider.provisioner.STOPPED_BY_HUB`), which is
+answered as ``state: "stopped"`` with that reason.
+
+Enabled by ``jupyter-config/jupyter_server_config.d/elastic_gpu.json`` (installed with the package).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+from urllib.parse import quote
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.httpclient import AsyncHTTPClient, HTTPRequest
+
+from quotas.messages import mib
+
+from .provisioner import STOPPED_BY_HUB
+
+#: jupyter_server's authorization resource for this endpoint: reading kernels
+AUTH_RESOURCE = "kernels"
+#: JupyterLab shows at most this many characters of a notification's message
+NOTICE_CHARS = 140
+#: the fields of the broker's kernel model the page reads (nothing else is relayed)
+RELAYED = ("state", "reason", "size", "memory_mib", "cores_percent", "gpu_count", "gpu_swapped", "swap", "activity")
+
+#: how the provisioner begins the reason of a kernel the hub stopped (``stopped_reason``)
+HUB_STOPPED = "the hub stopped it: "
+SWAP_FIELDS = ("state", "position", "since", "cull_at", "reason", "host_mib", "waiting_reason")
+
+
+def _minutes(seconds: float) -> str:
+    minutes = max(1, math.ceil(seconds / 60))
+    return f"{minutes} min"
+
+
+def slice_text(view: dict[str, Any]) -> str:
+    """The slice in a few words: "GPU 1.5 GiB / 4 GiB, 25% compute" (memory in use / guaranteed)."""
+    used = (view.get("activity") or {}).get("memory_used_mib")
+    size = mib(view.get("memory_mib"))
+    memory = f"{mib(used)} / {size}" if isinstance(used, int | float) else size
+    limit = view.get("memory_limit_mib")
+    if isinstance(limit, int | float) and limit > (view.get("memory_mib") or 0):
+        memory += f" (up to {mib(limit)})"
+    count = view.get("gpu_count") or 1
+    cards = f"{count} × " if count > 1 else ""
+    return f"GPU {cards}{memory}, {view.get('cores_percent', 100)}% compute"
+
+
+def short(sentence: str, detail: str, rest: str = "") -> str:
+    """``sentence`` with ``detail`` put in where it says ``{}``, cut (…) so the whole fits in
+    NOTICE_CHARS: JupyterLab cuts a notification's message there, and the end says what to do."""
+    room = NOTICE_CHARS - len(sentence.format("")) - len(rest)
+    if len(detail) > room:
+        detail = detail[: max(0, room - 1)].rstrip() + "…"
+    return sentence.format(detail) + rest
+
+
+def describe(view: dict[str, Any], now: float) -> dict[str, str]:
+    """What JupyterLab shows of one kernel: ``status`` (the status bar, its tooltip ``detail``),
+    ``event`` (a key that changes when the user should be told something), ``notice`` (that
+    sentence, at most NOTICE_CHARS) and ``level`` (info, success, warning, error: JupyterLab's
+    notification kinds)."""
+    state = view.get("state")
+    swap = view.get("swap") if isinstance(view.get("swap"), dict) else {}
+    if state == "stopped" or state == "failed":
+        reason = str(view.get("reason") or "it stopped")
+        by_hub = reason.startswith(HUB_STOPPED)
+        why = reason[len(HUB_STOPPED) :] if by_hub else reason
+        said = "The hub stopped your GPU kernel ({})." if by_hub else "Your GPU kernel stopped ({})."
+        return {
+            "status": f"GPU kernel {'stopped by the hub' if by_hub else 'stopped'}: {why}",
+            "detail": f"{said.format(why)} Its variables are lost; start a new kernel (Kernel → Change Kernel) "
+            "to run cells again.",
+            "event": "stopped",
+            "notice": short(said, why, " Start a new kernel; its variables are lost."),
+            "level": "error",
+        }
+    if state == "pending":
+        return {"status": "GPU kernel starting", "detail": "", "event": "pending", "notice": "", "level": "info"}
+    stop_in = ""
+    if isinstance(swap.get("cull_at"), int | float):
+        stop_in = f"; stopped in {_minutes(swap['cull_at'] - now)} unless a cell runs"
+    if swap.get("state") == "queued":
+        position = swap.get("position")
+        if isinstance(position, int):
+            where = f"position {position + 1} in the GPU queue ({position} request{'s' if position != 1 else ''} ahead)"
+        else:
+            where = "in the GPU queue"
+        why = f" {swap['waiting_reason']}" if swap.get("waiting_reason") else ""
+        return {
+            "status": f"GPU queued: {where}",
+            "detail": f"Your GPU kernel waits for a GPU to run its next cell: {where}.{why} Its variables are kept.",
+            "event": f"queued:{position}",
+            "notice": f"Your GPU kernel waits for a GPU: {where}. Its variables are kept.",
+            "level": "info",
+        }
+    if swap:
+        return {
+            "status": f"GPU swapped out ({mib(swap.get('host_mib'))} in host memory){stop_in}",
+            "detail": f"Your GPU kernel was swapped out ({swap.get('reason') or 'idle'}): its GPU memory was moved "
+            "to host memory and its slice given back. Its variables are kept; the next cell takes a GPU again "
+            f"first (it may wait for one){stop_in}.",
+            "event": "swapped",
+            "notice": short(
+                "Your GPU kernel was swapped out ({}).",
+                str(swap.get("reason") or "idle"),
+                " Its variables are kept; the next cell takes a GPU again first.",
+            ),
+            "level": "warning",
+        }
+    return {
+        "status": slice_text(view),
+        "detail": f"Your GPU kernel's slice: {slice_text(view)}.",
+        "event": "running",
+        "notice": f"Your GPU kernel is on a GPU again ({slice_text(view)}); its variables were kept.",
+        "level": "success",
+    }
+
+
+def slice_view(model: dict[str, Any], now: float | None = None) -> dict[str, Any]:
+    """The part of the broker's kernel model the page shows, with the slice's limit spelled out and
+    the words to show (:func:`describe`)."""
+    view = {k: model[k] for k in RELAYED if k in model}
+    swap = view.get("swap")
+    if isinstance(swap, dict):
+        view["swap"] = {k: swap.get(k) for k in SWAP_FIELDS}
+    gpu = model.get("gpu") if isinstance(model.get("gpu"), dict) else {}
+    limit = gpu.get("memory_limit_mib") or model.get("memory_limit_mib") or model.get("memory_mib")
+    if limit:
+        view["memory_limit_mib"] = limit
+    view.update(describe(view, time.time() if now is None else now))
+    return view
+
+
+class GPUKernelsHandler(APIHandler):
+    """GET {base_url}elastic-gpu/kernels: this server's GPU kernels as the hub's broker sees them."""
+
+    auth_resource = AUTH_RESOURCE
+
+    async def _from_hub(self) -> tuple[dict[str, dict[str, Any]], str]:
+        """The hub's models of this server's kernels by Jupyter kernel id, and why not ('' when answered)."""
+        api_url = os.environ.get("JUPYTERHUB_API_URL", "")
+        token = os.environ.get("JUPYTERHUB_API_TOKEN", "")
+        user = os.environ.get("JUPYTERHUB_USER", "")
+        if not (api_url and token and user):
+            return {}, "This server was not started by JupyterHub, so it has no GPU kernels."
+        request = HTTPRequest(
+            f"{api_url.rstrip('/')}/gpu/kernels?user={quote(user)}",
+            headers={"Authorization": f"token {token}"},
+            request_timeout=10,
+            connect_timeout=5,
+        )
+        try:
+            response = await AsyncHTTPClient().fetch(request, raise_error=False)
+        except OSError as e:
+            return {}, f"The hub cannot be reached ({e}); GPU state will show again when it answers."
+        if response.code != 200:
+            return {}, f"The hub's GPU broker answered HTTP {response.code}; GPU state is not shown."
+        try:
+            kernels = json.loads(response.body).get("kernels", [])
+        except (ValueError, AttributeError):
+            return {}, "The hub's GPU broker answered something that is not a kernel list."
+        server = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+        found = {
+            m["kernel_id"]: slice_view(m)
+            for m in kernels
+            if isinstance(m, dict) and m.get("kernel_id") and m.get("server_name", "") == server
+        }
+        return found, ""
+
+    @staticmethod
+    def _stopped_here() -> dict[str, dict[str, Any]]:
+        """Kernels of this server the hub stopped, with its reason (the provisioner kept them)."""
+        return {kernel_id: slice_view(model) for kernel_id, model in list(STOPPED_BY_HUB.items())}
+
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        kernels, unavailable = await self._from_hub()
+        for kernel_id, view in self._stopped_here().items():
+            kernels.setdefault(kernel_id, view)
+        self.finish(json.dumps({"kernels": kernels, "unavailable": unavailable}))
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "kernelprovider.labstatus"}]
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    """Add the endpoint to a jupyter_server (called by jupyter_server for enabled extensions)."""
+    web_app = serverapp.web_app
+    route = url_path_join(web_app.settings["base_url"], "elastic-gpu", "kernels")
+    web_app.add_handlers(".*$", [(route, GPUKernelsHandler)])

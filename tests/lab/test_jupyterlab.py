@@ -1,0 +1,285 @@
+"""What a notebook user is told inside JupyterLab, seen in headless Chromium: the launcher's GPU
+icons, the status-bar item (slice, swapped out, queued, stopped), the notifications (swap-out,
+queue position, resume, the culler's warning, an admin's stop with its reason) and no "It will
+restart automatically" dialog for a kernel the hub stopped.
+
+One real hub in single-machine mode with the broker, alice's and bob's real jupyter-servers
+running JupyterLab with the extension as the package installs it, GPU kernels through the real
+provisioner, the shim preloaded and the CUDA/NVML doubles as the driver (two 16 GiB cards), so
+swap-out is a real checkpoint of the kernel's CUDA process. Screenshots: ``<basetemp>/lab/*.png``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+from urllib.parse import quote
+
+import pytest
+import yaml
+
+from culler import service_role
+from tests.cli.browser import Browser, chromium_path
+from tests.culler.stack import CullerProcess, KernelTab
+from tests.hubrunner import HubRunner
+from tests.kernelprovider.helpers import CUDA_CELL, _broker_config, start_servers
+from tests.libvgpu.harness import build_all
+
+pytestmark = pytest.mark.timeout(600)
+
+SIZES = [{"name": "gpu-10g", "display_name": "GPU 10 GiB", "memory_mib": 10240, "cores_percent": 50}]
+ADMISSION = {
+    "priority_classes": {"default": {"value": 100, "preempt": False, "borrow": False}},
+    "default_priority_class": "default",
+    "placement": {"node": "binpack", "gpu": "binpack"},
+    "workspaces": {"default": {"namespaces": {"default": {}}}},
+}
+SPEC = "elastic-gpu-gpu-10g"
+CULLER_TOKEN = secrets.token_hex(16)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    if chromium_path() is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs it: apt-get install chromium)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    work = tmp_path_factory.mktemp("lab")
+    build = build_all(work / "build")
+    double = {
+        "CUDA_DOUBLE_STATE": str(work / "gpu.state"),
+        "CUDA_DOUBLE_DEVICES": "2",
+        "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",
+        "CUDA_DOUBLE_MEMORY_MIB": "16384",
+        "CUDA_DOUBLE_CONTEXT_MIB": "0",
+    }
+    (work / "gpu.state").touch()
+    (work / "gpu.state").chmod(0o666)
+    (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
+    prefix = work / "jupyter-prefix"
+    config = f"""
+from hubext.hubconfig import configure_hub
+configure_hub(c, mode="local", admission_config_file={str(work / "admission.yaml")!r},
+              data_dir={str(work / "data")!r}, culler=False)
+c.JupyterHub.spawner_class = "hubext.local.spawner.HubUserGPUSpawner"
+c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}
+c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}}
+c.Spawner.default_url = "/lab"
+c.LocalKernelLauncher.environment = {double!r}
+c.GPUBroker.max_queue_seconds = 60
+c.Authenticator.admin_users = {{"admin"}}
+c.Authenticator.allow_all = True
+c.JupyterHub.services.append({{"name": "culler-under-test", "api_token": {CULLER_TOKEN!r}}})
+c.JupyterHub.load_roles.append({service_role("culler-under-test", ["custom:elastic-gpu:admin"])!r})
+""" + _broker_config(SIZES)
+    hub = HubRunner(work, config, env={"LD_LIBRARY_PATH": str(build.lib_dir), **double})
+    try:
+        hub.start()
+        yield hub, start_servers(hub, prefix), work
+    finally:
+        hub.stop()
+
+
+async def until(browser: Browser, expression: str, timeout: float = 60) -> object:
+    """Wait until a page expression is truthy (the page changes by itself)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        value = await browser.evaluate(expression)
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            text = await browser.evaluate("document.body.innerText")
+            relay = await browser.evaluate(
+                "fetch(location.pathname.split('/lab')[0] + '/elastic-gpu/kernels', {headers: {'X-XSRFToken': "
+                "(document.cookie.match(/_xsrf=([^;]+)/) || [])[1]}}).then(r => r.text())"
+            )
+            text += "\nrelay: " + relay
+            errors = [
+                json.dumps(e.get("params", {}))[:600]
+                for e in browser._events
+                if e.get("method") in ("Runtime.exceptionThrown", "Runtime.consoleAPICalled")
+            ]
+            raise AssertionError(
+                f"JupyterLab never showed {expression!r}; it shows:\n{text[-1500:]}\nconsole:\n"
+                + "\n".join(errors[-15:])
+            )
+        await asyncio.sleep(0.3)
+
+
+STATUS = "((document.querySelector('.egpu-status') || {}).innerText || '')"
+
+
+def toast_with(text: str) -> str:
+    """An expression: the text of the notification toast that contains ``text`` ('' while none does)."""
+    return (
+        "Array.from(document.querySelectorAll('.Toastify__toast')).map(t => t.innerText)"
+        f".find(t => t.includes({json.dumps(text)})) || ''"
+    )
+
+
+async def open_lab(hub: HubRunner, user: str, notebook: str = "") -> Browser:
+    """JupyterLab in a logged-in browser: a notebook open, or (no notebook) a fresh workspace's launcher."""
+    browser = await Browser(width=1400, height=900).start()
+    await browser.goto(hub.url + "/hub/login")
+    await browser.submit_and_wait(  # the dummy authenticator takes any password
+        f"document.getElementById('username_input').value = {user!r};"
+        "document.getElementById('password_input').value = 'any';"
+        "document.querySelector('form').submit();"
+    )
+    if notebook:
+        await browser.goto(f"{hub.url}/user/{user}/lab/tree/{notebook}?reset")
+        await until(browser, "!!document.querySelector('.jp-NotebookPanel')", timeout=120)
+    else:
+        await browser.goto(f"{hub.url}/user/{user}/lab?reset")
+        await until(browser, "!!document.querySelector('.jp-Launcher')", timeout=120)
+    return browser
+
+
+def new_notebook(server, path: str) -> None:
+    """A notebook file whose kernel is the GPU kernel (JupyterLab starts it when it opens the file)."""
+    status, body = server.api(
+        "PUT",
+        f"/contents/{path}",
+        {
+            "type": "notebook",
+            "format": "json",
+            "content": {
+                "cells": [],
+                "metadata": {"kernelspec": {"name": SPEC, "display_name": "Python 3 (GPU 10 GiB)"}},
+                "nbformat": 4,
+                "nbformat_minor": 5,
+            },
+        },
+    )
+    assert status in (200, 201), body
+
+
+def lab_session(hub: HubRunner, server, path: str) -> dict:
+    """The session JupyterLab started for the notebook it opened (its GPU kernel, from the notebook's metadata)."""
+
+    def found() -> dict | None:
+        status, sessions = server.api("GET", "/sessions")
+        assert status == 200, sessions
+        return next((s for s in sessions if s["path"] == path and s.get("kernel")), None)
+
+    return hub.wait_for(found, 120, what=f"JupyterLab's session for {path}")
+
+
+def broker_id(hub: HubRunner, kernel_id: str) -> str:
+    status, body = hub.api("GET", "/gpu/kernels")
+    assert status == 200, body
+    return next(k["id"] for k in body["kernels"] if k["kernel_id"] == kernel_id)
+
+
+async def test_the_launcher_shows_each_gpu_kernel_with_an_icon_that_says_its_size(stack, tmp_path_factory):
+    hub, servers, _ = stack
+    browser = await open_lab(hub, "alice")
+    shots = tmp_path_factory.getbasetemp() / "lab"
+    try:
+        card = "document.querySelector('.jp-LauncherCard[title*=\"GPU 10 GiB\"] img')"
+        src = await until(browser, f"{card} && {card}.src", timeout=60)
+        assert "logo-svg" in src, src
+        svg = await browser.evaluate(f"fetch({json.dumps(src)}).then(r => r.text())")
+        assert ">10 GiB<" in svg and ">50%<" in svg and ">GPU<" in svg, svg
+        await browser.screenshot(shots / "launcher.png")
+    finally:
+        await browser.close()
+
+
+async def test_the_status_item_and_notifications_follow_a_gpu_kernel_through_swap_queue_warning_and_admin_stop(
+    stack, tmp_path_factory
+):
+    hub, servers, work = stack
+    shots = tmp_path_factory.getbasetemp() / "lab"
+    new_notebook(servers["alice"], "gpu.ipynb")
+    browser = await open_lab(hub, "alice", "gpu.ipynb")
+    session = await asyncio.to_thread(lab_session, hub, servers["alice"], "gpu.ipynb")
+    kernel_id = session["kernel"]["id"]
+    tab = KernelTab(hub, "alice", kernel_id)
+    bob_sessions: list[dict] = []
+    culler = None
+    try:
+        # running: the slice
+        assert "GPU 10 GiB, 50% compute" in await until(browser, f"{STATUS}.includes('GPU 10 GiB') && {STATUS}")
+        await browser.screenshot(shots / "status-running.png")
+        assert "alloc 0" in tab.execute(CUDA_CELL + "kept = 'still here'")
+
+        # swapped out (as the culler or the queue does it): a notification and the status say so
+        status, model = hub.api("POST", f"/gpu/kernels/{broker_id(hub, kernel_id)}/suspend?reason=idle")
+        assert status == 200 and model["gpu_swapped"], model
+        notice = await until(browser, toast_with("swapped out"))
+        assert "Its variables are kept" in notice and "1 GiB" not in notice.split("(")[0], notice
+        assert "GPU swapped out" in await until(browser, f"{STATUS}.includes('swapped out') && {STATUS}")
+        await browser.screenshot(shots / "swapped-out.png")
+
+        # queued: bob fills both cards, alice's next cell waits for a GPU, at a position
+        for _ in range(2):
+            status, bob = servers["bob"].start_session(SPEC)
+            assert status == 201, bob
+            bob_sessions.append(bob)
+        msg_id = tab.send_execute("print(kept)")
+        notice = await until(browser, toast_with("waits for a GPU"))
+        assert "position 1 in the GPU queue (0 requests ahead)" in notice, notice
+        assert "smaller profile" not in notice, notice
+        assert "queued" in await until(browser, f"{STATUS}.includes('queued') && {STATUS}")
+        await browser.screenshot(shots / "queued.png")
+
+        # a card frees: the cell runs on the restored state, and she is told it is back on a GPU
+        servers["bob"].api("DELETE", f"/sessions/{bob_sessions.pop()['id']}")
+        assert "still here" in tab.wait_stream(msg_id, "still here", timeout=60)
+        notice = await until(browser, toast_with("on a GPU again"))
+        assert "GPU 10 GiB, 50% compute" in notice, notice
+        await until(browser, f"{STATUS}.startsWith('GPU 10 GiB')")
+        for bob in bob_sessions:
+            servers["bob"].api("DELETE", f"/sessions/{bob['id']}")
+        bob_sessions.clear()
+
+        # idle: the culler's warning reaches her as a notification, and the status counts down
+        culler = CullerProcess(
+            hub, work, CULLER_TOKEN, idle_timeout_seconds=40, warning_seconds=36, swap_idle_kernels=False
+        ).start()
+        notice = await until(browser, toast_with("It will be shut down at"), timeout=90)
+        assert "UTC" in notice and "its variables will be lost" in notice, notice
+        await browser.evaluate(  # the whole warning is one click away
+            "Array.from(Array.from(document.querySelectorAll('.Toastify__toast')).find(t => t.innerText.includes("
+            "'It will be shut down at')).querySelectorAll('button')).find(b => b.innerText.includes('Details')).click()"
+        )
+        details = await until(browser, "(document.querySelector('.jp-Dialog') || {}).innerText || ''")
+        assert "idle GPU kernels are shut down after 40 s here" in details, details
+        await browser.evaluate("document.querySelector('.jp-Dialog .jp-mod-accept').click()")
+        assert "idle: stopped in 1 min" in await until(browser, f"{STATUS}.includes('idle:') && {STATUS}")
+        await browser.screenshot(shots / "cull-warning.png")
+        culler.stop()
+        culler = None
+
+        # an admin stops it with a reason: she reads who and why, and no "restart automatically" dialog
+        status, _ = hub.api(
+            "DELETE", f"/gpu/kernels/{broker_id(hub, kernel_id)}?reason={quote('maintenance at 18:00')}"
+        )
+        assert status == 204
+        notice = await until(browser, toast_with("maintenance at 18:00"))
+        assert "The hub stopped your GPU kernel (kernel shut down by test-admin: maintenance at 18:00)." in notice
+        assert "Start a new kernel" in notice, notice
+        assert "stopped" in await until(browser, f"{STATUS}.includes('stopped') && {STATUS}")
+
+        def dead() -> bool:
+            code, model = servers["alice"].api("GET", f"/kernels/{kernel_id}")
+            return code == 404 or model.get("execution_state") == "dead"
+
+        await asyncio.to_thread(hub.wait_for, dead, 60, 0.5, "the server to report the kernel dead")
+        await asyncio.sleep(0)  # the page has had the server's news: no dialog came with it
+        dialogs = await browser.evaluate(
+            "Array.from(document.querySelectorAll('.jp-Dialog')).map(d => d.innerText).join('\\n')"
+        )
+        assert "restart automatically" not in dialogs, dialogs
+        await browser.screenshot(shots / "admin-stop.png")
+    finally:
+        if culler is not None:
+            culler.stop()
+        tab.close()
+        await browser.close()
+        for bob in bob_sessions:
+            servers["bob"].api("DELETE", f"/sessions/{bob['id']}")
+        servers["alice"].api("DELETE", f"/sessions/{session['id']}")

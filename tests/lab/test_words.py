@@ -1,0 +1,56 @@
+"""The words JupyterLab shows of a GPU kernel (kernelprovider/labstatus.py) and the launcher icon's
+size label (kernelprovider/kernelspecs.py), for every state and shape a kernel can be in."""
+
+from __future__ import annotations
+
+from kernelprovider.kernelspecs import logo_svg, size_label
+from kernelprovider.labstatus import NOTICE_CHARS, slice_view
+
+NOW = 1_000_000.0
+RUNNING = {"state": "running", "memory_mib": 10240, "cores_percent": 50, "gpu_count": 1, "gpu": {}}
+
+
+def views() -> dict[str, dict]:
+    long_reason = "kernel shut down by admin: " + "x" * 300
+    return {
+        "running": slice_view(RUNNING, NOW),
+        "swapped": slice_view({**RUNNING, "swap": {"state": "swapped", "host_mib": 1024, "reason": "idle"}}, NOW),
+        "swapped-culled-soon": slice_view(
+            {**RUNNING, "swap": {"state": "swapped", "host_mib": 1024, "reason": "idle", "cull_at": NOW + 150}}, NOW
+        ),
+        "queued": slice_view({**RUNNING, "swap": {"state": "queued", "position": 2, "host_mib": 1024}}, NOW),
+        "stopped-by-admin": slice_view({**RUNNING, "state": "stopped", "reason": f"the hub stopped it: {long_reason}"}),
+        "failed": slice_view({**RUNNING, "state": "failed", "reason": "its GPU slice was taken back"}, NOW),
+    }
+
+
+def test_every_notice_fits_what_jupyterlab_shows_and_ends_with_what_to_do():
+    for name, view in views().items():
+        assert len(view["notice"]) <= NOTICE_CHARS, (name, view["notice"])
+        assert "profile" not in view["notice"] + view["detail"] + view["status"], name
+    stopped = views()["stopped-by-admin"]["notice"]
+    assert stopped.startswith("The hub stopped your GPU kernel (kernel shut down by admin: xxx") and "…)" in stopped
+    assert stopped.endswith("Start a new kernel; its variables are lost."), stopped
+
+
+def test_the_status_says_the_slice_the_queue_place_and_the_time_left():
+    v = views()
+    assert v["running"]["status"] == "GPU 10 GiB, 50% compute"
+    assert v["swapped"]["status"] == "GPU swapped out (1 GiB in host memory)"
+    assert v["swapped-culled-soon"]["status"].endswith("stopped in 3 min unless a cell runs")
+    assert v["queued"]["status"] == "GPU queued: position 3 in the GPU queue (2 requests ahead)"
+    assert v["failed"]["status"] == "GPU kernel stopped: its GPU slice was taken back"
+    assert {view["event"] for view in v.values()} == {"running", "swapped", "queued:2", "stopped"}
+
+
+def test_a_burst_limit_and_several_cards_are_spelled_out():
+    view = slice_view({**RUNNING, "gpu_count": 2, "gpu": {"memory_limit_mib": 20480}}, NOW)
+    assert view["status"] == "GPU 2 × 10 GiB (up to 20 GiB), 50% compute"
+
+
+def test_the_launcher_icon_says_the_size_of_slices_whole_cards_and_several_cards():
+    assert size_label({"memory_mib": 10240, "cores_percent": 25}) == ("10 GiB", "25%")
+    assert size_label({"whole": True, "count": 2}) == ("whole", "2 GPUs")
+    assert size_label({"memory_mib": 40960, "cores_percent": 100, "count": 2}) == ("2 × 40 GiB", "100%")
+    svg = logo_svg({"memory_mib": 1536, "cores_percent": 10, "name": "<x>"})
+    assert ">1.5 GiB<" in svg and ">10%<" in svg and "<x>" not in svg
