@@ -11,9 +11,11 @@ kubelet) it measures, in one run:
 - running -> ready: from the moment the kubelet writes the pod Running to the moment it writes
   the Ready condition True (both seen through the store's event hook).
 
-Then the same with ``--hogs`` processes spinning on the CPUs ("busy"). The last lines are
-``kubeemu_pod_start <idle|busy> create_to_process_p50_s=... p90_s=... max_s=...
-running_to_ready_max_s=...`` and the ratio busy/idle of the p50s.
+Then the same with ``--hogs`` processes spinning on the CPUs ("busy"), and idle again with pods
+of an image that has its own filesystem (a small one made of this machine's sh and sleep,
+tests/kubeemu/helpers.py tiny_image: the container's root is an overlay of that image, "image").
+The last lines are ``kubeemu_pod_start <idle|busy|image> create_to_process_p50_s=... p90_s=...
+max_s=... running_to_ready_max_s=...`` and the ratios busy/idle and image/idle of the p50s.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ import multiprocessing
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.kubeemu import KubeEmulator  # noqa: E402
-from tests.kubeemu.helpers import pod, py  # noqa: E402
+from tests.kubeemu.helpers import pod, py, tiny_image  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -49,7 +52,10 @@ def _spin() -> None:
         pass
 
 
-def measure(emu: KubeEmulator, count: int, tag: str) -> tuple[list[float], list[float]]:
+TINY = "registry.bench/tiny:1"
+
+
+def measure(emu: KubeEmulator, count: int, tag: str, image: bool = False) -> tuple[list[float], list[float]]:
     seen: dict[str, dict[str, float]] = {}
 
     def on_event(srt, ev) -> None:
@@ -70,7 +76,11 @@ def measure(emu: KubeEmulator, count: int, tag: str) -> tuple[list[float], list[
     for i in range(count):
         name = f"{tag}-{i}"
         t0 = _boottime()
-        emu.create(pod(name, py("import time; time.sleep(600)")))
+        manifest = pod(name, py("import time; time.sleep(600)"))
+        if image:  # the image's ENTRYPOINT (sh -c) with these args
+            manifest["spec"]["containers"][0].update(image=TINY, args=["exec sleep 600"])
+            del manifest["spec"]["containers"][0]["command"]
+        emu.create(manifest)
         emu.wait_for(lambda n=name: emu.pod_pid(n), timeout=60, interval=0.005,
                      message=f"{name}'s process")
         to_process.append(_process_start(emu.pod_pid(name)) - t0)
@@ -95,7 +105,8 @@ def main() -> None:
     ap.add_argument("--pods", type=int, default=10)
     ap.add_argument("--hogs", type=int, default=2)
     args = ap.parse_args()
-    with KubeEmulator() as emu:
+    with KubeEmulator() as emu, tempfile.TemporaryDirectory() as tmp:
+        emu.images[TINY] = tiny_image(Path(tmp) / "rootfs", ("sh", "sleep"))
         measure(emu, 1, "warm")  # the netshim build and first imports
         idle = report("idle", *measure(emu, args.pods, "idle"))
         hogs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.hogs)]
@@ -107,7 +118,9 @@ def main() -> None:
             for h in hogs:
                 h.terminate()
                 h.join()
+        image = report("image", *measure(emu, args.pods, "image", image=True))
     print(f"kubeemu_pod_start busy/idle create_to_process_p50={busy / idle:.2f}")
+    print(f"kubeemu_pod_start image/idle create_to_process_p50={image / idle:.2f}")
 
 
 if __name__ == "__main__":

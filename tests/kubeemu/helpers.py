@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from .emulator import KubeEmulator
+from .images import Image
 
 
 def http(emu: KubeEmulator, method: str, path: str, body: Any = None,
@@ -98,3 +102,30 @@ def create_host_claim(emu: KubeEmulator, namespace: str, path: Any, name: str = 
     """Create :func:`host_path_claim`'s objects (the node agent's directory for 'native' GPU pods)."""
     for obj in host_path_claim(name, namespace, str(path)):
         emu.create(obj)
+
+
+def tiny_image(root: str | Path, progs: Sequence[str] = ("sh", "cat", "ls", "id", "sleep")) -> Image:
+    """An image's filesystem unlike this machine's (``Image(rootfs=...)``): a few of this machine's
+    programs with their libraries (as ldd names them), a user of its own (1234), a file of its own
+    (/etc/image-name) and no Python; ENTRYPOINT ``/bin/sh -c``, CMD ``echo default-cmd``."""
+    import shutil
+    import subprocess
+
+    root = Path(root)
+    for d in ("usr/bin", "usr/lib", "usr/lib64", "etc", "work", "home/imguser"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for link, to in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
+        (root / link).symlink_to(to)
+    for prog in progs:
+        real = os.path.realpath(shutil.which(prog))
+        shutil.copy2(real, root / "usr/bin" / prog)
+        out = subprocess.run(["ldd", real], capture_output=True, text=True, check=True).stdout
+        for lib in (w for line in out.splitlines() for w in line.split() if w.startswith("/")):
+            target = root / lib.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(lib), target)
+    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\nimguser:x:1234:1234::/home/imguser:/bin/sh\n")
+    (root / "etc/image-name").write_text("tiny-image\n")
+    os.chown(root / "home/imguser", 1234, 1234)
+    return Image(uid=1234, gid=1234, home="/home/imguser", workdir="/work", env={"IMAGE_VAR": "from-image"},
+                 rootfs=str(root), entrypoint=("/bin/sh", "-c"), cmd=("echo default-cmd",))

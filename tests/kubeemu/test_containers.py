@@ -11,7 +11,7 @@ import kubernetes
 import pytest
 from kubernetes.stream import stream
 
-from tests.kubeemu.helpers import pod, py
+from tests.kubeemu.helpers import pod, py, tiny_image
 from tests.kubeemu.images import Image
 
 
@@ -382,33 +382,6 @@ def test_missing_executable_inside_the_image_is_a_start_error(kube_emulator, cor
     assert 'exec: "/opt/none/bin/app": no such file or directory' in term["message"]
 
 
-def _tiny_image(root) -> Image:
-    """An image's filesystem unlike this machine's: sh, cat, ls and id with their libraries (as
-    ldd names them), a user of its own, a file of its own and no Python."""
-    import shutil
-    import subprocess
-    from pathlib import Path
-
-    root = Path(root)
-    for d in ("usr/bin", "usr/lib", "usr/lib64", "etc", "work", "home/imguser"):
-        (root / d).mkdir(parents=True, exist_ok=True)
-    for link, to in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64")):
-        (root / link).symlink_to(to)
-    for prog in ("sh", "cat", "ls", "id"):
-        real = os.path.realpath(shutil.which(prog))
-        shutil.copy2(real, root / "usr/bin" / prog)
-        out = subprocess.run(["ldd", real], capture_output=True, text=True, check=True).stdout
-        for lib in (w for line in out.splitlines() for w in line.split() if w.startswith("/")):
-            target = root / lib.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(os.path.realpath(lib), target)
-    (root / "etc/passwd").write_text("root:x:0:0:root:/root:/bin/sh\nimguser:x:1234:1234::/home/imguser:/bin/sh\n")
-    (root / "etc/image-name").write_text("tiny-image\n")
-    os.chown(root / "home/imguser", 1234, 1234)
-    return Image(uid=1234, gid=1234, home="/home/imguser", workdir="/work", env={"IMAGE_VAR": "from-image"},
-                 rootfs=str(root), entrypoint=("/bin/sh", "-c"), cmd=("echo default-cmd",))
-
-
 def test_an_image_with_its_own_filesystem_runs_its_entrypoint_user_and_files(kube_emulator, core, kube_namespace,
                                                                              tmp_path):
     """A container of an image that exists here (e.g. one `./dev images` built, unpacked by
@@ -416,7 +389,7 @@ def test_an_image_with_its_own_filesystem_runs_its_entrypoint_user_and_files(kub
     ENTRYPOINT and CMD combined with the pod's command and args as Kubernetes does, and the
     image's USER, WORKDIR and ENV."""
     emu, ns = kube_emulator, kube_namespace
-    emu.images["registry.test/tiny:*"] = _tiny_image(tmp_path / "rootfs")
+    emu.images["registry.test/tiny:*"] = tiny_image(tmp_path / "rootfs")
     manifests = {  # no command, no args: ENTRYPOINT + CMD; args only: ENTRYPOINT + args
         "defaults": {},
         "args-only": {"args": ["cat /etc/image-name; id -u; pwd; echo $IMAGE_VAR $HOME; "
