@@ -16,7 +16,12 @@ slice at the timeout, and the user's next work asks for it again:
 
 - **kill**: a new request for the same size, placed anywhere (the state is lost);
 - **swap**: the resume, pinned to the card(s) it was swapped out from (``GPURequest.pinned_uuids``,
-  as ``PodSwapMixin.resume_pins`` asks), its state kept.
+  as ``PodSwapMixin.resume_pins`` asks), its state kept;
+- **node** (what a restore onto another card of the node would give; not in the product for
+  pods yet): a one-card resume asks for its own card if it has room when it asks, else another
+  card of its node that has, else waits for its own card;
+- **keep**: the slice is never given back while the kernel pauses (its room kept on its card):
+  no comeback waits, at the price of the first starts' waits.
 
 The figures are the waits of those comebacks (p50, p95, max, and how many waited longer than
 ``GPUBroker.resume_queue_seconds``, 600 s, after which the product refuses the cell), the first
@@ -83,6 +88,20 @@ class Run:
         )
 
 
+def room_on_node(state: AdmissionState, own: str, gib: int) -> tuple[str, ...]:
+    """Where a resume that may be restored onto another card of its node (the driver's remap)
+    would ask: its own card if it has room now, else another card of the node that has, else
+    its own card (it waits there)."""
+    ix = state.index
+    whole = gib == 0
+    m, c = (CARD_MIB, 100) if whole else (gib * GIB, max(5, gib * 100 // 80))
+    gi = ix.gi_of[own]
+    for other in [gi] + [g for g in ix.node_gpus[ix.node_of_gpu[gi]] if g != gi]:
+        if ix.fit_pinned((ix.gpus[other].uuid,), m, c, whole) is not None:
+            return (ix.gpus[other].uuid,)
+    return (own,)
+
+
 def run(
     variant: str, n_nodes: int, trace: list[tuple], seed: int, hours: float, idle_timeout: float, placement: str
 ) -> Run:
@@ -143,13 +162,19 @@ def run(
             else:
                 step_of[sid] += 1
                 at(now + pause + plans[sid][step_of[sid]][0], "pause", sid)
-        elif kind == "reclaim":
+        elif kind == "reclaim" and variant != "keep":
             aid, _ = held[sid]
             state.remove(aid)
+        elif kind == "back" and variant == "keep":  # its room was kept: it goes on at once
+            step_of[sid] += 1
+            out.comebacks.append(0.0)
+            at(now + plans[sid][step_of[sid]][0], "pause", sid)
         elif kind == "back":
             step_of[sid] += 1
             _, cards = held.pop(sid)
-            ask(sid, now, cards if variant == "swap" else (), True)
+            if variant == "swap, node" and len(cards) == 1:
+                cards = room_on_node(state, cards[0], trace[sid][1][0])
+            ask(sid, now, cards if variant.startswith("swap") else (), True)
         for step in line.pump(state, now, moves_possible=False):
             rid = step.waiting.request.request_id
             if step.decision.granted:
@@ -187,8 +212,12 @@ def main(argv: list[str] | None = None) -> None:
         gpus = sum(g for g, _, _ in wait_nodes(n))
         kill = run("kill", n, trace, a.seed, a.hours, a.idle_timeout, a.placement)
         swap = run("swap", n, trace, a.seed, a.hours, a.idle_timeout, a.placement)
+        node = run("swap, node", n, trace, a.seed, a.hours, a.idle_timeout, a.placement)
+        keep = run("keep", n, trace, a.seed, a.hours, a.idle_timeout, a.placement)
         print(f"{gpus:4d} GPUs  kill: {kill.line()}")
         print(f"{gpus:4d} GPUs  swap: {swap.line()}")
+        print(f"{gpus:4d} GPUs  node: {node.line()}")
+        print(f"{gpus:4d} GPUs  keep: {keep.line()}")
         k95, s95 = percentile(kill.comebacks, 95), percentile(swap.comebacks, 95)
         ratio = s95 / k95 if k95 else (math.inf if s95 else 1.0)
         print(f"swap_waits gpus={gpus} kill_p95_s={k95:.0f} swap_p95_s={s95:.0f} ratio={ratio:.2f}")
