@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from hubext.metering.replay import Scenario, Session, run_scenario  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent))  # after the packages: bench/culler.py must not shadow culler
 import hubqueue  # noqa: E402
 
 HOUR = 3600.0

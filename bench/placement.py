@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from quotas import GPU, AdmissionState, GPURequest, Node, Owner, Placement, Pool, load_config  # noqa: E402
 from quotas.queue import AdmissionQueue  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.append(str(Path(__file__).resolve().parent))  # after the packages: bench/culler.py must not shadow culler
 import fgd_trace  # noqa: E402
 
 GIB = 1024

@@ -105,3 +105,19 @@ def test_the_pool_found_is_the_smallest_whose_waits_fit(sessions, slice_):
         assert worst(found.gpus - 1) > 30
     plenty = sum(s.count for s in sessions) + 4  # every GPU asked on its own card, nodes of 4
     assert worst(plenty) == 0.0
+
+
+def test_loading_the_density_bench_shadows_no_package():
+    """bench/ holds culler.py, a benchmark: a bench that puts bench/ first on sys.path made a later
+    ``import culler`` (the package) find the benchmark instead, in whatever test ran next."""
+    import importlib
+    import sys
+
+    _density()
+    before = sys.modules.pop("culler", None)
+    try:
+        culler = importlib.import_module("culler")
+        assert hasattr(culler, "__path__"), culler.__file__
+    finally:
+        if before is not None:
+            sys.modules["culler"] = before

@@ -12,7 +12,6 @@ from hubext.metering.record import UNRECORDED, UsageRecord, swapped_periods
 from hubext.metering.schema import VERSION_TABLE
 from hubext.metering.store import UsageStore, head_revision
 
-
 #: columns revision 0006 added (an elastic slice's limits and burst)
 NEWER_0006 = ("memory_limit_mib", "cores_limit_percent", "burst_gpu_seconds")
 
