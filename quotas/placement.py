@@ -438,6 +438,12 @@ class CardIndex(FGDScoring, EvictableIndex):
                 return ni, cards
         return None
 
+    def has_room(self, m: int, c: int, k: int, whole: bool, group: str, cpu: int = 0, hmem: int = 0) -> bool:
+        """Is there a node with room for the request now? (What :meth:`find` answers None to or
+        not, without scoring the places: the first that fits, in binpack order.)"""
+        return any(self.fit_node(ni, m, c, k, whole, group, None, cpu, hmem)
+                   for ni in self._candidates(m, c, k, whole, group, cpu, hmem, True))
+
     def fit_pinned(
         self, uuids: tuple[str, ...], m: int, c: int, whole: bool, cpu: int = 0, hmem: int = 0
     ) -> tuple[int, list[int]] | None:

@@ -398,7 +398,7 @@ class AdmissionState(RequestChecks, UsageReport):
                 f"node {node}) has no room for {msg.shape(request)} right now."
             )
             todo = "It resumes when that GPU has room again."
-        elif (cpu or hmem) and ix.find(m, c, k, request.whole, group) is not None:
+        elif (cpu or hmem) and ix.has_room(m, c, k, request.whole, group):
             text = (
                 f"GPUs have room for {msg.shape(request)}, but no node with that room has "
                 f"{msg.node_needs(cpu, hmem)} free right now."
