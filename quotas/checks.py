@@ -106,12 +106,12 @@ class RequestChecks:
         if m > ix.max_cap_m[group]:
             raise InvalidRequest(
                 f"A {msg.mib(m)} slice is larger than any {model}GPU in the pool (the largest "
-                f"holds {msg.mib(ix.max_cap_m[group])}). Pick a smaller profile."
+                f"holds {msg.mib(ix.max_cap_m[group])}). Pick {msg.smaller(msg.what(request))}."
             )
         if c > ix.max_cap_c[group]:
             raise InvalidRequest(
                 f"{c}% of compute is more than any {model}GPU in the pool offers "
-                f"({ix.max_cap_c[group]}% at most). Pick a smaller profile."
+                f"({ix.max_cap_c[group]}% at most). Pick {msg.smaller(msg.what(request))}."
             )
         most = ix.most_slice_cards(group, m, c)
         if count > most:
@@ -163,6 +163,6 @@ class RequestChecks:
         offer = msg.node_needs(most_cpu if cpu else 0, most_hmem if hmem else 0)
         raise InvalidRequest(
             f"No node with room for {msg.shape(request)} has {msg.node_needs(cpu, hmem)} to "
-            f"give (such nodes offer at most {offer}). Pick a smaller profile or ask an admin "
-            "for larger nodes."
+            f"give (such nodes offer at most {offer}). Pick {msg.smaller(msg.what(request))} or ask an "
+            "admin for larger nodes."
         )

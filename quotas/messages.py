@@ -53,6 +53,12 @@ def what(request: GPURequest) -> str:
     return request.kind if request.kind in ("kernel", "notebook") else "request"
 
 
+def smaller(kind: str) -> str:
+    """What to ask for instead, by what asks (:func:`what`): a notebook's user picks a profile, a
+    kernel's user a GPU kernel size (a kernel has no profile)."""
+    return "a smaller GPU kernel size" if kind == "kernel" else "a smaller profile"
+
+
 def shape(request: GPURequest) -> str:
     """'10 GiB and 25% of a GPU', '3 GPUs with 6 GiB and 80% each', '2 whole GPUs'."""
     if request.whole:
@@ -101,15 +107,13 @@ def quota_wait(
     ``yours``: what the requester holds within the level (:func:`holdings`; '' = nothing, so
     stopping is not advised); ``others``: whether anyone else's slices count there too.
     """
+    less = smaller(kind)
     if level.kind == "user" or not others:
-        todo = f"Stop one of your {yours} or pick a smaller profile." if yours else "Pick a smaller profile."
+        todo = f"Stop one of your {yours} or pick {less}." if yours else f"Pick {less}."
     elif yours:
-        todo = (
-            f"Stop one of your {yours}, wait for others in {level.label} to stop theirs, "
-            "or pick a smaller profile."
-        )
+        todo = f"Stop one of your {yours}, wait for others in {level.label} to stop theirs, or pick {less}."
     else:
-        todo = f"None of it is yours: wait for others in {level.label} to stop theirs, or pick a smaller profile."
+        todo = f"None of it is yours: wait for others in {level.label} to stop theirs, or pick {less}."
     if resource == "memory_mib":
         return (
             f"{cap(level.label)} has {mib(limit)} of GPU memory; {mib(used)} "
@@ -128,7 +132,7 @@ def quota_wait(
 
 def quota_never(level: Level, resource: str, limit: int, asked: int, kind: str) -> str:
     """Why a request is above a level's whole quota."""
-    todo = "Pick a smaller profile or ask an admin to raise the quota."
+    todo = f"Pick {smaller(kind)} or ask an admin to raise the quota."
     if resource == "memory_mib":
         return (
             f"{cap(level.label)} has {mib(limit)} of GPU memory in all, so "

@@ -403,7 +403,7 @@ class AdmissionState(RequestChecks, UsageReport):
                 f"GPUs have room for {msg.shape(request)}, but no node with that room has "
                 f"{msg.node_needs(cpu, hmem)} free right now."
             )
-            todo = "Wait for a server to stop or pick a smaller profile."
+            todo = f"Wait for a server to stop or pick {msg.smaller(kind)}."
             others = True  # the node's CPU and memory are also held by what is not a GPU slice
         elif request.whole:
             most = ix.most_empty_cards(group)
@@ -419,15 +419,15 @@ class AdmissionState(RequestChecks, UsageReport):
                 f"{request.cores_percent}% of compute free right now (the most free on one "
                 f"card is {msg.mib(max(fm, 0))} and {max(fc, 0)}%)."
             )
-            todo = "Wait for a kernel to stop or pick a smaller profile."
+            todo = f"Wait for a kernel to stop or pick {msg.smaller(kind)}."
         else:
             text = (
                 f"No node has {k} {model}GPUs with {msg.mib(request.memory_mib)} and "
                 f"{request.cores_percent}% free each right now."
             )
-            todo = "Wait for kernels to stop, ask for fewer GPUs or pick a smaller profile."
+            todo = f"Wait for kernels to stop, ask for fewer GPUs or pick {msg.smaller(kind)}."
         if mine and not others:
-            todo = f"Only your own {mine} hold GPUs: stop one of them or pick a smaller profile."
+            todo = f"Only your own {mine} hold GPUs: stop one of them or pick {msg.smaller(kind)}."
         text = f"{text} {todo}"
         if over is not None:  # a borrowing class over its quota: it may only use idle capacity
             level, res, used, limit = over

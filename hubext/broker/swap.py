@@ -475,9 +475,10 @@ def _for_a_resume(sentence: str) -> str:
     """An admission sentence as it applies to a resume: advice a resume cannot take (a smaller
     profile: its state is its size; "try again later": the next cell does) taken out, the rest
     kept ("Stop one of your kernels."); '' when nothing is left."""
-    if sentence.startswith("Waited ") or sentence.startswith("Pick a smaller profile."):
+    smaller = r"a smaller (?:profile|GPU kernel size)"  # quotas.messages.smaller
+    if sentence.startswith("Waited ") or re.match(rf"Pick {smaller}\.", sentence):
         return ""
-    sentence = sentence.replace("Pick a smaller profile or ask an admin", "Ask an admin")
-    sentence = re.sub(r", (wait for [^.]*?), or pick a smaller profile\.", r", or \1.", sentence)
-    sentence = re.sub(r",? or pick a smaller profile\.", ".", sentence)
-    return "" if "smaller profile" in sentence else sentence
+    sentence = re.sub(rf"Pick {smaller} or ask an admin", "Ask an admin", sentence)
+    sentence = re.sub(rf", (wait for [^.]*?), or pick {smaller}\.", r", or \1.", sentence)
+    sentence = re.sub(rf",? or pick {smaller}\.", ".", sentence)
+    return "" if re.search(smaller, sentence) else sentence

@@ -33,7 +33,7 @@ def test_the_user_level_stops_a_request_with_a_sentence_naming_used_limit_and_as
     assert d.kind == "wait" and isinstance(d.error, QuotaExceeded)
     assert d.reason == (
         "User 'alice' has 20 GiB of GPU memory; 15 GiB are in use, so a 10 GiB kernel does not "
-        "fit. Stop one of your kernels or pick a smaller profile."
+        "fit. Stop one of your kernels or pick a smaller GPU kernel size."
     )
     assert (d.error.resource, d.error.used, d.error.limit, d.error.asked) == (
         "memory_mib", 15 * GIB, 20 * GIB, 10 * GIB)

@@ -47,7 +47,7 @@ def test_only_own_slices_over_the_user_quota_mark_the_wait_as_own_only():
     grant(st, req("alice", 30, cores=30, kind="kernel"))
     d = st.decide(req("alice", 30, cores=30, kind="kernel"))
     assert d.kind == "wait" and isinstance(d.error, QuotaExceeded) and d.error.own_only
-    assert d.reason.endswith("Stop one of your kernels or pick a smaller profile."), d.reason
+    assert d.reason.endswith("Stop one of your kernels or pick a smaller GPU kernel size."), d.reason
 
 
 def test_own_notebooks_are_named_as_servers_not_kernels():
@@ -72,4 +72,4 @@ def test_someone_elses_slice_in_the_way_keeps_the_request_waiting():
     grant(st, req("bob", 30, cores=40))
     d = st.decide(req("alice", 20, cores=20, kind="kernel"))
     assert isinstance(d.error, PoolFull) and not d.error.own_only
-    assert d.reason.endswith("Wait for a kernel to stop or pick a smaller profile."), d.reason
+    assert d.reason.endswith("Wait for a kernel to stop or pick a smaller GPU kernel size."), d.reason
