@@ -162,3 +162,16 @@ def compute_size(cores_percent: int, cores_limit_percent: int = 0) -> str:
     if cores_limit_percent and cores_limit_percent > cores_percent:
         return f"{cores_percent}% guaranteed, up to {cores_limit_percent}%"
     return f"{cores_percent}%"
+
+
+def held_for(request: GPURequest, waited_s: float) -> str:
+    """Why a request waits behind an overdue head that holds the cards it could use."""
+    if request.whole:
+        what = plural(request.count, "whole GPU")
+    else:
+        what = f"{request.count} x {mib(request.memory_mib)}" if request.count > 1 else mib(request.memory_mib)
+    return (
+        f"A request for {what} has waited {waited_s:.0f} s for room on the GPUs this one could use "
+        "and goes first: nothing of its priority or lower starts there before it does. Wait a moment "
+        "or try again."
+    )

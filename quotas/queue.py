@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from . import messages as msg
 from .errors import PoolFull
 from .model import Allocation, Decision, GPURequest, Owner
 from .moving import (
@@ -240,7 +241,7 @@ class AdmissionQueue:
                     if holding and (self.hold or self.limiter.budget(now) > 0):
                         r = w.reservation
                         holders.append(_Holder(
-                            w.request, _held_reason(w, now), None if self.hold else can_move,
+                            w.request, msg.held_for(w.request, now - w.enqueued_at), None if self.hold else can_move,
                             frozenset(() if r is None else (r.node, *(n for n, _ in r.also)))))
                 if w.reservation is not None:
                     hold(w.reservation)
@@ -271,17 +272,6 @@ class AdmissionQueue:
         """The caller could not carry out the move of ``allocation_id`` (it stays where it is;
         its session is not proposed again within the policy's interval)."""
         waiting.moving.pop(allocation_id, None)
-
-
-def _held_reason(head: Waiting, now: float) -> str:
-    r = head.request
-    what = (f"{r.count} whole GPU{'s' if r.count != 1 else ''}" if r.whole
-            else f"{r.count} x {r.memory_mib // 1024} GiB" if r.count > 1 else f"{r.memory_mib // 1024} GiB")
-    return (
-        f"A request for {what} has waited {now - head.enqueued_at:.0f} s for room on the GPUs this "
-        f"one could use and goes first: nothing of its priority or lower starts there before it "
-        f"does. Wait a moment or try again."
-    )
 
 
 def reserve(

@@ -293,3 +293,15 @@ def test_holding_never_overfits_and_the_head_is_granted_within_its_blockers_depa
     drive_queue(st_, waiting, ops, arrive, pump, lambda: granted, gone)
     event("granted" if granted else "still waiting")
     event("moved" if moved_total else "no move")
+
+
+def test_the_held_reason_names_the_heads_size_as_the_refusals_do():
+    """'A request for 1.5 GiB has waited ...', not '1 GiB' (the size by quotas.messages.mib)."""
+    st_ = state(pool(h100s("a", 2)), queue={"hold": True},
+                allocations=[alloc("x", "a-gpu0", 79), alloc("y", "a-gpu1", 79)])
+    q = queue_for(st_)
+    q.push(req(memory_gib=1.5, rid="head"), 100, 0.0)
+    q.push(req(memory_gib=0.5, rid="late"), 100, 80.0)  # fits in the 1 GiB the head leaves, but a is held
+    (late,) = [s for s in q.pump(st_, 80.0) if s.waiting.request.request_id == "late"]
+    assert late.decision.kind == "wait"
+    assert "A request for 1.5 GiB has waited 80 s" in late.decision.reason, late.decision.reason
