@@ -27,6 +27,7 @@ from quotas.messages import mib
 from .allocator import GPUAllocator
 from .pages import (
     kernel_records,
+    node_swap_capabilities,
     server_names,
     slice_activity,
     slice_row,
@@ -207,6 +208,8 @@ async def hub_pool_view(allocator: GPUAllocator, users: Iterable[Any] = ()) -> d
     swap = swap_capability()
     if swap is not None:  # can idle kernels be swapped out here (state kept) or only stopped?
         view["swap_capability"] = swap
+        for node, capability in node_swap_capabilities([n["name"] for n in view["nodes"]]).items():
+            next(n for n in view["nodes"] if n["name"] == node)["swap_capability"] = capability
     return view
 
 

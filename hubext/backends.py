@@ -254,6 +254,11 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         Called by ``GPUBroker`` (at start, in kernel models, before a suspend and for the queue's moves)."""
         return NO_CAPABILITIES
 
+    def node_checkpoint_capability(self, node: str) -> Capability:
+        """Whether kernels on ``node`` can be swapped out, and why not (the pool API shows it per
+        node). Default: the mode's ``capabilities().checkpoint``. Called by ``GPUBroker``."""
+        return self.capabilities().checkpoint
+
     def checkpoint_capability(self, record: KernelRecord) -> Capability:
         """Whether *this* kernel's GPU state can be swapped out (its card, its node, how it was
         started), and why not. Default: the mode's ``capabilities().checkpoint``.

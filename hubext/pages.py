@@ -58,6 +58,17 @@ def swap_capability() -> dict[str, Any] | None:
     return GPUBroker.instance().pool_swap_capability().as_dict()
 
 
+def node_swap_capabilities(nodes: list[str]) -> dict[str, dict[str, Any]]:
+    """Node name -> whether GPU kernels on it can be swapped out ({able, why_not}); {} while the
+    broker does not run in this hub."""
+    from .broker.core import GPUBroker
+
+    if not GPUBroker.initialized() or GPUBroker.instance().launcher is None:
+        return {}
+    broker = GPUBroker.instance()
+    return {node: broker.node_swap_capability(node).as_dict() for node in nodes}
+
+
 def swapped_kernels(user: str | None = None) -> list[dict[str, Any]]:
     """The swapped-out GPU kernels (of ``user``): they hold host memory, no slice
     (``GPUBroker.swapped_kernels``); [] while the broker does not run in this hub."""

@@ -110,6 +110,12 @@ class SwapMixin(Configurable):
             return Capability(False, "swapping is off on this hub (GPUBroker.swap_host_memory_percent is 0)")
         return self.launcher.capabilities().checkpoint
 
+    def node_swap_capability(self, node: str) -> Capability:
+        """Whether kernels on ``node`` can be swapped out: swapping on in this hub, then the node's answer."""
+        if self.launcher is None or self.swap_host_memory_percent <= 0:
+            return self.pool_swap_capability()
+        return self.launcher.node_checkpoint_capability(node)
+
     def swap_capability(self, record: KernelRecord) -> Capability:
         """Whether this kernel can be swapped out (the pool's answer, then its card and how it was
         started), with the reason where it cannot: what the culler's warning and the pages

@@ -172,12 +172,18 @@ class PodSwapMixin(LoggingConfigurable):
             checkpoint = self.node_checkpoints().any_able()
         return Capabilities(checkpoint=checkpoint, move=POD_MOVE, burst=POD_BURST)
 
+    def node_checkpoint_capability(self, node: str) -> Capability:
+        """Swapping kernel pods on, and ``node``'s agent says its driver can checkpoint."""
+        if not self.swap_kernels:
+            return self.capabilities().checkpoint
+        return self.node_checkpoints().capability(node)
+
     def checkpoint_capability(self, record: KernelRecord) -> Capability:
         """The mode's answer, then the kernel's node (its agent's answer), then the pod: it must
         have started with the resume hook."""
         capability = self.capabilities().checkpoint
         if capability:
-            capability = self.node_checkpoints().capability(str(record.allocation.get("node") or ""))
+            capability = self.node_checkpoint_capability(str(record.allocation.get("node") or ""))
         if capability and not record.resume_url:
             return Capability(
                 False,

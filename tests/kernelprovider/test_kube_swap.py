@@ -260,6 +260,8 @@ def test_a_kernel_pod_on_a_node_whose_driver_cannot_checkpoint_is_promised_no_sw
         [record] = body["kernels"]
         assert published()["able"] is True, (published(), log.read_text())
         assert record["swap_capability"] == {"able": True}, record
+        status, pool = hub.api("GET", "/gpu/pool")
+        assert [n["swap_capability"] for n in pool["nodes"] if n["name"] == NODE] == [{"able": True}], pool
         assert culler.will_swap(GPUKernel.from_record(record))
         home = page_text(hub, "alice", "/hub/home")
         assert "it can be swapped out to host memory (its variables kept)" in home, home
@@ -277,6 +279,9 @@ def test_a_kernel_pod_on_a_node_whose_driver_cannot_checkpoint_is_promised_no_sw
         model = hub.wait_for(cannot, 30, 0.2, "the hub to read the node's answer")
         why = model["swap_capability"]["why_not"]
         assert f"on node {NODE}" in why and "CUDA_ERROR_NOT_SUPPORTED" in why, model
+        status, pool = hub.api("GET", "/gpu/pool")  # the admin's view of each node
+        [node] = [n for n in pool["nodes"] if n["name"] == NODE]
+        assert node["swap_capability"] == {"able": False, "why_not": why}, node
         assert not culler.will_swap(GPUKernel.from_record(model))  # the warning says it will be shut down
         home = page_text(hub, "alice", "/hub/home")
         assert "it is shut down and its variables are lost (it cannot be swapped out: on node" in home, home
