@@ -128,7 +128,11 @@ async def test_admin_page_keeps_itself_current_and_cancels_and_stops(stack):
     answer: dict = {}
     try:
         await browser.goto(hub.url + "/hub/gpu?refresh=1")
-        await browser.evaluate("window.egpuNotReloaded = true; window.confirm = () => true; true")
+        await browser.evaluate(
+            "window.egpuNotReloaded = true; window.confirm = () => true;"
+            "window.egpuAsked = [];"
+            "window.prompt = (q) => { window.egpuAsked.push(q); return 'maintenance at 18:00'; }; true"
+        )
         # alice's GPU kernel appears without a reload, with its server
         status, session = await asyncio.to_thread(alice.start_session, BIG)
         assert status == 201, session
@@ -177,8 +181,17 @@ async def test_admin_page_keeps_itself_current_and_cancels_and_stops(stack):
             0.2,
             "bob's stopped server to leave the hub's model",
         )
+        status, kernels = await asyncio.to_thread(hub.api, "GET", "/gpu/kernels")
+        (kernel,) = kernels["kernels"]
         await browser.evaluate("document.querySelector('.egpu-stop-kernel').click(); true")
         await until(browser, "!document.querySelector('.egpu-slices')", timeout=40)
+        # the admin was asked why, and alice's server reads it (JupyterLab shows it to her: tests/lab)
+        asked = await browser.evaluate("window.egpuAsked.join(' | ')")
+        assert "Stop alice's GPU kernel" in asked and "why" in asked, asked
+        status, gone = await asyncio.to_thread(hub.api, "GET", f"/gpu/kernels/{kernel['id']}", stack["tokens"]["alice"])
+        assert status == 404 and gone["message"] == (
+            "The hub stopped this GPU kernel: kernel shut down by admin: maintenance at 18:00."
+        ), gone
         status, pool = await asyncio.to_thread(hub.api, "GET", "/gpu/pool")
         assert pool["totals"]["slices"] == 0, pool["totals"]
         status, kernels = await asyncio.to_thread(hub.api, "GET", "/gpu/kernels")
