@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import signal
-import textwrap
 import time
 import uuid
 from typing import Any
@@ -34,10 +33,6 @@ from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Dict, Float, Unicode, default
-
-#: columns of the message jupyter_server sends: JupyterLab's "Error Starting Kernel" dialog shows it
-#: in a <pre> that does not wrap, so a one-line sentence is cut at the dialog's edge
-MESSAGE_COLUMNS = 72
 
 
 class Sentence(str):
@@ -59,8 +54,9 @@ class GPUKernelError(web.HTTPError):
     """A GPU kernel could not be had; jupyter_server answers the kernel start with ``status`` and ``message``.
 
     What jupyter_server sends (``str(e)`` for POST /api/sessions, ``log_message`` for POST
-    /api/kernels) is the sentence wrapped at MESSAGE_COLUMNS, as a :class:`Sentence`, so that
-    JupyterLab's dialog shows all of it and every ``%`` once. ``message`` is the plain sentence.
+    /api/kernels) is the sentence as one line, as a :class:`Sentence`, so that every ``%`` shows
+    once; API clients get no hard line breaks. JupyterLab's "Error Starting Kernel" dialog shows it
+    in a <pre>, which the package's JupyterLab extension wraps (labextension/style/index.css).
     """
 
     def __init__(self, message: str, status: int = 500) -> None:
@@ -70,7 +66,7 @@ class GPUKernelError(web.HTTPError):
 
     @property
     def log_message(self) -> str:  # type: ignore[override]
-        return Sentence(textwrap.fill(self.message, MESSAGE_COLUMNS, break_long_words=False, break_on_hyphens=False))
+        return Sentence(self.message)
 
     @log_message.setter
     def log_message(self, value: str | None) -> None:  # tornado before 6.5 assigns it in __init__

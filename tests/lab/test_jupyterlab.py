@@ -29,7 +29,11 @@ from tests.libvgpu.harness import build_all
 
 pytestmark = pytest.mark.timeout(600)
 
-SIZES = [{"name": "gpu-10g", "display_name": "GPU 10 GiB", "memory_mib": 10240, "cores_percent": 50}]
+SIZES = [
+    {"name": "gpu-10g", "display_name": "GPU 10 GiB", "memory_mib": 10240, "cores_percent": 50},
+    # larger than the 16 GiB cards: refused at once with a sentence
+    {"name": "gpu-20g", "display_name": "GPU 20 GiB", "memory_mib": 20480, "cores_percent": 50},
+]
 ADMISSION = {
     "priority_classes": {"default": {"value": 100, "preempt": False, "borrow": False}},
     "default_priority_class": "default",
@@ -137,7 +141,7 @@ async def open_lab(hub: HubRunner, user: str, notebook: str = "") -> Browser:
     return browser
 
 
-def new_notebook(server, path: str) -> None:
+def new_notebook(server, path: str, spec: str = SPEC) -> None:
     """A notebook file whose kernel is the GPU kernel (JupyterLab starts it when it opens the file)."""
     status, body = server.api(
         "PUT",
@@ -147,7 +151,7 @@ def new_notebook(server, path: str) -> None:
             "format": "json",
             "content": {
                 "cells": [],
-                "metadata": {"kernelspec": {"name": SPEC, "display_name": "Python 3 (GPU 10 GiB)"}},
+                "metadata": {"kernelspec": {"name": spec, "display_name": spec}},
                 "nbformat": 4,
                 "nbformat_minor": 5,
             },
@@ -283,3 +287,25 @@ async def test_the_status_item_and_notifications_follow_a_gpu_kernel_through_swa
         for bob in bob_sessions:
             servers["bob"].api("DELETE", f"/sessions/{bob['id']}")
         servers["alice"].api("DELETE", f"/sessions/{session['id']}")
+
+
+async def test_a_refused_kernel_start_shows_the_hubs_whole_sentence_wrapped_in_jupyterlabs_dialog(
+    stack, tmp_path_factory
+):
+    hub, servers, _ = stack
+    new_notebook(servers["alice"], "too-big.ipynb", "elastic-gpu-gpu-20g")
+    browser = await open_lab(hub, "alice", "too-big.ipynb")
+    try:
+        text = await until(browser, "(document.querySelector('.jp-Dialog pre') || {}).innerText || ''", timeout=90)
+        assert "A 20 GiB slice is larger than any GPU in the pool" in text, text
+        assert text.rstrip().endswith("Pick a smaller GPU kernel size."), text
+        # the sentence is one line; the dialog wraps it rather than cutting it at its edge
+        assert "\n" not in text.strip(), text
+        fits = await browser.evaluate(
+            "(p => p.scrollWidth <= p.clientWidth + 1 && getComputedStyle(p).whiteSpace === 'pre-wrap')"
+            "(document.querySelector('.jp-Dialog pre'))"
+        )
+        assert fits, "the dialog cuts the sentence at its edge"
+        await browser.screenshot(tmp_path_factory.getbasetemp() / "lab" / "refused.png")
+    finally:
+        await browser.close()
