@@ -175,3 +175,23 @@ def held_for(request: GPURequest, waited_s: float) -> str:
         "and goes first: nothing of its priority or lower starts there before it does. Wait a moment "
         "or try again."
     )
+
+
+def swap_over_host_cap(host_mib: int, total_mib: int, cap_mib: int, percent: float,
+                       node_ram_mib: int | None = None) -> str:
+    """Why a kernel is not swapped out: its GPU memory would take what swapped-out kernels hold in
+    host memory over the cap (on the hub's machine, or on a node of ``node_ram_mib`` RAM)."""
+    where = "host memory" if node_ram_mib is None else "this node's host memory"
+    ram = "this machine's RAM" if node_ram_mib is None else f"the node's {mib(node_ram_mib)} of RAM"
+    return (
+        f"its {mib(host_mib)} of GPU memory would bring what swapped-out kernels hold in {where} to "
+        f"{mib(total_mib)}, over the cap of {mib(cap_mib)} ({percent:g}% of {ram})"
+    )
+
+
+def claims_full(uuid: str, hubs: str, memory_mib: int, cap_mib: int, cores: int, cap_cores: int) -> str:
+    """Why the cluster-wide ledger refuses a claim: the hubs' slices together overfill a card."""
+    return (
+        f"GPU {uuid} has no room left: hubs {hubs} together claim {mib(memory_mib)} of {mib(cap_mib)} "
+        f"and {cores} of {cap_cores} % of its compute."
+    )

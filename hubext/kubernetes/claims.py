@@ -43,6 +43,7 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from libvgpu import contract as C
 from quotas import GPU, Node
+from quotas.messages import claims_full
 from quotas.placement import capacity
 
 from ..backends import ClaimConflict
@@ -164,10 +165,7 @@ def overbooked(gpus: Mapping[str, GPU], claims: list[Claim], new: Claim) -> str 
         cap_m, cap_c = capacity(gpu.memory_mib * gpu.memory_oversub), capacity(100 * gpu.cores_oversub)
         if memory > cap_m or cores > cap_c:
             hubs = ", ".join(sorted({c.hub for c in on}))
-            return (
-                f"GPU {uuid} has no room left: hubs {hubs} together claim {memory} of {cap_m} MiB "
-                f"and {cores} of {cap_c} % of its compute."
-            )
+            return claims_full(uuid, hubs, memory, cap_m, cores, cap_c)
     return None
 
 

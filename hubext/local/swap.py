@@ -18,6 +18,7 @@ from traitlets.config import LoggingConfigurable
 
 from libvgpu.checkpoint import CheckpointError, CheckpointUnavailable, CudaCheckpoint, ProcessState
 from quotas import Allocation
+from quotas.messages import swap_over_host_cap
 
 from ..backends import Capabilities, Capability, HostMemoryFull, SuspendAsk
 from ..kernels import KernelRecord
@@ -95,9 +96,7 @@ class LocalSwapMixin(LoggingConfigurable):
         cap = self.host_cap_mib(ask.host_memory_percent)
         if ask.swapped_here_mib + host_mib > cap:
             raise HostMemoryFull(
-                f"its {host_mib} MiB of GPU memory would bring what swapped-out kernels hold in host memory to "
-                f"{ask.swapped_here_mib + host_mib} MiB, over the cap of {cap} MiB "
-                f"({ask.host_memory_percent:g}% of this machine's RAM)",
+                swap_over_host_cap(host_mib, ask.swapped_here_mib + host_mib, cap, ask.host_memory_percent),
                 host_mib,
                 ask.swapped_here_mib,
                 cap,

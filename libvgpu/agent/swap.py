@@ -37,6 +37,7 @@ from typing import Any
 
 from libvgpu import contract as L
 from libvgpu.checkpoint import CheckpointError, CheckpointUnavailable, CudaCheckpoint, ProcessState
+from quotas.messages import swap_over_host_cap
 
 from .pods import process_cgroup
 
@@ -221,11 +222,8 @@ def perform(
                 cap = int(ram_mib * request.host_memory_percent / 100)
                 total = swapped_elsewhere_mib + status["host_mib"]
                 if total > cap:
-                    status["message"] = (
-                        f"its {status['host_mib']} MiB of GPU memory would bring what swapped-out kernels hold in "
-                        f"this node's host memory to {total} MiB, over the cap of {cap} MiB "
-                        f"({request.host_memory_percent:g}% of the node's {ram_mib} MiB of RAM)"
-                    )
+                    status["message"] = swap_over_host_cap(
+                        status["host_mib"], total, cap, request.host_memory_percent, node_ram_mib=ram_mib)
                     return status
             cp.suspend(cuda, request.lock_timeout_ms)
         else:

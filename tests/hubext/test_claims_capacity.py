@@ -63,7 +63,7 @@ def test_the_ledger_check_names_the_card_and_the_hub():
     mine = Claim("teaching", "t1", "a", ("a-gpu0",), 50 * GIB, 20, False)
     theirs = _claim("a-gpu0", 40, 50)
     assert overbooked(gpus, [theirs, mine], mine) == (
-        "GPU a-gpu0 has no room left: hubs research, teaching together claim 92160 of 81920 MiB "
+        "GPU a-gpu0 has no room left: hubs research, teaching together claim 90 GiB of 80 GiB "
         "and 70 of 100 % of its compute."
     )
     whole = Claim("teaching", "t2", "a", ("a-gpu0",), 0, 0, True)
