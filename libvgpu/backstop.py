@@ -49,6 +49,8 @@ from typing import Protocol
 from traitlets import Bool, Enum, Float, Integer
 from traitlets.config import LoggingConfigurable
 
+from quotas.messages import mib
+
 MIB = 1 << 20
 
 OVER_LIMIT = "over-limit"
@@ -114,7 +116,7 @@ class Finding:
 
 
 def _mib(n: int | None) -> str:
-    return "no limit" if n is None else f"{n / MIB:.0f} MiB"
+    return "no limit" if n is None else mib(round(n / MIB))
 
 
 def evaluate(

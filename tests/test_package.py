@@ -103,3 +103,44 @@ def test_metering_never_asks_which_mode_it_runs_in():
         if pattern.search(line)
     ]
     assert not offenders, offenders
+
+
+#: f-strings that print MiB on purpose: the admission YAML's comment gives its total in the unit of
+#: the limits written below it
+_MIB_ON_PURPOSE = ("in all (the unit of the limits below)",)
+
+
+def _sizes_written_by_hand(path: Path) -> list[str]:
+    """f-strings of ``path`` that print a size themselves: a value followed by 'MiB'/'GiB', or
+    one computed with 1024 or a shift by 20 outside a call (quotas.messages.mib is the formatter)."""
+    import ast
+
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.JoinedStr) or any(s in ast.unparse(node) for s in _MIB_ON_PURPOSE):
+            continue
+        for i, part in enumerate(node.values):
+            if not isinstance(part, ast.FormattedValue):
+                continue
+            after = node.values[i + 1] if i + 1 < len(node.values) else None
+            unit = isinstance(after, ast.Constant) and after.value.lstrip().startswith(("MiB", "GiB"))
+            code = ast.unparse(part.value)
+            arithmetic = ("1024" in code or ">> 20" in code) and not isinstance(part.value, ast.Call)
+            if unit or arithmetic:
+                hits.append(f"{path.relative_to(REPO)}:{node.lineno}: {ast.unparse(node)[:90]}")
+                break
+    return hits
+
+
+def test_sizes_are_written_by_the_one_formatter():
+    """Every size a person reads goes through quotas.messages.mib ('10 GiB', '1.5 GiB',
+    '10300 MiB'); formatters written by hand drifted ('17.625 GiB' vs '18048 MiB', a 1.5 GiB
+    request shown as '1 GiB')."""
+    hits = [
+        hit
+        for folder in ("hubext", "libvgpu", "culler", "kernelprovider", "quotas")
+        for path in sorted((REPO / folder).rglob("*.py"))
+        if path != REPO / "quotas" / "messages.py"
+        for hit in _sizes_written_by_hand(path)
+    ]
+    assert not hits, "sizes formatted outside quotas/messages.py:\n" + "\n".join(hits)

@@ -17,6 +17,8 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from quotas.messages import mib
+
 from .accounts import TEAM_ACCOUNT, harden_hub_state
 from .base import ADMISSION_FILE, CONFIG_FILE, DEFAULT_SIMULATED, TOKEN_FILE, CLIError
 
@@ -60,15 +62,15 @@ def default_profiles(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
             size = memory // fraction
             profiles.append(
                 {
-                    "display_name": f"1/{fraction} {model} — {size / 1024:g} GiB, {cores} % compute",
+                    "display_name": f"1/{fraction} {model} — {mib(size)}, {cores} % compute",
                     "slug": f"{slug}-{name}",
-                    "description": f"A {name} of one {model}: {size / 1024:g} GiB of GPU memory.",
+                    "description": f"A {name} of one {model}: {mib(size)} of GPU memory.",
                     "gpu": {"memory_mib": size, "cores_percent": cores, "model": model},
                 }
             )
         profiles.append(
             {
-                "display_name": f"Whole {model} — {memory / 1024:g} GiB",
+                "display_name": f"Whole {model} — {mib(memory)}",
                 "slug": f"{slug}-whole",
                 "description": f"One whole {model} for this server alone.",
                 "gpu": {"whole": True, "model": model},
@@ -85,11 +87,11 @@ def default_kernel_sizes(gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
     sizes = []
     for fraction, cores in ((8, 12), (4, 25), (2, 50)):
         memory = smallest // fraction
-        gib = f"{memory / 1024:g}"
+        gib = format(memory / 1024, "g")  # the kernelspec's name: gpu-10g, gpu-17-625g
         sizes.append(
             {
                 "name": f"gpu-{gib.replace('.', '-')}g",
-                "display_name": f"GPU {gib} GiB",
+                "display_name": f"GPU {mib(memory)}",
                 "memory_mib": memory,
                 "cores_percent": cores,
             }
@@ -106,7 +108,7 @@ def admission_yaml(gpus: list[dict[str, Any]], admins: list[str], users: list[st
         "# Edit and restart the hub (`elastic-gpu up`). Memory in MiB (per level, summed over GPUs),",
         "# compute in % of one card (a quarter card = 25), gpus = number of slices. A missing key = no limit.",
         f"# Pool: {len(gpus)} GPU(s){' (simulated: ' + simulate + ')' if simulate else ''},"
-        f" {total} MiB in all. Format: docs/single-machine.md.",
+        f" {total} MiB in all (the unit of the limits below). Format: docs/single-machine.md.",
         "priority_classes:",
         "  high:    {value: 1000, preempt: true,  borrow: false}   # may stop lower-priority slices",
         "  default: {value: 100,  preempt: false, borrow: false, movable: true}   # kernels may be swapped out"

@@ -28,6 +28,7 @@ import typing
 from dataclasses import fields, replace
 
 from quotas import Placement
+from quotas.messages import mib
 from quotas.policy import STRATEGIES
 
 from .capacity import parse_slice
@@ -73,7 +74,7 @@ def read_sessions_file(path: str) -> str:
             raise ReportError(f"the sessions CSV {path} is not a regular file; give the path of a CSV file.")
         if info.st_size > MAX_SESSIONS_BYTES:
             raise ReportError(
-                f"the sessions CSV {path} has {info.st_size >> 20} MiB; at most {MAX_SESSIONS_BYTES >> 20} MiB "
+                f"the sessions CSV {path} has {mib(info.st_size >> 20)}; at most {mib(MAX_SESSIONS_BYTES >> 20)} "
                 "are read: replay a shorter period."
             )
         with open(path, "rb") as f:  # (a regular file opens without blocking; it may grow meanwhile)
@@ -81,7 +82,7 @@ def read_sessions_file(path: str) -> str:
     except OSError as e:
         raise ReportError(f"cannot read the sessions CSV {path}: {e.strerror}.") from None
     if len(data) > MAX_SESSIONS_BYTES:
-        raise ReportError(f"the sessions CSV {path} grew past {MAX_SESSIONS_BYTES >> 20} MiB while it was read.")
+        raise ReportError(f"the sessions CSV {path} grew past {mib(MAX_SESSIONS_BYTES >> 20)} while it was read.")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:

@@ -95,6 +95,18 @@ def test_init_writes_a_config_that_loads_sized_from_the_simulated_gpus(tmp_path)
     assert c.JupyterHub.services[-1] == {"name": "elastic-gpu-cli", "api_token": token.read_text().strip()}
 
 
+def test_init_names_sizes_as_the_refusals_and_pages_do(tmp_path):
+    """An H200's 141 GiB split in 8 is 18048 MiB: the kernel size and the profile say so, as a
+    refusal of that kernel does (quotas.messages.mib), not '17.625 GiB'."""
+    assert run_cli("init", "--config-dir", str(tmp_path), "--simulate-gpus", "1xH200").returncode == 0
+    c = load_hub_config(tmp_path / "jupyterhub_config.py")
+    sizes = {s["memory_mib"]: s["display_name"] for s in c.GPUBroker.kernel_sizes}
+    assert sizes == {18048: "GPU 18048 MiB", 36096: "GPU 36096 MiB", 72192: "GPU 70.5 GiB"}, sizes
+    names = {p["slug"]: p["display_name"] for p in normalize_profile_list(c.LocalGPUSpawner.profile_list)}
+    assert names["h200-quarter"] == "1/4 H200 — 36096 MiB, 25 % compute", names
+    assert names["h200-whole"] == "Whole H200 — 141 GiB", names
+
+
 def test_init_keeps_an_edited_config_unless_forced(tmp_path):
     assert run_cli("init", "--config-dir", str(tmp_path), "--simulate-gpus", "1xT4").returncode == 0
     edited = tmp_path / "elastic-gpu.yaml"

@@ -460,7 +460,7 @@ def test_a_pod_over_its_slice_gets_an_event_a_metric_and_is_killed(node):
     e = events[0]
     assert e["involvedObject"]["kind"] == "Pod" and e["involvedObject"]["name"] == "pod-b"
     assert e["type"] == "Warning"
-    assert "allocation b-over" in e["message"] and "1024 MiB" in e["message"] and "256 MiB" in e["message"]
+    assert "allocation b-over" in e["message"] and "1 GiB" in e["message"] and "256 MiB" in e["message"]
     assert f"Killed process {node.pids['pod-b']}" in e["message"]
     phase = node.emu.wait_for_pod_phase("pod-b", "Failed", NS, timeout=10)
     assert phase

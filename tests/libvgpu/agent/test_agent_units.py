@@ -270,7 +270,7 @@ def test_a_finding_is_acted_on_once_per_episode_after_it_is_confirmed():
     assert run(b.act([_over()], acts)) == []  # the same episode
     assert acts.counted == [OVER_LIMIT] and kills == []
     reason, pod, message = acts.events[0]
-    assert pod == "jhub/a" and "2048 MiB" in message and "1024 MiB" in message and "GPU 3" in message
+    assert pod == "jhub/a" and "2 GiB" in message and "1 GiB" in message and "GPU 3" in message
     assert "Reported only (Backstop.action is 'report')." in message
     run(b.act([], acts))  # usage back under the slice: the episode ends
     run(b.act([_over()], acts))
