@@ -44,6 +44,7 @@ from quotas import (
     PoolFull,
     load_config,
 )
+from quotas.messages import mib
 from quotas.queue import AdmissionQueue, Waiting, propose_moves
 
 from .backends import POOL_ENTRY_POINTS, ClaimConflict, PoolBackend, ReleaseCause
@@ -516,12 +517,12 @@ class GPUAllocator(SingletonConfigurable):
                         continue
                     self._drop(waiter)
                     self.log.info(
-                        "GPU granted: %s to %s on %s %s (%d MiB, %d %% each)%s",
+                        "GPU granted: %s to %s on %s %s (%s, %d %% each)%s",
                         allocation.id,
                         allocation.owner.user,
                         allocation.node,
                         ",".join(allocation.gpu_uuids),
-                        allocation.memory_mib,
+                        mib(allocation.memory_mib),
                         allocation.cores_percent,
                         " borrowed" if allocation.borrowed else "",
                     )

@@ -1,6 +1,7 @@
 """The package installs what it promises: top-level packages and the console script."""
 
 import importlib
+import re
 import shutil
 import subprocess
 import sys
@@ -108,6 +109,7 @@ def test_metering_never_asks_which_mode_it_runs_in():
 #: f-strings that print MiB on purpose: the admission YAML's comment gives its total in the unit of
 #: the limits written below it
 _MIB_ON_PURPOSE = ("in all (the unit of the limits below)",)
+_PERCENT_SIZE = re.compile(r"%[-0-9.]*[dfgi] ?[MG]iB")
 
 
 def _sizes_written_by_hand(path: Path) -> list[str]:
@@ -117,6 +119,8 @@ def _sizes_written_by_hand(path: Path) -> list[str]:
 
     hits = []
     for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _PERCENT_SIZE.search(node.value):
+            hits.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value[:90]!r}")  # a log line's '%d MiB'
         if not isinstance(node, ast.JoinedStr) or any(s in ast.unparse(node) for s in _MIB_ON_PURPOSE):
             continue
         for i, part in enumerate(node.values):

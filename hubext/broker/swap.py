@@ -208,11 +208,11 @@ class SwapMixin(Configurable):
             await self._release(record.allocation_id, f"swapped out: {why}", ReleaseCause.SWAPPED)
             self._persist()
         self.log.info(
-            "GPU kernel %s of %s swapped out in %.2f s (%d MiB to host memory, processes %s): %s",
+            "GPU kernel %s of %s swapped out in %.2f s (%s to host memory, processes %s): %s",
             record.id,
             record.user,
             time.monotonic() - started,
-            host_mib,
+            mib(host_mib),
             ",".join(map(str, cuda)) or "none with CUDA state",
             why,
         )
