@@ -195,3 +195,48 @@ def claims_full(uuid: str, hubs: str, memory_mib: int, cap_mib: int, cores: int,
         f"GPU {uuid} has no room left: hubs {hubs} together claim {mib(memory_mib)} of {mib(cap_mib)} "
         f"and {cores} of {cap_cores} % of its compute."
     )
+
+
+_RESOURCE_WORDS = {"memory_mib": "GPU memory", "cores_percent": "GPU compute", "gpus": "vGPU"}
+
+
+def amount(resource: str, n: int) -> str:
+    """A quota figure in its resource's words: memory_mib 20480 -> '20 GiB', cores_percent 50 -> '50%'."""
+    if resource == "memory_mib":
+        return mib(n)
+    if resource == "cores_percent":
+        return f"{n}%"
+    return str(n)
+
+
+def over_quota(level: Level, resource: str, used: int, limit: int) -> str:
+    """"workspace 'vision' is over the GPU memory quota (20 GiB of 20 GiB in use)"."""
+    return (
+        f"{level.label} is over the {_RESOURCE_WORDS[resource]} quota "
+        f"({amount(resource, used)} of {amount(resource, limit)} in use)"
+    )
+
+
+def borrowed(level: Level, resource: str, used: int, limit: int) -> str:
+    """Why a grant of a borrowing priority class may be taken back."""
+    return (
+        f"Borrowed idle capacity: {over_quota(level, resource, used, limit)}; this allocation is "
+        "preempted first when the capacity is needed back."
+    )
+
+
+def borrowing_waits(level: Level, resource: str, used: int, limit: int, class_name: str, why: str) -> str:
+    """A borrowing class over its quota waits for idle capacity; ``why``: the pool's sentence."""
+    return (
+        f"{cap(over_quota(level, resource, used, limit))}; priority class '{class_name}' may borrow "
+        f"idle capacity, but none is free. {why}"
+    )
+
+
+def preempted(victims: list[tuple[str, str, str]], class_name: str) -> str:
+    """A grant that preempts: ``victims`` as (allocation id, user, what it ran as)."""
+    parts = [f"'{aid}' of user '{user}' ({as_what})" for aid, user, as_what in victims]
+    return (
+        f"Granted by preempting {plural(len(victims), 'allocation')}: {', '.join(parts)}; "
+        f"the request runs at priority class '{class_name}'."
+    )

@@ -261,10 +261,7 @@ class AdmissionState(RequestChecks, UsageReport):
             level, res, used, limit = over
             return self._grant(
                 request, pc, base, True, now,
-                reason=f"Borrowed idle capacity: {level.label} is over the "
-                f"{_RESOURCE_WORDS[res]} quota ({_amount(res, used)} of "
-                f"{_amount(res, limit)} in use); this allocation is preempted first when the "
-                "capacity is needed back.",
+                reason=msg.borrowed(level, res, used, limit),
             )
         if self._has_candidates(pc) and not pinned:
             # A whole card's quota charge is its size: when the quota refuses the card placement
@@ -354,14 +351,10 @@ class AdmissionState(RequestChecks, UsageReport):
         return Decision("grant", allocation=allocation, reason=reason)
 
     def _preempt_reason(self, pc: PriorityClass, victims: tuple[Allocation, ...]) -> str:
-        parts = []
-        for v in victims:
-            what = "borrowed capacity" if v.borrowed else f"priority class '{v.priority_class}'"
-            parts.append(f"'{v.id}' of user '{v.owner.user}' ({what})")
-        n = len(victims)
-        return (
-            f"Granted by preempting {msg.plural(n, 'allocation')}: {', '.join(parts)}; "
-            f"the request runs at priority class '{pc.name}'."
+        return msg.preempted(
+            [(v.id, v.owner.user, "borrowed capacity" if v.borrowed else f"priority class '{v.priority_class}'")
+             for v in victims],
+            pc.name,
         )
 
     def _wait(
@@ -431,11 +424,7 @@ class AdmissionState(RequestChecks, UsageReport):
         text = f"{text} {todo}"
         if over is not None:  # a borrowing class over its quota: it may only use idle capacity
             level, res, used, limit = over
-            text = (
-                f"{msg.cap(level.label)} is over the {_RESOURCE_WORDS[res]} quota "
-                f"({_amount(res, used)} of {_amount(res, limit)} in use); priority class "
-                f"'{pc.name}' may borrow idle capacity, but none is free. " + text
-            )
+            text = msg.borrowing_waits(level, res, used, limit, pc.name, text)
         error = PoolFull(text)
         error.own_only = bool(mine) and not others
         return Decision("wait", reason=text, error=error)
@@ -475,14 +464,3 @@ class AdmissionState(RequestChecks, UsageReport):
                 return 100 * k
             return self._index.min_whole_memory(group, k)
         return (request.memory_mib if res == "memory_mib" else request.cores_percent) * k
-
-
-_RESOURCE_WORDS = {"memory_mib": "GPU memory", "cores_percent": "GPU compute", "gpus": "vGPU"}
-
-
-def _amount(res: str, n: int) -> str:
-    if res == "memory_mib":
-        return msg.mib(n)
-    if res == "cores_percent":
-        return f"{n}%"
-    return str(n)
