@@ -111,7 +111,22 @@ function activate(app, tracker, statusBar) {
     }
   ];
 
+  // what this browser was told already (a page reload must not tell a stopped kernel's news again)
+  const toldKey = (id, event) => `elastic-gpu:told:${id}:${event}`;
+  const toldBefore = (id, event) => {
+    try {
+      return window.localStorage.getItem(toldKey(id, event)) !== null;
+    } catch (e) {
+      return false;
+    }
+  };
+
   const tell = (id, view) => {
+    try {
+      window.localStorage.setItem(toldKey(id, view.event), String(Date.now()));
+    } catch (e) {
+      // no storage (private window): told again after a reload, nothing worse
+    }
     const kind = ['info', 'success', 'warning', 'error'].includes(view.level) ? view.level : 'info';
     const options = {
       autoClose: kind === 'error' || kind === 'warning' ? false : 8000,
@@ -138,7 +153,8 @@ function activate(app, tracker, statusBar) {
       if (!view.notice || before === view.event) {
         continue;
       }
-      if (before === undefined ? TOLD_ON_SIGHT.has(view.event) : !(before === 'pending' && view.event === 'running')) {
+      const onSight = TOLD_ON_SIGHT.has(view.event) && !toldBefore(id, view.event);
+      if (before === undefined ? onSight : !(before === 'pending' && view.event === 'running')) {
         if (view.event !== 'running' || (before || '').match(/^(swapped|queued)/)) {
           tell(id, view);
         }

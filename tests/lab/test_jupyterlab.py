@@ -279,6 +279,13 @@ async def test_the_status_item_and_notifications_follow_a_gpu_kernel_through_swa
         )
         assert "restart automatically" not in dialogs, dialogs
         await browser.screenshot(shots / "admin-stop.png")
+        # reopened, the page still shows why the kernel stopped, without telling her a second time
+        await browser.goto(f"{hub.url}/user/alice/lab/tree/gpu.ipynb")
+        await until(browser, "!!document.querySelector('.jp-NotebookPanel')", timeout=120)
+        session = await asyncio.to_thread(lab_session, hub, servers["alice"], "gpu.ipynb")  # a new kernel
+        # the poll that shows the new kernel's slice is the one that saw the stopped kernel again
+        await until(browser, f"{STATUS}.startsWith('GPU 10 GiB')", timeout=90)
+        assert not await browser.evaluate(toast_with("maintenance at 18:00")), "the stop was told again"
     finally:
         if culler is not None:
             culler.stop()
