@@ -240,3 +240,59 @@ def preempted(victims: list[tuple[str, str, str]], class_name: str) -> str:
         f"Granted by preempting {plural(len(victims), 'allocation')}: {', '.join(parts)}; "
         f"the request runs at priority class '{class_name}'."
     )
+
+
+# ---- a request within its quotas waits for room in the pool --------------------------------------
+# ``own``: what the requester holds when nothing but its own slices stand in the way (holdings(),
+# '' otherwise): the advice is then to stop one of them.
+
+
+def _todo(todo: str, own: str, kind: str) -> str:
+    return f"Only your own {own} hold GPUs: stop one of them or pick {smaller(kind)}." if own else todo
+
+
+def pinned_full(request: GPURequest, node: str, kind: str, own: str = "") -> str:
+    """A swapped-out kernel whose state can only go back to one card, which is full."""
+    return (
+        f"The GPU this kernel's state can only go back to ({', '.join(request.pinned_uuids)} on "
+        f"node {node}) has no room for {shape(request)} right now. "
+        + _todo("It resumes when that GPU has room again.", own, kind)
+    )
+
+
+def node_short(request: GPURequest, kind: str) -> str:
+    """GPUs have room, but no node with it has the CPU and host memory the request also needs."""
+    return (
+        f"GPUs have room for {shape(request)}, but no node with that room has "
+        f"{node_needs(request.cpu_millicores, request.host_memory_mib)} free right now. "
+        f"Wait for a server to stop or pick {smaller(kind)}."
+    )
+
+
+def no_whole_cards(request: GPURequest, model: str | None, most_on_a_node: int, kind: str, own: str = "") -> str:
+    """Not enough free cards on one node for a request of whole cards."""
+    k = request.count
+    todo = "Wait for a kernel to stop or ask for " + ("fewer GPUs." if k > 1 else "a slice of a GPU instead.")
+    return (
+        f"No node has {plural(k, 'free ' + model_phrase(model) + 'GPU')} to give out whole right "
+        f"now (at most {most_on_a_node} on one node). " + _todo(todo, own, kind)
+    )
+
+
+def no_card(request: GPURequest, model: str | None, free_mib: int, free_cores: int, kind: str, own: str = "") -> str:
+    """No card has room for a one-card slice; ``free_mib``/``free_cores``: the most free on one."""
+    return (
+        f"No {model_phrase(model)}GPU has {mib(request.memory_mib)} of memory and "
+        f"{request.cores_percent}% of compute free right now (the most free on one "
+        f"card is {mib(max(free_mib, 0))} and {max(free_cores, 0)}%). "
+        + _todo(f"Wait for a kernel to stop or pick {smaller(kind)}.", own, kind)
+    )
+
+
+def no_cards(request: GPURequest, model: str | None, kind: str, own: str = "") -> str:
+    """No node has the request's several cards with room each."""
+    return (
+        f"No node has {request.count} {model_phrase(model)}GPUs with {mib(request.memory_mib)} and "
+        f"{request.cores_percent}% free each right now. "
+        + _todo(f"Wait for kernels to stop, ask for fewer GPUs or pick {smaller(kind)}.", own, kind)
+    )

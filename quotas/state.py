@@ -380,48 +380,22 @@ class AdmissionState(RequestChecks, UsageReport):
         if over is not None and not pc.borrow:
             over = None  # a quota as large as the pool: the pool is what is full
         mine, others = self._holders(request, None)
-        model = msg.model_phrase(ix.model_names.get(group))
-        cpu, hmem = request.cpu_millicores, request.host_memory_mib
+        model = ix.model_names.get(group)
         m = 0 if request.whole else request.memory_mib
         c = 0 if request.whole else request.cores_percent
+        own = mine if mine and not others else ""
         if request.pinned_uuids:
             node = ix.node_names[ix.node_of_gpu[ix.gi_of[request.pinned_uuids[0]]]]
-            text = (
-                f"The GPU this kernel's state can only go back to ({', '.join(request.pinned_uuids)} on "
-                f"node {node}) has no room for {msg.shape(request)} right now."
-            )
-            todo = "It resumes when that GPU has room again."
-        elif (cpu or hmem) and ix.has_room(m, c, k, request.whole, group):
-            text = (
-                f"GPUs have room for {msg.shape(request)}, but no node with that room has "
-                f"{msg.node_needs(cpu, hmem)} free right now."
-            )
-            todo = f"Wait for a server to stop or pick {msg.smaller(kind)}."
+            text = msg.pinned_full(request, node, kind, own)
+        elif (request.cpu_millicores or request.host_memory_mib) and ix.has_room(m, c, k, request.whole, group):
+            text = msg.node_short(request, kind)
             others = True  # the node's CPU and memory are also held by what is not a GPU slice
         elif request.whole:
-            most = ix.most_empty_cards(group)
-            text = (
-                f"No node has {msg.plural(k, 'free ' + model + 'GPU')} to give out whole right "
-                f"now (at most {most} on one node)."
-            )
-            todo = "Wait for a kernel to stop or ask for " + ("fewer GPUs." if k > 1 else "a slice of a GPU instead.")
+            text = msg.no_whole_cards(request, model, ix.most_empty_cards(group), kind, own)
         elif k == 1:
-            fm, fc = ix.most_free_card(group)
-            text = (
-                f"No {model}GPU has {msg.mib(request.memory_mib)} of memory and "
-                f"{request.cores_percent}% of compute free right now (the most free on one "
-                f"card is {msg.mib(max(fm, 0))} and {max(fc, 0)}%)."
-            )
-            todo = f"Wait for a kernel to stop or pick {msg.smaller(kind)}."
+            text = msg.no_card(request, model, *ix.most_free_card(group), kind, own)
         else:
-            text = (
-                f"No node has {k} {model}GPUs with {msg.mib(request.memory_mib)} and "
-                f"{request.cores_percent}% free each right now."
-            )
-            todo = f"Wait for kernels to stop, ask for fewer GPUs or pick {msg.smaller(kind)}."
-        if mine and not others:
-            todo = f"Only your own {mine} hold GPUs: stop one of them or pick {msg.smaller(kind)}."
-        text = f"{text} {todo}"
+            text = msg.no_cards(request, model, kind, own)
         if over is not None:  # a borrowing class over its quota: it may only use idle capacity
             level, res, used, limit = over
             text = msg.borrowing_waits(level, res, used, limit, pc.name, text)
