@@ -115,6 +115,31 @@ def test_every_path_the_dockerfile_copies_exists_in_the_build_context():
     assert {"pyproject.toml", "setup.py", "README.md"} <= set(copied)
 
 
+def _data_file_sources() -> list[str]:
+    """The files pyproject.toml's [tool.setuptools.data-files] puts into the wheel."""
+    import glob
+
+    import tomllib
+
+    data_files = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"].get("data-files", {})
+    return [f for patterns in data_files.values() for pattern in patterns for f in glob.glob(pattern, root_dir=REPO)]
+
+
+def test_every_file_the_wheel_installs_is_in_the_build_context():
+    """The wheel stage builds the wheel from the context: a data file pyproject.toml names but
+    Dockerfile.dockerignore leaves out stops `./dev images` ("can't copy 'labextension/
+    jupyter-config/jupyter_server_config.d/elastic_gpu.json': doesn't exist or not a regular
+    file" once the JupyterLab extension's server config became a data file)."""
+    sources = _data_file_sources()
+    assert sources
+    left_out = [f for f in sources if _ignored(f)]
+    assert not left_out, f"Dockerfile.dockerignore leaves out {left_out}"
+    copied = [src.rstrip("/") for instr, args in _instructions() if instr == "COPY" and "--from=" not in args
+              for src in args.split()[:-1]]  # fmt: skip
+    not_copied = [f for f in sources if not any(f == c or f.startswith(c + "/") for c in copied)]
+    assert not not_copied, f"the wheel stage does not COPY {not_copied}"
+
+
 def test_dockerfile_follows_hadolints_rules():
     """DL3008/DL3015 (apt --no-install-recommends), DL3009 (apt lists removed), DL3042 (pip
     --no-cache-dir), DL3002 (the last USER of each image is not root), DL4006-ish (one image per
@@ -188,7 +213,7 @@ def _build_wheel(tmp_path_factory, env: dict[str, str] | None = None) -> Path:
     src = tmp_path_factory.mktemp("src")
     files = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "pyproject.toml", "setup.py", "README.md"]
-        + list(PACKAGES),
+        + list(PACKAGES) + _data_file_sources(),
         cwd=REPO,
         capture_output=True,
         text=True,
