@@ -3,7 +3,8 @@ shape and serves behind configurable-http-proxy, the agent image installs its sh
 container of the kernel image, the kernel image runs the launcher's kernel command. Each image
 carries only what it needs. In the Kubernetes emulator, pods of the built images run from the
 images' own filesystems (tests/kubeemu/images.py from_engine): a pod of the agent image, and a
-z2jh-shaped hub Deployment of the hub image beside our chart installed by `helm install`.
+z2jh-shaped hub Deployment of the hub image beside our chart installed by `helm install`, and
+the chart's node-agent DaemonSet of the agent image on a GPU node with the CUDA/NVML doubles.
 
 `./dev images` builds the images, then runs this file with ``ELASTIC_GPU_IMAGES`` naming them
 (``hub=... agent=... kernel=...``) and ``DOCKER_HOST`` its engine. Without that variable (the main
@@ -376,6 +377,57 @@ def test_a_z2jh_shaped_hub_deployment_of_the_hub_image_comes_up_beside_our_chart
     finally:
         proxy.terminate()
         proxy.wait(10)
+        emu.stop()
+
+
+def test_the_charts_node_agent_daemonset_runs_the_agent_image_on_a_gpu_node_in_the_emulator(tmp_path):
+    """`helm install` of our chart (the documented values, the agent image's name) into the
+    emulator with one GPU node (the NVIDIA GPU operator's label and RuntimeClass; the CUDA/NVML
+    doubles as its driver): the DaemonSet's pod runs from the agent image's own filesystem, with
+    the chart's service account, RBAC and config, and publishes the node's GPU inventory."""
+    from libvgpu import contract as L
+    from tests.kubeemu import KubeEmulator, NodeSpec
+    from tests.kubeemu.images import from_engine
+    from tests.libvgpu.agent.test_agent import build_doubles
+
+    root = shared_dir(tmp_path / "gpu-node")
+    build = build_doubles(root / "build")
+    (root / "gpu.state").touch(0o666)
+    driver_env = {"LD_LIBRARY_PATH": str(build.lib_dir), "CUDA_DOUBLE_STATE": str(root / "gpu.state"),
+                  "CUDA_DOUBLE_DEVICES": "1", "CUDA_DOUBLE_MEMORY_MIB": "81559",
+                  "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3"}
+    node = "gpu-1"
+    emu = KubeEmulator(nodes=[NodeSpec(node, labels={"nvidia.com/gpu.present": "true"})], namespaces=["jhub"],
+                       pod_env=driver_env, node_mounts=[str(root)])  # what the NVIDIA runtime gives a pod
+    emu.start()
+    try:
+        emu.create({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+                    "handler": "nvidia"}, "runtimeclasses", None, group="node.k8s.io")
+        emu.images[IMAGES["agent"]] = from_engine(IMAGES["agent"], tmp_path / "agent", DOCKER)
+        repository, tag = IMAGES["agent"].rsplit(":", 1)
+        proc = tools.helm("install", "elastic-gpu", str(tools.CHART), "-n", "jhub", "--kubeconfig",
+                          emu.tls_kubeconfig_path, "-f", str(tools.CHART / "examples" / "z2jh-integration.yaml"),
+                          "--set", "culler.enabled=false", "--set", f"image.repository={repository}",
+                          "--set", f"image.tag={tag}", timeout=240)
+        assert proc.returncode == 0, proc.stderr
+
+        def published() -> str | None:
+            return emu.get("nodes", node)["metadata"].get("annotations", {}).get(L.NODE_GPUS_ANNOTATION)
+
+        try:
+            inventory = emu.wait_for(published, timeout=180, message="the node's GPU inventory")
+        except Exception:
+            pods = emu.list("pods", label_selector="app.kubernetes.io/component=node-agent")
+            raise AssertionError("\n".join(
+                f"{p['metadata']['name']}: {json.dumps(p.get('status', {}).get('containerStatuses'))}\n"
+                f"{emu.pod_log(p['metadata']['name'], p['metadata']['namespace'])[-3000:]}" for p in pods)) from None
+        [card] = json.loads(inventory)  # the double's one H100, as the agent's NVML saw it
+        assert (card["model"], card["memory_mib"]) == ("H100-80GB", 81559), inventory
+        [pod] = emu.list("pods", label_selector="app.kubernetes.io/component=node-agent")
+        assert pod["spec"]["nodeName"] == node
+        log = emu.pod_log(pod["metadata"]["name"], pod["metadata"]["namespace"])
+        assert "Traceback" not in log and "Forbidden" not in log, log[-3000:]
+    finally:
         emu.stop()
 
 
