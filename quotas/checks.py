@@ -66,12 +66,8 @@ class RequestChecks:
         if request.model:
             group = request.model.lower()
             if group not in ix.model_names:
-                known = ", ".join(f"'{n}'" for n in sorted(ix.model_names.values())) or "none"
-                raise InvalidRequest(
-                    f"No GPU of model '{request.model}' is in the pool (models: {known}). "
-                    "Pick one of these or leave the model open."
-                )
-        model = msg.model_phrase(ix.model_names.get(group))
+                raise InvalidRequest(msg.unknown_model(request.model, list(ix.model_names.values())))
+        model = ix.model_names.get(group)
         if not ix.gpus:
             raise InvalidRequest(
                 "The GPU pool has no GPUs yet. Ask an admin to check the GPU nodes."
@@ -79,47 +75,25 @@ class RequestChecks:
         if request.whole:
             most = ix.max_whole_cards.get(group, 0)
             if most == 0:
-                raise InvalidRequest(
-                    f"No {model}GPU in the pool can be given out whole (they are all MIG). "
-                    "Ask for a slice instead."
-                )
+                raise InvalidRequest(msg.no_whole_card_at_all(model))
             if count > most:
-                raise InvalidRequest(
-                    f"No node has {count} {model}GPUs that can be given out whole; the most on "
-                    f"one node is {most}. Ask for fewer GPUs."
-                )
-            self._check_node(request, group, model)
+                raise InvalidRequest(msg.too_many_whole(count, model, most))
+            self._check_node(request, group)
             return pc, group, levels
         if not ix.max_slice_cards.get(group):
-            raise InvalidRequest(
-                f"No {model}GPU in the pool takes shared slices (they are whole-card or MIG "
-                "only). Ask for whole GPUs instead."
-            )
+            raise InvalidRequest(msg.no_shared_slices(model))
         m, c = request.memory_mib, request.cores_percent
         biggest = ix.max_card_m.get(group, 0)
         if request.memory_limit_mib > biggest:
-            raise InvalidRequest(
-                f"A slice that may grow to {msg.mib(request.memory_limit_mib)} is larger than any "
-                f"{model}GPU in the pool (the largest holds {msg.mib(biggest)}). Pick a profile with "
-                "a smaller memory limit."
-            )
+            raise InvalidRequest(msg.limit_larger_than_cards(request.memory_limit_mib, model, biggest))
         if m > ix.max_cap_m[group]:
-            raise InvalidRequest(
-                f"A {msg.mib(m)} slice is larger than any {model}GPU in the pool (the largest "
-                f"holds {msg.mib(ix.max_cap_m[group])}). Pick {msg.smaller(msg.what(request))}."
-            )
+            raise InvalidRequest(msg.slice_larger_than_cards(request, model, ix.max_cap_m[group]))
         if c > ix.max_cap_c[group]:
-            raise InvalidRequest(
-                f"{c}% of compute is more than any {model}GPU in the pool offers "
-                f"({ix.max_cap_c[group]}% at most). Pick {msg.smaller(msg.what(request))}."
-            )
+            raise InvalidRequest(msg.compute_above_cards(request, model, ix.max_cap_c[group]))
         most = ix.most_slice_cards(group, m, c)
         if count > most:
-            raise InvalidRequest(
-                f"No node has {count} {model}GPUs that can hold {msg.mib(m)} and {c}% each; "
-                f"the most on one node is {most}. Ask for fewer GPUs or a smaller slice."
-            )
-        self._check_node(request, group, model)
+            raise InvalidRequest(msg.too_many_slices(request, model, most))
+        self._check_node(request, group)
         return pc, group, levels
 
     @staticmethod
@@ -145,7 +119,7 @@ class RequestChecks:
                 "100%; leave it out for a slice that does not grow."
             )
 
-    def _check_node(self, request: GPURequest, group: str, model: str) -> None:
+    def _check_node(self, request: GPURequest, group: str) -> None:
         """Reject a request whose CPU or host memory no node with room for its GPUs has."""
         cpu, hmem = request.cpu_millicores, request.host_memory_mib
         if not cpu and not hmem:
@@ -160,9 +134,4 @@ class RequestChecks:
             return
         most_cpu = max(ix.cpu_static[ni] for ni in nodes)
         most_hmem = max(ix.hmem_static[ni] for ni in nodes)
-        offer = msg.node_needs(most_cpu if cpu else 0, most_hmem if hmem else 0)
-        raise InvalidRequest(
-            f"No node with room for {msg.shape(request)} has {msg.node_needs(cpu, hmem)} to "
-            f"give (such nodes offer at most {offer}). Pick {msg.smaller(msg.what(request))} or ask an "
-            "admin for larger nodes."
-        )
+        raise InvalidRequest(msg.nodes_too_small(request, most_cpu if cpu else 0, most_hmem if hmem else 0))

@@ -296,3 +296,72 @@ def no_cards(request: GPURequest, model: str | None, kind: str, own: str = "") -
         f"{request.cores_percent}% free each right now. "
         + _todo(f"Wait for kernels to stop, ask for fewer GPUs or pick {smaller(kind)}.", own, kind)
     )
+
+
+# ---- a request no card or node of the pool can ever hold (InvalidRequest, quotas/checks.py) ------
+
+
+def unknown_model(model: str, known: list[str]) -> str:
+    names = ", ".join(f"'{n}'" for n in sorted(known)) or "none"
+    return f"No GPU of model '{model}' is in the pool (models: {names}). Pick one of these or leave the model open."
+
+
+def no_whole_card_at_all(model: str | None) -> str:
+    return (
+        f"No {model_phrase(model)}GPU in the pool can be given out whole (they are all MIG). "
+        "Ask for a slice instead."
+    )
+
+
+def too_many_whole(count: int, model: str | None, most: int) -> str:
+    return (
+        f"No node has {count} {model_phrase(model)}GPUs that can be given out whole; the most on "
+        f"one node is {most}. Ask for fewer GPUs."
+    )
+
+
+def no_shared_slices(model: str | None) -> str:
+    return (
+        f"No {model_phrase(model)}GPU in the pool takes shared slices (they are whole-card or MIG "
+        "only). Ask for whole GPUs instead."
+    )
+
+
+def limit_larger_than_cards(limit_mib: int, model: str | None, largest_mib: int) -> str:
+    return (
+        f"A slice that may grow to {mib(limit_mib)} is larger than any {model_phrase(model)}GPU in the "
+        f"pool (the largest holds {mib(largest_mib)}). Pick a profile with a smaller memory limit."
+    )
+
+
+def slice_larger_than_cards(request: GPURequest, model: str | None, largest_mib: int) -> str:
+    return (
+        f"A {mib(request.memory_mib)} slice is larger than any {model_phrase(model)}GPU in the pool "
+        f"(the largest holds {mib(largest_mib)}). Pick {smaller(what(request))}."
+    )
+
+
+def compute_above_cards(request: GPURequest, model: str | None, most_percent: int) -> str:
+    return (
+        f"{request.cores_percent}% of compute is more than any {model_phrase(model)}GPU in the pool "
+        f"offers ({most_percent}% at most). Pick {smaller(what(request))}."
+    )
+
+
+def too_many_slices(request: GPURequest, model: str | None, most: int) -> str:
+    return (
+        f"No node has {request.count} {model_phrase(model)}GPUs that can hold {mib(request.memory_mib)} "
+        f"and {request.cores_percent}% each; the most on one node is {most}. Ask for fewer GPUs or a "
+        "smaller slice."
+    )
+
+
+def nodes_too_small(request: GPURequest, most_cpu: int, most_hmem_mib: int) -> str:
+    """No node with room for the request's GPUs has its CPU and host memory;
+    ``most_cpu``/``most_hmem_mib``: the most such a node offers (0: not asked)."""
+    return (
+        f"No node with room for {shape(request)} has "
+        f"{node_needs(request.cpu_millicores, request.host_memory_mib)} to give (such nodes offer at "
+        f"most {node_needs(most_cpu, most_hmem_mib)}). Pick {smaller(what(request))} or ask an admin "
+        "for larger nodes."
+    )

@@ -126,3 +126,21 @@ def test_grants_are_repeatable_up_to_capacity():
     for _ in range(8):
         grant(st, req(memory_gib=10, cores=12))
     assert st.decide(req(memory_gib=1, cores=1)).kind == "wait"
+
+
+def test_requests_no_card_or_node_can_hold_are_refused_with_the_catalogues_whole_sentences():
+    """The never-fits refusals read as quotas.messages writes them, sizes by mib."""
+    mig = state(Pool((Node("m", (GPU("g", "A100", 40 * GIB, mode=Mode.MIG),)),)))
+    assert mig.decide(req(whole=True)).reason == (
+        "No GPU in the pool can be given out whole (they are all MIG). Ask for a slice instead.")
+    st = state(pool(node("a", 2)))
+    assert st.decide(req(whole=True, count=3)).reason == (
+        "No node has 3 GPUs that can be given out whole; the most on one node is 2. Ask for fewer GPUs.")
+    assert st.decide(req(memory_gib=50, count=2, model="H100-80GB")).kind == "grant"
+    assert st.decide(req(memory_gib=1.5, cores=60, count=3)).reason == (
+        "No node has 3 GPUs that can hold 1.5 GiB and 60% each; the most on one node is 2. "
+        "Ask for fewer GPUs or a smaller slice.")
+    capped = state(pool(node("c", 1, cores_oversub=0.5)))
+    assert capped.decide(req(cores=60, kind="kernel")).reason == (
+        "60% of compute is more than any GPU in the pool offers (50% at most). "
+        "Pick a smaller GPU kernel size.")
