@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from quotas.messages import mib
+from quotas.messages import moved_for
 from quotas.queue import Move, Waiting
 
 if TYPE_CHECKING:
@@ -52,12 +52,7 @@ class SliceMover(ABC):
 
 def move_reason(waiting: Waiting, now: float) -> str:
     """Why a slice moves: the request it makes room for and how long that waited."""
-    request = waiting.request
-    what = f"{request.count} whole GPU{'s' if request.count != 1 else ''}" if request.whole else mib(request.memory_mib)
-    return (
-        f"moved to make room for {request.request_id or 'a request'} of {request.owner.user} "
-        f"({what}) waiting {now - waiting.enqueued_at:.0f} s"
-    )
+    return moved_for(waiting.request, now - waiting.enqueued_at)
 
 
 async def carry_out(allocator: GPUAllocator, waiting: Waiting, moves: tuple[Move, ...]) -> None:

@@ -164,14 +164,25 @@ def compute_size(cores_percent: int, cores_limit_percent: int = 0) -> str:
     return f"{cores_percent}%"
 
 
+def asked(request: GPURequest) -> str:
+    """A request's whole size in few words: '10 GiB', '2 x 10 GiB', '2 whole GPUs'."""
+    if request.whole:
+        return plural(request.count, "whole GPU")
+    return f"{request.count} x {mib(request.memory_mib)}" if request.count > 1 else mib(request.memory_mib)
+
+
+def moved_for(request: GPURequest, waited_s: float) -> str:
+    """Why a slice is moved (swapped out): the waiting request it makes room for."""
+    return (
+        f"moved to make room for {request.request_id or 'a request'} of {request.owner.user} "
+        f"({asked(request)}) waiting {waited_s:.0f} s"
+    )
+
+
 def held_for(request: GPURequest, waited_s: float) -> str:
     """Why a request waits behind an overdue head that holds the cards it could use."""
-    if request.whole:
-        what = plural(request.count, "whole GPU")
-    else:
-        what = f"{request.count} x {mib(request.memory_mib)}" if request.count > 1 else mib(request.memory_mib)
     return (
-        f"A request for {what} has waited {waited_s:.0f} s for room on the GPUs this one could use "
+        f"A request for {asked(request)} has waited {waited_s:.0f} s for room on the GPUs this one could use "
         "and goes first: nothing of its priority or lower starts there before it does. Wait a moment "
         "or try again."
     )

@@ -7,7 +7,9 @@ import pytest
 from traitlets.config import Config
 
 from hubext.allocator import GPUAllocator
+from hubext.moves import move_reason
 from quotas import GPURequest, Owner, PoolFull
+from quotas.queue import Waiting
 
 
 @pytest.fixture()
@@ -64,3 +66,11 @@ async def test_a_request_an_admin_cancels_is_told_why_it_waited_without_advice_t
         assert "pick a smaller" not in message and "Wait for" not in message, message  # no advice: it is gone
     finally:
         await allocator.release(held.id)
+
+
+def test_a_moved_slices_reason_names_the_waiting_requests_whole_size():
+    """A kernel swapped out for a request of two 10 GiB slices reads '(2 x 10 GiB)', as the held
+    reason writes it, not '(10 GiB)' (one card's share)."""
+    request = GPURequest(Owner("carol"), 10240, 25, count=2, request_id="big")
+    assert move_reason(Waiting(request, 100, 0, 10.0), 130.0) == (
+        "moved to make room for big of carol (2 x 10 GiB) waiting 120 s")
