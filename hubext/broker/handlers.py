@@ -181,7 +181,14 @@ class KernelsHandler(BrokerAPIHandler):
             if not name or not self.may_act_for(name):
                 raise BrokerError("Name the user whose kernels to list: ?user=<name>.", 400)
             users = {name}
-        kernels = [self.broker.model(r) for r in self.broker.kernels.values() if users is None or r.user in users]
+        records = [r for r in self.broker.kernels.values() if users is None or r.user in users]
+        # the GPU memory each running slice's programs hold, as its pool sees it (both modes)
+        running = [r.allocation_id for r in records if r.state == "running" and not r.swap]
+        activity = self.broker.allocator.backend.slice_activity(running) if running else {}
+        kernels = [
+            {**self.broker.model(r), **({"activity": activity[r.allocation_id]} if r.allocation_id in activity else {})}
+            for r in records
+        ]
         kernels.sort(key=lambda m: m["created_at"])
         self.finish(json.dumps({"kernels": kernels}))
 

@@ -205,10 +205,12 @@ async def test_the_status_item_and_notifications_follow_a_gpu_kernel_through_swa
     bob_sessions: list[dict] = []
     culler = None
     try:
-        # running: the slice
-        assert "GPU 10 GiB, 50% compute" in await until(browser, f"{STATUS}.includes('GPU 10 GiB') && {STATUS}")
+        # running: the slice (memory its programs hold / guaranteed, compute share)
+        assert "10 GiB, 50% compute" in await until(browser, f"{STATUS}.includes('10 GiB, 50%') && {STATUS}")
         await browser.screenshot(shots / "status-running.png")
         assert "alloc 0" in tab.execute(CUDA_CELL + "kept = 'still here'")
+        # the memory its CUDA program holds, out of the slice (the shim's activity record)
+        assert "1 GiB / 10 GiB" in await until(browser, f"{STATUS}.includes('1 GiB / 10 GiB') && {STATUS}")
 
         # swapped out (as the culler or the queue does it): a notification and the status say so
         status, model = hub.api("POST", f"/gpu/kernels/{broker_id(hub, kernel_id)}/suspend?reason=idle")
@@ -234,8 +236,8 @@ async def test_the_status_item_and_notifications_follow_a_gpu_kernel_through_swa
         servers["bob"].api("DELETE", f"/sessions/{bob_sessions.pop()['id']}")
         assert "still here" in tab.wait_stream(msg_id, "still here", timeout=60)
         notice = await until(browser, toast_with("on a GPU again"))
-        assert "GPU 10 GiB, 50% compute" in notice, notice
-        await until(browser, f"{STATUS}.startsWith('GPU 10 GiB')")
+        assert "10 GiB, 50% compute" in notice, notice
+        await until(browser, f"{STATUS}.includes('10 GiB, 50% compute')")
         for bob in bob_sessions:
             servers["bob"].api("DELETE", f"/sessions/{bob['id']}")
         bob_sessions.clear()
@@ -284,7 +286,7 @@ async def test_the_status_item_and_notifications_follow_a_gpu_kernel_through_swa
         await until(browser, "!!document.querySelector('.jp-NotebookPanel')", timeout=120)
         session = await asyncio.to_thread(lab_session, hub, servers["alice"], "gpu.ipynb")  # a new kernel
         # the poll that shows the new kernel's slice is the one that saw the stopped kernel again
-        await until(browser, f"{STATUS}.startsWith('GPU 10 GiB')", timeout=90)
+        await until(browser, f"{STATUS}.includes('10 GiB, 50% compute')", timeout=90)
         assert not await browser.evaluate(toast_with("maintenance at 18:00")), "the stop was told again"
     finally:
         if culler is not None:
