@@ -17,6 +17,7 @@ from hubext.local.spawner import LocalGPUSpawner, gpu_summary
 from hubext.requests import profile_gpu_section, request_from_section
 from quotas import Owner
 from quotas.messages import compute_size, memory_size
+from tests.kubeemu.fixtures import kube_emulator  # noqa: F401
 
 from .test_elastic_allocation import ELASTIC
 
@@ -35,17 +36,12 @@ def local(profiles):
 
 
 @pytest.fixture
-def kubeconfig(tmp_path, monkeypatch):
-    """A kubeconfig to load (KubeSpawner loads one when it is built; nothing here calls the API)."""
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1'}}]\n"
-        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: k, user: u}}]\n"
-    )
-    from kubernetes_asyncio.config import kube_config
-
-    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+def kubeconfig(kube_emulator):  # noqa: F811
+    """KubeSpawner loads its client configuration when it is built, once per process
+    (``kubespawner.clients.load_config`` is cached): it must load the process's one emulator. A
+    kubeconfig of its own here (an unreachable https://127.0.0.1:1) became every later Kubernetes
+    test's API server in the same pytest worker."""
+    return kube_emulator.kubeconfig_path
 
 
 def kube(profiles):
