@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABCMeta, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -241,10 +241,11 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         return False
 
     @abstractmethod
-    async def sweep(self, known: set[str]) -> list[str]:
+    async def sweep(self, known: Container[str]) -> list[str]:
         """Delete kernels (processes, pods and their objects) whose id is not in ``known``; return their ids.
 
-        Called by ``GPUBroker.reconcile``."""
+        ``known`` is live (the broker's own keys): ask it about each kernel when deciding, after any
+        listing, never copy it before one. Called by ``GPUBroker.reconcile``."""
 
     def capabilities(self) -> Capabilities:
         """What this mode can do with a holder's GPU state, each with the reason where it cannot

@@ -549,7 +549,8 @@ class GPUBroker(SizesMixin, SwapMixin, ReclaimMixin, SingletonConfigurable):
                 continue
             await self._refresh(record)
         try:
-            swept = await self.launcher.sweep(set(self.kernels))
+            # the live view: a kernel recorded while the launcher lists its pods is known, not a stray
+            swept = await self.launcher.sweep(self.kernels.keys())
             if swept:
                 self.log.warning("Swept %d GPU kernel(s) nobody knew about: %s", len(swept), ", ".join(swept))
         except Exception as e:

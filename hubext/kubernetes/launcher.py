@@ -4,7 +4,6 @@ A kernel pod holds the slice (written by :func:`~hubext.kubernetes.objects.apply
 its connection key in a Secret mounted as a file, owned by the user's server pod (so Kubernetes
 garbage-collects it with the server), no service account token, and a per-kernel
 NetworkPolicy admitting only the user's server. The labelled pods are the ledger.
-
 A kernel keeps its slice across restarts: a restart creates the next generation's pod first
 (new ports, same allocation), then deletes the old one, so the allocation always has a live holder.
 """
@@ -13,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Container
 from typing import Any
 
 from kubernetes_asyncio.client.rest import ApiException
@@ -572,7 +572,7 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
             + ([("networkpolicy", kernel_base_name(record) + "-ingress")] if self.network_policy else []),
         )
 
-    async def sweep(self, known: set[str]) -> list[str]:
+    async def sweep(self, known: Container[str]) -> list[str]:
         ns = self._ns()
         swept: set[str] = set()
         pods = await self._call(self.core.list_namespaced_pod(ns, label_selector=f"{C.KIND}=kernel,{C.MANAGED}=true"))

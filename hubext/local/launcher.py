@@ -19,7 +19,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -473,7 +473,7 @@ class LocalKernelLauncher(LocalSwapMixin, KernelLauncher):
         except OSError:
             pass
 
-    async def sweep(self, known: set[str]) -> list[str]:
+    async def sweep(self, known: Container[str]) -> list[str]:
         if not self.root.is_dir():
             return []
         strays = [d for d in self.root.iterdir() if d.is_dir() and d.name not in known]
