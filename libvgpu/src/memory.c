@@ -244,19 +244,16 @@ static void refresh_floor(int dev) {
     int n = vgpu_nvml_processes(dev, p, VGPU_SNAP_PIDS); /* before the lock: NVML is slow */
     int locked = vgpu_region_lock(r) == 0;
     struct vgpu_slot *me = vgpu.me;
-    uint64_t own = atomic_load(&own_bytes[dev]);
-    if (me && atomic_load(&me->used[dev]) < own) {
-        static _Atomic int warned;
-        if (!atomic_exchange(&warned, 1))
-            vgpu_log("this process's memory count in %s was lowered by someone; restored",
-                     region_name());
-        atomic_store(&me->used[dev], own);
-    }
     if (me && atomic_load(&me->pid) != (int32_t)getpid()) { /* its slot was wiped: take it back */
         atomic_store(&me->host_pid, atomic_load(&vgpu.host_pid));
         atomic_store(&me->pid, (int32_t)getpid());
     }
-    vgpu_region_reap_locked(r);
+    if (vgpu_region_reap_own_locked(r, own_bytes)) { /* its slot's count restored */
+        static _Atomic int warned;
+        if (!atomic_exchange(&warned, 1))
+            vgpu_log("this process's memory count in %s was lowered by someone; restored",
+                     region_name());
+    }
     int mine = atomic_load(&vgpu.slot);
     uint32_t hwm = atomic_load(&r->hwm);
     uint64_t sum = 0;
@@ -474,8 +471,8 @@ void vgpu_mem_release(int dev, uint64_t bytes, int overhead) {
         if (overhead) sub_clamped(&me->overhead[dev], bytes);
     }
     sub_clamped(&r->used[dev], bytes);
+    sub_clamped(&own_bytes[dev], bytes); /* inside the update: a recount sees both or neither */
     if (unlocked) unlocked_end(me);
-    sub_clamped(&own_bytes[dev], bytes);
     if (locked) vgpu_region_unlock(r);
     if (!overhead) sub_clamped(&local_alloc[dev], bytes);
     vgpu_publish_usage(dev);

@@ -298,6 +298,7 @@ int vgpu_region_claim_slot(void);        /* claims this process's slot; 0 ok */
 int vgpu_region_lock(struct vgpu_container_region *r); /* 0: locked; -1: unusable, not locked */
 void vgpu_region_unlock(struct vgpu_container_region *r);
 void vgpu_region_reap_locked(struct vgpu_container_region *r);
+int vgpu_region_reap_own_locked(struct vgpu_container_region *r, _Atomic uint64_t *own);
 void vgpu_region_after_fork_child(void);
 struct vgpu_node_attach *vgpu_node_get(int dev); /* attaches on first use; NULL if unavailable */
 int vgpu_node_entry_alive(struct vgpu_node_attach *na, int entry); /* some process holds it */
