@@ -131,7 +131,7 @@ def test_calls_in_the_wrong_state_are_refused_and_change_nothing(node: Node) -> 
 
 
 def test_restore_onto_another_gpu_needs_every_checkpointed_gpu_named(make_node) -> None:
-    node = make_node(CUDA_DOUBLE_DEVICES=2)
+    node = make_node(CUDA_DOUBLE_DEVICES=2, CUDA_DOUBLE_NAME="NVIDIA H100 80GB HBM3")  # two cards of one model
     target = start_target(node, 256)
     out = control(
         node,
@@ -152,6 +152,40 @@ def test_restore_onto_another_gpu_needs_every_checkpointed_gpu_named(make_node) 
     target.stdin.flush()
     assert target.stdout.readline().split()[:2] == ["alloc", "0"]
     assert control(node, target.pid, 'out["used"] = [used(0), used(1)]') == {"used": [0, 257]}
+
+
+def test_restore_onto_a_gpu_of_another_model_is_refused_and_leaves_the_process_checkpointed(make_node) -> None:
+    # the driver restores onto another GPU only of the same chip type (cuCheckpointProcessRestore)
+    node = make_node(CUDA_DOUBLE_DEVICES=2, CUDA_DOUBLE_NAME="NVIDIA H100 80GB HBM3;NVIDIA A100-SXM4-40GB")
+    target = start_target(node, 256)
+    out = control(
+        node,
+        target.pid,
+        f"""
+        import pynvml
+        pynvml.nvmlInit()
+        out["names"] = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in (0, 1)]
+        name = ctypes.create_string_buffer(64)
+        out["cuda_name"] = cuda.cuDeviceGetName(name, 64, 1) == 0 and name.value.decode()
+        cp.suspend([pid])
+        try:
+            cp.resume([pid], {{{UUID.format(0)!r}: {UUID.format(1)!r}}})
+        except CheckpointError as e:
+            out["other_model"] = e.code
+        out["state"] = cp.state(pid).name
+        out["used"] = [used(0), used(1)]
+        cp.resume([pid])  # back onto its own GPU
+        out["after"] = [cp.state(pid).name, used(0), used(1)]
+        """,
+    )
+    assert out == {
+        "names": ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"],
+        "cuda_name": "NVIDIA A100-SXM4-40GB",
+        "other_model": 101,  # CUDA_ERROR_INVALID_DEVICE
+        "state": "CHECKPOINTED",
+        "used": [0, 0],
+        "after": ["RUNNING", 256, 0],
+    }
 
 
 def test_a_driver_without_the_checkpoint_api_or_not_supporting_it_is_unavailable(make_node) -> None:

@@ -11,7 +11,10 @@
  *   cuCheckpointProcessRestore(pid, *args)          CHECKPOINTED -> LOCKED: memory back on the GPU,
  *                                                   or on others (args->gpuPairs: old uuid -> new
  *                                                   uuid, every checkpointed GPU named, enough free
- *                                                   memory there); the caller must have called cuInit
+ *                                                   memory there, each new GPU of the old one's chip
+ *                                                   type: else CUDA_ERROR_INVALID_DEVICE, the
+ *                                                   double's choice of code); the caller must have
+ *                                                   called cuInit
  *   cuCheckpointProcessUnlock(pid, *args)           LOCKED -> RUNNING: its blocked calls go on
  *
  * They are called by another process with the target's pid (as `cuda-checkpoint --toggle
@@ -134,6 +137,14 @@ static int cp_dev_of(const CUuuid *u) {
     return -1;
 }
 
+/* A restore goes onto another GPU only of the same chip type (the double: the same name). */
+static int cp_same_chip(int a, int b) {
+    char x[96], y[96];
+    dbl_device_name(a, x, sizeof(x));
+    dbl_device_name(b, y, sizeof(y));
+    return strcmp(x, y) == 0;
+}
+
 EXPORT CUresult cuCheckpointProcessGetState(int pid, CUprocessState *state) {
     dbl_ready();
     if (dbl_env.cp_unsupported) return CUDA_ERROR_NOT_SUPPORTED;
@@ -242,7 +253,7 @@ EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *arg
     int named[DBL_MAX_DEV] = {0};
     for (unsigned i = 0; !rc && i < n; i++) {
         int from = cp_dev_of(&args->gpuPairs[i].oldUuid), dest = cp_dev_of(&args->gpuPairs[i].newUuid);
-        if (from < 0 || dest < 0) rc = CUDA_ERROR_INVALID_DEVICE;
+        if (from < 0 || dest < 0 || !cp_same_chip(from, dest)) rc = CUDA_ERROR_INVALID_DEVICE;
         else if (named[from]++) rc = CUDA_ERROR_INVALID_VALUE;
         else to[from] = dest;
     }

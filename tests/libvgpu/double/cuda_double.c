@@ -529,7 +529,8 @@ EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
-    snprintf(name, (size_t)len, "Simulated GPU %d", d);
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    dbl_device_name(d, name, (size_t)len);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {

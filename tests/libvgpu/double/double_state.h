@@ -11,6 +11,9 @@
  *   CUDA_DOUBLE_STATE          state file (default /tmp/cuda-double-<uid>.state)
  *   CUDA_DOUBLE_DEVICES        number of devices (1..4, default 1)
  *   CUDA_DOUBLE_MEMORY_MIB     memory per device (default 16384)
+ *   CUDA_DOUBLE_NAME           device name, or one per device separated by ';' (default
+ *                              "Simulated GPU <index>"): NVML's and cuDeviceGetName's, and the
+ *                              chip type a restore onto another device must match
  *   CUDA_DOUBLE_CONTEXT_MIB    memory a context takes (default 300)
  *   CUDA_DOUBLE_MODULE_MIB     memory a loaded module takes (default 0)
  *   CUDA_DOUBLE_KERNEL_US      duration of a kernel whose name is not k<microseconds> (100)
@@ -143,6 +146,19 @@ static inline void dbl_burn(uint64_t ns) { /* CPU time of this thread: as a driv
 static inline uint64_t dbl_env_u64(const char *name, uint64_t dflt) {
     const char *v = getenv(name);
     return v && *v ? strtoull(v, NULL, 10) : dflt;
+}
+
+/* Device i's name (NVML's and cuDeviceGetName's; its chip type for a remapping restore):
+ * CUDA_DOUBLE_NAME, one name for every device or one per device separated by ';' (the last
+ * one for the devices after it); unset, "Simulated GPU <i>": every device a type of its own. */
+static void dbl_device_name(int i, char *name, size_t len) {
+    const char *n = getenv("CUDA_DOUBLE_NAME");
+    if (!n || !*n) {
+        snprintf(name, len, "Simulated GPU %d", i);
+        return;
+    }
+    for (const char *semi; i > 0 && (semi = strchr(n, ';')) && semi[1]; i--) n = semi + 1;
+    snprintf(name, len, "%.*s", (int)strcspn(n, ";"), n);
 }
 
 static void dbl_lock(void) {

@@ -8,7 +8,7 @@
  * that really ran on the simulated timeline.
  *
  * For the node agent (additive; unset variables keep the behaviour above):
- *   CUDA_DOUBLE_NAME           device name (default "Simulated GPU <index>")
+ *   CUDA_DOUBLE_NAME           device name(s) (double_state.h)
  *   CUDA_DOUBLE_TEMPERATURE_C  nvmlDeviceGetTemperature: this + index (default 40)
  *   CUDA_DOUBLE_SM_COUNT       nvmlDeviceGetAttributes_v2 on a full GPU (unset: NOT_SUPPORTED,
  *                              as real drivers answer for non-MIG handles)
@@ -83,11 +83,7 @@ static uint64_t mig_memory(const struct nvml_mig *m) {
     const char *dot = strchr(m->profile, '.');
     return dot ? strtoull(dot + 1, NULL, 10) << 30 : 0;
 }
-static void device_name(int i, char *name, unsigned len) {
-    const char *n = getenv("CUDA_DOUBLE_NAME");
-    if (n && *n) snprintf(name, len, "%s", n);
-    else snprintf(name, len, "Simulated GPU %d", i);
-}
+static void device_name(int i, char *name, unsigned len) { dbl_device_name(i, name, len); }
 
 EXPORT nvmlReturn_t nvmlInit_v2(void) {
     dbl_ready();
