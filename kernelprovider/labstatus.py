@@ -30,7 +30,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from quotas.messages import mib
+from quotas.messages import HUB_STOPPED_IT, mib
 
 from .provisioner import STOPPED_BY_HUB
 
@@ -42,7 +42,7 @@ NOTICE_CHARS = 140
 RELAYED = ("state", "reason", "size", "memory_mib", "cores_percent", "gpu_count", "gpu_swapped", "swap", "activity")
 
 #: how the provisioner begins the reason of a kernel the hub stopped (``stopped_reason``)
-HUB_STOPPED = "the hub stopped it: "
+HUB_STOPPED = f"{HUB_STOPPED_IT}: "
 SWAP_FIELDS = ("state", "position", "since", "cull_at", "reason", "host_mib", "waiting_reason")
 
 

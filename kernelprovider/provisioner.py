@@ -34,6 +34,8 @@ from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 from traitlets import Dict, Float, Unicode, default
 
+from quotas.messages import stopped_by_hub
+
 
 class Sentence(str):
     """A message that must reach the user as it is, wherever it becomes an ``HTTPError``.
@@ -76,10 +78,6 @@ class GPUKernelError(web.HTTPError):
         return self.log_message
 
 
-#: how the broker begins its answer for a kernel it stopped (``hubext.broker.handlers``)
-STOPPED_PREFIX = "The hub stopped this GPU kernel: "
-
-
 #: kernels of this server the hub stopped, newest last: Jupyter kernel id -> the broker's last model
 #: of it, with ``state: "stopped"`` and the hub's reason (read by :mod:`kernelprovider.labstatus`;
 #: jupyter_server forgets a dead kernel at once, the user is told about it later)
@@ -90,10 +88,7 @@ STOPPED_KEPT = 100
 def stopped_reason(data: Any) -> str:
     """Why the hub stopped a kernel, from the broker's 404 answer: "the hub stopped it", with the
     hub's reason (who stopped it and the reason they gave) when the broker kept it."""
-    message = str(data.get("message", "")) if isinstance(data, dict) else ""
-    if message.startswith(STOPPED_PREFIX):
-        return "the hub stopped it: " + message[len(STOPPED_PREFIX) :].rstrip(".")
-    return "the hub stopped it"
+    return stopped_by_hub(str(data.get("message", "")) if isinstance(data, dict) else "")
 
 
 class ElasticGPUProvisioner(KernelProvisionerBase):

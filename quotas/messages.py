@@ -376,3 +376,24 @@ def nodes_too_small(request: GPURequest, most_cpu: int, most_hmem_mib: int) -> s
         f"most {node_needs(most_cpu, most_hmem_mib)}). Pick {smaller(what(request))} or ask an admin "
         "for larger nodes."
     )
+
+
+#: the broker's answer to a kernel's owner about a GPU kernel the hub stopped: this, then who stopped it
+#: and why (:func:`kernel_stopped`, hubext/broker/handlers.py); the owner's server reads it back
+#: (:func:`stopped_by_hub`, kernelprovider/provisioner.py)
+KERNEL_STOPPED = "The hub stopped this GPU kernel: "
+#: how the kernel's server words that reason (JupyterLab's page reads it: kernelprovider/labstatus.py)
+HUB_STOPPED_IT = "the hub stopped it"
+
+
+def kernel_stopped(why: str) -> str:
+    """'The hub stopped this GPU kernel: kernel shut down by admin: maintenance.'"""
+    return f"{KERNEL_STOPPED}{why}."
+
+
+def stopped_by_hub(message: str) -> str:
+    """The reason a server keeps for a kernel the hub stopped, from the broker's answer: 'the hub
+    stopped it: <who and why>' when the answer is :func:`kernel_stopped`'s, else 'the hub stopped it'."""
+    if message.startswith(KERNEL_STOPPED):
+        return f"{HUB_STOPPED_IT}: {message[len(KERNEL_STOPPED):].rstrip('.')}"
+    return HUB_STOPPED_IT

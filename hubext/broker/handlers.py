@@ -16,6 +16,8 @@ from typing import Any
 from jupyterhub.apihandlers.base import APIHandler
 from tornado import web
 
+from quotas.messages import kernel_stopped
+
 from ..kernels import KernelRecord
 from .core import GPUBroker, start_with_hub
 from .sizes import BrokerError, bad_text_in
@@ -23,8 +25,6 @@ from .sizes import BrokerError, bad_text_in
 KERNELS_SCOPE = "custom:elastic-gpu:kernels"
 ADMIN_SCOPE = "custom:elastic-gpu:admin"
 SIZES_SCOPE = "custom:elastic-gpu:sizes"
-#: a deleted kernel's 404 to its owner: this, then who stopped it and why (the provisioner reads it)
-STOPPED_PREFIX = "The hub stopped this GPU kernel: "
 
 #: for ``c.JupyterHub.custom_scopes``
 CUSTOM_SCOPES: dict[str, dict[str, Any]] = {
@@ -102,7 +102,7 @@ class BrokerAPIHandler(APIHandler):
         if record is None or not self.may_act_for(record.user):
             user, why = self.broker.stopped.get(kernel_id, ("", ""))
             if record is None and user and self.may_act_for(user):  # its owner learns who stopped it, and why
-                raise BrokerError(f"{STOPPED_PREFIX}{why}.", 404)
+                raise BrokerError(kernel_stopped(why), 404)
             # the same answer for "not yours" and "does not exist": ids are not disclosed
             raise BrokerError(f"No GPU kernel {kernel_id!r}.", 404)
         return record

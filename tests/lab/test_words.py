@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from kernelprovider.kernelspecs import logo_svg, size_label
 from kernelprovider.labstatus import NOTICE_CHARS, slice_view
+from kernelprovider.provisioner import stopped_reason
+from quotas.messages import kernel_stopped
 
 NOW = 1_000_000.0
 RUNNING = {"state": "running", "memory_mib": 10240, "cores_percent": 50, "gpu_count": 1, "gpu": {}}
@@ -41,6 +43,16 @@ def test_the_status_says_the_slice_the_queue_place_and_the_time_left():
     assert v["queued"]["status"] == "GPU queued: position 3 in the GPU queue (2 requests ahead)"
     assert v["failed"]["status"] == "GPU kernel stopped: its GPU slice was taken back"
     assert {view["event"] for view in v.values()} == {"running", "swapped", "queued:2", "stopped"}
+
+
+def test_the_page_tells_a_stopped_kernel_with_the_who_and_why_of_the_brokers_answer():
+    # the broker's 404 to the kernel's owner, as its provisioner keeps it, as the status shows it
+    reason = stopped_reason({"message": kernel_stopped("kernel shut down by admin: maintenance at 18:00")})
+    view = slice_view({**RUNNING, "state": "stopped", "reason": reason}, NOW)
+    assert view["status"] == "GPU kernel stopped by the hub: kernel shut down by admin: maintenance at 18:00"
+    # an answer without the broker's sentence: still no guess at who or why
+    bare = slice_view({**RUNNING, "state": "stopped", "reason": stopped_reason({"message": "No GPU kernel"})}, NOW)
+    assert bare["status"] == "GPU kernel stopped: the hub stopped it"
 
 
 def test_a_burst_limit_and_several_cards_are_spelled_out():
