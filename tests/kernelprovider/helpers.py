@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -276,6 +277,56 @@ def local_stack(
             "prefix": prefix,
             "alice": Server(hub, "alice", tokens["alice"]),
         }
+    finally:
+        hub.stop()
+
+
+def machine_mib() -> int:
+    """This machine's memory (the share of it swapped-out kernels may hold is set from it)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
+
+
+@contextmanager
+def doubles_stack(
+    work: Path,
+    *,
+    devices: int,
+    memory_mib: int,
+    admission: dict[str, Any],
+    sizes: list[dict[str, Any]],
+    extra_config: str = "",
+) -> Iterator[tuple[HubRunner, dict]]:
+    """Single-machine mode on the CUDA/NVML doubles as the machine's driver (the pool is read
+    through NVML; GPU kernels run with the compiled shim preloaded): a hub with the broker and
+    the servers of alice and bob. ``extra_config``: lines appended to jupyterhub_config.py."""
+    from tests.libvgpu.harness import build_all
+
+    build = build_all(work / "build")
+    double = {
+        "CUDA_DOUBLE_STATE": str(work / "gpu.state"),
+        "CUDA_DOUBLE_DEVICES": str(devices),
+        "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",  # one model: a resume may move between cards
+        "CUDA_DOUBLE_MEMORY_MIB": str(memory_mib),
+        "CUDA_DOUBLE_CONTEXT_MIB": "0",
+    }
+    state = work / "gpu.state"  # the cards, shared by the hub and the kernels (another account)
+    state.touch()
+    state.chmod(0o666)
+    (work / "admission.yaml").write_text(yaml.safe_dump(admission))
+    prefix = work / "jupyter-prefix"
+    config = f"""
+from hubext.hubconfig import configure_hub
+configure_hub(c, mode="local", admission_config_file={str(work / "admission.yaml")!r},
+              data_dir={str(work / "data")!r}, culler=False)
+c.JupyterHub.spawner_class = "hubext.local.spawner.HubUserGPUSpawner"
+c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}
+c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}}
+c.LocalKernelLauncher.environment = {double!r}
+""" + extra_config + _broker_config(sizes)
+    hub = HubRunner(work, config, env={"LD_LIBRARY_PATH": str(build.lib_dir), **double})
+    try:
+        hub.start()
+        yield hub, start_servers(hub, prefix)
     finally:
         hub.stop()
 

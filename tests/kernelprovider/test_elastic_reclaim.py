@@ -8,15 +8,12 @@ cannot be swapped out, stops it with a sentence that says why; bob's allocation 
 
 from __future__ import annotations
 
-import os
 import secrets
 
 import pytest
-import yaml
 
 from tests.hubrunner import HubRunner
-from tests.kernelprovider.helpers import _broker_config, start_servers
-from tests.libvgpu.harness import build_all
+from tests.kernelprovider.helpers import doubles_stack, machine_mib
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -45,44 +42,17 @@ print("alloc", cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t({gib} << 30
 """
 
 
-def machine_mib() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    work = tmp_path_factory.mktemp("reclaim")
-    build = build_all(work / "build")
-    double = {
-        "CUDA_DOUBLE_STATE": str(work / "gpu.state"),
-        "CUDA_DOUBLE_DEVICES": "1",
-        "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",
-        "CUDA_DOUBLE_MEMORY_MIB": "4096",
-        "CUDA_DOUBLE_CONTEXT_MIB": "0",
-    }
-    state = work / "gpu.state"
-    state.touch()
-    state.chmod(0o666)
-    (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
-    prefix = work / "jupyter-prefix"
     config = f"""
-from hubext.hubconfig import configure_hub
-configure_hub(c, mode="local", admission_config_file={str(work / "admission.yaml")!r},
-              data_dir={str(work / "data")!r}, culler=False)
-c.JupyterHub.spawner_class = "hubext.local.spawner.HubUserGPUSpawner"
-c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}
-c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}}
-c.LocalKernelLauncher.environment = {double!r}
 c.GPUBroker.reclaim_interval_seconds = 0.2
 c.GPUBroker.swap_host_memory_percent = {6144 * 100 / machine_mib()!r}
 c.JupyterHub.services.append({{"name": "reclaim-test", "api_token": {secrets.token_hex(16)!r}}})
-""" + _broker_config(SIZES)
-    hub = HubRunner(work, config, env={"LD_LIBRARY_PATH": str(build.lib_dir), **double})
-    try:
-        hub.start()
-        yield hub, start_servers(hub, prefix)
-    finally:
-        hub.stop()
+"""
+    work = tmp_path_factory.mktemp("reclaim")
+    with doubles_stack(work, devices=1, memory_mib=4096, admission=ADMISSION, sizes=SIZES,
+                       extra_config=config) as stack:
+        yield stack
 
 
 def kernel_model(hub: HubRunner, kernel_id: str) -> dict:

@@ -11,7 +11,6 @@ room for a whole-card request (docs/admission.md, "The queue").
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import subprocess
@@ -21,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from culler import service_role
 from hubext.metering.record import swapped_periods
@@ -29,8 +27,7 @@ from hubext.metering.store import UsageStore
 from quotas.messages import mib
 from tests.culler.stack import CullerProcess, KernelTab, page_text, wait_until
 from tests.hubrunner import HubRunner
-from tests.kernelprovider.helpers import CUDA_CELL, _broker_config, start_servers
-from tests.libvgpu.harness import build_all
+from tests.kernelprovider.helpers import CUDA_CELL, doubles_stack, machine_mib
 
 SIZES = [
     {"name": "gpu-10g", "display_name": "GPU 10 GiB", "memory_mib": 10240, "cores_percent": 50},
@@ -49,46 +46,19 @@ TOKEN = secrets.token_hex(16)  # the culler's
 CAP_MIB = 1536  # swapped-out kernels may hold this much host memory: one 1 GiB kernel, not two
 
 
-def machine_mib() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1 << 20)
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    work = tmp_path_factory.mktemp("swap")
-    build = build_all(work / "build")
-    double = {
-        "CUDA_DOUBLE_STATE": str(work / "gpu.state"),
-        "CUDA_DOUBLE_DEVICES": "2",
-        "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",  # one model: a resume may move to the other card
-        "CUDA_DOUBLE_MEMORY_MIB": "16384",
-        "CUDA_DOUBLE_CONTEXT_MIB": "0",
-    }
-    state = work / "gpu.state"  # the card, shared by the hub and the kernels (another account)
-    state.touch()
-    state.chmod(0o666)
-    (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
-    prefix = work / "jupyter-prefix"
     config = f"""
-from hubext.hubconfig import configure_hub
-configure_hub(c, mode="local", admission_config_file={str(work / "admission.yaml")!r},
-              data_dir={str(work / "data")!r}, culler=False)
-c.JupyterHub.spawner_class = "hubext.local.spawner.HubUserGPUSpawner"
-c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}
-c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}}
-c.LocalKernelLauncher.environment = {double!r}
 c.GPUBroker.max_queue_seconds = 60
 c.Authenticator.admin_users = {{"admin"}}
 c.GPUBroker.swap_host_memory_percent = {CAP_MIB * 100 / machine_mib()!r}
 c.JupyterHub.services.append({{"name": "culler-under-test", "api_token": {TOKEN!r}}})
 c.JupyterHub.load_roles.append({service_role("culler-under-test", ["custom:elastic-gpu:admin"])!r})
-""" + _broker_config(SIZES)
-    hub = HubRunner(work, config, env={"LD_LIBRARY_PATH": str(build.lib_dir), **double})
-    try:
-        hub.start()
-        yield hub, start_servers(hub, prefix), work
-    finally:
-        hub.stop()
+"""
+    work = tmp_path_factory.mktemp("swap")
+    with doubles_stack(work, devices=2, memory_mib=16384, admission=ADMISSION, sizes=SIZES,
+                       extra_config=config) as (hub, servers):
+        yield hub, servers, work
 
 
 def broker_kernel(hub: HubRunner, kernel_id: str) -> dict:

@@ -18,14 +18,12 @@ import secrets
 from urllib.parse import quote
 
 import pytest
-import yaml
 
 from culler import service_role
 from tests.cli.browser import Browser, chromium_path
 from tests.culler.stack import CullerProcess, KernelTab
 from tests.hubrunner import HubRunner
-from tests.kernelprovider.helpers import CUDA_CELL, _broker_config, start_servers
-from tests.libvgpu.harness import build_all
+from tests.kernelprovider.helpers import CUDA_CELL, doubles_stack
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -50,40 +48,17 @@ def stack(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail("chromium is not installed (.ci/run installs it: apt-get install chromium)")
         pytest.skip("chromium is not installed (apt-get install chromium)")
-    work = tmp_path_factory.mktemp("lab")
-    build = build_all(work / "build")
-    double = {
-        "CUDA_DOUBLE_STATE": str(work / "gpu.state"),
-        "CUDA_DOUBLE_DEVICES": "2",
-        "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",
-        "CUDA_DOUBLE_MEMORY_MIB": "16384",
-        "CUDA_DOUBLE_CONTEXT_MIB": "0",
-    }
-    (work / "gpu.state").touch()
-    (work / "gpu.state").chmod(0o666)
-    (work / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
-    prefix = work / "jupyter-prefix"
     config = f"""
-from hubext.hubconfig import configure_hub
-configure_hub(c, mode="local", admission_config_file={str(work / "admission.yaml")!r},
-              data_dir={str(work / "data")!r}, culler=False)
-c.JupyterHub.spawner_class = "hubext.local.spawner.HubUserGPUSpawner"
-c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}
-c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}}
-c.Spawner.default_url = "/lab"
-c.LocalKernelLauncher.environment = {double!r}
 c.GPUBroker.max_queue_seconds = 60
 c.Authenticator.admin_users = {{"admin"}}
 c.Authenticator.allow_all = True
 c.JupyterHub.services.append({{"name": "culler-under-test", "api_token": {CULLER_TOKEN!r}}})
 c.JupyterHub.load_roles.append({service_role("culler-under-test", ["custom:elastic-gpu:admin"])!r})
-""" + _broker_config(SIZES)
-    hub = HubRunner(work, config, env={"LD_LIBRARY_PATH": str(build.lib_dir), **double})
-    try:
-        hub.start()
-        yield hub, start_servers(hub, prefix), work
-    finally:
-        hub.stop()
+"""
+    work = tmp_path_factory.mktemp("lab")
+    with doubles_stack(work, devices=2, memory_mib=16384, admission=ADMISSION, sizes=SIZES,
+                       extra_config=config) as (hub, servers):
+        yield hub, servers, work
 
 
 async def until(browser: Browser, expression: str, timeout: float = 60) -> object:
