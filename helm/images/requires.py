@@ -1,7 +1,7 @@
 """Print the requirements of the installed jupyterhub-elastic-gpu, less the named projects.
 
-The images install the wheel with ``--no-deps`` and then only what they run: the node agent and
-the culler need neither JupyterHub nor JupyterLab, the hub no JupyterLab or jupyter-server
+The images install the wheel with ``--no-deps`` and then only what they run: the node agent needs
+neither JupyterHub nor JupyterLab (the culler runs from the hub image), the hub no JupyterLab or jupyter-server
 (those serve the single-machine mode's notebooks). The version ranges stay those of
 pyproject.toml; an image names only what it leaves out.
 

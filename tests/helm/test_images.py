@@ -183,6 +183,59 @@ def test_dockerfile_passes_hadolint(tmp_path):
     assert proc.returncode != 0 and "DL3015" in proc.stdout and "DL3002" in proc.stdout, proc.stdout
 
 
+def _stage_runs(stage: str) -> list[str]:
+    """The RUN arguments of one stage of the Dockerfile."""
+    current, runs = None, []
+    for instr, args in _instructions():
+        if instr == "FROM":
+            current = args.split()[-1]
+        elif instr == "RUN" and current == stage:
+            runs.append(args)
+    return runs
+
+
+def _closure(requirements: list[str]) -> set[str]:
+    """The projects pip installs for ``requirements``: them and their dependencies, read from the
+    installed distributions' metadata (this venv holds every one of them)."""
+    import importlib.metadata
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    todo = [Requirement(r).name for r in requirements]
+    seen: set[str] = set()
+    while todo:
+        name = canonicalize_name(todo.pop())
+        if name in seen:
+            continue
+        seen.add(name)
+        for req in map(Requirement, importlib.metadata.requires(name) or []):
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
+
+
+def test_the_agent_image_installs_neither_jupyterhub_nor_jupyterlab():
+    """The agent image (a root, host-PID DaemonSet on every GPU node) carried JupyterHub (+357 MB
+    with JupyterLab before): its stage installs the wheel's requirements less those it names to
+    requires.py, and jupyterhub was not among them. The culler, which imports jupyterhub, runs
+    from the hub image."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("requires", REPO / "helm" / "images" / "requires.py")
+    requires = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(requires)
+    (run,) = [r for r in _stage_runs("agent") if "requires.py" in r]
+    left_out = set(re.search(r"requires\.py\s+([^>]*)>", run)[1].split())
+    installed = _closure(requires.requirements(left_out))
+    assert "libvgpu" not in installed and "prometheus-client" in installed and "nvidia-ml-py" in installed
+    carried = installed & {"jupyterhub", "jupyterlab", "jupyter-server", "notebook", "jupyterhub-kubespawner"}
+    assert not carried, f"the agent image installs {sorted(carried)}"
+    # and the image's build check imports only what the agent runs
+    (check,) = [r for r in _stage_runs("agent") if "python -c" in r]
+    assert "libvgpu.agent.app" in check and "culler" not in check, check
+
+
 def test_the_readme_says_how_to_build_and_push_each_image():
     text = HELM_README.read_text()
     for target in ("hub", "agent", "kernel"):
@@ -198,6 +251,20 @@ def test_values_point_at_the_images():
     z2jh = yaml.safe_load((tools.Z2JH_EXAMPLES / "values.yaml").read_text())
     assert z2jh["hub"]["image"]["tag"].startswith(Z2JH_VERSION + "-")
     assert "--target hub" in (tools.Z2JH_EXAMPLES / "values.yaml").read_text()
+
+
+def test_the_culler_runs_from_the_hub_image_and_the_node_agent_from_the_agent_image():
+    """The culler is a JupyterHub service (it imports jupyterhub): its Deployment ran the agent
+    image, which therefore had to carry JupyterHub. It runs the hub image README builds (z2jh's
+    hub.image), the node agent the agent image."""
+    docs = tools.render()
+    version = yaml.safe_load((tools.CHART / "Chart.yaml").read_text())["appVersion"]
+    (culler,) = tools.one(docs, "Deployment", "jhub-elastic-gpu-culler")["spec"]["template"]["spec"]["containers"]
+    assert culler["image"] == f"k8s-hub-elastic-gpu:{Z2JH_VERSION}-{version}"
+    (agent,) = tools.one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert agent["image"] == f"jupyterhub-elastic-gpu:{version}"
+    readme = HELM_README.read_text()
+    assert "k8s-hub-elastic-gpu:$Z2JH-$VERSION" in readme and "culler.image.repository" in readme
 
 
 # ---- the wheel ------------------------------------------------------------------------------

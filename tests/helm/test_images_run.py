@@ -70,21 +70,23 @@ MISSING = "import importlib.util, json; print(json.dumps({n: importlib.util.find
 # ---- what each image carries ------------------------------------------------------------------
 
 
-def test_the_agent_image_runs_the_agent_and_culler_without_jupyterlab_or_the_spawner():
-    """The agent image carried JupyterLab, jupyter-server and KubeSpawner (+357 MB over its base)
-    into a root, host-PID DaemonSet. (The jupyterhub package stays: the culler imports
-    jupyterhub.utils.)"""
-    lab_and_spawner = ["jupyterlab", "jupyter_server", "notebook", "ipykernel", "kubespawner"]
-    found = json.loads(in_image(IMAGES["agent"], MISSING % (lab_and_spawner,)))
+def test_the_agent_image_runs_the_agent_without_jupyterhub_jupyterlab_or_the_spawner():
+    """The agent image carried JupyterHub, JupyterLab, jupyter-server and KubeSpawner (+357 MB over
+    its base) into a root, host-PID DaemonSet. The culler, which imports jupyterhub, runs from the
+    hub image."""
+    hub_lab_and_spawner = ["jupyterhub", "jupyterlab", "jupyter_server", "notebook", "ipykernel", "kubespawner"]
+    found = json.loads(in_image(IMAGES["agent"], MISSING % (hub_lab_and_spawner,)))
     assert not any(found.values()), f"the agent image carries {[n for n, f in found.items() if f]}"
-    out = in_image(IMAGES["agent"], "import libvgpu.agent.app, culler.app, libvgpu; print(libvgpu.library_files()[0])")
+    out = in_image(IMAGES["agent"], "import libvgpu.agent.app, libvgpu; print(libvgpu.library_files()[0])")
     assert out.strip().endswith("libvgpu.so")
 
 
-def test_the_hub_image_carries_jupyterhub_5_but_no_jupyterlab_or_jupyter_server():
+def test_the_hub_image_carries_jupyterhub_5_and_the_culler_but_no_jupyterlab_or_jupyter_server():
     found = json.loads(in_image(IMAGES["hub"], MISSING % (["jupyterlab", "jupyter_server", "notebook"],)))
     assert not any(found.values()), f"the hub image carries {[n for n, f in found.items() if f]}"
     assert in_image(IMAGES["hub"], "import jupyterhub; print(jupyterhub.__version__)").startswith("5.")
+    # the chart's culler Deployment runs this image (culler.image)
+    assert in_image(IMAGES["hub"], "import culler.app; print('ok')").strip() == "ok"
 
 
 def test_a_pod_of_the_agent_image_runs_the_images_contents_in_the_kubernetes_emulator(tmp_path):

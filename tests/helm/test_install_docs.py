@@ -44,10 +44,15 @@ def test_every_image_has_one_name_in_the_docs_the_values_and_dev_images():
     assert _readme_names() == built
     values = yaml.safe_load((tools.CHART / "values.yaml").read_text())
     assert _basename(values["image"]["repository"]) == built["agent"]
+    assert _basename(values["culler"]["image"]["repository"]) == built["hub"]  # the culler imports jupyterhub
     for example in tools.EXAMPLES:
-        image = (yaml.safe_load(example.read_text()) or {}).get("image", {})
+        example_values = yaml.safe_load(example.read_text()) or {}
+        image = example_values.get("image", {})
         if "repository" in image:
             assert _basename(image["repository"]) == built["agent"], f"{example.name}: {image['repository']}"
+        image = (example_values.get("culler") or {}).get("image", {})
+        if "repository" in image:
+            assert _basename(image["repository"]) == built["hub"], f"{example.name}: {image['repository']}"
     z2jh = yaml.safe_load((tools.Z2JH_EXAMPLES / "values.yaml").read_text())
     assert _basename(z2jh["hub"]["image"]["name"]) == built["hub"]
     dockerfile = (REPO / "helm" / "images" / "Dockerfile").read_text()

@@ -62,6 +62,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
 {{- end }}
 
+{{- /* the culler's image: the hub image (z2jh 4.3.3's k8s-hub + our wheel, helm/README.md) */}}
+{{- define "elastic-gpu.culler.image" -}}
+{{- printf "%s:%s" .Values.culler.image.repository (.Values.culler.image.tag | default (printf "4.3.3-%s" .Chart.AppVersion)) }}
+{{- end }}
+
 {{- define "elastic-gpu.userServiceAccountName" -}}
 {{- .Values.userServiceAccount.name | default (printf "%s-user" (include "elastic-gpu.fullname" .)) }}
 {{- end }}
