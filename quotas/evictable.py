@@ -27,8 +27,13 @@ class EvictableIndex:
         pmax_m, pmax_c = self.pmax_m[p], self.pmax_c[p]
         cap_m, cap_c, used_m, used_c = self.cap_m, self.cap_c, self.used_m, self.used_c
         em, ec = self.em[p], self.ec[p]
+        pkth = self.pkth[p]
         for ni, sg in enumerate(self.sgpus):
             if pmax_m[ni] >= m and pmax_c[ni] >= c:
+                if k > 1:
+                    most_m, most_c = pkth[ni][0], pkth[ni][1]
+                    if len(most_m) < k or most_m[k - 1] < m or most_c[k - 1] < c:
+                        continue  # fewer than k cards could be cleared enough
                 n = 0
                 for gi in sg.get(group, ()):
                     if cap_m[gi] - used_m[gi] + em[gi] >= m and cap_c[gi] - used_c[gi] + ec[gi] >= c:
@@ -56,9 +61,14 @@ class EvictableIndex:
         one_m, one_c = self.p1max_m[p], self.p1max_c[p]
         em1, ec1, elig = self.em1[p], self.ec1[p], self.elig
         cap_m, cap_c, used_m, used_c = self.cap_m, self.cap_c, self.used_m, self.used_c
+        pkth = self.pkth[p]
         for ni, sg in enumerate(self.sgpus):
             if one_m[ni] < m or one_c[ni] < c:
                 continue
+            if k > 1:
+                most_m, most_c = pkth[ni][2], pkth[ni][3]
+                if len(most_m) < k or most_m[k - 1] < m or most_c[k - 1] < c:
+                    continue  # fewer than k cards are ready or one victim from it
             found = []
             ready = 0
             for gi in sg.get(group, ()):

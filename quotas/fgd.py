@@ -13,8 +13,8 @@ class FGDScoring:
     """Mixed into :class:`quotas.placement.CardIndex` (it reads the index's card and node lists)."""
 
     mix: Mix
-    #: node -> (the expected shapes, its _fgd_base for them)
-    fgd_bases: dict[int, tuple[tuple, list[list[float]]]]
+    #: node -> GPU shape (memory, cores, GPUs, whole) -> (cards it fits, their free fraction)
+    fgd_bases: dict[int, dict[tuple, tuple[int, float]]]
 
     # ---- fragmentation-aware placement (FGD) ----------------------------------------------
     #
@@ -109,11 +109,6 @@ class FGDScoring:
     def _card_state(self, gi: int) -> tuple[int, int, int]:
         return self.cap_m[gi] - self.used_m[gi], self.cap_c[gi] - self.used_c[gi], self.nalloc[gi]
 
-    def _fits(self, gi: int, fm: int, fc: int, n: int, t: tuple) -> bool:
-        if t[3]:  # whole
-            return n == 0 and self.whole_ok[gi]
-        return self.slice_ok[gi] and fm >= t[0] and fc >= t[1]
-
     def _frac(self, gi: int, fm: int, fc: int, n: int) -> float:
         """The free part of a card, in cards: the smaller of its free memory and free compute
         (a card whose compute is given out is used up, however much memory it has left)."""
@@ -123,31 +118,48 @@ class FGDScoring:
             return max(0.0, min(fm / self.cap_m[gi], fc / self.cap_c[gi]))
         return 1.0 if n == 0 and self.whole_ok[gi] else 0.0
 
-    def _fgd_base(self, ni: int, types: list[tuple[tuple, float]]) -> list[list[float]]:
-        """Per type: [cards it fits, free fraction on those cards]. Kept per node until the
-        node's cards change (``CardIndex._refresh`` drops it) or the expected shapes do."""
-        shapes = tuple(t[:4] for t, _ in types)  # what the base depends on (not CPU, memory)
-        hit = self.fgd_bases.get(ni)
-        if hit is not None and hit[0] == shapes:
-            return hit[1]
-        base = [[0.0, 0.0] for _ in types]
-        for gi in self.node_gpus[ni]:
-            fm, fc, n = self._card_state(gi)
-            frac = self._frac(gi, fm, fc, n)
-            for i, (t, _) in enumerate(types):
-                if self._fits(gi, fm, fc, n, t):
-                    base[i][0] += 1
-                    base[i][1] += frac
-        self.fgd_bases[ni] = (shapes, base)
+    def _fgd_base(self, ni: int, types: list[tuple[tuple, float]]) -> list[tuple[int, float]]:
+        """Per type: (cards it fits, free fraction on those cards). Kept per node and GPU shape
+        until the node's cards change (``CardIndex._refresh`` drops the node's): the expected
+        mix changes its shapes with nearly every grant, a node's cards only when it is placed
+        on or left."""
+        per_shape = self.fgd_bases.get(ni)
+        if per_shape is None or len(per_shape) > 64:
+            per_shape = self.fgd_bases[ni] = {}
+        base = []
+        cards = None
+        for t, _ in types:
+            key = t[:4]
+            hit = per_shape.get(key)
+            if hit is None:
+                if cards is None:  # (free memory, free cores, allocations, its fraction) per card
+                    cards = [(gi, *self._card_state(gi)) for gi in self.node_gpus[ni]]
+                    cards = [(gi, fm, fc, n, self._frac(gi, fm, fc, n)) for gi, fm, fc, n in cards]
+                n_fit, total = 0, 0.0
+                if key[3]:  # whole
+                    whole_ok = self.whole_ok
+                    for gi, _, _, n, frac in cards:
+                        if n == 0 and whole_ok[gi]:
+                            n_fit += 1
+                            total += frac
+                else:
+                    slice_ok, m, c = self.slice_ok, key[0], key[1]
+                    for gi, fm, fc, _, frac in cards:
+                        if slice_ok[gi] and fm >= m and fc >= c:
+                            n_fit += 1
+                            total += frac
+                hit = per_shape[key] = (n_fit, total)
+            base.append(hit)
         return base
 
     def _fgd_change(
-        self, ni: int, base: list[list[float]], cards: list[int], m: int, c: int, whole: bool,
+        self, ni: int, base: list[tuple[int, float]], cards: list[int], m: int, c: int, whole: bool,
         cpu: int, hmem: int, types: list[tuple[tuple, float]],
     ) -> float:
         """How much the node's expected fragmentation grows if the request takes ``cards``."""
         after = [list(b) for b in base]
         total = 0.0
+        slice_ok, whole_ok = self.slice_ok, self.whole_ok
         for gi in cards:
             fm, fc, n = self._card_state(gi)
             if whole:
@@ -156,13 +168,25 @@ class FGDScoring:
                 fm2, fc2 = fm - m, fc - c
             frac, frac2 = self._frac(gi, fm, fc, n), self._frac(gi, fm2, fc2, n + 1)
             total += frac2 - frac
+            sok, empty_ok = slice_ok[gi], n == 0 and whole_ok[gi]
             for i, (t, _) in enumerate(types):
-                if self._fits(gi, fm, fc, n, t):
-                    after[i][0] -= 1
-                    after[i][1] -= frac
-                if self._fits(gi, fm2, fc2, n + 1, t):
-                    after[i][0] += 1
-                    after[i][1] += frac2
+                if t[3]:  # whole: fits an empty card before, never after (the request is on it)
+                    if empty_ok:
+                        a = after[i]
+                        a[0] -= 1
+                        a[1] -= frac
+                    continue
+                if not sok:
+                    continue
+                tm, tc = t[0], t[1]
+                if fm >= tm and fc >= tc:
+                    a = after[i]
+                    a[0] -= 1
+                    a[1] -= frac
+                if fm2 >= tm and fc2 >= tc:
+                    a = after[i]
+                    a[0] += 1
+                    a[1] += frac2
         cpu0, hmem0 = self.cpu_free[ni], self.hmem_free[ni]
         gain = 0.0
         for i, (t, p) in enumerate(types):

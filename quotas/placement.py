@@ -27,6 +27,7 @@ from .fgd import FGDScoring
 from .mix import Mix
 from .model import GPU, Allocation, Mode, Pool
 from .policy import Placement
+from .shapes import NodeClasses
 
 #: group key matching any model
 ANY = ""
@@ -132,6 +133,10 @@ class CardIndex(FGDScoring, EvictableIndex):
         self.order: dict[str, list[tuple[int, int]]] = {g: [] for g in groups}
         self.max_m: dict[str, dict[int, int]] = {g: {} for g in groups}
         self.max_c: dict[str, dict[int, int]] = {g: {} for g in groups}
+        #: per group and node: free memory and free cores of its slice cards, largest first
+        #: (k cards of a node can hold (m, c) only if its k-th largest of each is enough)
+        self.kth_m: dict[str, dict[int, list[int]]] = {g: {} for g in groups}
+        self.kth_c: dict[str, dict[int, list[int]]] = {g: {} for g in groups}
         self.empty: dict[str, dict[int, int]] = {g: {} for g in groups}
         self.worder: dict[str, list[tuple[int, int]]] = {g: [] for g in groups}
         # per-predicate evictable charges per card, and per-node summaries
@@ -150,6 +155,10 @@ class CardIndex(FGDScoring, EvictableIndex):
         self.p1max_m = [[0] * n_nodes for _ in range(n_predicates)]
         self.p1max_c = [[0] * n_nodes for _ in range(n_predicates)]
         self.pempty1 = [[0] * n_nodes for _ in range(n_predicates)]
+        #: per predicate and node, over its slice cards, largest first: free memory and cores
+        #: with every evictable allocation gone, and with the largest single one gone
+        self.pkth: list[list[tuple[list[int], list[int], list[int], list[int]]]] = [
+            [([], [], [], [])] * n_nodes for _ in range(n_predicates)]
         self._static_shape()
         for ni in range(n_nodes):
             self._refresh(ni, initial=True)
@@ -178,6 +187,7 @@ class CardIndex(FGDScoring, EvictableIndex):
                     self.min_cap_c[g] = min(self.min_cap_c.get(g, self.cap_c[gi]), self.cap_c[gi])
             for g, gl in self.wgpus[ni].items():
                 self.max_whole_cards[g] = max(self.max_whole_cards.get(g, 0), len(gl))
+        self.classes = NodeClasses(self)
         self._shape_memo: dict[tuple[str, int, int], int] = {}
         self._whole_memo: dict[tuple[str, int, int, int], int] = {}
         self._node_memo: dict[tuple, list[int]] = {}
@@ -189,14 +199,9 @@ class CardIndex(FGDScoring, EvictableIndex):
         key = (group, k, cpu, hmem)
         hit = self._whole_memo.get(key)
         if hit is None:
-            sums = [
-                sum(sorted(self.gpus[gi].memory_mib for gi in wg[group])[:k])
-                for ni, wg in enumerate(self.wgpus)
-                if len(wg.get(group, ())) >= k and self.cpu_static[ni] >= cpu and self.hmem_static[ni] >= hmem
-            ]
             if len(self._whole_memo) > 4096:
                 self._whole_memo.clear()
-            hit = self._whole_memo[key] = min(sums, default=0)
+            hit = self._whole_memo[key] = self.classes.min_whole_memory(group, k, cpu, hmem)
         return hit
 
     def capable_nodes(self, m: int, c: int, k: int, whole: bool, group: str) -> list[int]:
@@ -204,18 +209,9 @@ class CardIndex(FGDScoring, EvictableIndex):
         key = (group, m, c, k, whole)
         hit = self._node_memo.get(key)
         if hit is None:
-            hit = []
-            for ni in range(len(self.node_names)):
-                if whole:
-                    n = len(self.wgpus[ni].get(group, ()))
-                else:
-                    n = sum(1 for gi in self.sgpus[ni].get(group, ())
-                            if self.cap_m[gi] >= m and self.cap_c[gi] >= c)
-                if n >= k:
-                    hit.append(ni)
             if len(self._node_memo) > 4096:
                 self._node_memo.clear()
-            self._node_memo[key] = hit
+            hit = self._node_memo[key] = self.classes.capable_nodes(m, c, k, whole, group)
         return hit
 
     def most_slice_cards(self, group: str, m: int, c: int) -> int:
@@ -225,13 +221,9 @@ class CardIndex(FGDScoring, EvictableIndex):
         key = (group, m, c)
         hit = self._shape_memo.get(key)
         if hit is None:
-            hit = 0
-            for sg in self.sgpus:
-                n = sum(1 for gi in sg.get(group, ()) if self.cap_m[gi] >= m and self.cap_c[gi] >= c)
-                hit = max(hit, n)
             if len(self._shape_memo) > 4096:
                 self._shape_memo.clear()
-            self._shape_memo[key] = hit
+            hit = self._shape_memo[key] = self.classes.most_slice_cards(group, m, c)
         return hit
 
     # ---- bookkeeping ----------------------------------------------------------------------
@@ -328,6 +320,8 @@ class CardIndex(FGDScoring, EvictableIndex):
                 best_c = max(best_c, fc)
             self.max_m[g][ni] = best_m
             self.max_c[g][ni] = best_c
+            self.kth_m[g][ni] = sorted((cap_m[gi] - used_m[gi] for gi in gl), reverse=True)
+            self.kth_c[g][ni] = sorted((cap_c[gi] - used_c[gi] for gi in gl), reverse=True)
             self._resort(self.order[g], self.free_sum[g], ni, total, initial)
         for g, gl in self.wgpus[ni].items():
             n_empty = sum(1 for gi in gl if nalloc[gi] == 0)
@@ -343,6 +337,12 @@ class CardIndex(FGDScoring, EvictableIndex):
                 best_c = max(best_c, fc + ec[gi])
                 one_m = max(one_m, fm + em1[gi])
                 one_c = max(one_c, fc + ec1[gi])
+            self.pkth[p][ni] = (
+                sorted((cap_m[gi] - used_m[gi] + em[gi] for gi in slice_cards), reverse=True),
+                sorted((cap_c[gi] - used_c[gi] + ec[gi] for gi in slice_cards), reverse=True),
+                sorted((cap_m[gi] - used_m[gi] + em1[gi] for gi in slice_cards), reverse=True),
+                sorted((cap_c[gi] - used_c[gi] + ec1[gi] for gi in slice_cards), reverse=True),
+            )
             self.pmax_m[p][ni] = best_m
             self.pmax_c[p][ni] = best_c
             self.p1max_m[p][ni] = one_m
@@ -406,8 +406,11 @@ class CardIndex(FGDScoring, EvictableIndex):
         cards = self.sgpus[ni].get(group)
         if not cards:
             return None
+        if not freed and not self.may_hold(ni, m, c, k, group):
+            return None  # fewer than k of its cards have that much memory, or compute, free
         cap_m, cap_c, used_m, used_c = self.cap_m, self.cap_c, self.used_m, self.used_c
         fits = []
+        short = len(cards) - k  # cards that may lack room before k cannot fit any more
         for gi in cards:
             fm = cap_m[gi] - used_m[gi]
             fc = cap_c[gi] - used_c[gi]
@@ -418,6 +421,10 @@ class CardIndex(FGDScoring, EvictableIndex):
                     fc += back[1]
             if fm >= m and fc >= c:
                 fits.append((fm, fc, self.gpus[gi].index, gi))
+            elif short == 0:
+                return None
+            else:
+                short -= 1
         if len(fits) < k:
             return None
         if self.binpack_gpus:
@@ -425,6 +432,13 @@ class CardIndex(FGDScoring, EvictableIndex):
         else:
             fits.sort(key=lambda t: (-t[0], -t[1], t[2], t[3]))
         return [t[3] for t in fits[:k]]
+
+    def may_hold(self, ni: int, m: int, c: int, k: int, group: str) -> bool:
+        """Could k slice cards of ``group`` on node ``ni`` hold (m, c) each now? (False: surely
+        not; True: perhaps, :meth:`fit_node` knows.)"""
+        free_m = self.kth_m[group].get(ni)
+        return (free_m is not None and len(free_m) >= k and free_m[k - 1] >= m
+                and self.kth_c[group][ni][k - 1] >= c)
 
     def find(
         self, m: int, c: int, k: int, whole: bool, group: str, cpu: int = 0, hmem: int = 0

@@ -71,16 +71,20 @@ class Trial:
     """Would-be victims with running totals: capacity freed per card (card -> [memory, cores,
     allocations]) and quota given back per limited level ([memory, cores, vGPUs])."""
 
-    __slots__ = ("victims", "ids", "freed", "back")
+    __slots__ = ("ids", "freed", "back")
 
     def __init__(self, n_levels: int) -> None:
-        self.victims: list[Allocation] = []
-        self.ids: set[str] = set()
+        #: id -> victim, in the order they were added (taking one back is O(1))
+        self.ids: dict[str, Allocation] = {}
         self.freed: dict[int, list[int]] = {}
         self.back = [[0, 0, 0] for _ in range(n_levels)]
 
+    @property
+    def victims(self) -> list[Allocation]:
+        return list(self.ids.values())
+
     def __len__(self) -> int:
-        return len(self.victims)
+        return len(self.ids)
 
 
 class VictimSearch(NodeVictims):
@@ -122,6 +126,7 @@ class VictimSearch(NodeVictims):
                 if limit is not None and self.used[i][r] + self.low[r] > limit:
                     self.deficits.append((lv, r, self.used[i][r] + self.low[r] - limit))
         self._quota_cands: list[Allocation] | None = None
+        self._member_of: dict[str, tuple[int, ...]] = {}
         self._ready: dict[int, int] = {}
 
     # ---- helpers --------------------------------------------------------------------------
@@ -169,22 +174,26 @@ class VictimSearch(NodeVictims):
                     f = t.freed[-1 - ni] = [0, 0, 0]
                 f[0] += sign * allocation.cpu_millicores
                 f[1] += sign * allocation.host_memory_mib
-        charge = self.st._charges[allocation.id]
-        for i, lv in enumerate(self.levels):
-            if not allocation.borrowed and self._belongs(allocation, lv.key):
+        members = self._members(allocation)
+        if members:
+            charge = self.st._charges[allocation.id]
+            for i in members:
                 b = t.back[i]
                 b[0] += sign * charge[0]
                 b[1] += sign * charge[1]
                 b[2] += sign * charge[2]
         if sign > 0:
-            t.victims.append(allocation)
-            t.ids.add(allocation.id)
+            t.ids[allocation.id] = allocation
         else:
-            for i, v in enumerate(t.victims):
-                if v is allocation:
-                    del t.victims[i]
-                    break
-            t.ids.discard(allocation.id)
+            t.ids.pop(allocation.id, None)
+
+    def _members(self, allocation: Allocation) -> tuple[int, ...]:
+        """The limited levels whose quota ``allocation`` counts against (memoized per search)."""
+        hit = self._member_of.get(allocation.id)
+        if hit is None:
+            hit = self._member_of[allocation.id] = () if allocation.borrowed else tuple(
+                i for i, lv in enumerate(self.levels) if self._belongs(allocation, lv.key))
+        return hit
 
     def _quota_ok(self, t: Trial, asked: tuple[int, int, int]) -> bool:
         for i, limits in enumerate(self.limits):
@@ -200,13 +209,12 @@ class VictimSearch(NodeVictims):
         if allocation.borrowed:
             return False  # borrowed usage is not counted against the quota
         charge = self.st._charges[allocation.id]
-        for i, limits in enumerate(self.limits):
-            used, back = self.used[i], t.back[i]
-            short = any(
+        for i in self._members(allocation):
+            limits, used, back = self.limits[i], self.used[i], t.back[i]
+            if any(
                 limits[r] is not None and charge[r] > 0 and used[r] + asked[r] - back[r] > limits[r]
                 for r in range(3)
-            )
-            if short and self._belongs(allocation, self.levels[i].key):
+            ):
                 return True
         return False
 
