@@ -25,6 +25,7 @@ from quotas import AdmissionState
 from quotas.messages import mib
 
 from .allocator import GPUAllocator
+from .events import recent_events
 from .pages import (
     kernel_records,
     node_swap_capabilities,
@@ -159,14 +160,6 @@ def pool_view(
         "queue": list(queue or []),
         "events": list(events or []),
     }
-
-
-def recent_events(kept: list[dict[str, Any]], heard: list[dict[str, Any]], limit: int = 20) -> list[dict[str, Any]]:
-    """The pool page's events, newest first: what the pool keeps (the local ledger's, across
-    restarts) and what this hub heard as slice events (both modes), each once."""
-    seen = {(e.get("allocation_id"), e.get("kind")) for e in kept}
-    merged = kept + [e for e in heard if (e.get("allocation_id"), e.get("kind")) not in seen]
-    return sorted(merged, key=lambda e: e.get("at") or 0.0, reverse=True)[:limit]
 
 
 def quota_view(state: AdmissionState, *, source: str = "hub") -> dict[str, Any]:

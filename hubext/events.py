@@ -118,3 +118,11 @@ class RecentSliceEvents:
 
     def latest(self, limit: int = 20) -> list[dict[str, Any]]:
         return list(self._events)[:limit]
+
+
+def recent_events(kept: list[dict[str, Any]], heard: list[dict[str, Any]], limit: int = 20) -> list[dict[str, Any]]:
+    """The pool page's events, newest first: what the pool keeps (the local ledger's, across
+    restarts) and what this hub heard as slice events (both modes), each once."""
+    seen = {(e.get("allocation_id"), e.get("kind")) for e in kept}
+    merged = kept + [e for e in heard if (e.get("allocation_id"), e.get("kind")) not in seen]
+    return sorted(merged, key=lambda e: e.get("at") or 0.0, reverse=True)[:limit]

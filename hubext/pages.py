@@ -17,6 +17,7 @@ from quotas import Allocation, Owner
 from quotas.messages import compute_size, memory_size, mib
 
 from .allocator import GPUAllocator
+from .events import recent_events
 
 RESOURCES = ("memory_mib", "cores_percent", "gpus")
 
@@ -217,11 +218,22 @@ def user_gpu(user: Any) -> dict[str, Any] | None:
         "slices": [slice_row(a, servers, kernels, activity) for a in sorted(mine, key=lambda a: a.created_at)],
         "waiting": [q for q in allocator.queue() if q["user"] == user.name],
         "swapped": swapped_kernels(user.name),
+        "events": user_events(allocator, user.name),
         "levels": levels,
         "remaining": remaining(levels),
         "simulated": bool(allocator.backend.simulated) if allocator.backend is not None else False,
         "usage_page": usage_page_offered(),
     }
+
+
+def user_events(allocator: GPUAllocator, user: str, limit: int = 5) -> list[dict[str, Any]]:
+    """The user's latest notable slice events, newest first (a server or kernel stopped because a
+    slice on its card needed its burst, preempted, culled, swapped out; the pool page's events),
+    each with ``at_utc``: why a server the user left running is gone."""
+    backend = allocator.backend
+    kept = backend.events(limit=50) if backend is not None else []
+    mine = [e for e in recent_events(kept, allocator.recent_events.latest(50), 50) if e.get("user") == user]
+    return [{**e, "at_utc": utc_text(e.get("at"))} for e in mine[:limit]]
 
 
 def usage_page_offered() -> bool:

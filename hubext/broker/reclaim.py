@@ -12,8 +12,9 @@ takes the burst back from the burster, never from the owner:
 - a kernel that cannot be swapped out (the card cannot checkpoint, swapping is off, or its
   process cannot be checkpointed) is stopped with a sentence that says why, as a preempted one
   is: its state is ``failed`` with that reason, which its notebook shows;
-- a notebook server's slice is never swapped; its burst is not taken back here (the owner's
-  allocation then fails after ``reclaim_wait_ms``), and the broker logs the sentence once.
+- a notebook server cannot be swapped out: the hub stops it (its processes, kernels included,
+  as a preempted server's), with a sentence that says why; the sentence is in the hub's log, in
+  the pool's events and on the user's /hub/home (``hubext.pages.user_gpu``).
 
 The shims' word is checked against the ledger first: both slices must hold the card, and the
 burster must be an elastic slice (a fixed slice cannot burst, whatever a region says).
@@ -85,6 +86,16 @@ def reclaim_reason(take: Take) -> str:
     )
 
 
+def stop_sentence(why: str, lost: str, choice: str, what: str) -> str:
+    """The sentence of a burster stopped because it could not be swapped out: why, what was
+    lost, and what the user can do (``choice``: the size or profile to pick; ``what``: kernel or
+    server)."""
+    return (
+        f"stopped: {why}. {lost}. Stay within the guaranteed memory, or pick a {choice} that guarantees "
+        f"more, to keep a {what} from being stopped"
+    )
+
+
 class ReclaimMixin(Configurable):
     """The broker's reaction to bursts a card must give back (mixed into ``GPUBroker``)."""
 
@@ -94,7 +105,8 @@ class ReclaimMixin(Configurable):
         help="""Seconds between reads of the cards' reclaim requests: an elastic slice's burst
         (memory above its request) that another slice on its card needs within its own request is
         taken back from the burster: a GPU kernel is swapped out (its state kept; it resumes when
-        there is room), or stopped with the reason where it cannot be swapped out. Keep it well
+        there is room), or stopped with the reason where it cannot be swapped out; a notebook
+        server (never swapped out) is stopped with the reason, which its user's home page shows. Keep it well
         under the shim's reclaim_wait_ms (30 s by default), which bounds how long the owner's
         allocation waits. 0: never take bursts back. Default: 1.""",
     )
@@ -126,11 +138,14 @@ class ReclaimMixin(Configurable):
             None,
         )
         if record is None:
+            if burster.kind == "notebook":
+                await self._stop_server_burster(burster, why)
+                return True
             warned = self.__dict__.setdefault("_reclaim_warned", set())
             if burster.id not in warned:
                 warned.add(burster.id)
                 self.log.warning(
-                    "GPU burst of %s (%s %s) not taken back: %s; only a GPU kernel's burst is taken back",
+                    "GPU burst of %s (%s %s) not taken back: %s; its GPU kernel is not running",
                     burster.id, burster.owner.user, burster.kind, why,
                 )
             return False
@@ -152,15 +167,25 @@ class ReclaimMixin(Configurable):
     async def _stop_burster(self, record: Any, why: str, cannot: str) -> None:
         """Stop a kernel whose burst must go back and that cannot be swapped out, saying why (as a
         preempted kernel: failed, with the reason its notebook shows)."""
-        sentence = (
-            f"stopped: {why}. {cannot.rstrip('.')}, so its state was lost. Stay within the guaranteed "
-            "memory, or pick a size that guarantees more, to keep a kernel from being stopped"
-        )
+        sentence = stop_sentence(why, f"{cannot.rstrip('.')}, so its state was lost", "size", "kernel")
         record.state, record.reason = "failed", sentence
         self.log.warning("GPU kernel %s of %s %s", record.id, record.user, sentence)
         await self._stop_holder(record)
         await self._release(record.allocation_id, sentence, ReleaseCause.PREEMPTED)
         self._persist()
+
+    async def _stop_server_burster(self, burster: Allocation, why: str) -> None:
+        """Stop a notebook server whose burst must go back (a server cannot be swapped out), as a
+        preempted server is stopped: the pool stops its processes and keeps the sentence as an
+        event, which the user's home page shows; JupyterHub sees the server gone when it polls."""
+        sentence = stop_sentence(
+            why, "A notebook server cannot be swapped out, so it was stopped and the state of its kernels was lost",
+            "profile", "server",
+        )
+        self.log.warning("GPU notebook server %s of %s %s", burster.id, burster.owner.user, sentence)
+        self.allocator.expect_stop(burster.id, sentence, ReleaseCause.PREEMPTED)
+        await self.allocator.backend.evict(burster, sentence)
+        await self._release(burster.id, sentence, ReleaseCause.PREEMPTED)
 
     async def _reclaim_forever(self) -> None:
         while self.reclaim_interval_seconds > 0:

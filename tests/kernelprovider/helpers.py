@@ -295,10 +295,12 @@ def doubles_stack(
     admission: dict[str, Any],
     sizes: list[dict[str, Any]],
     extra_config: str = "",
+    gpu_servers: bool = False,
 ) -> Iterator[tuple[HubRunner, dict]]:
     """Single-machine mode on the CUDA/NVML doubles as the machine's driver (the pool is read
     through NVML; GPU kernels run with the compiled shim preloaded): a hub with the broker and
-    the servers of alice and bob. ``extra_config``: lines appended to jupyterhub_config.py."""
+    the servers of alice and bob. ``extra_config``: lines appended to jupyterhub_config.py;
+    ``gpu_servers``: servers (of a GPU profile) find the doubles as kernels do."""
     from tests.libvgpu.harness import build_all
 
     build = build_all(work / "build")
@@ -314,13 +316,14 @@ def doubles_stack(
     state.chmod(0o666)
     (work / "admission.yaml").write_text(yaml.safe_dump(admission))
     prefix = work / "jupyter-prefix"
+    server_env = {"LD_LIBRARY_PATH": str(build.lib_dir), **double} if gpu_servers else {}
     config = f"""
 from hubext.hubconfig import configure_hub
 configure_hub(c, mode="local", admission_config_file={str(work / "admission.yaml")!r},
               data_dir={str(work / "data")!r}, culler=False)
 c.JupyterHub.spawner_class = "hubext.local.spawner.HubUserGPUSpawner"
 c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}
-c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}}}
+c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}, **{server_env!r}}}
 c.LocalKernelLauncher.environment = {double!r}
 """ + extra_config + _broker_config(sizes)
     hub = HubRunner(work, config, env={"LD_LIBRARY_PATH": str(build.lib_dir), **double})
