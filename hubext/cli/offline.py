@@ -15,7 +15,7 @@ from typing import Any
 from quotas import Allocation
 
 from ..local.ledger import LEDGER_FILE, Ledger
-from ..local.processes import process_alive, stop_slice
+from ..local.processes import process_alive, process_cmdline, stop_slice
 from .base import ADMISSION_FILE, CLIError
 
 
@@ -81,18 +81,45 @@ def live_holders(data: Path) -> dict[str, int]:
     }
 
 
+def swapped_kernels(data: Path) -> dict[str, int]:
+    """Kernel id -> pid of the swapped-out GPU kernels in the ledger whose process still runs (its
+    command line names its connection file): they hold no slice, so :func:`live_holders` does not
+    list them, and their GPU state waits in host memory."""
+    path = data / LEDGER_FILE
+    if not path.exists() or not os.access(path, os.R_OK):
+        return {}
+    ledger = Ledger(path)
+    try:
+        kernels = ledger.kernels()
+    finally:
+        ledger.close()
+    out = {}
+    for k in kernels:
+        holder, kernel_id = str(k.get("holder") or ""), str(k.get("id") or "")
+        if not (k.get("swap") and holder.isdigit() and kernel_id and process_alive(int(holder))):
+            continue
+        if any(f"{kernel_id}/connection.json" in part for part in process_cmdline(int(holder))):
+            out[kernel_id] = int(holder)
+    return out
+
+
 def stop_leftover_holders(data: Path, grace_seconds: float = 5.0) -> int:
     """Stop the GPU holders (servers, kernels) still alive after the hub exited, with every process of
     their slice (``setsid`` children included), as the pool stops a slice.
 
     ``up`` promises that Ctrl-C stops everything the hub started; JupyterHub stops its servers,
-    and this catches what outlives them (a GPU kernel whose server could not reach the broker).
+    and this catches what outlives them (a GPU kernel whose server could not reach the broker, a
+    swapped-out kernel: :func:`swapped_kernels`).
     """
     alive = live_holders(data)
+    swapped = swapped_kernels(data)
 
     async def stop_all() -> None:
-        await asyncio.gather(*(stop_slice(aid, (pid,), grace_seconds) for aid, pid in alive.items()))
+        await asyncio.gather(
+            *(stop_slice(aid, (pid,), grace_seconds) for aid, pid in alive.items()),
+            *(stop_slice("", (pid,), grace_seconds) for pid in swapped.values() if pid not in alive.values()),
+        )
 
-    if alive:
+    if alive or swapped:
         asyncio.run(stop_all())
-    return len(alive)
+    return len(alive) + sum(pid not in alive.values() for pid in swapped.values())

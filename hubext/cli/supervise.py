@@ -23,7 +23,7 @@ from .accounts import HUB_UMASK, harden_hub_state, prepare_mode
 from .base import ADMISSION_FILE, CONFIG_FILE, DEFAULT_IP, DEFAULT_PORT, CLIError, say
 from .client import http_get, hub_running, read_hub_state, read_token, write_hub_state
 from .config import config_mode
-from .offline import live_holders, stop_leftover_holders
+from .offline import live_holders, stop_leftover_holders, swapped_kernels
 from .proxy import check_ports, find_proxy, hub_lines, left_behind, stop_left_behind
 
 
@@ -248,7 +248,7 @@ def _up(args: argparse.Namespace, config_dir: Path, data: Path, cmd_init: Any) -
             if leftovers:
                 say(f"stopped {leftovers} GPU process(es) the hub left running")
         else:
-            running = len(live_holders(data))
+            running = len(live_holders(data)) + len(swapped_kernels(data))  # a swapped-out kernel holds no slice
             if running:
                 say(
                     f"{running} GPU server(s)/kernel(s) still run; the next `elastic-gpu up` adopts them "
