@@ -281,9 +281,12 @@ static void refresh_floor(int dev) {
     atomic_store(&floor_at[dev], vgpu_coarse_real_ns() | 1);
 }
 
+/* floor_at is the refresh's time | 1 (0: never); the bit is masked off again here: an even
+ * time stored as one more than the clock made the difference wrap, and every allocation until
+ * the coarse clock's next tick (4 to 24 ms) listed NVML's processes again. */
 static inline int floor_stale(int dev) {
     uint64_t at = atomic_load_explicit(&floor_at[dev], memory_order_relaxed);
-    return !at || vgpu_coarse_real_ns() - at >= FLOOR_NS;
+    return !at || vgpu_coarse_real_ns() - (at & ~1ull) >= FLOOR_NS;
 }
 
 /* The container's usage on dev: the shared total, or more if the floor says so. */

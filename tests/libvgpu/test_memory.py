@@ -171,3 +171,17 @@ def test_tens_of_thousands_of_live_allocations_are_tracked_and_released(node):
     assert [kv["ok"] for kv in r.all("allocs")] == ["20000", "20000"]
     free = [int(kv["free"]) for kv in r.all("info")]
     assert free == [1024 * MiB - 20000 * 4096, 1024 * MiB, 1024 * MiB]
+
+
+def test_allocating_in_a_loop_asks_nvml_for_the_process_list_at_most_every_100_ms(node):
+    """What the container's other processes hold (the floor against zeroed counters) and what
+    the driver holds for this process (the true-up) are each asked of NVML at most every
+    100 ms: a process listing is a driver round trip, so asking on every allocation would make
+    the allocations cost several times what the driver charges."""
+    box = node.container("c", "memory_mib=1024")
+    r = box.run("init", "ctx", "pairs:1.0")
+    assert r.returncode == 0, r.stderr
+    kv = r.one("pairs")
+    assert kv["rc"] == "0" and int(kv["n"]) > 100, kv
+    periods = int(kv["elapsed_ms"]) / 100 + 1  # started 100 ms periods
+    assert int(kv["queries"]) <= 2 * (periods + 1), kv  # floor + true-up, each once a period

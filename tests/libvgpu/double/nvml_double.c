@@ -18,6 +18,8 @@
  *                              after nvmlEventSetCreate is delivered by nvmlEventSetWait_v2 as
  *                              an Xid critical error event of that device
  * nvmlDeviceGetComputeRunningProcesses_v3 answers like _v2 (same structure).
+ * Test helper (not NVML): nvmlDoubleProcessQueries, how many process lists this process asked
+ * for (each is a driver round trip on a real GPU).
  */
 #include "double_state.h"
 
@@ -274,8 +276,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d,
     return NVML_SUCCESS;
 }
 
+static _Atomic unsigned long long process_queries; /* by this process */
+
+EXPORT unsigned long long nvmlDoubleProcessQueries(void) { return process_queries; }
+
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *count,
                                                             nvmlProcessInfo_v2_t *out) {
+    process_queries++;
     if (!valid(d) || !count) return NVML_ERROR_INVALID_ARGUMENT;
     unsigned n = 0, cap = *count;
     dbl_lock();

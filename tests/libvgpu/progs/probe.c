@@ -31,6 +31,8 @@
  *                                          and over (refusals at the limit counted apart); peak:
  *                                          the card's own count, the highest one seen
  *   bench:N                                N launches, then N alloc+free pairs: CPU ns per op
+ *   pairs:SECONDS                          4 KiB alloc+free pairs for SECONDS; how many, and how
+ *                                          many NVML process lists this process asked for meanwhile
  *   capture:N:US                           a stream captured (global mode): N kernels of US into
  *                                          it, the graph instantiated and launched
  *   capturewhile:US[:sync]                 another thread launches a kernel of US (and with sync
@@ -71,6 +73,7 @@ typedef CUresult (*cuGetErrorString_fn)(CUresult, const char **);
 typedef nvmlReturn_t (*nvmlDeviceGetHandleByIndex_v2_fn)(unsigned int, nvmlDevice_t *);
 typedef unsigned long long (*cuDoubleBusyNs_fn)(int, int, unsigned long long, unsigned long long);
 typedef unsigned long long (*cuDoubleDeviceUsed_fn)(int);
+typedef unsigned long long (*nvmlDoubleProcessQueries_fn)(void);
 
 static struct {
     cuInit_fn cuInit;
@@ -134,6 +137,7 @@ static struct {
     CUresult (*cuStreamEndCapture)(CUstream, CUgraph *);
     cuDoubleBusyNs_fn busy;
     cuDoubleDeviceUsed_fn device_used;
+    nvmlDoubleProcessQueries_fn nvml_queries;
 } D;
 
 static void *cuda_handle, *nvml_handle;
@@ -248,6 +252,7 @@ static void resolve(void) {
     D.nvmlDeviceGetMemoryInfo = (nvmlDeviceGetMemoryInfo_fn)dlsym(nvml_handle, "nvmlDeviceGetMemoryInfo");
     D.nvmlProcs = (__typeof__(D.nvmlProcs))dlsym(nvml_handle, "nvmlDeviceGetComputeRunningProcesses_v2");
     D.nvmlUtil = (__typeof__(D.nvmlUtil))dlsym(nvml_handle, "nvmlDeviceGetUtilizationRates");
+    D.nvml_queries = (nvmlDoubleProcessQueries_fn)dlsym(nvml_handle, "nvmlDoubleProcessQueries");
     D.nvmlDeviceGetMemoryInfo_v2 =
         (nvmlDeviceGetMemoryInfo_v2_fn)dlsym(nvml_handle, "nvmlDeviceGetMemoryInfo_v2");
 }
@@ -802,6 +807,19 @@ static int step(char *arg) {
             if (h[i].peak > peak) peak = h[i].peak;
         }
         printf("hammer rc=0 ok=%ld refused=%ld errors=%ld peak=%llu\n", ok, refused, errors, peak);
+    } else if (!strcmp(cmd, "pairs")) { /* alloc+free pairs for a while: NVML lists asked */
+        uint64_t t0 = now_ns(), until = t0 + (uint64_t)(atof(a[1]) * 1e9), t1 = t0;
+        unsigned long long q0 = D.nvml_queries ? D.nvml_queries() : 0;
+        long n = 0;
+        while (!rc && (t1 = now_ns()) < until) {
+            CUdeviceptr p = 0;
+            rc = D.cuMemAlloc(&p, 4096);
+            if (!rc) rc = D.cuMemFree(p);
+            n++;
+        }
+        unsigned long long q = D.nvml_queries ? D.nvml_queries() - q0 : 0;
+        printf("pairs rc=%d n=%ld elapsed_ms=%llu queries=%llu\n", rc, n,
+               (unsigned long long)((t1 - t0) / 1000000), q);
     } else if (!strcmp(cmd, "bench")) { /* CPU ns per launch and per alloc+free pair */
         long count = atol(a[1]);
         CUfunction f = kernel(0);
