@@ -7,23 +7,36 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 PREFIX = "elastic_gpu_culler_"
 
 
+MIB = 1 << 20
+
+
 class CullerMetrics:
-    """The culler's series. Labels are bounded sets (reason, priority class, method), never user names."""
+    """The culler's series, sizes in bytes (Prometheus's base unit). Labels are bounded sets (reason,
+    priority class, method, action), never user names."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.culls = Counter(
             PREFIX + "culls",
-            "GPU kernels reclaimed, by reason (idle-timeout, max-age, pressure, orphan), priority class and "
-            "how (server: through the user's server; broker: the broker's fallback; failed)",
+            "GPU kernels shut down to reclaim their slice, by reason (idle-timeout, max-age, pressure, orphan), "
+            "priority class and how (server: through the user's server; broker: the broker's fallback; failed). "
+            "A kernel swapped out instead is counted in swap_outs_total",
             ["reason", "priority_class", "method"],
             registry=r,
         )
-        self.freed_memory = Counter(
-            PREFIX + "freed_memory_mib",
-            "GPU memory returned to the pool by culls (MiB of slice)",
+        self.swap_outs = Counter(
+            PREFIX + "swap_outs",
+            "GPU kernels swapped out instead of culled (they live on; their GPU state waits in host memory), "
+            "by reason and priority class",
             ["reason", "priority_class"],
+            registry=r,
+        )
+        self.freed_memory = Counter(
+            PREFIX + "freed_memory_bytes",
+            "GPU memory returned to the pool (bytes of slice), by reason, priority class and action "
+            "(culled, swapped)",
+            ["reason", "priority_class", "action"],
             registry=r,
         )
         self.idle_at_cull = Histogram(

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from jupyterhub.utils import exponential_backoff
 
+from .metrics import MIB
 from .model import GPUKernel, GraceWarning, Verdict
 from .words import cull_sentence, gib, human
 
@@ -90,7 +91,7 @@ class ReclaimMixin:
         seconds = time.monotonic() - t0
         self.metrics.culls.labels(v.reason, k.priority_class, method).inc()
         if freed:
-            self.metrics.freed_memory.labels(v.reason, k.priority_class).inc(k.freed_memory_mib)
+            self.metrics.freed_memory.labels(v.reason, k.priority_class, "culled").inc(k.freed_memory_mib * MIB)
             self.metrics.idle_at_cull.labels(v.reason).observe(v.idle_seconds)
             self.metrics.reclaim.observe(seconds)
             used = k.gpu_memory_used_mib
@@ -122,8 +123,8 @@ class ReclaimMixin:
 
     def _swapped(self, v: Verdict, why: str, seconds: float) -> CullResult:
         k = v.kernel
-        self.metrics.culls.labels(v.reason, k.priority_class, "swapped").inc()
-        self.metrics.freed_memory.labels(v.reason, k.priority_class).inc(k.freed_memory_mib)
+        self.metrics.swap_outs.labels(v.reason, k.priority_class).inc()
+        self.metrics.freed_memory.labels(v.reason, k.priority_class, "swapped").inc(k.freed_memory_mib * MIB)
         self.log.info(
             "Swapped out GPU kernel %s of %s (server '%s', %s, allocation %s) instead of culling it: %s; "
             "freed %s of GPU memory in %.2f s",

@@ -188,7 +188,8 @@ def test_idle_gpu_kernel_is_culled_through_its_server_and_its_slice_returns_to_t
     metrics = culler.metrics()
     labels = {"reason": "idle-timeout", "priority_class": "default", "method": "server"}
     assert metric_value(metrics, "elastic_gpu_culler_culls_total", **labels) == 1
-    assert metric_value(metrics, "elastic_gpu_culler_freed_memory_mib_total", reason="idle-timeout") == 40960
+    freed = {"reason": "idle-timeout", "action": "culled"}
+    assert metric_value(metrics, "elastic_gpu_culler_freed_memory_bytes_total", **freed) == 40960 * 2**20
     assert usage_cause(hub, record["allocation_id"]) == "culled"  # the usage record says why it ended
 
 

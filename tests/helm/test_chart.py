@@ -487,7 +487,7 @@ def test_dashboard_has_the_panels_platform_teams_need():
             "elastic_gpu_allocation_memory_used_bytes",
             "elastic_gpu_allocation_memory_limit_bytes",
         ),
-        "Culls": ("elastic_gpu_culler_culls_total",),
+        "Culls and swap-outs": ("elastic_gpu_culler_culls_total", "elastic_gpu_culler_swap_outs_total"),
     }
     for title, metrics in needed.items():
         assert title in panels, f"missing panel {title!r}"
@@ -545,7 +545,8 @@ def test_dashboard_culler_metrics_are_the_ones_the_culler_exports():
     m = metrics.CullerMetrics()
     # touch every labelled series so that its samples exist
     m.culls.labels(reason="idle-timeout", priority_class="default", method="server").inc()
-    m.freed_memory.labels(reason="idle-timeout", priority_class="default").inc(1024)
+    m.swap_outs.labels(reason="idle-timeout", priority_class="default").inc()
+    m.freed_memory.labels(reason="idle-timeout", priority_class="default", action="culled").inc(1 << 30)
     exported = _exported_sample_names(m.registry)
     used = {x for x in _dashboard_metrics() if x.startswith(metrics.PREFIX)}
     assert used, "the dashboard shows no culler metric"
