@@ -7,6 +7,20 @@ from typing import TYPE_CHECKING
 
 from .model import Allocation
 
+#: no plan on the node can work
+NEVER = 1 << 30
+
+
+def _fewest(charges: list[int], need: int) -> int:
+    """The fewest of ``charges`` that add up to ``need`` (the largest first); NEVER if all cannot."""
+    if need <= 0:
+        return 0
+    for n, charge in enumerate(sorted(charges, reverse=True), 1):
+        need -= charge
+        if need <= 0:
+            return n
+    return NEVER
+
 if TYPE_CHECKING:
     from .preemption import Trial
 
@@ -77,5 +91,55 @@ class NodeVictims:
         return self._quota_cands
 
     def _quota_fixable(self) -> bool:
-        """Could evicting every eligible allocation of the levels in deficit fix them?"""
-        return self._quota_ok(self._trial(self._quota_candidates()), self.low)
+        """Could evicting every eligible allocation of the levels in deficit fix them? (Only
+        the quota given back counts here: no trial of the cards they free.)"""
+        t = self._trial()
+        charges = self.st._charges
+        for a in self._quota_candidates():
+            charge = charges[a.id]
+            for i in self._members(a):
+                b = t.back[i]
+                b[0] += charge[0]
+                b[1] += charge[1]
+                b[2] += charge[2]
+        return self._quota_ok(t, self.low)
+
+    def _victims_at_least(self, ni: int) -> int:
+        """A lower bound on the victims any plan on node ``ni`` takes (NEVER: none works): the
+        cards it must clear (k less those that hold the request now), each needing at least as
+        many victims as its largest evictable charges take to make room there, where a victim
+        holding several of the node's cards counts on each (the widest count first)."""
+        ix, a = self.ix, self.ask
+        needs: list[int] = []
+        ready = 0
+        for gi in (ix.wgpus if a.whole else ix.sgpus)[ni].get(a.group, ()):
+            on = ix.on[gi]
+            if a.whole:
+                if not ix.nalloc[gi]:
+                    ready += 1
+                elif len(on) == ix.nalloc[gi] and all(self._may_evict(aid) for aid in on):
+                    needs.append(len(on))
+                continue
+            need_m = a.m - ix.cap_m[gi] + ix.used_m[gi]
+            need_c = a.c - ix.cap_c[gi] + ix.used_c[gi]
+            if need_m <= 0 and need_c <= 0:
+                ready += 1
+                continue
+            mine = [charge for aid, charge in on.items() if self._may_evict(aid)]
+            n = max(_fewest([cm for cm, _ in mine], need_m), _fewest([cc for _, cc in mine], need_c))
+            if n < NEVER:
+                needs.append(n)
+        short = a.k - ready
+        if short <= 0:
+            return 0
+        if len(needs) < short:
+            return NEVER
+        needs.sort()
+        cover = sum(needs[:short])
+        spans = sorted((len(v.gpu_uuids) for aid, v in ix.node_allocs[ni].items() if self._may_evict(aid)),
+                       reverse=True)
+        for n, span in enumerate(spans, 1):
+            cover -= span
+            if cover <= 0:
+                return n
+        return NEVER

@@ -420,6 +420,8 @@ class VictimSearch(NodeVictims):
         for rank, ni in enumerate(nodes):
             if rank >= self.settle_after and best is not None:
                 break  # weighed enough candidate nodes
+            if best is not None and self._victims_at_least(ni) > best[0]:
+                continue  # every plan here takes more victims than the best
             # capacity: the k cards of this node that are cheapest to clear ...
             per_card = self._card_costs(ni)
             got = None

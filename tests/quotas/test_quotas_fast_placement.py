@@ -329,3 +329,36 @@ def test_where_preemption_looks_is_where_a_walk_finds_room(seed):
                 assert ix.evictable_nodes(p, m, c, k, whole, ANY) == plain_evictable_nodes(ix, p, m, c, k, whole, ANY)
                 if not whole:
                     assert set(ix.single_victims(p, m, c, k, False, ANY)) == plain_single_victims(ix, p, m, c, k)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_preemption_skipping_nodes_by_a_bound_chooses_what_weighing_every_node_chooses(seed, monkeypatch):
+    # the search skips a candidate node when a lower bound on its victims exceeds the best
+    # found; weighing every node instead must give the same victims, node and cards
+    from quotas.preemption import VictimSearch
+
+    plain = VictimSearch._victims_at_least
+    bounds = []
+
+    def bound(self, ni):
+        bounds.append(plain(self, ni))
+        return bounds[-1]
+
+    compared = preempted = 0
+    for st, rng in churned_states(seed, {"node": "fgd", "gpu": "binpack"}, 12, 200):
+        for j in range(2):
+            r = random_request(rng, 20_000 + j, classes=("high",))
+            # several cards, much of each: several victims per card
+            r = GPURequest(r.owner, rng.choice([10, 20, 40]) * GIB, rng.choice([25, 50, 100]),
+                           count=rng.choice([2, 3, 4, 8]), priority_class="high", request_id=r.request_id,
+                           kind="kernel", cpu_millicores=r.cpu_millicores)
+            monkeypatch.setattr(VictimSearch, "_victims_at_least", lambda self, ni: 0)
+            every = st.decide(r, now=1e6)
+            monkeypatch.setattr(VictimSearch, "_victims_at_least", bound)
+            skipping = st.decide(r, now=1e6)
+            assert (skipping.kind, skipping.allocation, skipping.victims) == \
+                (every.kind, every.allocation, every.victims), r
+            compared += 1
+            preempted += every.kind == "preempt" and len(every.victims) > 1
+    assert compared == 400 and preempted > 5
+    assert sum(1 for b in bounds if b > 1) >= 10  # the bound says something
