@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
+    "PREPARE_SOURCE",
     "REGION_VERSION",
     "Activity",
     "ContainerUsage",
@@ -44,6 +45,8 @@ __all__ = [
     "read_container_region",
     "read_node_region",
     "read_node_regions",
+    "prepare_container_region",
+    "prepare_node_regions",
     "read_priority_table",
     "write_priority_table",
 ]
@@ -485,7 +488,7 @@ def write_priority_table(
     The node region is writable by every container, so the shim does not believe the priority
     a container writes into its entry: it holds launches only for an entry whose name and
     priority this table confirms, on a card the allocation holds. Written by the hub (single machine) or the node agent
-    (Kubernetes), mode 0644 in the sticky node-region directory, replaced atomically, so a
+    (Kubernetes), mode 0644 in the node-region directory (sticky, or the agent's), replaced atomically, so a
     container can neither change nor remove it. Returns whether the file changed.
     """
     root = Path(directory)
@@ -528,26 +531,51 @@ def read_priority_table(directory: str | os.PathLike[str]) -> dict[str, int]:
 
 
 
-_PREPARE = """import ctypes, sys
+#: The program that prepares a container region with the shim's own code: run it as
+#: ``python3 -I -S -c PREPARE_SOURCE <region> <activity>`` with ``LD_PRELOAD`` naming libvgpu.so
+#: (:func:`prepare_container_region` here; a 'native' GPU pod's init container on Kubernetes).
+#: With ``--node <dir> <uuid>...`` it prepares node regions instead (:func:`prepare_node_regions`).
+PREPARE_SOURCE = """import ctypes, sys
 why = ctypes.create_string_buffer(1024)
-rc = ctypes.CDLL(None).libvgpu_prepare_region(*(a.encode() for a in sys.argv[1:]), why, len(why))
+shim = ctypes.CDLL(None)
+if sys.argv[1:2] == ["--node"]:
+    for uuid in sys.argv[3:]:
+        if shim.libvgpu_prepare_node_region(sys.argv[2].encode(), uuid.encode(), why, len(why)):
+            sys.exit(why.value.decode(errors="replace"))
+    sys.exit(0)
+rc = shim.libvgpu_prepare_region(*(a.encode() for a in sys.argv[1:]), why, len(why))
 sys.exit(why.value.decode(errors="replace") if rc else 0)
 """
 
 
-def prepare_container_region(region: str | os.PathLike[str], activity: str | os.PathLike[str] = "") -> None:
-    """Create (or check) a container region and its activity file as the shim would on its first
-    CUDA call, with the shim's own code (``libvgpu_prepare_region``, run in a short Python with
-    ``libvgpu.so`` preloaded: the shim's thread-local storage cannot be dlopened into a running
-    process), so that they can be placed in a directory the container cannot write: there it can
-    neither unlink, rename nor replace them, and so never start a region of its own (a fresh
-    limit). Raises :class:`RegionError` naming the file and the problem."""
+def _prepare(*args: str) -> None:
+    """Run :data:`PREPARE_SOURCE` with ``args`` in a short Python with ``libvgpu.so`` preloaded
+    (the shim's thread-local storage cannot be dlopened into a running process)."""
     import subprocess
     import sys
 
     from . import library_path
 
-    proc = subprocess.run([sys.executable, "-I", "-S", "-c", _PREPARE, os.fspath(region), os.fspath(activity)],
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c", PREPARE_SOURCE, *args],
                           env={"LD_PRELOAD": library_path()}, capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         raise RegionError((proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1])
+
+
+def prepare_container_region(region: str | os.PathLike[str], activity: str | os.PathLike[str] = "") -> None:
+    """Create (or check) a container region and its activity file as the shim would on its first
+    CUDA call, with the shim's own code (``libvgpu_prepare_region``), so that they can be placed
+    in a directory the container cannot write: there it can neither unlink, rename nor replace
+    them, and so never start a region of its own (a fresh limit). Raises :class:`RegionError`
+    naming the file and the problem."""
+    _prepare(os.fspath(region), os.fspath(activity))
+
+
+def prepare_node_regions(directory: str | os.PathLike[str], uuids: Sequence[str]) -> None:
+    """Create (or check) the node region of each card in ``uuids`` under ``directory`` as the
+    shim would (``libvgpu_prepare_node_region``, mode 0666), so that the directory can stay the
+    node agent's: GPU containers map their card's region but can neither unlink, rename nor
+    replace it (which would split the node's containers into two that no longer see each
+    other). Raises :class:`RegionError` naming the file and the problem."""
+    if uuids:
+        _prepare("--node", os.fspath(directory), *uuids)

@@ -38,6 +38,7 @@ from quotas import Allocation
 from ..gpu_spawner import GPUSpawnError
 from ..kernels import KernelRecord
 from .quantities import quantity
+from .shimfiles import REGION_DIR, add_shim_files
 
 BACKENDS = ("native", "hami", "mig", "whole")
 
@@ -61,9 +62,6 @@ class PodDelivery:
     runtime_class: str = "nvidia"
     priority_class_prefix: str = "elastic-gpu-"
     host_claim: str = HOST_CLAIM
-#: where the host directory's parts appear in a 'native' GPU container
-SHIM_LIB_DIR = "/usr/local/lib/elastic-gpu"
-REGION_DIR = "/var/run/libvgpu"
 
 #: where the kernel's connection Secret is mounted in its pod
 SECRET_MOUNT = "/var/run/elastic-gpu/kernel"
@@ -488,7 +486,8 @@ def apply_gpu_to_pod(
     A 'native' pod receives the node agent's host directory (``lib/libvgpu.so``,
     ``ld.so.preload``, ``regions/``) through the PersistentVolumeClaim ``host_claim``, which the
     chart binds to a hostPath PersistentVolume of that one directory: the pod itself has no
-    hostPath volume, so its namespace can enforce Pod Security "baseline"."""
+    hostPath volume, so its namespace can enforce Pod Security "baseline". Its own region and
+    preload file come from an init container (:mod:`.shimfiles`)."""
     if backend not in BACKENDS:
         raise GPUSpawnError(f"gpu_backend {backend!r} is not one of {', '.join(BACKENDS)}.", 500)
     meta = pod.metadata
@@ -521,34 +520,7 @@ def apply_gpu_to_pod(
             k8s.V1EnvVar(name=C.ENV_CONFIG, value="/etc/libvgpu/limits.conf"),
             k8s.V1EnvVar(name="CUDA_DEVICE_ORDER", value="PCI_BUS_ID"),
         ]
-        spec.volumes = list(spec.volumes or []) + [
-            k8s.V1Volume(
-                name="elastic-gpu-limits",
-                downward_api=k8s.V1DownwardAPIVolumeSource(
-                    default_mode=0o444,
-                    items=[
-                        k8s.V1DownwardAPIVolumeFile(
-                            path="limits.conf",
-                            field_ref=k8s.V1ObjectFieldSelector(field_path=f"metadata.annotations['{C.A_LIMITS}']"),
-                        )
-                    ],
-                ),
-            ),
-            k8s.V1Volume(
-                name="elastic-gpu-host",
-                persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=host_claim),
-            ),
-            k8s.V1Volume(name="elastic-gpu-region", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory")),
-        ]
-        container.volume_mounts = list(container.volume_mounts or []) + [
-            k8s.V1VolumeMount(name="elastic-gpu-limits", mount_path="/etc/libvgpu", read_only=True),
-            k8s.V1VolumeMount(name="elastic-gpu-host", mount_path=SHIM_LIB_DIR, sub_path="lib", read_only=True),
-            k8s.V1VolumeMount(
-                name="elastic-gpu-host", mount_path="/etc/ld.so.preload", sub_path="ld.so.preload", read_only=True
-            ),
-            k8s.V1VolumeMount(name="elastic-gpu-host", mount_path=f"{REGION_DIR}/node", sub_path="regions"),
-            k8s.V1VolumeMount(name="elastic-gpu-region", mount_path=REGION_DIR),
-        ]
+        add_shim_files(pod, host_claim, C.A_LIMITS)
     elif allocation.elastic:
         raise GPUSpawnError(
             f"This profile lets its GPU slice grow past its request (memory_limit_mib, "

@@ -50,7 +50,8 @@ class ElasticGPUSpawner(GPUSpawnerMixin, KubeSpawner):
         HOST_CLAIM,
         config=True,
         help="""PersistentVolumeClaim (in the pods' namespace) of the node agent's host directory
-        (libvgpu.so, ld.so.preload, the node regions), mounted into 'native' GPU pods by subPath.
+        (libvgpu.so, ld.so.preload, the node regions), mounted into 'native' GPU pods (lib/ and
+        regions/ by subPath; the whole directory read-only in their init container).
         The chart creates it, bound to a hostPath PersistentVolume of nodeAgent.hostLibDir, as
         <fullname>-host: so GPU pods carry no hostPath volume and the users' namespace can
         enforce Pod Security "baseline". Default: 'elastic-gpu-host' (a release named elastic-gpu).""",

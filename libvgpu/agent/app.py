@@ -268,7 +268,7 @@ class NodeAgent(Application):
         self.metrics.declare_gpus(self.gpus, REASONS)
         if self.backend == "native" and self.install_shim:
             try:
-                done = install_shim(self.host_lib_dir, self.container_lib_dir)
+                done = install_shim(self.host_lib_dir, self.container_lib_dir, gpus=[g.uuid for g in self.gpus])
             except ShimNotBuilt as e:
                 raise AgentError(str(e)) from e
             except OSError as e:
@@ -280,6 +280,9 @@ class NodeAgent(Application):
                 "libvgpu in %s (%s); ld.so.preload -> %s/libvgpu.so", done.lib_dir,
                 "updated " + ", ".join(done.changed) if done.changed else "already current", self.container_lib_dir,
             )
+            for problem in done.region_problems:
+                self.log.warning("Node region not made (GPU pods on that card hold no priority, see no "
+                                 "bursts of others): %s", problem)
         self.kube = Kube(self.node_name, self.k8s_api_request_timeout)
         try:
             await self.kube.connect()

@@ -1,9 +1,11 @@
 """Put the shim on the host: ``<host dir>/lib/*.so``, ``<host dir>/ld.so.preload``, ``<host dir>/regions``.
 
 GPU pods mount ``<host dir>/lib`` read-only at the container path (``/usr/local/lib/elastic-gpu``
-by default), ``<host dir>/ld.so.preload`` at ``/etc/ld.so.preload`` and ``<host dir>/regions``
-as the shim's ``node_region_dir``. The preload file therefore names the library by its path
-*inside the pods*.
+by default), get a copy of ``<host dir>/ld.so.preload`` at ``/etc/ld.so.preload`` (their init
+container waits for it) and mount ``<host dir>/regions`` as the shim's ``node_region_dir``. The
+preload file therefore names the library by its path *inside the pods*. ``regions/`` is the
+agent's (0755) with one node region per card made here (0666): containers write their entries
+but cannot remove or replace a card's region.
 
 Every file is written under a temporary name and renamed into place, so a process starting
 meanwhile maps either the old or the new library, never half of one; running processes keep the
@@ -16,10 +18,12 @@ import filecmp
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import libvgpu
+from libvgpu.regions import RegionError, prepare_node_regions
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class Installed:
     preload: Path
     regions: Path
     changed: tuple[str, ...]  # names of files (re)written this time
+    region_problems: tuple[str, ...] = ()  # node regions that could not be made, and why
 
 
 def _atomic_write(target: Path, data: bytes, mode: int) -> None:
@@ -49,11 +54,13 @@ def _atomic_write(target: Path, data: bytes, mode: int) -> None:
 
 
 def install_shim(host_dir: str | os.PathLike[str], container_lib_dir: str = "/usr/local/lib/elastic-gpu",
-                 sources: list[str] | None = None) -> Installed:
-    """Install libvgpu (``libvgpu.library_files()``) under ``host_dir``.
+                 sources: list[str] | None = None, gpus: Sequence[str] = ()) -> Installed:
+    """Install libvgpu (``libvgpu.library_files()``) under ``host_dir``, and the node region of
+    each card of ``gpus`` (uuids) in ``regions/``.
 
     Raises :class:`libvgpu.ShimNotBuilt` when the package has no built shim, OSError naming the
-    path when the host directory is not writable.
+    path when the host directory is not writable. A node region that cannot be made (a file that
+    is not one in its place) is named in ``region_problems``.
     """
     root = Path(host_dir)
     lib_dir = root / "lib"
@@ -96,10 +103,17 @@ def install_shim(host_dir: str | os.PathLike[str], container_lib_dir: str = "/us
         _atomic_write(preload, text, 0o644)
         changed.append(preload.name)
     regions.mkdir(parents=True, exist_ok=True)
-    # every GPU container (any uid) creates and maps its GPU's region here
-    os.chmod(regions, 0o1777)
+    # the agent's: GPU containers map the regions made here (0666), but can neither unlink,
+    # rename nor replace one, nor plant a file (a region of their own would split the node)
+    os.chmod(regions, 0o755)
+    problems = []
+    for uuid in gpus:
+        try:
+            prepare_node_regions(regions, [uuid])
+        except RegionError as e:
+            problems.append(str(e))
     return Installed(lib_dir=lib_dir, libraries=tuple(installed), preload=preload, regions=regions,
-                     changed=tuple(changed))
+                     changed=tuple(changed), region_problems=tuple(problems))
 
 
 def remove_shim(host_dir: str | os.PathLike[str]) -> list[str]:

@@ -345,6 +345,33 @@ VGPU_EXPORT int libvgpu_prepare_region(const char *container_region, const char 
     return 0;
 }
 
+static void init_node(void *mem, void *arg);
+
+/* For the node agent: creates (or checks) the node region of card uuid in dir exactly as the
+ * shim would on its first use of the card (mode 0666), so that the directory can stay the
+ * agent's: containers map the card's region but can neither unlink, rename nor replace it.
+ * 0 ok; -1 with one line in why. */
+VGPU_EXPORT int libvgpu_prepare_node_region(const char *dir, const char *uuid, char *why, size_t whylen) {
+    char path[PATH_MAX];
+    void *m;
+    int fd;
+    const char *bad;
+    if (!uuid || !*uuid || strchr(uuid, '/') ||
+        snprintf(path, sizeof(path), "%s/%s.region", dir, uuid) >= (int)sizeof(path)) {
+        snprintf(why, whylen, "%s/%s.region: not a node region's path", dir, uuid ? uuid : "");
+        return -1;
+    }
+    int rc = map_region(path, sizeof(struct vgpu_node_region), VGPU_KIND_NODE, init_node, (void *)uuid, &m,
+                        &fd, &bad);
+    if (rc != 0) {
+        snprintf(why, whylen, "%s: %s", path, rc == -2 ? bad : strerror(errno));
+        return -1;
+    }
+    munmap(m, sizeof(struct vgpu_node_region));
+    close(fd);
+    return 0;
+}
+
 int vgpu_region_open(void) {
     struct vgpu_config *c = &vgpu.cfg;
     if (!c->container_region[0])

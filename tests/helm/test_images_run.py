@@ -579,31 +579,41 @@ def gpu_node(tmp_path_factory) -> Iterator[dict]:
 
 
 def _run_gpu_pod(node: dict, tmp_path: Path, memory_mib: int, steps: list[str]) -> subprocess.CompletedProcess:
-    """The GPU pod the spawner writes (apply_gpu_to_pod, native backend), run as a container of
-    the kernel image: its downward-API limits file, its mounts of the agent's host directory."""
+    """The GPU pod the spawner writes (apply_gpu_to_pod, native backend), run as containers of
+    the kernel image: its init container (as its uid) fills the pod's emptyDir, then the pod's
+    container runs with its downward-API limits file and its mounts of the agent's directory."""
     from tests.libvgpu.agent.test_agent import allocation, gpu_pod
 
     pod = gpu_pod(None, "kernel", allocation("a-1", "alice", memory_mib), ["/opt/driver/probe", *steps], {})
-    [container] = pod["spec"]["containers"]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    args: list[str] = []
-    for m in container["volumeMounts"]:
-        vol = volumes[m["name"]]
-        ro = ":ro" if m.get("readOnly") else ""
-        if "downwardAPI" in vol:
-            d = shared_dir(tmp_path / m["name"])
-            for item in vol["downwardAPI"]["items"]:
-                key = item["fieldRef"]["fieldPath"].split("'")[1]
-                (d / item["path"]).write_text(pod["metadata"]["annotations"][key])
-                (d / item["path"]).chmod(0o444)
-            args += ["-v", f"{d}:{m['mountPath']}{ro}"]
-        elif "persistentVolumeClaim" in vol:  # the chart's claim of the agent's host directory
-            args += ["-v", f"{node['host'] / m.get('subPath', '')}:{m['mountPath']}{ro}"]
-        elif "emptyDir" in vol:
-            args += ["--tmpfs", f"{m['mountPath']}:mode=1777"]
+
+    def mounts(container: dict) -> list[str]:
+        args: list[str] = []
+        for m in container["volumeMounts"]:
+            vol = volumes[m["name"]]
+            ro = ":ro" if m.get("readOnly") else ""
+            if "downwardAPI" in vol:
+                d = shared_dir(tmp_path / m["name"])
+                for item in vol["downwardAPI"]["items"]:
+                    key = item["fieldRef"]["fieldPath"].split("'")[1]
+                    (d / item["path"]).write_text(pod["metadata"]["annotations"][key])
+                    (d / item["path"]).chmod(0o444)
+                args += ["-v", f"{d}:{m['mountPath']}{ro}"]
+            elif "persistentVolumeClaim" in vol:  # the chart's claim of the agent's host directory
+                args += ["-v", f"{node['host'] / m.get('subPath', '')}:{m['mountPath']}{ro}"]
+            elif "emptyDir" in vol:  # the pod's own volume (world-writable, as the kubelet makes it)
+                args += ["-v", f"{shared_dir(tmp_path / m['name']) / m.get('subPath', '')}:{m['mountPath']}{ro}"]
+        return args
+
+    for init in pod["spec"].get("initContainers") or []:
+        uid = init["securityContext"]["runAsUser"]
+        done = docker("run", "--rm", "--network", "none", "--user", f"{uid}:{init['securityContext']['runAsGroup']}",
+                      *mounts(init), IMAGES["kernel"], *init["command"], check=False)  # fmt: skip
+        assert done.returncode == 0, f"init container {init['name']}: {done.stdout}{done.stderr}"
+    [container] = pod["spec"]["containers"]
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     return docker("run", "--rm", "--network", "none", "--user", "1000",
-                  "-v", f"{node['doubles']}:/opt/driver:ro", "-v", f"{node['state']}:/run/gpu", *args,
+                  "-v", f"{node['doubles']}:/opt/driver:ro", "-v", f"{node['state']}:/run/gpu", *mounts(container),
                   *[a for k, v in {**node["env"], **env}.items() for a in ("-e", f"{k}={v}")],
                   IMAGES["kernel"], *container["command"], check=False)  # fmt: skip
 

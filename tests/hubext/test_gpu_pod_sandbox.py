@@ -142,7 +142,8 @@ def test_a_toleration_already_present_is_not_repeated():
 
 def test_native_gpu_notebook_pod_passes_pod_security_baseline():
     """No hostPath: the node agent's directory (libvgpu.so, ld.so.preload, the node regions) comes
-    through the chart's claim, mounted by subPath; the limits file through the downward API."""
+    through the chart's claim; the limits file through the downward API; the preload file and
+    the region from the pod's own volume, which a restricted init container fills."""
     pod = gpu_notebook(notebook_pod(tolerations=[Z2JH_DEDICATED]))
     assert violations(pod, "baseline") == []
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
@@ -152,8 +153,11 @@ def test_native_gpu_notebook_pod_passes_pod_security_baseline():
     }
     mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
     assert mounts["/etc/ld.so.preload"] == {
-        "name": "elastic-gpu-host", "mountPath": "/etc/ld.so.preload", "subPath": "ld.so.preload", "readOnly": True
+        "name": "elastic-gpu-region", "mountPath": "/etc/ld.so.preload", "subPath": "etc/ld.so.preload",
+        "readOnly": True,
     }  # fmt: skip
+    [init] = pod["spec"]["initContainers"]
+    assert violations({"spec": {"containers": [init]}}, "restricted") == []
     assert mounts["/usr/local/lib/elastic-gpu"]["subPath"] == "lib" and mounts["/usr/local/lib/elastic-gpu"]["readOnly"]
     assert mounts["/var/run/libvgpu/node"]["subPath"] == "regions"
 

@@ -483,6 +483,9 @@ class PodRuntime:
                     code = 128
                     self.event("Failed", f"Error: {e}", "Warning", name)
                 else:
+                    # as the kubelet reports an init container while it runs
+                    self.init_status[name]["state"] = {"running": {"startedAt": started_at}}
+                    self.push_status()
                     waiter = asyncio.ensure_future(proc.wait())
                     term = asyncio.ensure_future(self.terminating.wait())
                     await asyncio.wait({waiter, term}, return_when=asyncio.FIRST_COMPLETED)

@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import libvgpu
 from libvgpu import contract as L
+from libvgpu.regions import read_node_region
 from quotas import Allocation, Owner, load_pool
 from tests.kubeemu import KubeEmulator, NodeSpec
 from tests.kubeemu.helpers import create_host_claim
@@ -389,9 +390,10 @@ def test_shim_is_installed_in_the_host_dir_with_the_preload_file_and_regions(nod
         assert (lib / src.name).read_bytes() == src.read_bytes(), src.name
     assert (node.host_dir / "ld.so.preload").read_text() == "/usr/local/lib/elastic-gpu/libvgpu.so\n"
     regions = node.host_dir / "regions"
-    assert regions.is_dir() and regions.stat().st_mode & 0o1777 == 0o1777
-    # the pod under the installed shim registers in GPU 0's node region
-    wait_for(lambda: (regions / f"{GPU0}.region").is_file(), 10, "GPU 0's node region")
+    assert regions.is_dir() and regions.stat().st_mode & 0o7777 == 0o755
+    # the agent made each card's node region (GPU pods map it, but cannot remove or replace it)
+    assert (regions / f"{GPU0}.region").stat().st_mode & 0o777 == 0o666
+    assert read_node_region(regions / f"{GPU0}.region").uuid == GPU0
 
 
 
