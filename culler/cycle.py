@@ -259,9 +259,12 @@ class CycleMixin:
     async def _act(self, verdicts: list[Verdict], report: CycleReport, horizon: float) -> None:
         """Warn and cull as decided; remember kernels that fall due before ``horizon`` (the next cycle)."""
         store = self.store
+        void = [v.kernel for v in verdicts if v.extra.get("warning_void")]
+        for k in void:
+            store.drop(k.kernel_id)
+        if void and not self.dry_run:  # used since its warning: the page's countdown ends
+            await self._bounded([self.client.tell_idle(k.id, None) for k in void])
         for v in verdicts:
-            if v.extra.get("warning_void"):
-                store.drop(v.kernel.kernel_id)
             check_at = v.extra.get("check_at", v.due_at)
             if v.action == "keep" and check_at is not None and check_at < horizon:
                 self._checks[v.kernel.id] = (max(check_at, time.time() + 0.5), v.kernel)

@@ -167,6 +167,14 @@ class HubClient:
         resp = await self._fetch("POST", url, body={"reason": reason})
         return resp is not None and resp.code == 204
 
+    async def tell_idle(self, broker_id: str, action: str | None, deadline: float = 0.0) -> bool:
+        """Tell the broker when an idle kernel will be reclaimed and how (``action``: 'swap' or 'stop'),
+        or (``None``) that it no longer will: JupyterLab counts down from it. True when noted."""
+        body = {"action": action, "deadline": deadline} if action else {"action": None}
+        url = f"{self.api_url}/gpu/kernels/{quote(broker_id, safe='')}/idle"
+        resp = await self._fetch("POST", url, body=body)
+        return resp is not None and resp.code == 204
+
     async def suspend_gpu_kernel(
         self, broker_id: str, reason: str, cull_after: float | None = None
     ) -> tuple[bool, str]:

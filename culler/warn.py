@@ -65,6 +65,8 @@ class WarnMixin:
             self.log.info("[dry run] would warn kernel %s of %s: %s", k.kernel_id, k.user, text)
             return False
         ok = await self._print(v, text)
+        # the page's countdown: when and how, as data (the words above may change)
+        await self.client.tell_idle(k.id, "swap" if self.will_swap(k) else "stop", v.due_at or now)
         if not ok:
             # could not warn (not a Python kernel, or no answer): record it anyway, so the cull
             # goes ahead after the grace period instead of waiting for a warning that cannot come

@@ -7,6 +7,7 @@ rebuilds it from the kernel pod's annotations.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timezone
 from typing import Any
 
 from jupyter_client.connect import port_names
@@ -50,6 +51,10 @@ class KernelRecord:
     #: swapped out: {state: swapped|queued, since, host_mib, position, reason, ...} ({}: on its GPU)
     swap: dict[str, Any] = field(default_factory=dict)
     key_sha256: str = ""  # the connection key's digest: the kernel asking for its own resume
+    #: waiting in the GPU queue for its first start: {position (requests ahead), waiting_reason} ({}: not waiting)
+    queue: dict[str, Any] = field(default_factory=dict)
+    #: the culler's warning: {action: swap|stop, deadline: seconds since the epoch} ({}: not warned)
+    idle: dict[str, Any] = field(default_factory=dict)
     resume_url: str = ""  # where the kernel asks for its resume (the hub's API)
 
     def model(self) -> dict[str, Any]:
@@ -86,7 +91,15 @@ class KernelRecord:
             **({"activity": self.activity} if self.activity else {}),
             "gpu_swapped": bool(self.swap),
             **({"swap": {k: v for k, v in self.swap.items() if k != "processes"}} if self.swap else {}),
+            **({"queue": dict(self.queue)} if self.queue else {}),
+            **(self.idle_fields() if self.idle and not self.swap else {}),
         }
+
+    def idle_fields(self) -> dict[str, str]:
+        """What the culler warned of (JupyterLab counts down from it): ``idle_action`` ('swap': swapped
+        out, its variables kept; 'stop': shut down) and ``idle_deadline`` (when, ISO 8601 UTC)."""
+        deadline = datetime.fromtimestamp(self.idle["deadline"], timezone.utc)
+        return {"idle_action": self.idle["action"], "idle_deadline": deadline.isoformat(timespec="seconds")}
 
     def set_allocation(self, allocation: Allocation) -> None:
         self.allocation_id = allocation.id

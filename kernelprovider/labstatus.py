@@ -8,6 +8,12 @@ and why). The hub is asked with the server's own token (``$JUPYTERHUB_API_TOKEN`
 the kernel scope for this user only) about ``$JUPYTERHUB_USER``: who is asked about comes from the
 server, never from the browser, and no new credential reaches a kernel or the page.
 
+A kernel whose first start waits in the GPU queue is listed by the hub with its place (``queue``)
+before JupyterLab has it; the provisioner knows its notebook (:data:`kernelprovider.provisioner.STARTING`),
+answered as ``path`` (relative to the server's root) so the page shows it on that notebook. The
+culler's warning reaches the page as the broker's ``idle_action`` and ``idle_deadline``, counted down
+here.
+
 A kernel the hub stopped (an admin) is no longer listed by the hub; its provisioner in this
 server kept the hub's reason (:data:`kernelprovider.provisioner.STOPPED_BY_HUB`), which is
 answered as ``state: "stopped"`` with that reason.
@@ -21,6 +27,7 @@ import json
 import math
 import os
 import time
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -32,14 +39,29 @@ from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
 from quotas.messages import HUB_STOPPED_IT, mib
 
-from .provisioner import STOPPED_BY_HUB
+from .provisioner import STARTING, STOPPED_BY_HUB
 
 #: jupyter_server's authorization resource for this endpoint: reading kernels
 AUTH_RESOURCE = "kernels"
 #: JupyterLab shows at most this many characters of a notification's message
 NOTICE_CHARS = 140
 #: the fields of the broker's kernel model the page reads (nothing else is relayed)
-RELAYED = ("state", "reason", "size", "memory_mib", "cores_percent", "gpu_count", "gpu_swapped", "swap", "activity")
+RELAYED = (
+    "state",
+    "reason",
+    "size",
+    "memory_mib",
+    "cores_percent",
+    "gpu_count",
+    "gpu_swapped",
+    "swap",
+    "activity",
+    "queue",
+    "idle_action",
+    "idle_deadline",
+)
+#: a culler's deadline this far past is stale (the kernel was swapped out and back, or the culler is gone)
+IDLE_STALE_SECONDS = 30
 
 #: how the provisioner begins the reason of a kernel the hub stopped (``stopped_reason``)
 HUB_STOPPED = f"{HUB_STOPPED_IT}: "
@@ -62,6 +84,43 @@ def slice_text(view: dict[str, Any]) -> str:
     count = view.get("gpu_count") or 1
     cards = f"{count} × " if count > 1 else ""
     return f"GPU {cards}{memory}, {view.get('cores_percent', 100)}% compute"
+
+
+def where_queued(position: Any) -> str:
+    """'position 3 in the GPU queue (2 requests ahead)' (``position``: requests ahead), or 'in the GPU queue'."""
+    if isinstance(position, int) and not isinstance(position, bool):
+        return f"position {position + 1} in the GPU queue ({position} request{'s' if position != 1 else ''} ahead)"
+    return "in the GPU queue"
+
+
+def in_queue(
+    place: dict[str, Any], kind: str, status: str, to: str, then: str, told: str | None = None
+) -> dict[str, str]:
+    """A kernel waiting in the GPU queue (``place``: ``position``, requests ahead, and ``waiting_reason``):
+    a first start (``kind`` 'waiting') or a swapped-out kernel's resume ('queued'). The notice says
+    what it waits ``to`` do unless ``told`` replaces that."""
+    where = where_queued(place.get("position"))
+    why = f" {place['waiting_reason']}" if place.get("waiting_reason") else ""
+    notice = f"Your GPU kernel waits for a GPU{to if told is None else told}: {where}."
+    return {
+        "status": f"{status}: {where}",
+        "detail": f"Your GPU kernel waits for a GPU{to}: {where}.{why} {then}",
+        "event": f"{kind}:{place.get('position')}",
+        "notice": notice + ("" if told is None else f" {then}"),
+        "level": "info",
+    }
+
+
+def idle_in(view: dict[str, Any], now: float) -> str:
+    """' · idle: stopped in 2 min' from the broker's ``idle_action``/``idle_deadline`` ('' when not warned)."""
+    try:
+        deadline = datetime.fromisoformat(str(view.get("idle_deadline"))).timestamp()
+    except ValueError:
+        return ""
+    action = {"swap": "swapped out", "stop": "stopped"}.get(str(view.get("idle_action")))
+    if action is None or deadline < now - IDLE_STALE_SECONDS:
+        return ""
+    return f" · idle: {action} in {_minutes(deadline - now)}"
 
 
 def short(sentence: str, detail: str, rest: str = "") -> str:
@@ -93,25 +152,18 @@ def describe(view: dict[str, Any], now: float) -> dict[str, str]:
             "notice": short(said, why, " Start a new kernel; its variables are lost."),
             "level": "error",
         }
+    queue = view.get("queue") if isinstance(view.get("queue"), dict) else {}
+    if state == "pending" and queue:
+        return in_queue(
+            queue, "waiting", "GPU kernel queued to start", " to start", "It starts as soon as a GPU is free."
+        )
     if state == "pending":
         return {"status": "GPU kernel starting", "detail": "", "event": "pending", "notice": "", "level": "info"}
     stop_in = ""
     if isinstance(swap.get("cull_at"), int | float):
         stop_in = f"; stopped in {_minutes(swap['cull_at'] - now)} unless a cell runs"
     if swap.get("state") == "queued":
-        position = swap.get("position")
-        if isinstance(position, int):
-            where = f"position {position + 1} in the GPU queue ({position} request{'s' if position != 1 else ''} ahead)"
-        else:
-            where = "in the GPU queue"
-        why = f" {swap['waiting_reason']}" if swap.get("waiting_reason") else ""
-        return {
-            "status": f"GPU queued: {where}",
-            "detail": f"Your GPU kernel waits for a GPU to run its next cell: {where}.{why} Its variables are kept.",
-            "event": f"queued:{position}",
-            "notice": f"Your GPU kernel waits for a GPU: {where}. Its variables are kept.",
-            "level": "info",
-        }
+        return in_queue(swap, "queued", "GPU queued", " to run its next cell", "Its variables are kept.", told="")
     if swap:
         return {
             "status": f"GPU swapped out ({mib(swap.get('host_mib'))} in host memory){stop_in}",
@@ -126,11 +178,14 @@ def describe(view: dict[str, Any], now: float) -> dict[str, str]:
             ),
             "level": "warning",
         }
+    idle = idle_in(view, now)
     return {
-        "status": slice_text(view),
-        "detail": f"Your GPU kernel's slice: {slice_text(view)}.",
+        "status": slice_text(view) + idle,
+        "detail": f"Your GPU kernel's slice: {slice_text(view)}."
+        + (f" Idle:{idle.split(':', 1)[1]} unless a cell runs." if idle else ""),
         "event": "running",
         "notice": f"Your GPU kernel is on a GPU again ({slice_text(view)}); its variables were kept.",
+        "started": f"Your GPU kernel has its GPU and started ({slice_text(view)}).",
         "level": "success",
     }
 
@@ -186,6 +241,16 @@ class GPUKernelsHandler(APIHandler):
         }
         return found, ""
 
+    def _paths(self, kernels: dict[str, dict[str, Any]]) -> None:
+        """The notebook of each kernel whose start is under way (relative to the server's root, as
+        JupyterLab names it), so the page shows a start that waits before JupyterLab has the kernel."""
+        root = os.path.realpath(self.settings.get("server_root_dir") or os.getcwd())
+        for kernel_id, path in list(STARTING.items()):
+            if kernel_id in kernels:
+                relative = os.path.relpath(os.path.realpath(path), root)
+                if not relative.startswith(".."):
+                    kernels[kernel_id]["path"] = relative.replace(os.sep, "/")
+
     @staticmethod
     def _stopped_here() -> dict[str, dict[str, Any]]:
         """Kernels of this server the hub stopped, with its reason (the provisioner kept them)."""
@@ -195,6 +260,7 @@ class GPUKernelsHandler(APIHandler):
     @authorized
     async def get(self) -> None:
         kernels, unavailable = await self._from_hub()
+        self._paths(kernels)
         for kernel_id, view in self._stopped_here().items():
             kernels.setdefault(kernel_id, view)
         self.finish(json.dumps({"kernels": kernels, "unavailable": unavailable}))

@@ -84,6 +84,11 @@ class GPUKernelError(web.HTTPError):
 STOPPED_BY_HUB: dict[str, dict[str, Any]] = {}
 STOPPED_KEPT = 100
 
+#: kernels of this server whose first start is under way: Jupyter kernel id -> the path of the
+#: notebook it starts for (``JPY_SESSION_NAME``, absolute), so the page can show a start that waits
+#: in the GPU queue before JupyterLab has the kernel (read by :mod:`kernelprovider.labstatus`)
+STARTING: dict[str, str] = {}
+
 
 def stopped_reason(data: Any) -> str:
     """Why the hub stopped a kernel, from the broker's 404 answer: "the hub stopped it", with the
@@ -118,7 +123,8 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
     launch_timeout = Float(
         120.0,
         config=True,
-        help="Seconds to wait for a GPU kernel to be running before the start fails. Default: 120.",
+        help="""Seconds to wait for a GPU kernel to be running before the start fails, including its
+        wait in the hub's GPU queue (keep it above GPUBroker.max_queue_seconds). Default: 120.""",
     )
     request_timeout = Float(30.0, config=True, help="Seconds to wait for one broker request. Default: 30.")
     poll_cache_seconds = Float(
@@ -309,7 +315,16 @@ class ElasticGPUProvisioner(KernelProvisionerBase):
             body["gpu"] = dict(self.gpu)
         else:
             body["size"] = self.size
-        code, data = await self._api("POST", "/gpu/kernels", body)
+        path = (kwargs.get("env") or {}).get("JPY_SESSION_NAME", "")
+        if self.kernel_id and path:
+            STARTING[self.kernel_id] = path
+        try:
+            # the start may wait in the hub's GPU queue: up to launch_timeout, not one request's timeout
+            code, data = await self._api(
+                "POST", "/gpu/kernels", body, timeout=max(self.launch_timeout, self.request_timeout)
+            )
+        finally:
+            STARTING.pop(self.kernel_id or "", None)
         if code != 201:
             raise GPUKernelError(self._message(code, data), code if 400 <= code < 600 else 500)
         self.remote_id = data["id"]

@@ -33,7 +33,7 @@ from typing import Any
 from traitlets import Bool, Dict, Float, List, Type, Unicode, default
 from traitlets.config import SingletonConfigurable
 
-from quotas import AdmissionError, Allocation, GPURequest, Owner
+from quotas import AdmissionError, GPURequest, Owner
 
 from ..allocator import GPUAllocator
 from ..backends import KernelLauncher, LaunchError, ReleaseCause, ServerRef
@@ -42,6 +42,7 @@ from ..gpu_spawner import GPUSpawnerMixin
 from ..hubstart import when_hub_is_up
 from ..kernels import KernelRecord
 from ..requests import request_from_section
+from .admit import AdmitMixin
 from .reclaim import ReclaimMixin
 from .sizes import SIGNATURE_SCHEMES, BrokerError, SizesMixin, is_unicode, validate_sizes
 from .swap import SwapMixin, key_digest
@@ -50,7 +51,7 @@ from .swap import SwapMixin, key_digest
 STOPPED_KEPT = 1000
 
 
-class GPUBroker(SizesMixin, SwapMixin, ReclaimMixin, SingletonConfigurable):
+class GPUBroker(AdmitMixin, SizesMixin, SwapMixin, ReclaimMixin, SingletonConfigurable):
     """The hub's GPU kernel broker: one per hub process, next to the one GPUAllocator."""
 
     kernel_sizes = List(
@@ -148,6 +149,8 @@ class GPUBroker(SizesMixin, SwapMixin, ReclaimMixin, SingletonConfigurable):
         self._unclaimed: dict[str, float] = {}
         #: kernel id -> why the culler is reclaiming it (mark_culled): its release is a cull
         self._culled: dict[str, str] = {}
+        #: kernels waiting in the GPU queue for their first start (listed with their place, ``queue``)
+        self.starting: dict[str, KernelRecord] = {}
 
     # ---- start-up ---------------------------------------------------------------------------
 
@@ -314,7 +317,7 @@ class GPUBroker(SizesMixin, SwapMixin, ReclaimMixin, SingletonConfigurable):
         record.resume_url = f"{api_url.rstrip('/')}/gpu/kernels/{record.id}/resume" if api_url else ""
         request = self._request(record, self.owner_for(spawner, user_name))
         try:
-            allocation = await self._admit(request, record.server_name)
+            allocation = await self._admit(request, record.server_name, record)
         except AdmissionError as e:
             self.log.info("GPU kernel for %s refused: %s", label, e.message)
             raise BrokerError(e.message, e.status) from None
@@ -350,13 +353,6 @@ class GPUBroker(SizesMixin, SwapMixin, ReclaimMixin, SingletonConfigurable):
             ",".join(allocation.gpu_uuids),
         )
         return record
-
-    async def _admit(self, request: GPURequest, server_name: str = "") -> Allocation:
-        """Admission for a kernel, asked of the allocator once: with no queueing allowed, a request
-        that does not fit now is refused with the admission sentence alone."""
-        if self.max_queue_seconds <= 0:
-            return await self.allocator.allocate(request, queue=False, server_name=server_name)
-        return await self.allocator.allocate(request, timeout=self.max_queue_seconds, server_name=server_name)
 
     async def status(self, record: KernelRecord, wait_seconds: float = 0.0) -> KernelRecord:
         """Refresh ``record``; with ``wait_seconds`` (a finite number, at least 0; cut to

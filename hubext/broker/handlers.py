@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from typing import Any
 
 from jupyterhub.apihandlers.base import APIHandler
@@ -181,7 +182,9 @@ class KernelsHandler(BrokerAPIHandler):
             if not name or not self.may_act_for(name):
                 raise BrokerError("Name the user whose kernels to list: ?user=<name>.", 400)
             users = {name}
-        records = [r for r in self.broker.kernels.values() if users is None or r.user in users]
+        # and kernels waiting in the GPU queue to start, with their place (their server tells the user)
+        known = [*self.broker.kernels.values(), *self.broker.starting.values()]
+        records = [r for r in known if users is None or r.user in users]
         # the GPU memory each running slice's programs hold, as its pool sees it (both modes)
         running = [r.allocation_id for r in records if r.state == "running" and not r.swap]
         activity = self.broker.allocator.backend.slice_activity(running) if running else {}
@@ -211,6 +214,27 @@ class KernelsHandler(BrokerAPIHandler):
         record = await self.broker.create(user_name, server_name, body, groups, expect_claim=not self.is_gpu_admin)
         self.set_status(201)
         self.finish(json.dumps(self.broker.model(record)))
+
+
+#: how far from now an idle deadline may be (a clock gone wrong, or a number that is no time)
+IDLE_DEADLINE_RANGE_SECONDS = 366 * 86400
+
+
+def idle_warning(body: dict[str, Any]) -> dict[str, Any]:
+    """The culler's word on an idle kernel: ``{"action": "swap" | "stop", "deadline": seconds since the
+    epoch}``, or ``{"action": null}`` (it is no longer idle); a BrokerError (400) for anything else."""
+    action, deadline = body.get("action"), body.get("deadline")
+    if action is None:
+        return {}
+    if action not in ("swap", "stop"):
+        raise BrokerError(f"'action' must be 'swap', 'stop' or null (no longer idle); got {str(action)[:40]!r}.")
+    number = isinstance(deadline, int | float) and not isinstance(deadline, bool) and math.isfinite(deadline)
+    if not number or abs(deadline - time.time()) > IDLE_DEADLINE_RANGE_SECONDS:
+        raise BrokerError(
+            "'deadline' must be when the kernel is reclaimed, in seconds since the epoch (within a year of now); "
+            f"got {str(deadline)[:40]!r}."
+        )
+    return {"action": action, "deadline": float(deadline)}
 
 
 def _check_cull(handler: BrokerAPIHandler, cause: str) -> None:
@@ -246,13 +270,17 @@ class KernelHandler(BrokerAPIHandler):
 
 
 class KernelActionHandler(BrokerAPIHandler):
-    """POST /hub/api/gpu/kernels/<id>/(restart|interrupt|cull|stopping)
+    """POST /hub/api/gpu/kernels/<id>/(restart|interrupt|cull|idle|stopping)
 
     ``stopping`` (its server, from the provisioner's ``shutdown_requested``): a shutdown is under
     way; if the kernel exits before the server deletes it, its slice is released as stopped.
 
     ``cull`` (GPU admins: the culler, before it shuts the kernel down through its server;
-    body ``{"reason": ...}``): the kernel's next release is recorded as culled."""
+    body ``{"reason": ...}``): the kernel's next release is recorded as culled.
+
+    ``idle`` (GPU admins: the culler, when it warns; body :func:`idle_warning`'s): when and how the
+    idle kernel will be reclaimed, listed as ``idle_action`` and ``idle_deadline`` (JupyterLab's
+    countdown), until the culler says it is no longer idle (``{"action": null}``)."""
 
     async def post(self, kernel_id: str, action: str) -> None:
         record = self.find_kernel(kernel_id)
@@ -260,6 +288,17 @@ class KernelActionHandler(BrokerAPIHandler):
             _check_cull(self, "culled")
             reason = self.json_body().get("reason", "")
             self.broker.mark_culled(record, str(reason)[:200])
+            self.set_status(204)
+            self.finish()
+            return
+        if action == "idle":
+            if not self.is_gpu_admin:
+                raise BrokerError(
+                    f"Only a GPU admin (the scope {ADMIN_SCOPE}, the culler's) may say when an idle kernel "
+                    "is reclaimed.",
+                    403,
+                )
+            record.idle = idle_warning(self.json_body())
             self.set_status(204)
             self.finish()
             return
@@ -378,7 +417,7 @@ BROKER_HANDLERS: list[tuple[str, type]] = [
     (r"/api/gpu/kernel-sizes", KernelSizesHandler),
     (r"/api/gpu/kernels", KernelsHandler),
     (r"/api/gpu/kernels/([0-9a-f]{32})", KernelHandler),
-    (r"/api/gpu/kernels/([0-9a-f]{32})/(restart|interrupt|cull|stopping)", KernelActionHandler),
+    (r"/api/gpu/kernels/([0-9a-f]{32})/(restart|interrupt|cull|idle|stopping)", KernelActionHandler),
     (r"/api/gpu/kernels/([0-9a-f]{32})/(suspend|resume)", KernelSwapHandler),
 ]
 

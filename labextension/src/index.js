@@ -1,10 +1,12 @@
 // @elastic-gpu/jupyterlab: what a notebook user needs to know about their GPU kernel, in JupyterLab.
 //
 // - a status-bar item for the active notebook's GPU kernel: its slice (memory in use / guaranteed,
-//   compute share) or its state (swapped out, queued, stopped and why), and the culler's deadline;
-// - notifications (JupyterLab's Notification API) when a GPU kernel is swapped out, waits in the
-//   GPU queue (each change of position), is back on a GPU, or is stopped by the hub (an admin's
-//   reason), and for the culler's warning printed in the kernel.
+//   compute share) or its state (waiting in the GPU queue to start, swapped out, queued, stopped and
+//   why), and the culler's deadline (the broker's idle_deadline, counted down by the server extension);
+// - notifications (JupyterLab's Notification API) when a GPU kernel waits in the GPU queue to start or
+//   to run its next cell (each change of position), starts after waiting, is swapped out, is back on
+//   a GPU, or is stopped by the hub (an admin's reason), and the culler's warning printed in the kernel
+//   (shown as it is worded; nothing is read from its words).
 //
 // Every word shown comes from the server extension (kernelprovider/labstatus.py), which asks the
 // hub's broker with the server's own token; this file only decides when to show them.
@@ -18,8 +20,9 @@ import { Widget } from '@lumino/widgets';
 const POLL_MS = 2000;
 // the culler's warning printed in the kernel starts with this (culler/warn.py)
 const CULLER_MARK = '[elastic-gpu] This kernel';
-// events worth a notification the first time a kernel is seen in them
-const TOLD_ON_SIGHT = new Set(['swapped', 'stopped']);
+// kinds of events worth a notification the first time a kernel is seen in them
+const TOLD_ON_SIGHT = new Set(['swapped', 'stopped', 'waiting']);
+const kindOf = event => String(event || '').split(':')[0];
 
 /** The server extension's view of this server's GPU kernels: {kernels: {id: view}, unavailable}. */
 async function fetchKernels(settings) {
@@ -31,20 +34,6 @@ async function fetchKernels(settings) {
   return response.json();
 }
 
-/** When the culler's warning says the kernel goes ("at 12:34:56 UTC"), as a Date today or tomorrow. */
-function dueFrom(text) {
-  const m = /at (\d\d):(\d\d):(\d\d) UTC/i.exec(text);
-  if (!m) {
-    return null;
-  }
-  const due = new Date();
-  due.setUTCHours(+m[1], +m[2], +m[3], 0);
-  if (due.getTime() < Date.now() - 12 * 3600 * 1000) {
-    due.setUTCDate(due.getUTCDate() + 1);
-  }
-  return due;
-}
-
 class GPUStatus extends Widget {
   constructor() {
     super();
@@ -53,20 +42,15 @@ class GPUStatus extends Widget {
     this.hide();
   }
 
-  show_(view, warning) {
+  show_(view) {
     if (!view) {
       this.node.textContent = '';
       this.node.dataset.state = '';
       this.hide();
       return;
     }
-    let text = view.status;
-    if (warning && view.event === 'running') {
-      const minutes = Math.max(1, Math.ceil((warning.due.getTime() - Date.now()) / 60000));
-      text += ` · idle: ${warning.swap ? 'swapped out' : 'stopped'} in ${minutes} min`;
-    }
-    this.node.textContent = text;
-    this.node.dataset.state = view.event.split(':')[0];
+    this.node.textContent = view.status;
+    this.node.dataset.state = kindOf(view.event);
     this.node.title = view.detail || view.status;
     this.show();
   }
@@ -77,7 +61,7 @@ function activate(app, tracker, statusBar) {
   const item = new GPUStatus();
   const seen = new Map(); // kernel id -> last event
   const notices = new Map(); // kernel id -> id of its notification (updated, not stacked)
-  const warnings = new Map(); // kernel id -> {due, swap} from the culler's warning
+  const waited = new Set(); // kernel ids seen waiting in the GPU queue to start
   let kernels = {};
 
   if (statusBar) {
@@ -96,11 +80,19 @@ function activate(app, tracker, statusBar) {
       return kernel.id;
     }
     const last = lastKernel.get(panel);
-    return last && kernels[last] && kernels[last].event === 'stopped' ? last : null;
+    if (last && kernels[last] && kernels[last].event === 'stopped') {
+      return last;
+    }
+    // no kernel yet: JupyterLab's start of it is under way, the server knows it by the notebook's path
+    const path = panel.context && panel.context.path;
+    const starting = Object.entries(kernels).find(
+      ([, view]) => view.path && view.path === path && ['pending', 'waiting'].includes(kindOf(view.event))
+    );
+    return starting ? starting[0] : null;
   };
   const refreshItem = () => {
     const id = activeKernelId();
-    item.show_(id ? kernels[id] : null, id ? warnings.get(id) : null);
+    item.show_(id ? kernels[id] : null);
   };
 
   // a notification shows NOTICE_CHARS of its message: the whole text is one click away
@@ -121,7 +113,7 @@ function activate(app, tracker, statusBar) {
     }
   };
 
-  const tell = (id, view) => {
+  const tell = (id, view, notice = view.notice) => {
     try {
       window.localStorage.setItem(toldKey(id, view.event), String(Date.now()));
     } catch (e) {
@@ -134,9 +126,9 @@ function activate(app, tracker, statusBar) {
     };
     const previous = notices.get(id);
     if (previous && Notification.manager.has(previous)) {
-      Notification.update({ id: previous, message: view.notice, type: kind, ...options });
+      Notification.update({ id: previous, message: notice, type: kind, ...options });
     } else {
-      notices.set(id, Notification.emit(view.notice, kind, options));
+      notices.set(id, Notification.emit(notice, kind, options));
     }
   };
 
@@ -150,17 +142,21 @@ function activate(app, tracker, statusBar) {
     for (const [id, view] of Object.entries(kernels)) {
       const before = seen.get(id);
       seen.set(id, view.event);
+      if (kindOf(view.event) === 'waiting') {
+        waited.add(id);
+      }
       if (!view.notice || before === view.event) {
         continue;
       }
-      const onSight = TOLD_ON_SIGHT.has(view.event) && !toldBefore(id, view.event);
+      if (view.event === 'running' && waited.delete(id)) {
+        tell(id, view, view.started); // it waited to start: it has its GPU now
+        continue;
+      }
+      const onSight = TOLD_ON_SIGHT.has(kindOf(view.event)) && !toldBefore(id, view.event);
       if (before === undefined ? onSight : !(before === 'pending' && view.event === 'running')) {
         if (view.event !== 'running' || (before || '').match(/^(swapped|queued)/)) {
           tell(id, view);
         }
-      }
-      if (view.event !== 'running') {
-        warnings.delete(id);
       }
     }
     refreshItem();
@@ -171,19 +167,15 @@ function activate(app, tracker, statusBar) {
       if (msg.header.msg_type !== 'stream' || !String(msg.content.text || '').startsWith(CULLER_MARK)) {
         return;
       }
+      // shown as worded, cut where JupyterLab cuts a notification; the whole of it one click away
+      // (the countdown in the status item is the broker's idle_deadline, not read from these words)
       const text = String(msg.content.text).replace('[elastic-gpu] ', '').trim();
-      const kernel = context.session && context.session.kernel;
-      const due = dueFrom(text);
-      if (kernel && due) {
-        warnings.set(kernel.id, { due, swap: /swapped out/.test(text) && !/shut down at/.test(text) });
-      }
-      // the sentence that says when (the culler's text is longer than a notification shows)
-      const when = text.split(/(?<=\.) (?=[A-Z])/).find(part => /\d\d:\d\d:\d\d UTC/.test(part)) || text;
+      const sentences = text.split(/(?<=\.) (?=[A-Z])/);
+      const when = sentences.find(part => /\d\d:\d\d(:\d\d)? UTC/.test(part)) || sentences[0] || text;
       Notification.warning(`Idle GPU kernel: ${when}`, {
         autoClose: false,
         actions: details('Idle GPU kernel', text)
       });
-      refreshItem();
     });
   };
 

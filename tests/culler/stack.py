@@ -239,6 +239,8 @@ class CullerProcess:
             }
         }
         (self.dir / "culler_config.json").write_text(json.dumps(self.config))
+        #: the file `python -m culler --config` reads (a .py config may replace it)
+        self.config_file = self.dir / "culler_config.json"
         self.token = token
         self.log_path = self.dir / "culler.log"
         self.proc: subprocess.Popen | None = None
@@ -253,7 +255,7 @@ class CullerProcess:
         )
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "culler", "--config", str(self.dir / "culler_config.json"), "--log-level=DEBUG"],
+            [sys.executable, "-m", "culler", "--config", str(self.config_file), "--log-level=DEBUG"],
             cwd=self.dir,
             env=env,
             stdout=log,

@@ -15,6 +15,8 @@ import asyncio
 import json
 import os
 import secrets
+import time
+from datetime import datetime
 from urllib.parse import quote
 
 import pytest
@@ -293,3 +295,103 @@ async def test_a_refused_kernel_start_shows_the_hubs_whole_sentence_wrapped_in_j
         await browser.screenshot(tmp_path_factory.getbasetemp() / "lab" / "refused.png")
     finally:
         await browser.close()
+
+
+def alice_session_of(servers, path: str) -> dict | None:
+    status, sessions = servers["alice"].api("GET", "/sessions")
+    assert status == 200, sessions
+    return next((s for s in sessions if s["path"] == path), None)
+
+
+async def test_a_kernel_waiting_for_its_first_start_shows_that_it_waits_and_its_place_in_the_queue(
+    stack, tmp_path_factory
+):
+    hub, servers, _ = stack
+    shots = tmp_path_factory.getbasetemp() / "lab"
+    bob_sessions: list[dict] = []
+    browser = None
+    try:
+        for _ in range(2):  # bob fills both cards: alice's new kernel waits in the GPU queue to start
+            status, bob = servers["bob"].start_session(SPEC)
+            assert status == 201, bob
+            bob_sessions.append(bob)
+        new_notebook(servers["alice"], "waits.ipynb")
+        browser = await open_lab(hub, "alice", "waits.ipynb")
+        # JupyterLab has no kernel for the notebook yet (its start waits): the item says so, and where
+        status = await until(browser, f"{STATUS}.includes('queued') && {STATUS}")
+        assert "position 1 in the GPU queue (0 requests ahead)" in status, status
+        notice = await until(browser, toast_with("waits for a GPU to start"))
+        assert "position 1 in the GPU queue" in notice and "variables" not in notice, notice
+        await browser.screenshot(shots / "waiting-to-start.png")
+
+        # a card frees: the kernel starts, and she is told
+        servers["bob"].api("DELETE", f"/sessions/{bob_sessions.pop()['id']}")
+        assert "10 GiB, 50% compute" in await until(
+            browser, f"{STATUS}.includes('10 GiB, 50% compute') && {STATUS}", timeout=90
+        )
+        notice = await until(browser, toast_with("started"))
+        assert "10 GiB, 50% compute)" in notice and "again" not in notice, notice
+    finally:
+        if browser is not None:
+            await browser.close()
+        for bob in bob_sessions:
+            servers["bob"].api("DELETE", f"/sessions/{bob['id']}")
+        session = alice_session_of(servers, "waits.ipynb")
+        if session:
+            servers["alice"].api("DELETE", f"/sessions/{session['id']}")
+
+
+#: the culler's warning worded otherwise, with no time of day in it: the countdown must not depend on the words
+REWORDED_CULLER = """
+import json
+from culler.warn import WarnMixin
+
+for name, value in json.load(open({json_file!r}))["GPUCuller"].items():
+    setattr(c.GPUCuller, name, value)
+WarnMixin.warning_text = lambda self, v, now, waiting=0: (
+    "[elastic-gpu] This kernel sits idle on its GPU and goes soon; run a cell to keep it."
+)
+"""
+
+
+async def test_the_idle_countdown_comes_from_the_brokers_fields_whatever_the_warning_says(stack, tmp_path_factory):
+    hub, servers, work = stack
+    shots = tmp_path_factory.getbasetemp() / "lab"
+    new_notebook(servers["alice"], "idle.ipynb")
+    browser = await open_lab(hub, "alice", "idle.ipynb")
+    culler = None
+    try:
+        session = await asyncio.to_thread(lab_session, hub, servers["alice"], "idle.ipynb")
+        await until(browser, f"{STATUS}.includes('10 GiB, 50% compute')")
+        culler = CullerProcess(
+            hub,
+            work,
+            CULLER_TOKEN,
+            name="reworded",
+            idle_timeout_seconds=40,
+            warning_seconds=36,
+            swap_idle_kernels=False,
+        )
+        culler.config_file = culler.dir / "culler_config.py"
+        culler.config_file.write_text(REWORDED_CULLER.format(json_file=str(culler.dir / "culler_config.json")))
+        culler.start()
+        # the warning, as worded, is shown; the countdown is the broker's deadline
+        notice = await until(browser, toast_with("sits idle on its GPU"), timeout=90)
+        assert "run a cell to keep it" in notice, notice
+        status = await until(browser, f"{STATUS}.includes('idle:') && {STATUS}")
+        assert "idle: stopped in 1 min" in status, status
+        await browser.screenshot(shots / "idle-countdown.png")
+        # what the page read: the broker's structured fields
+        code, body = hub.api("GET", "/gpu/kernels?user=alice")
+        assert code == 200, body
+        model = next(k for k in body["kernels"] if k["kernel_id"] == session["kernel"]["id"])
+        assert model["idle_action"] == "stop", model
+        deadline = datetime.fromisoformat(model["idle_deadline"])
+        assert deadline.tzinfo is not None and 0 < deadline.timestamp() - time.time() <= 40, model
+    finally:
+        if culler is not None:
+            culler.stop()
+        await browser.close()
+        session = alice_session_of(servers, "idle.ipynb")
+        if session:
+            servers["alice"].api("DELETE", f"/sessions/{session['id']}")

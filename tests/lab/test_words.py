@@ -3,6 +3,8 @@ size label (kernelprovider/kernelspecs.py), for every state and shape a kernel c
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from kernelprovider.kernelspecs import logo_svg, size_label
 from kernelprovider.labstatus import NOTICE_CHARS, slice_view
 from kernelprovider.provisioner import stopped_reason
@@ -10,6 +12,11 @@ from quotas.messages import kernel_stopped
 
 NOW = 1_000_000.0
 RUNNING = {"state": "running", "memory_mib": 10240, "cores_percent": 50, "gpu_count": 1, "gpu": {}}
+WAITING = {**RUNNING, "state": "pending", "queue": {"position": 1, "waiting_reason": "No GPU has 10 GiB free."}}
+
+
+def iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds")
 
 
 def views() -> dict[str, dict]:
@@ -23,6 +30,8 @@ def views() -> dict[str, dict]:
         "queued": slice_view({**RUNNING, "swap": {"state": "queued", "position": 2, "host_mib": 1024}}, NOW),
         "stopped-by-admin": slice_view({**RUNNING, "state": "stopped", "reason": f"the hub stopped it: {long_reason}"}),
         "failed": slice_view({**RUNNING, "state": "failed", "reason": "its GPU slice was taken back"}, NOW),
+        "waiting-to-start": slice_view(WAITING, NOW),
+        "idle": slice_view({**RUNNING, "idle_action": "swap", "idle_deadline": iso(NOW + 150)}, NOW),
     }
 
 
@@ -42,7 +51,31 @@ def test_the_status_says_the_slice_the_queue_place_and_the_time_left():
     assert v["swapped-culled-soon"]["status"].endswith("stopped in 3 min unless a cell runs")
     assert v["queued"]["status"] == "GPU queued: position 3 in the GPU queue (2 requests ahead)"
     assert v["failed"]["status"] == "GPU kernel stopped: its GPU slice was taken back"
-    assert {view["event"] for view in v.values()} == {"running", "swapped", "queued:2", "stopped"}
+    assert (
+        v["waiting-to-start"]["status"] == "GPU kernel queued to start: position 2 in the GPU queue (1 request ahead)"
+    )
+    assert v["idle"]["status"] == "GPU 10 GiB, 50% compute · idle: swapped out in 3 min"
+    assert {view["event"] for view in v.values()} == {"running", "swapped", "queued:2", "stopped", "waiting:1"}
+
+
+def test_a_start_that_waits_is_told_as_a_start_not_as_a_resume():
+    waiting = views()["waiting-to-start"]
+    assert (
+        waiting["notice"] == "Your GPU kernel waits for a GPU to start: position 2 in the GPU queue (1 request ahead)."
+    )
+    assert "No GPU has 10 GiB free." in waiting["detail"] and "variables" not in waiting["detail"]
+    started = views()["running"]["started"]
+    assert started == "Your GPU kernel has its GPU and started (GPU 10 GiB, 50% compute)."
+
+
+def test_the_idle_countdown_reads_the_brokers_deadline_and_drops_a_stale_or_malformed_one():
+    def status(**idle: str) -> str:
+        return slice_view({**RUNNING, **idle}, NOW)["status"]
+
+    assert status(idle_action="stop", idle_deadline=iso(NOW + 30)).endswith("· idle: stopped in 1 min")
+    assert status(idle_action="stop", idle_deadline=iso(NOW - 120)) == "GPU 10 GiB, 50% compute"
+    assert status(idle_action="stop", idle_deadline="at noon") == "GPU 10 GiB, 50% compute"
+    assert status(idle_action="explode", idle_deadline=iso(NOW + 30)) == "GPU 10 GiB, 50% compute"
 
 
 def test_the_page_tells_a_stopped_kernel_with_the_who_and_why_of_the_brokers_answer():

@@ -10,9 +10,11 @@ import csv
 import io
 import json
 import math
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from datetime import datetime
 from typing import Any
 
 import openpyxl
@@ -249,14 +251,21 @@ def test_fuzz_the_broker_kernel_queries_and_actions(sec):
     assert status == 201, kernel
     base = f"{sec.hub.hub_api}/gpu/kernels"
     paths = st.sampled_from(
-        ["", "/" + kernel["id"], "/" + "0" * 32, "/" + kernel["id"] + "/interrupt", "/" + kernel["id"] + "/cull"]
+        [
+            "",
+            "/" + kernel["id"],
+            "/" + "0" * 32,
+            "/" + kernel["id"] + "/interrupt",
+            "/" + kernel["id"] + "/cull",
+            "/" + kernel["id"] + "/idle",
+        ]
     )
     params = st.dictionaries(st.sampled_from(["wait", "user", "reason", "cause"]), query_values, max_size=3)
 
     @FUZZ
     @given(path=paths, query=params, method=st.sampled_from(["GET", "POST"]), body=json_values)
     def one(path: str, query: dict[str, str], method: str, body: Any) -> None:
-        if method == "GET" and path.endswith(("interrupt", "cull")):
+        if method == "GET" and path.endswith(("interrupt", "cull", "idle")):
             method = "POST"
         url = base + path + ("?" + urllib.parse.urlencode(query) if query else "")
         status, answer = http(method, url, sec.tokens["bob"], body if method == "POST" else None, timeout=60)
@@ -266,6 +275,44 @@ def test_fuzz_the_broker_kernel_queries_and_actions(sec):
         one()
         status, after = http("GET", f"{base}/{kernel['id']}", sec.tokens["bob"])
         assert status == 200 and after["state"] == "running", after  # nothing a fuzzed call did stopped it
+    finally:
+        sec.hub.api("DELETE", f"/gpu/kernels/{kernel['id']}")
+
+
+def test_an_idle_warning_that_is_no_action_or_no_time_is_refused_with_a_sentence(sec):
+    """The culler's word on an idle kernel (what JupyterLab counts down from): only a GPU admin may say
+    it, and only as an action and a moment; the kernel's model carries it as said."""
+    sec.server("bob")
+    status, kernel = http(
+        "POST", f"{sec.hub.hub_api}/gpu/kernels", sec.tokens["bob"], {"key": "k" * 32, "size": "gpu-10g"}
+    )
+    assert status == 201, kernel
+    url = f"{sec.hub.hub_api}/gpu/kernels/{kernel['id']}/idle"
+    now = time.time()
+    try:
+        status, answer = http("POST", url, sec.tokens["bob"], {"action": "stop", "deadline": now + 60})
+        assert status == 403 and "GPU admin" in answer["message"], answer  # the owner cannot fake a countdown
+        for body in (
+            {"action": "explode", "deadline": now + 60},
+            {"action": "stop"},
+            {"action": "stop", "deadline": "soon"},
+            {"action": "stop", "deadline": True},
+            {"action": "swap", "deadline": 1e300},
+            {"action": "swap", "deadline": now + 10 * 366 * 86400},
+            [1, 2],
+        ):
+            status, answer = http("POST", url, sec.hub.admin_token, body)
+            _check_refusal(status, answer, body)
+            assert status == 400, (body, status, answer)
+        status, _ = http("POST", url, sec.hub.admin_token, {"action": "swap", "deadline": now + 60})
+        assert status == 204
+        status, model = http("GET", f"{sec.hub.hub_api}/gpu/kernels/{kernel['id']}", sec.tokens["bob"])
+        assert model["idle_action"] == "swap", model
+        assert abs(datetime.fromisoformat(model["idle_deadline"]).timestamp() - (now + 60)) < 1, model
+        status, _ = http("POST", url, sec.hub.admin_token, {"action": None})
+        assert status == 204
+        status, model = http("GET", f"{sec.hub.hub_api}/gpu/kernels/{kernel['id']}", sec.tokens["bob"])
+        assert "idle_action" not in model and "idle_deadline" not in model, model
     finally:
         sec.hub.api("DELETE", f"/gpu/kernels/{kernel['id']}")
 
