@@ -81,6 +81,11 @@ NODE_CHECKPOINT_ANNOTATION = PREFIX + "checkpoint"
 # a GPU pod's GPU activity, published by the node agent, read by the broker (for the culler):
 # compact JSON {"last_launch": unix s | null, "memory_used_mib": int, "updated_at": unix s}
 A_GPU_ACTIVITY = PREFIX + "gpu-activity"
+# a GPU pod whose allocation waits for memory within its request that other slices' bursts hold,
+# published by the node agent while it waits (absent otherwise), read by the hub's reclaim pass:
+# compact JSON [{"gpu_uuid", "wanted_mib", "since": unix s, "burster": allocation id, "burst_mib"}]
+# (libvgpu/elastic.py: pod_reclaims)
+A_GPU_RECLAIM = PREFIX + "gpu-reclaim"
 # a kernel pod's swap: the hub asks (JSON {"action": "suspend"|"resume", "generation": n, ...}),
 # the node agent answers once per generation (JSON {"generation": n, "ok": bool, "message": ...});
 # see libvgpu/agent/swap.py

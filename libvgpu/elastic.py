@@ -13,12 +13,16 @@ card cannot checkpoint), never from the owner.
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
 
-from libvgpu.regions import read_node_regions
+from libvgpu import contract as C
+from libvgpu.regions import NodeGPU, read_node_regions
 
-__all__ = ["Reclaim", "pending_reclaims"]
+__all__ = ["Reclaim", "pending_reclaims", "pod_reclaims", "reclaims_in", "reclaim_annotation"]
 
 MiB = 1 << 20
 
@@ -49,8 +53,13 @@ def pending_reclaims(node_region_dir: str | os.PathLike[str]) -> list[Reclaim]:
     usage are the shims' word: a caller that acts on a reclaim should check the burster
     against its own ledger (its allocation's request) before taking anything from it.
     """
+    return reclaims_in(read_node_regions(node_region_dir))
+
+
+def reclaims_in(regions: Mapping[str, NodeGPU]) -> list[Reclaim]:
+    """:func:`pending_reclaims` of node regions already read (``read_node_regions``)."""
     found: list[Reclaim] = []
-    for uuid, gpu in sorted(read_node_regions(node_region_dir).items()):
+    for uuid, gpu in sorted(regions.items()):
         bursting = sorted(
             (
                 c
@@ -78,3 +87,36 @@ def pending_reclaims(node_region_dir: str | os.PathLike[str]) -> list[Reclaim]:
                     )
                 )
     return found
+
+
+def reclaim_annotation(reclaims: Iterable[Reclaim]) -> str:
+    """The ``gpu-reclaim`` annotation of the owner's pod (Kubernetes: the node agent publishes the
+    waits of its node's regions on the waiting pods): compact JSON, the owner left out (the pod
+    names its allocation itself)."""
+    rows = [{k: v for k, v in asdict(r).items() if k not in ("owner", "card_uuid")} | {"gpu_uuid": r.card_uuid}
+            for r in reclaims]
+    return json.dumps(rows, sort_keys=True, separators=(",", ":"))
+
+
+def pod_reclaims(pods: Iterable[Mapping[str, Any]]) -> list[Reclaim]:
+    """The waits the node agents published on pods (their ``gpu-reclaim`` annotation), as
+    :class:`Reclaim` records whose owner is the allocation the pod holds (its own annotation, not
+    the published text). Pods as the API returns them (dicts); a damaged annotation is skipped.
+    What the hub acts on is checked against its ledger first (``hubext.broker.reclaim``)."""
+    found: list[Reclaim] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        owner, text = annotations.get(C.ALLOCATION_ID), annotations.get(C.A_GPU_RECLAIM)
+        if not owner or not text or meta.get("deletionTimestamp"):
+            continue
+        try:
+            rows = json.loads(text)
+            found += [
+                Reclaim(card_uuid=str(r["gpu_uuid"]), owner=owner, wanted_mib=int(r["wanted_mib"]),
+                        since=float(r["since"]), burster=str(r["burster"]), burst_mib=int(r["burst_mib"]))
+                for r in rows
+            ]
+        except (ValueError, TypeError, KeyError):
+            continue
+    return sorted(found, key=lambda r: (r.card_uuid, -r.burst_mib))  # largest burst first, as above

@@ -24,6 +24,7 @@ from kubespawner.reflector import ResourceReflector
 from traitlets import Bool, Float, List, Unicode, default
 
 from libvgpu import contract as C
+from libvgpu.elastic import pod_reclaims
 from quotas import GPU, Allocation, ConfigError, Node, Pool, load_pool
 
 from ..backends import GoneCallback, PoolBackend, ReleaseCause
@@ -329,6 +330,12 @@ class KubernetesPool(PoolBackend):
                 if activity:
                     found[allocation_id] = activity
         return found
+
+    def pending_reclaims(self) -> list[Any]:
+        """The waits for burst memory the node agents published on the pods this hub watches
+        (``gpu-reclaim``, ``libvgpu.elastic.pod_reclaims``); the broker checks them against its
+        ledger before it takes a burst back."""
+        return pod_reclaims((self.reflector.resources if self.reflector else {}).values())
 
     def _live(self) -> dict[str, Allocation]:
         live: dict[str, Allocation] = {}

@@ -30,6 +30,7 @@ from libvgpu import ShimNotBuilt
 from libvgpu import contract as L
 from libvgpu.backstop import EVENT_REASONS, REASONS, Backstop, Finding, Proc, Slice, evaluate
 from libvgpu.checkpoint import CudaCheckpoint
+from libvgpu.elastic import reclaims_in
 from libvgpu.regions import NodeGPU, read_node_regions, write_priority_table
 from quotas import ConfigError
 
@@ -40,6 +41,7 @@ from .kube import Kube, KubeError, ObjectRef, dump_gpus
 from .metrics import AgentMetrics, Snapshot
 from .nvml import NVML, GPUInfo, GPUProcess, NVMLUnavailable, XidWatcher
 from .pods import PodInfo, pod_info, process_cgroup, process_name
+from .reclaims import ReclaimPublisher
 from .uninstall import withdraw
 from .usage import RegionMatch, allocation_usage, match_regions
 
@@ -303,6 +305,7 @@ class NodeAgent(Application):
             self._annotate_activity, self.log,
             interval_seconds=self.activity_interval_seconds, memory_step_mib=self.activity_memory_step_mib,
         )
+        self.reclaims = ReclaimPublisher(self._annotate_reclaim, self.log)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -538,9 +541,14 @@ class NodeAgent(Application):
         )
         if self.publish_activity and self.backend == "native":
             await self.activity.publish(pod_activity(pods, usage, self._regions))
+        if self.backend == "native":
+            await self.reclaims.publish(pods, reclaims_in(self._regions))
 
     async def _annotate_activity(self, namespace: str, name: str, value: str) -> None:
         await self.kube.annotate_pod(namespace, name, L.A_GPU_ACTIVITY, value)
+
+    async def _annotate_reclaim(self, namespace: str, name: str, value: str | None) -> None:
+        await self.kube.annotate_pod(namespace, name, L.A_GPU_RECLAIM, value)
 
     # ---- swap (the hub's requests on kernel pods) -------------------------------------------
 
@@ -648,7 +656,7 @@ class NodeAgent(Application):
                 slices[a.id] = Slice(
                     allocation_id=a.id,
                     gpu_uuid=g.uuid,
-                    limit_bytes=None if a.whole else a.memory_mib << 20,
+                    limit_bytes=None if a.whole else a.memory_ceiling_mib << 20,  # an elastic slice's limit
                     pod=pod.key,
                     pod_uid=pod.uid,
                     user=a.owner.user,

@@ -176,8 +176,8 @@ class Kube:
         )
         return {(p.metadata.uid or "").lower(): f"{p.metadata.namespace}/{p.metadata.name}" for p in result.items}
 
-    async def annotate_pod(self, namespace: str, name: str, key: str, value: str) -> None:
-        """Set one annotation of a pod (a merge patch of that key only)."""
+    async def annotate_pod(self, namespace: str, name: str, key: str, value: str | None) -> None:
+        """Set one annotation of a pod (a merge patch of that key only); None removes it."""
         body = {"metadata": {"annotations": {key: value}}}
         await self._call(
             f"patch pod {namespace}/{name}", self.core.patch_namespaced_pod(name, namespace, body)

@@ -81,12 +81,16 @@ class PodInfo:
     phase: str
     allocation: Allocation | None
     priority: int | None = None  # the priority in the shim's limits file (annotation)
-    #: the hub's swap request, the agent's answer (libvgpu.agent.swap) and the kernel id; no other annotation
+    #: the hub's swap request, the agent's answer (libvgpu.agent.swap), the kernel id and the
+    #: agent's gpu-reclaim (libvgpu.agent.reclaims); no other annotation
     annotations: dict[str, str] | None = field(default=None, hash=False, compare=False)
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+KEPT_ANNOTATIONS = (L.A_SWAP, L.A_SWAP_STATUS, L.A_KERNEL_ID, L.A_GPU_RECLAIM)
 
 
 def pod_info(pod: Any) -> PodInfo:
@@ -108,9 +112,7 @@ def pod_info(pod: Any) -> PodInfo:
         phase=phase,
         allocation=L.allocation_from_metadata(labels, annotations),
         priority=limits_priority((annotations or {}).get(L.A_LIMITS, "")),
-        annotations={
-            k: v for k, v in (annotations or {}).items() if k in (L.A_SWAP, L.A_SWAP_STATUS, L.A_KERNEL_ID)
-        },
+        annotations={k: v for k, v in (annotations or {}).items() if k in KEPT_ANNOTATIONS},
     )
 
 

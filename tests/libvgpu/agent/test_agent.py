@@ -36,7 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import libvgpu
 from libvgpu import contract as L
-from libvgpu.regions import read_node_region
+from libvgpu.regions import read_node_region, read_node_regions
 from quotas import Allocation, Owner, load_pool
 from tests.kubeemu import KubeEmulator, NodeSpec
 from tests.kubeemu.helpers import create_host_claim
@@ -639,3 +639,52 @@ def test_a_swapped_out_kernel_pod_has_its_marker_and_the_host_memory_cap_refuses
     # the marker of a kernel whose pod went while swapped out (or was restarted) does not stay
     (markers / ("f" * 32)).touch()
     wait_for(lambda: not (markers / ("f" * 32)).exists(), 15, "the stray marker to be swept")
+
+
+# ---- elastic slices: owners waiting for burst memory (issue 27) ---------------------------------
+
+
+def test_an_owner_waiting_for_burst_memory_is_published_on_its_pod_and_the_hub_takes_it_from_the_burster(node):
+    # erin's kernel is guaranteed 1 GiB and may grow to the whole card; it bursts to 70 GiB while
+    # the card is free. olga's kernel then asks for 16 GiB within its own 16 GiB guarantee: its shim
+    # waits (reclaim_wait_ms) and says so in the node region; the agent publishes the wait on
+    # olga's pod, where the hub's Kubernetes pool reads it and plans to take the burst from erin.
+    from dataclasses import replace
+
+    from hubext.broker.reclaim import plan_takes
+    from libvgpu.elastic import pod_reclaims
+
+    shim = "/usr/local/lib/elastic-gpu/libvgpu.so"
+    burster = replace(allocation("e-burst", "erin", 1024), memory_limit_mib=81559)
+    owner = allocation("o-owner", "olga", 16384)
+    run_pod(node, "pod-burst", burster, ["init", "ctx", "alloc:70G", "wait"], {"LD_PRELOAD": shim})
+    wait_for(lambda: any(c.name == "e-burst" and c.memory_used_bytes > 60 << 30
+                         for g in read_node_regions(node.host_dir / "regions").values() for c in g.containers),
+             20, "erin's burst in the node region")
+    run_pod(node, "pod-owner", owner, ["init", "ctx", "alloc:16G", "wait"], {"LD_PRELOAD": shim})
+    try:
+        published = wait_for(
+            lambda: node.emu.get("pods", "pod-owner", NS)["metadata"].get("annotations", {}).get(L.A_GPU_RECLAIM),
+            20, "the wait published on olga's pod",
+        )
+        wait = json.loads(published)
+        # the backstop lets a slice use up to its limit: the burster runs on (it was killed at 1 GiB)
+        assert node.emu.get("pods", "pod-burst", NS)["status"]["phase"] == "Running", node.log()[-2000:]
+        assert [(w["gpu_uuid"], w["wanted_mib"], w["burster"]) for w in wait] == [(GPU0, 16384, "e-burst")], wait
+        reclaims = pod_reclaims(node.emu.list("pods", NS))
+        assert [(r.card_uuid, r.owner, r.burster, r.wanted_mib) for r in reclaims] == [
+            (GPU0, "o-owner", "e-burst", 16384)], reclaims
+        assert reclaims[0].burst_mib >= 70 * 1024 - 1024, reclaims
+        takes = plan_takes(reclaims, {a.id: a for a in (burster, owner)})
+        assert [(t.burster.id, t.owner.id) for t in takes] == [("e-burst", "o-owner")]
+        # the burster goes: olga's allocation succeeds and her pod no longer says she waits
+        node.emu.delete("pods", "pod-burst", NS)
+        wait_for(lambda: not node.emu.get("pods", "pod-owner", NS)["metadata"].get("annotations", {}).get(
+            L.A_GPU_RECLAIM), 40, "the wait gone from olga's pod")
+        assert pod_reclaims(node.emu.list("pods", NS)) == []
+    finally:
+        for pod in ("pod-burst", "pod-owner"):
+            try:
+                node.emu.delete("pods", pod, NS)
+            except Exception:  # noqa: BLE001 - gone already
+                pass
