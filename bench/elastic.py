@@ -17,7 +17,10 @@ Figures:
 
 * ``work_ratio``: the card's time spent on the notebooks' work (GPU-seconds of cells completed
   per second), elastic over fixed; also printed: what a fluid model of the same trace gives
-  (fixed 25 % slices, and the card shared equally by the notebooks in a cell: the ideal);
+  (fixed 25 % slices, and the card shared equally by the notebooks in a cell: the ideal), the
+  measured busy over it, the trace's shape (cell and think lengths, cell:think) against the
+  issue's model, and the fluid model without the staged 3 s first cells and over 10x the length
+  (where the ideal is capped);
 * ``slowdown_p50_*``: the median cell's wall time over its time alone on the full card;
 * ``floor_back_p95_s``: when three elastic notebooks burst on a busy card and a fourth starts
   work, how long until its share is within 5 points of its guarantee (the cores limiter's
@@ -218,6 +221,30 @@ def ideal_busy(traces: list[list[Cell]], elastic: bool, seconds: float, dt: floa
     return work / seconds
 
 
+def first_cells_heavy(traces: list[list[Cell]]) -> list[list[Cell]]:
+    """The traces with the first cells of notebooks 0 and 1 made 3 s memory-heavy cells: their
+    bursts hold the late notebook's guaranteed memory when it opens (a reclaim)."""
+    out = []
+    for i, cells in enumerate(traces):
+        heavy = i < 2
+        first = Cell(max(cells[0].steps, BURST_CELL_STEPS) if heavy else cells[0].steps, cells[0].think_ms, heavy)
+        out.append([first, *cells[1:]])
+    return out
+
+
+def trace_shape(traces: list[list[Cell]]) -> str:
+    """The trace's shape against the issue's model: cell and think lengths, and the cell:think
+    ratio the model's figures imply (fixed 25 % caps busy 0.60: 4c / (4c + t) = 0.60, so
+    c / t = 0.375; each notebook alone busy c / (c + t) = 0.27)."""
+    cells = [c.steps * STEP_MS / 1000 for t in traces for c in t]
+    thinks = [c.think_ms / 1000 for t in traces for c in t]
+    ratio = statistics.mean(cells) / statistics.mean(thinks)
+    return (f"trace: {len(cells)} cells, cell p50 {statistics.median(cells):.2f} s mean {statistics.mean(cells):.2f} s "
+            f"(at the full card), think p50 {statistics.median(thinks):.2f} s mean {statistics.mean(thinks):.2f} s, "
+            f"cell:think {ratio:.3f} (one notebook alone busy {ratio / (1 + ratio):.2f}); the issue's model "
+            f"(fixed 0.60, work-conserving 0.875) implies cell:think 0.375 (alone busy 0.27)")
+
+
 def p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
@@ -229,11 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=7, help="the trace's random seed (7)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
-    traces = [trace(rng, args.seconds) for _ in range(NOTEBOOKS)]
-    for i, cells in enumerate(traces):  # two bursts hold the late notebook's memory when it opens
-        heavy = i < 2
-        cells[0] = Cell(max(cells[0].steps, BURST_CELL_STEPS) if heavy else cells[0].steps, cells[0].think_ms,
-                        heavy)
+    plain = [trace(rng, args.seconds) for _ in range(NOTEBOOKS)]
+    traces = first_cells_heavy(plain)
     with tempfile.TemporaryDirectory(prefix="bench-elastic-") as tmp:
         build = build_all(Path(tmp) / "build")
         fixed = run_mode(build, Path(tmp) / "fixed", traces, False, args.seconds)
@@ -253,7 +277,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{o.burst_refused:13d}")
     model_fixed, model_elastic = (ideal_busy(traces, e, args.seconds) for e in (False, True))
     print(f"the same trace in a fluid model (no limiter): card busy {model_fixed:.3f} fixed, "
-          f"{model_elastic:.3f} ideal work-conserving (work ratio {model_elastic / model_fixed:.2f})")
+          f"{model_elastic:.3f} ideal work-conserving (work ratio {model_elastic / model_fixed:.2f}); "
+          f"measured over ideal: fixed {busy_fixed / model_fixed:.2f}, elastic {busy_elastic / model_elastic:.2f}")
+    print(trace_shape(traces))
+    plain_fixed, plain_elastic = (ideal_busy(plain, e, args.seconds) for e in (False, True))
+    rng = random.Random(args.seed)
+    long_s = 10 * args.seconds
+    long = first_cells_heavy([trace(rng, long_s) for _ in range(NOTEBOOKS)])
+    long_fixed, long_elastic = (ideal_busy(long, e, long_s, 0.002) for e in (False, True))
+    print(f"fluid model, where the ideal is capped: without the two 3 s heavy first cells {plain_fixed:.3f} fixed, "
+          f"{plain_elastic:.3f} ideal (ratio {plain_elastic / plain_fixed:.2f}); the same generator over "
+          f"{long_s:g} s {long_fixed:.3f} fixed, {long_elastic:.3f} ideal (ratio {long_elastic / long_fixed:.2f})")
     print(f"floor back (s), {len(floors)} newcomers: " + " ".join(f"{f:.2f}" for f in floors))
     print(f"elastic work_ratio={busy_elastic / busy_fixed:.2f} "
           f"slowdown_p50_fixed={statistics.median(fixed.slowdowns):.2f} "
