@@ -17,9 +17,9 @@ slice at the timeout, and the user's next work asks for it again:
 - **kill**: a new request for the same size, placed anywhere (the state is lost);
 - **swap**: the resume, pinned to the card(s) it was swapped out from (``GPURequest.pinned_uuids``,
   as ``PodSwapMixin.resume_pins`` asks), its state kept;
-- **node** (what a restore onto another card of the node would give; not in the product for
-  pods yet): a one-card resume asks for its own card if it has room when it asks, else another
-  card of its node that has, else waits for its own card;
+- **node** (the product where the node's driver restores onto another card, driver 580+): a
+  one-card resume asks for any card of its node of the same model, its own first
+  (``GPUBroker._resume_cards``), and waits for whichever has room first;
 - **keep**: the slice is never given back while the kernel pauses (its room kept on its card):
   no comeback waits, at the price of the first starts' waits.
 
@@ -28,7 +28,8 @@ The figures are the waits of those comebacks (p50, p95, max, and how many waited
 starts' p95, and how many cards ever held a slice. CPU and host memory are left out: both
 variants ask the same GPUs. Requests still waiting at the end count with the wait so far.
 
-One line per pool: ``swap_waits gpus=<n> kill_p95_s=<n> swap_p95_s=<n> ratio=<swap/kill>``.
+One line per pool: ``swap_waits gpus=<n> kill_p95_s=<n> swap_p95_s=<n> ratio=<swap/kill>
+node_p95_s=<n> node_ratio=<node/kill>``.
 """
 
 from __future__ import annotations
@@ -88,18 +89,17 @@ class Run:
         )
 
 
-def room_on_node(state: AdmissionState, own: str, gib: int) -> tuple[str, ...]:
-    """Where a resume that may be restored onto another card of its node (the driver's remap)
-    would ask: its own card if it has room now, else another card of the node that has, else
-    its own card (it waits there)."""
+def node_cards(state: AdmissionState, own: str) -> tuple[str, ...]:
+    """Where a one-card resume asks when its node's driver restores onto another card (the
+    driver's device map, as ``GPUBroker._resume_cards`` asks for a kernel pod): its own card first,
+    then the node's other cards of the same model and mode; admission grants the first with room,
+    or it waits for any of them."""
     ix = state.index
-    whole = gib == 0
-    m, c = (CARD_MIB, 100) if whole else (gib * GIB, max(5, gib * 100 // 80))
     gi = ix.gi_of[own]
-    for other in [gi] + [g for g in ix.node_gpus[ix.node_of_gpu[gi]] if g != gi]:
-        if ix.fit_pinned((ix.gpus[other].uuid,), m, c, whole) is not None:
-            return (ix.gpus[other].uuid,)
-    return (own,)
+    mine = ix.gpus[gi]
+    alike = [ix.gpus[g].uuid for g in ix.node_gpus[ix.node_of_gpu[gi]]
+             if g != gi and (ix.gpus[g].model, ix.gpus[g].mode) == (mine.model, mine.mode)]  # fmt: skip
+    return (own, *alike)
 
 
 def run(
@@ -173,7 +173,7 @@ def run(
             step_of[sid] += 1
             _, cards = held.pop(sid)
             if variant == "swap, node" and len(cards) == 1:
-                cards = room_on_node(state, cards[0], trace[sid][1][0])
+                cards = node_cards(state, cards[0])
             ask(sid, now, cards if variant.startswith("swap") else (), True)
         for step in line.pump(state, now, moves_possible=False):
             rid = step.waiting.request.request_id
@@ -190,6 +190,11 @@ def run(
     for _, since, comeback in asked.values():  # still waiting at the end
         (out.comebacks if comeback else out.first).append(max(0.0, end - since))
     return out
+
+
+def ratio(p95: float, kill_p95: float) -> float:
+    """A variant's comeback p95 over a kill's (inf when a kill waits nothing and it does)."""
+    return p95 / kill_p95 if kill_p95 else (math.inf if p95 else 1.0)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -218,9 +223,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{gpus:4d} GPUs  swap: {swap.line()}")
         print(f"{gpus:4d} GPUs  node: {node.line()}")
         print(f"{gpus:4d} GPUs  keep: {keep.line()}")
-        k95, s95 = percentile(kill.comebacks, 95), percentile(swap.comebacks, 95)
-        ratio = s95 / k95 if k95 else (math.inf if s95 else 1.0)
-        print(f"swap_waits gpus={gpus} kill_p95_s={k95:.0f} swap_p95_s={s95:.0f} ratio={ratio:.2f}")
+        k95, s95, n95 = (percentile(r.comebacks, 95) for r in (kill, swap, node))
+
+        print(
+            f"swap_waits gpus={gpus} kill_p95_s={k95:.0f} swap_p95_s={s95:.0f} ratio={ratio(s95, k95):.2f} "
+            f"node_p95_s={n95:.0f} node_ratio={ratio(n95, k95):.2f}"
+        )
 
 
 if __name__ == "__main__":

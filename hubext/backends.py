@@ -294,6 +294,12 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         model that the driver can restore onto. Called by ``GPUBroker.resume``."""
         return ()
 
+    def resume_remap(self, record: KernelRecord) -> Capability:
+        """Whether a kernel with ``resume_pins`` may also be restored onto the other cards of its
+        node of the same model (the driver's device map). Called by ``GPUBroker.resume``.
+        Default: no."""
+        return Capability(False, "this mode restores a kernel only onto the cards it names")
+
     def mark_swapped(self, record: KernelRecord, swapped: bool) -> None:
         """Tell the kernel whether its GPU state is in host memory (its next cell asks for a
         resume first). Called by ``GPUBroker.suspend`` and ``GPUBroker.resume``."""

@@ -1,6 +1,7 @@
 """The CUDA driver's checkpoint API, called from outside the target processes (as
 ``cuda-checkpoint --toggle --pid`` does): move a process's GPU state to host memory and give the
-GPU up (suspend), and bring it back, onto the same GPUs or others of the same model (resume).
+GPU up (suspend), and bring it back, onto the same GPUs or others of the same model (resume:
+driver 580+, CUDA 13.0, takes a device map; :meth:`CudaCheckpoint.remap_unavailable` says whether).
 
 Driver 570+ (CUDA 12.8) has it: ``cuCheckpointProcessLock / Checkpoint / Restore / Unlock /
 GetState`` with the target's pid. Whoever knows a kernel's processes calls it: the hub in
@@ -37,6 +38,8 @@ ERROR_NAMES = {
     909: "CUDA_ERROR_TIMEOUT",
     999: "CUDA_ERROR_UNKNOWN",
 }
+#: cuDriverGetVersion of driver 580 (CUDA 13.0), the first whose restore takes a device map
+REMAP_DRIVER_VERSION = 13000
 FUNCTIONS = (
     "cuCheckpointProcessGetState",
     "cuCheckpointProcessLock",
@@ -146,6 +149,19 @@ class CudaCheckpoint:
         if rc == CUDA_ERROR_NOT_SUPPORTED:
             raise CheckpointUnavailable("the CUDA driver does not support checkpoints here (CUDA_ERROR_NOT_SUPPORTED)")
 
+    def remap_unavailable(self) -> str:
+        """'' when this driver restores a process onto other GPUs (of the same model as the ones
+        it was checkpointed on), else why not (:class:`CheckpointUnavailable` without the API)."""
+        lib = self._load()
+        version = ctypes.c_int(0)
+        lib.cuDriverGetVersion(ctypes.byref(version))
+        if version.value >= REMAP_DRIVER_VERSION:
+            return ""
+        return (
+            f"the CUDA driver (CUDA {version.value // 1000}.{version.value % 1000 // 10}) restores a process only "
+            "onto the GPUs it was checkpointed on; onto another GPU needs driver 580 or newer (CUDA 13.0)"
+        )
+
     def state(self, pid: int) -> ProcessState | None:
         """The process's checkpoint state; None when it is not a CUDA process (or is gone)."""
         lib = self._load()
@@ -194,7 +210,8 @@ class CudaCheckpoint:
 
     def resume(self, pids: Iterable[int], remap: Mapping[str, str] | None = None) -> None:
         """Restore every process (onto ``remap``'s GPUs: old uuid -> new uuid, every GPU they were
-        on named), then unlock each. Raises :class:`CheckpointError` at the first failure."""
+        on named), then unlock each. Raises :class:`CheckpointError` at the first failure; not
+        ``stuck`` when a refused restore left every process checkpointed, as before the call."""
         pairs = [(uuid_bytes(old), uuid_bytes(new)) for old, new in (remap or {}).items()]
         array = (_GpuPair * max(1, len(pairs)))()
         for pair, (old, new) in zip(array, pairs, strict=False):
@@ -205,8 +222,18 @@ class CudaCheckpoint:
             args.gpuPairs = array
             args.gpuPairsCount = len(pairs)
         pids = list(pids)
+        restored: list[int] = []
         for step in ("Restore", "Unlock"):
             for pid in pids:
                 rc = self._call(step, pid, args if step == "Restore" else None)
                 if rc != CUDA_SUCCESS:
-                    raise CheckpointError(f"{step.lower()} of process {pid} failed ({error_name(rc)})", pid, step, rc)
+                    # a refused restore leaves its process checkpointed: checkpoint the ones restored
+                    # before it again, and the kernel is swapped out as it was (not stuck)
+                    stuck = step == "Unlock" or self.state(pid) is not ProcessState.CHECKPOINTED
+                    for done in restored:
+                        stuck |= self._call("Checkpoint", done) != CUDA_SUCCESS
+                    raise CheckpointError(
+                        f"{step.lower()} of process {pid} failed ({error_name(rc)})", pid, step.lower(), rc, stuck
+                    )
+                if step == "Restore":
+                    restored.append(pid)

@@ -74,9 +74,10 @@ NODE_GPUS_ANNOTATION = PREFIX + "gpus"
 # answers "done: ..." once its host files and its inventory are gone
 NODE_UNINSTALL_ANNOTATION = PREFIX + "uninstall"
 # whether the node's driver can checkpoint kernel pods (swap them out keeping their state),
-# published by the node agent: JSON {"able": bool, "why_not": str, "driver": NVML's driver version};
-# every card of the node shares its driver. The hub promises
-# a swap (state kept) only for kernels on a node that says able (see node_checkpoint)
+# published by the node agent: JSON {"able": bool, "why_not": str, "driver": NVML's driver version,
+# "remap": bool, "remap_why_not": str}; every card of the node shares its driver. The hub promises
+# a swap (state kept) only for kernels on a node that says able (see node_checkpoint); a resume
+# goes onto another card of the node (same model) only where it says remap (see node_remap)
 NODE_CHECKPOINT_ANNOTATION = PREFIX + "checkpoint"
 # a GPU pod's GPU activity, published by the node agent, read by the broker (for the culler):
 # compact JSON {"last_launch": unix s | null, "memory_used_mib": int, "updated_at": unix s}
@@ -103,32 +104,49 @@ SWAP_MARKER_DIR = "swapped"
 
 def swapped_out(annotations: dict[str, str] | None) -> bool:
     """Whether a kernel pod's GPU state is in host memory: the hub's last swap request is a suspend
-    and the node agent answered it done. Such a pod holds no slice (the ledger skips it)."""
+    and the node agent answered it done, or a resume the agent answered refused and not stuck (the
+    hub then puts the suspend back). Such a pod holds no slice (the ledger skips it)."""
     annotations = annotations or {}
     try:
         request = json.loads(annotations.get(A_SWAP) or "null")
         status = json.loads(annotations.get(A_SWAP_STATUS) or "null")
     except ValueError:
         return False
-    return (
-        isinstance(request, dict)
-        and isinstance(status, dict)
-        and request.get("action") == "suspend"
-        and status.get("generation") == request.get("generation")
-        and status.get("ok") is True
-    )
+    if not (isinstance(request, dict) and isinstance(status, dict)) or status.get("generation") != request.get(
+        "generation"
+    ):
+        return False
+    if request.get("action") == "suspend":
+        return status.get("ok") is True
+    # a resume the driver refused, its GPU state left in host memory: still swapped out
+    return request.get("action") == "resume" and status.get("ok") is False and status.get("stuck") is False
+
+
+def _node_checkpoint_data(annotations: Mapping[str, str] | None) -> dict[str, Any] | None:
+    try:
+        data = json.loads((annotations or {}).get(NODE_CHECKPOINT_ANNOTATION) or "null")
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("able"), bool) else None
 
 
 def node_checkpoint(annotations: Mapping[str, str] | None) -> tuple[bool, str] | None:
     """A node's published checkpoint capability: (able, why not); None when its agent said nothing
     readable (no annotation, or not the JSON above)."""
-    try:
-        data = json.loads((annotations or {}).get(NODE_CHECKPOINT_ANNOTATION) or "null")
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("able"), bool):
+    data = _node_checkpoint_data(annotations)
+    if data is None:
         return None
     return data["able"], "" if data["able"] else str(data.get("why_not") or "the node agent gave no reason")
+
+
+def node_remap(annotations: Mapping[str, str] | None) -> tuple[bool, str]:
+    """Whether a node's driver restores a swapped-out kernel onto another of its cards (of the same
+    model), and why not: only where its agent said so (an agent of before says nothing: no)."""
+    data = _node_checkpoint_data(annotations)
+    if data is not None and data["able"] and data.get("remap") is True:
+        return True, ""
+    why = data.get("remap_why_not") if data is not None and data["able"] else ""
+    return False, str(why or "its node agent has not said that its driver can restore onto another card")
 
 
 _LABEL_OK = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")

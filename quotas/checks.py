@@ -15,7 +15,8 @@ class RequestChecks:
     """Mixed into :class:`quotas.state.AdmissionState` (it reads the state's card index and policy)."""
 
     def _check_pins(self, request: GPURequest, group: str) -> None:
-        """A pinned request names ``count`` distinct cards of one node, of its model and mode."""
+        """A pinned request names at least ``count`` distinct cards of one node, of its model and mode
+        (more than ``count``: any ``count`` of them)."""
         ix, pins = self._index, request.pinned_uuids
         unknown = [u for u in pins if u not in ix.gi_of]
         if unknown:
@@ -23,9 +24,11 @@ class RequestChecks:
                 f"The GPU(s) {', '.join(unknown)} this request must run on are not in the pool (any more)."
             )
         cards = [ix.gi_of[u] for u in pins]
-        if len(set(cards)) != request.count or len({ix.node_of_gpu[gi] for gi in cards}) != 1:
+        nodes = {ix.node_of_gpu[gi] for gi in cards}
+        if len(set(cards)) != len(cards) or len(cards) < request.count or len(nodes) != 1:
             raise InvalidRequest(
-                f"A request pinned to GPUs names {request.count} different GPU(s) of one node; got {', '.join(pins)}."
+                f"A request pinned to GPUs names {request.count} or more different GPU(s) of one node; "
+                f"got {', '.join(pins)}."
             )
         ok = ix.whole_ok if request.whole else ix.slice_ok
         if any(not ok[gi] or (group != ANY and ix.group[gi] != group) for gi in cards):

@@ -263,7 +263,13 @@ def _todo(todo: str, own: str, kind: str) -> str:
 
 
 def pinned_full(request: GPURequest, node: str, kind: str, own: str = "") -> str:
-    """A swapped-out kernel whose state can only go back to one card, which is full."""
+    """A swapped-out kernel whose state can only go back to its card (or one of a few), all full."""
+    if len(request.pinned_uuids) > request.count:
+        return (
+            f"None of the GPUs this kernel's state can go back to ({', '.join(request.pinned_uuids)} on "
+            f"node {node}) has room for {shape(request)} right now. "
+            + _todo("It resumes when one of them has room again.", own, kind)
+        )
     return (
         f"The GPU this kernel's state can only go back to ({', '.join(request.pinned_uuids)} on "
         f"node {node}) has no room for {shape(request)} right now. "

@@ -54,9 +54,10 @@ class GPURequest:
     kind: str = "notebook"
     cpu_millicores: int = 0
     host_memory_mib: int = 0
-    #: only on exactly these cards (uuids, of one node; as many as ``count``): a swapped-out
-    #: kernel pod's resume, whose container sees no other card. Empty: anywhere that fits.
-    #: A pinned request waits for its cards; it never preempts.
+    #: only on these cards (uuids, of one node; ``count`` of them, the first with room in this
+    #: order): a swapped-out kernel pod's resume, onto its own card or, where its node's driver can
+    #: restore there, another of that node. Empty: anywhere that fits. A pinned request waits
+    #: for its cards; it never preempts.
     pinned_uuids: tuple[str, ...] = ()
     memory_limit_mib: int = 0
     cores_limit_percent: int = 0

@@ -459,21 +459,22 @@ class CardIndex(FGDScoring, EvictableIndex):
                    for ni in self._candidates(m, c, k, whole, group, cpu, hmem, True))
 
     def fit_pinned(
-        self, uuids: tuple[str, ...], m: int, c: int, whole: bool, cpu: int = 0, hmem: int = 0
+        self, uuids: tuple[str, ...], m: int, c: int, whole: bool, cpu: int = 0, hmem: int = 0, k: int = 0
     ) -> tuple[int, list[int]] | None:
-        """``uuids``' node and cards when each has room for the request now, else None (a pinned
-        request: see ``GPURequest.pinned_uuids``; the caller checked they exist on one node)."""
+        """``k`` of ``uuids``' cards that have room for the request now (the first ones in ``uuids``'
+        order), with their node, else None (a pinned request: see ``GPURequest.pinned_uuids``; the
+        caller checked they exist on one node)."""
         cards = [self.gi_of[u] for u in uuids]
         ni = self.node_of_gpu[cards[0]]
         if not self.node_fits(ni, cpu, hmem):
             return None
-        for gi in cards:
-            if whole:
-                if self.nalloc[gi] or not self.whole_ok[gi]:
-                    return None
-            elif self.cap_m[gi] - self.used_m[gi] < m or self.cap_c[gi] - self.used_c[gi] < c:
-                return None
-        return ni, cards
+        room = [
+            gi for gi in cards
+            if (not self.nalloc[gi] and self.whole_ok[gi] if whole
+                else self.cap_m[gi] - self.used_m[gi] >= m and self.cap_c[gi] - self.used_c[gi] >= c)
+        ]
+        k = k or len(cards)
+        return (ni, room[:k]) if len(room) >= k else None
 
     def _cards(
         self, ni: int, m: int, c: int, k: int, whole: bool, group: str, cpu: int, hmem: int

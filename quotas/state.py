@@ -244,7 +244,7 @@ class AdmissionState(RequestChecks, UsageReport):
 
         cpu, hmem = request.cpu_millicores, request.host_memory_mib
         pinned = request.pinned_uuids
-        base = ix.fit_pinned(pinned, m, c, whole, cpu, hmem) if pinned else ix.find(m, c, k, whole, group, cpu, hmem)
+        base = ix.fit_pinned(pinned, m, c, whole, cpu, hmem, k) if pinned else ix.find(m, c, k, whole, group, cpu, hmem)
         asked = asked_for(base[1] if base else None)
         over = self._first_deficit(levels, asked)
         if whole and base is not None and not pinned and over is not None and over[1] == "memory_mib":

@@ -301,13 +301,31 @@ class SwapMixin(Configurable):
         size = f"{mib(memory)} of GPU memory" + (f" on each of {count} cards" if count > 1 else "")
         model = record.swap.get("model")
         where = f" on a card of model {model}" if model and count == 1 else (f" of model {model}" if model else "")
+        node = record.allocation.get("node")
         own = (
             f" (only its own card{'s' if len(pins) > 1 else ''} {', '.join(pins)} can take its state back)"
+            if pins and len(pins) == count
+            else f" (its own card {pins[0]} or another of node {node} of that model: {', '.join(pins[1:])})"
             if pins
             else ""
         )
         facts = " ".join(filter(None, (_for_a_resume(sentence) for sentence in _sentences(admission))))
         return f"It comes back at its own size: {size}{where}{own} must be free." + (f" {facts}" if facts else "")
+
+    def _resume_cards(self, record: KernelRecord) -> tuple[str, ...]:
+        """The cards a resume may land on: none named (anywhere of its model), else its own, then,
+        where the launcher says the driver can restore onto another card of the node
+        (``resume_remap``), the node's other cards of the same model and mode (one-card kernels)."""
+        pins = self.launcher.resume_pins(record)
+        state = self.allocator.state
+        if not pins or len(pins) > 1 or state is None or not self.launcher.resume_remap(record):
+            return pins
+        node = next((n for n in state.pool.nodes if n.name == record.allocation.get("node")), None)
+        own = next((g for g in node.gpus if g.uuid == pins[0]), None) if node is not None else None
+        if own is None:
+            return pins
+        alike = [g.uuid for g in node.gpus if g.uuid != own.uuid and (g.model, g.mode) == (own.model, own.mode)]
+        return (*pins, *alike)
 
     def _model_of(self, uuids: list[str]) -> str:
         state = self.allocator.state
@@ -403,8 +421,8 @@ class SwapMixin(Configurable):
             cpu_millicores=cpu,
             host_memory_mib=memory,
         )
-        pins = self.launcher.resume_pins(record)
-        if pins:  # only these cards can take its state back (a pod sees no other card)
+        pins = self._resume_cards(record)
+        if pins:  # only these cards can take its state back (its own first)
             request = dataclasses.replace(request, pinned_uuids=pins)
 
         def progress(reason: str, position: int | None) -> None:
@@ -444,6 +462,18 @@ class SwapMixin(Configurable):
                 await self.launcher.resume(record, allocation, remap)
             except CheckpointError as e:
                 message = getattr(e, "message", str(e))
+                if not e.stuck:  # the driver refused it and left its GPU state in host memory
+                    await self._release(allocation.id, f"resume refused: {message}", ReleaseCause.CANCELLED)
+                    swap["state"], swap["position"] = "swapped", None
+                    if remap:  # from now on it comes back to its own card only
+                        swap["remap_refused"] = f"the driver refused to restore it onto {allocation.gpu_uuids[0]}"
+                    self._persist()
+                    raise BrokerError(
+                        f"The GPU of this kernel is still swapped out: the driver refused to restore it on "
+                        f"{','.join(allocation.gpu_uuids)} ({message}). Its variables are kept; the next cell "
+                        f"asks again{', for its own card' if remap else ''}.",
+                        409,
+                    ) from None
                 await self._release(allocation.id, f"resume failed: {message}", ReleaseCause.FAILED)
                 record.swap = {}
                 record.state, record.reason = "failed", f"its GPU state could not be restored: {message}"

@@ -9,8 +9,14 @@ suspended, the pod holds no slice (:func:`libvgpu.contract.swapped_out`: the led
 A suspend the agent does not answer in ``swap_answer_timeout_seconds`` is given up: the hub
 replaces it by a resume (a later generation), so an agent that acts late undoes it at once, and
 the kernel keeps its slice. A resume takes the new allocation's labels and annotations in the
-same patch, so the pod never names a slice it does not hold. The pod can only use the cards its
-container was given: a resume must land on them (``restorable_on``).
+same patch, so the pod never names a slice it does not hold. A resume lands on the pod's own
+card(s), or, where the node's agent says its driver can restore onto another card
+(``elastic-gpu.jupyter.org/checkpoint``'s ``remap``: driver 580+), on any card of its node of the
+same model (``resume_remap``; the broker's admission picks one, ``restorable_on`` checks it). A
+restore the driver refuses leaves the kernel swapped out (the broker then asks for its own card).
+The pod must be able to open the new card: the emulator's and the CUDA double's pods see every
+card of their node; on a real node, a container started with ``NVIDIA_VISIBLE_DEVICES=<its card>``
+has no device node of another card, and the driver refuses such a restore (docs/culler.md).
 
 Whether a node's driver can checkpoint at all is its agent's answer, published on the Node
 (``elastic-gpu.jupyter.org/checkpoint``; :class:`NodeCheckpoints` keeps the pool's view of it):
@@ -50,10 +56,17 @@ class NodeCheckpoints:
 
     def __init__(self) -> None:
         self.nodes: dict[str, tuple[bool, str] | None] = {}
+        self.remaps: dict[str, tuple[bool, str]] = {}
 
     def update(self, node: Any) -> None:
         """Take ``node``'s answer (a ``V1Node``)."""
         self.nodes[node.metadata.name] = C.node_checkpoint(node.metadata.annotations)
+        self.remaps[node.metadata.name] = C.node_remap(node.metadata.annotations)
+
+    def remap(self, node: str) -> Capability:
+        """Whether a resume on ``node`` may be restored onto another of its cards (same model)."""
+        able, why_not = self.remaps.get(node, (False, "its node agent has not said that its driver can"))
+        return Capability(True) if able else Capability(False, f"on node {node}, {why_not}")
 
     def capability(self, node: str) -> Capability:
         """Whether kernel pods on ``node`` can be swapped out, and why not."""
@@ -85,6 +98,7 @@ class NodeCheckpoints:
                     node = event["object"]
                     if event["type"] == "DELETED":
                         self.nodes.pop(node.metadata.name, None)
+                        self.remaps.pop(node.metadata.name, None)
                     elif event["type"] in ("ADDED", "MODIFIED"):
                         self.update(node)
             except asyncio.CancelledError:
@@ -226,16 +240,25 @@ class PodSwapMixin(LoggingConfigurable):
         return bool(record.resume_url) and backend == "native" and RESUME_EXT in self.kernel_cmd
 
     def resume_pins(self, record: KernelRecord) -> tuple[str, ...]:
-        """The pod's own cards: its container sees no other (NVIDIA_VISIBLE_DEVICES is fixed at its start)."""
+        """The pod's own cards: its state goes back there, or (``resume_remap``) onto others of its node."""
         return tuple(record.swap.get("gpu_uuids") or record.allocation.get("gpu_uuids", []))
 
+    def resume_remap(self, record: KernelRecord) -> Capability:
+        """Whether ``record``'s resume may go onto another card of its node (of the same model): its
+        node's driver restores there (its agent's answer) and no restore of it was refused there."""
+        if record.swap.get("remap_refused"):
+            return Capability(False, record.swap["remap_refused"])
+        return self.node_checkpoints().remap(str(record.allocation.get("node") or ""))
+
     def restorable_on(self, record: KernelRecord, allocation: Allocation) -> str:
-        """The pod sees only the cards its container was given: a resume must be granted on them."""
+        """A resume must be granted on the pod's node: on its own card(s), or another card (which
+        admission chose among the node's cards of its model) where ``resume_remap`` allows."""
         before = record.allocation
-        if allocation.node == before.get("node") and set(allocation.gpu_uuids) == set(before.get("gpu_uuids", [])):
+        own = set(record.swap.get("gpu_uuids") or before.get("gpu_uuids", []))
+        if allocation.node == before.get("node") and (set(allocation.gpu_uuids) == own or self.resume_remap(record)):
             return ""
         return (
-            f"its pod can use only the card(s) it started on ({', '.join(before.get('gpu_uuids', []))} on node "
+            f"its pod can use only the card(s) it started on ({', '.join(sorted(own))} on node "
             f"{before.get('node')}), and the slice free now is elsewhere; the next cell tries again"
         )
 
@@ -245,6 +268,17 @@ class PodSwapMixin(LoggingConfigurable):
             "labels": C.allocation_labels(allocation, record.server_name),
             "annotations": C.allocation_annotations(allocation),
         }
+        try:  # what the pod says now: put back when the driver refuses the restore
+            before = (await self._call(self.core.read_namespaced_pod(record.holder, record.namespace))).metadata
+        except (ApiException, asyncio.TimeoutError) as e:
+            raise CheckpointError(f"the kernel pod could not be read ({e})", 0, "resume", 0) from None
         status = await self._ask_agent(record, {"action": "resume", "remap": remap}, metadata)
-        if not status.get("ok"):
-            raise CheckpointError(status.get("message") or "the node agent could not resume it", 0, "resume", 0, True)
+        if not status.get("ok"):  # not stuck: the driver left it checkpointed (an agent of before: stuck)
+            message = status.get("message") or "the node agent could not resume it"
+            stuck = bool(status.get("stuck", True))
+            if not stuck:  # still swapped out of its own slice, as the pod said before the resume
+                swap_keys = [C.A_SWAP, C.A_SWAP_STATUS]
+                keys = {"labels": [*metadata["labels"]], "annotations": [*metadata["annotations"], *swap_keys]}
+                undo = {kind: {k: (getattr(before, kind) or {}).get(k) for k in names} for kind, names in keys.items()}
+                await self._call(self.core.patch_namespaced_pod(record.holder, record.namespace, {"metadata": undo}))
+            raise CheckpointError(message, 0, "resume", 0, stuck)

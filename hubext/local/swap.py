@@ -29,6 +29,7 @@ from .processes import slice_processes
 SWAP_FILE = "gpu-swapped"
 
 #: a local kernel's processes see every card of the machine: a resume may land on another one
+#: (where the driver's restore takes a device map: driver 580+)
 LOCAL_MOVE = Capability(True)
 LOCAL_BURST = Capability(False, "local slices do not burst")
 
@@ -54,10 +55,11 @@ class LocalSwapMixin(LoggingConfigurable):
 
     def capabilities(self) -> Capabilities:
         """Probed once: simulated GPUs cannot checkpoint; a real driver can where it loads, has the
-        API and answers it (``CudaCheckpoint.check``)."""
+        API and answers it (``CudaCheckpoint.check``); a resume may land on another card (``move``)
+        where its restore takes a device map (driver 580+: ``CudaCheckpoint.remap_unavailable``)."""
         cp = self.checkpointer()
         if self._capabilities is None:
-            checkpoint = Capability(True)
+            checkpoint, move = Capability(True), LOCAL_MOVE
             if getattr(self.pool, "simulated", False):
                 checkpoint = Capability(
                     False,
@@ -67,10 +69,18 @@ class LocalSwapMixin(LoggingConfigurable):
             else:
                 try:
                     cp.check()
+                    why = cp.remap_unavailable()  # a resume elsewhere needs the driver's device map
+                    move = Capability(False, why) if why else LOCAL_MOVE
                 except CheckpointUnavailable as e:
                     checkpoint = Capability(False, e.message)
-            self._capabilities = Capabilities(checkpoint=checkpoint, move=LOCAL_MOVE, burst=LOCAL_BURST)
+            self._capabilities = Capabilities(checkpoint=checkpoint, move=move, burst=LOCAL_BURST)
         return self._capabilities
+
+    def resume_pins(self, record: KernelRecord) -> tuple[str, ...]:
+        """Any card of its model where the driver restores onto another GPU (``capabilities().move``:
+        driver 580+); else, or once such a restore of it was refused, its own card(s) only."""
+        own = tuple(record.swap.get("gpu_uuids") or record.allocation.get("gpu_uuids", []))
+        return own if record.swap.get("remap_refused") or not self.capabilities().move else ()
 
     def kernel_processes(self, record: KernelRecord) -> list[int]:
         """The kernel process, its process group and session, and their descendants."""

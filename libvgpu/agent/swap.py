@@ -12,6 +12,10 @@ and the agent answers once per generation in ``elastic-gpu.jupyter.org/swap-stat
     {"generation": 3, "action": "suspend", "ok": true, "message": "", "processes": [123],
      "host_mib": 1024, "stuck": false}
 
+A resume's remap moves the pod's processes onto other cards of this node (driver 580+, same chip
+type: :func:`probe` publishes ``remap`` so the hub asks only where it can). A restore the driver
+refuses leaves them checkpointed: the answer is not ``stuck``, the kernel stays swapped out.
+
 A suspend is all or nothing (:meth:`CudaCheckpoint.suspend` undoes what it did when a step
 fails; ``stuck``: the undo failed too, the pod cannot run on). It is refused, the pod left
 running, when the GPU memory it would move brings what this node's swapped-out pods hold in host
@@ -62,17 +66,27 @@ def probe(cp: CudaCheckpoint | None, driver: str = "") -> dict[str, Any]:
         return out
     try:
         cp.check()
+        remap_why_not = cp.remap_unavailable()
     except CheckpointUnavailable as e:
         out["why_not"] = e.message
     else:
         out["able"] = True
+        # a resume may go onto another card of this node (of the same model): the hub's admission asks
+        out["remap"] = not remap_why_not
+        if remap_why_not:
+            out["remap_why_not"] = remap_why_not
     return out
 
 
 def probe_line(text: str) -> str:
     """The probe's answer (JSON) as the agent's log says it."""
     data = json.loads(text)
-    return "possible" if data["able"] else f"not possible: {data['why_not']}"
+    if not data["able"]:
+        return f"not possible: {data['why_not']}"
+    return "possible; " + (
+        "a resume may go onto another card of the same model" if data.get("remap")
+        else f"a resume only onto the kernel's own card ({data.get('remap_why_not')})"
+    )
 
 
 def parse_request(text: str) -> SwapRequest | str:
@@ -146,11 +160,10 @@ def sweep_markers(region_dir: str | os.PathLike[str], keep: set[str]) -> list[st
 
 
 def keeps_marker(annotations: dict[str, str] | None) -> bool:
-    """Whether a pod's kernel keeps its marker: swapped out, or its suspend is being carried out."""
+    """Whether a pod's kernel keeps its marker: swapped out (a refused resume included), or a suspend
+    or resume is being carried out (a resume's success removes it)."""
     todo = pending(annotations)
-    return L.swapped_out(annotations) or (
-        todo is not None and isinstance(todo[0], SwapRequest) and todo[0].action == "suspend"
-    )
+    return L.swapped_out(annotations) or (todo is not None and isinstance(todo[0], SwapRequest))
 
 
 def set_marker(region_dir: str | os.PathLike[str], kernel_id: str, present: bool) -> None:
@@ -232,8 +245,8 @@ def perform(
             cp.resume(cuda, dict(request.remap))
     except CheckpointUnavailable as e:
         status["message"] = e.message
-    except CheckpointError as e:
-        status["message"], status["stuck"] = e.message, e.stuck or request.action == "resume"
+    except CheckpointError as e:  # a refused resume that left the processes checkpointed is not stuck
+        status["message"], status["stuck"] = e.message, e.stuck
     except ValueError as e:  # a remap onto something not a GPU uuid
         status["message"] = str(e)
     else:

@@ -342,19 +342,20 @@ def kube_stack(
     sizes: list[dict[str, Any]] | None = None,
     extra_config: str = "",
     emulator_options: dict[str, Any] | None = None,
+    gpus: list[dict[str, Any]] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Kubernetes mode through the API emulator: one simulated H100 on gpu-node-1, alice's server pod running.
 
     ``admission`` and ``sizes`` replace the defaults (ADMISSION, SIZES); ``extra_config``: lines
     appended to jupyterhub_config.py; ``emulator_options``: more KubeEmulator arguments (pod_env,
-    node_mounts)."""
+    node_mounts); ``gpus``: the node's cards as its agent publishes them (default: one H100)."""
     from kubernetes import client as kclient
     from kubernetes import config as kconfig
 
     from tests.kubeemu import KubeEmulator
     from tests.kubeemu.helpers import create_host_claim
 
-    gpus = [{"uuid": GPU_UUID, "model": "H100-80GB", "memory_mib": 81920, "sm_count": 132, "index": 0}]
+    gpus = gpus or [{"uuid": GPU_UUID, "model": "H100-80GB", "memory_mib": 81920, "sm_count": 132, "index": 0}]
     emulator = KubeEmulator(
         nodes=[
             {

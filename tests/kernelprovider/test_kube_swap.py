@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -55,9 +57,10 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    work = tmp_path_factory.mktemp("kube-swap")
+@contextmanager
+def kube_swap_stack(work: Path, devices: int = 1, gpus: list[dict] | None = None) -> Iterator[tuple]:
+    """kube_stack with the node agent beside it and the CUDA double (``devices`` cards of one model)
+    as the node's driver: (stack, proc_root, agent log, host dir, agent)."""
     lib = work / "lib"
     lib.mkdir()
     for src, soname in (("cuda_double.c", "libcuda.so.1"), ("nvml_double.c", "libnvidia-ml.so.1")):
@@ -76,7 +79,7 @@ def stack(tmp_path_factory):
     double = {
         "LD_LIBRARY_PATH": str(lib),
         "CUDA_DOUBLE_STATE": str(state),
-        "CUDA_DOUBLE_DEVICES": "1",
+        "CUDA_DOUBLE_DEVICES": str(devices),
         "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",
         "CUDA_DOUBLE_MEMORY_MIB": "16384",
         "CUDA_DOUBLE_CONTEXT_MIB": "0",
@@ -92,7 +95,7 @@ def stack(tmp_path_factory):
     admission = {**ADMISSION, "workspaces": {"default": {"namespaces": {"default": limits}}}}
     sizes = [*SIZES, {"name": "gpu-75g", "display_name": "GPU 75 GiB", "memory_mib": 76800, "cores_percent": 50}]
     # KubernetesKernelLauncher.swap_kernels: on by default
-    with kube_stack(work / "stack", emulator_options=options, admission=admission, sizes=sizes) as st:
+    with kube_stack(work / "stack", emulator_options=options, admission=admission, sizes=sizes, gpus=gpus) as st:
         host = work / "stack" / "host-elastic-gpu"  # the chart's host directory (kube_stack's claim of it)
         (host / "regions").mkdir(exist_ok=True)
         (host / "regions").chmod(0o1777)  # as the agent's shim install leaves it
@@ -117,6 +120,12 @@ def stack(tmp_path_factory):
             agent.stop()
 
 
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    with kube_swap_stack(tmp_path_factory.mktemp("kube-swap")) as found:
+        yield found
+
+
 class NodeAgentProcess:
     """The node agent as the DaemonSet runs it (``python -m libvgpu.agent``); started again with
     another environment as a node whose driver differs (a restarted agent probes it again)."""
@@ -130,7 +139,7 @@ class NodeAgentProcess:
             self.argv, env={**self.env, **more_env}, cwd=REPO, stdout=self.log.open("w"), stderr=subprocess.STDOUT
         )
         agent = self.process
-        self.hub.wait_for(lambda: agent.poll() is not None or "GPU(s)" in self.log.read_text(), 30, 0.1, "the agent")
+        self.hub.wait_for(lambda: agent.poll() is not None or "GPU(s)" in self.log.read_text(), 90, 0.1, "the agent")
         assert agent.poll() is None, self.log.read_text()
 
     def stop(self) -> None:
@@ -154,6 +163,15 @@ def pod_cgroups(emu, proc_root: Path, pod: str) -> None:
             f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/"
             f"cri-containerd-{'ab' * 32}.scope\n"
         )
+
+
+def close_sessions(kernel, *sessions: tuple) -> None:
+    """Close the kernel connection and delete each (server, session) that was started."""
+    kernel.close()
+    for server, session in sessions:
+        if session is not None:
+            status, body = server.api("DELETE", f"/sessions/{session['id']}")
+            assert status == 204, body
 
 
 def slices(hub) -> list[str]:
@@ -236,11 +254,7 @@ def test_a_swapped_out_kernel_pod_resumes_on_its_next_cell_after_a_hub_restart_w
         out = kernel.execute("print(notes['answer'] + 1)")  # the next cell runs at once
         assert out["status"] == "ok" and out["text"].strip() == "43", out
     finally:
-        kernel.close()
-        for server, s in ((alice, session), (bob, second)):
-            if s is not None:
-                status, body = server.api("DELETE", f"/sessions/{s['id']}")
-                assert status == 204, body
+        close_sessions(kernel, (alice, session), (bob, second))
 
 
 def test_a_kernel_pod_on_a_node_whose_driver_cannot_checkpoint_is_promised_no_swap(stack):

@@ -483,6 +483,53 @@ def test_a_kernel_pod_is_promised_a_swap_only_on_a_node_whose_agent_said_its_dri
     assert "swapping kernel pods is off" in launcher.checkpoint_capability(kernel("able")).why_not
 
 
+def test_a_kernel_pods_resume_goes_onto_another_card_only_where_its_nodes_driver_says_it_can():
+    """The node agent publishes whether its driver restores onto another card (driver 580+:
+    ``remap``); a kernel pod's resume may go there only then, and not after such a restore of it
+    was refused (it comes back to its own card)."""
+    from kubernetes_asyncio.client import V1Node, V1ObjectMeta
+
+    from hubext.kubernetes.launcher import KubernetesKernelLauncher
+    from hubext.kubernetes.pool import KubernetesPool
+    from quotas import Allocation, Owner
+
+    pool = KubernetesPool(namespace="jhub")
+    launcher = KubernetesKernelLauncher(namespace="jhub", pool=pool)
+    said = {
+        "new": {"able": True, "remap": True, "driver": "580.65"},
+        "old": {"able": True, "remap": False, "driver": "570.86",
+                "remap_why_not": "the CUDA driver (CUDA 12.8) restores a process only onto its own GPUs"},
+        "before": {"able": True, "driver": "570.86"},  # an agent that does not say
+        "cannot": {"able": False, "why_not": "no checkpoint API", "remap": True},
+    }  # fmt: skip
+    for name, value in said.items():
+        annotations = {L.NODE_CHECKPOINT_ANNOTATION: json.dumps(value)}
+        pool.checkpoints.update(V1Node(metadata=V1ObjectMeta(name=name, annotations=annotations)))
+
+    def kernel(node: str, **swap) -> KernelRecord:
+        return KernelRecord(id=f"k-{node}", user="u", server_name="", size="s", allocation_id=f"a-{node}",
+                            allocation={"node": node, "gpu_uuids": ["GPU-1"]}, swap={"gpu_uuids": ["GPU-1"], **swap})
+
+    assert launcher.resume_remap(kernel("new")) == Capability(True)
+    old = launcher.resume_remap(kernel("old"))
+    assert not old and old.why_not.startswith("on node old, the CUDA driver (CUDA 12.8) restores"), old
+    for name in ("before", "cannot", "gone"):
+        assert not launcher.resume_remap(kernel(name)), name
+    refused = kernel("new", remap_refused="the driver refused to restore it onto GPU-2")
+    assert launcher.resume_remap(refused).why_not == "the driver refused to restore it onto GPU-2"
+
+    def on(node: str, card: str) -> Allocation:
+        return Allocation(id="n", owner=Owner("u"), node=node, gpu_uuids=(card,), memory_mib=1, cores_percent=1,
+                          priority_class="default")
+
+    assert launcher.restorable_on(kernel("new"), on("new", "GPU-2")) == ""
+    assert launcher.restorable_on(kernel("old"), on("old", "GPU-1")) == ""
+    why = launcher.restorable_on(kernel("old"), on("old", "GPU-2"))
+    assert "only the card(s) it started on (GPU-1 on node old)" in why, why
+    assert launcher.restorable_on(refused, on("new", "GPU-2"))
+    assert launcher.restorable_on(kernel("new"), on("other", "GPU-2"))
+
+
 def test_a_kernel_created_while_the_sweep_lists_pods_is_known_to_it(tmp_path, no_allocator):
     """The sweep lists kernel pods (an API call the hub awaits); a kernel the broker records during
     that call is known, not a stray. A snapshot of the known ids taken before the call swept the

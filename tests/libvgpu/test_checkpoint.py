@@ -171,7 +171,7 @@ def test_restore_onto_a_gpu_of_another_model_is_refused_and_leaves_the_process_c
         try:
             cp.resume([pid], {{{UUID.format(0)!r}: {UUID.format(1)!r}}})
         except CheckpointError as e:
-            out["other_model"] = e.code
+            out["other_model"] = [e.code, e.stuck]  # not stuck: it is swapped out as before
         out["state"] = cp.state(pid).name
         out["used"] = [used(0), used(1)]
         cp.resume([pid])  # back onto its own GPU
@@ -181,11 +181,35 @@ def test_restore_onto_a_gpu_of_another_model_is_refused_and_leaves_the_process_c
     assert out == {
         "names": ["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-40GB"],
         "cuda_name": "NVIDIA A100-SXM4-40GB",
-        "other_model": 101,  # CUDA_ERROR_INVALID_DEVICE
+        "other_model": [101, False],  # CUDA_ERROR_INVALID_DEVICE
         "state": "CHECKPOINTED",
         "used": [0, 0],
         "after": ["RUNNING", 256, 0],
     }
+
+
+def test_a_driver_before_580_restores_only_onto_the_gpus_a_process_was_checkpointed_on(make_node) -> None:
+    name = "NVIDIA H100 80GB HBM3"
+    node = make_node(CUDA_DOUBLE_DEVICES=2, CUDA_DOUBLE_NAME=name, CUDA_DOUBLE_DRIVER_VERSION=12080)
+    target = start_target(node, 64)
+    out = control(
+        node,
+        target.pid,
+        f"""
+        out["why"] = cp.remap_unavailable()
+        cp.suspend([pid])
+        try:
+            cp.resume([pid], {{{UUID.format(0)!r}: {UUID.format(1)!r}}})
+        except CheckpointError as e:
+            out["remap"] = [e.code, e.stuck]
+        cp.resume([pid])
+        out["after"] = [cp.state(pid).name, used(0), used(1)]
+        """,
+    )
+    assert "needs driver 580 or newer (CUDA 13.0)" in out.pop("why")
+    assert out == {"remap": [1, False], "after": ["RUNNING", 64, 0]}  # CUDA_ERROR_INVALID_VALUE
+    current = make_node(CUDA_DOUBLE_NAME=name)  # driver 580: it can
+    assert control(current, 1, 'out["why"] = cp.remap_unavailable()') == {"why": ""}
 
 
 def test_a_driver_without_the_checkpoint_api_or_not_supporting_it_is_unavailable(make_node) -> None:

@@ -244,6 +244,8 @@ EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *arg
     if (args && (!cp_zero(args->reserved, sizeof(args->reserved)) || args->reserved1 ||
                  (args->gpuPairsCount && !args->gpuPairs)))
         return CUDA_ERROR_INVALID_VALUE;
+    if (args && args->gpuPairsCount && dbl_env.driver_version < 13000)
+        return CUDA_ERROR_INVALID_VALUE; /* before 580 these fields were reserved */
     int to[DBL_MAX_DEV];
     for (int d = 0; d < DBL_MAX_DEV; d++) to[d] = d;
     dbl_lock();

@@ -12,12 +12,6 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-#ifdef DBL_NO_CHECKPOINT /* a driver before 570 (CUDA 12.8): no checkpoint API at all */
-#define DBL_DRIVER_VERSION 12040
-#else
-#define DBL_DRIVER_VERSION 12080
-#endif
-
 static int initialised;
 
 struct dctx {
@@ -506,7 +500,8 @@ EXPORT CUresult cuInit(unsigned flags) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDriverGetVersion(int *v) {
-    *v = DBL_DRIVER_VERSION;
+    dbl_ready();
+    *v = dbl_env.driver_version;
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetCount(int *n) {

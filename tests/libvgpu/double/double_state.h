@@ -37,6 +37,9 @@
  *                              the old driver without them is a separate build (DBL_NO_CHECKPOINT)
  *   CUDA_DOUBLE_CHECKPOINT_FAIL 'checkpoint' or 'restore': that step fails (the host copy could
  *                              not be made / the GPU could not be re-acquired), see checkpoint.c
+ *   CUDA_DOUBLE_DRIVER_VERSION cuDriverGetVersion's answer (default 13000: driver 580, whose
+ *                              restore takes a device map; below 13000 a restore given GPU pairs
+ *                              answers CUDA_ERROR_INVALID_VALUE, as 570's reserved fields do)
  *   CUDA_DOUBLE_CHECKPOINT_GIB_S  copy bandwidth of checkpoint and restore (0: instantaneous)
  *   CUDA_DOUBLE_HOST_PROC      a procfs of the host's pid namespace (the tests bind-mount the
  *                              host's /proc there before entering a new pid namespace): the
@@ -61,6 +64,12 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifdef DBL_NO_CHECKPOINT /* a driver before 570 (CUDA 12.8): no checkpoint API at all */
+#define DBL_DRIVER_VERSION 12040
+#else /* driver 580 (CUDA 13.0): its restore takes a device map; CUDA_DOUBLE_DRIVER_VERSION=12080 is 570 */
+#define DBL_DRIVER_VERSION 13000
+#endif
 
 #define DBL_MAX_DEV 4
 #define DBL_RING 65536
@@ -112,6 +121,7 @@ struct dbl_env {
     char host_proc[256];
     int queue, no_process_util, proc_aliases;
     int cp_unsupported, cp_fail; /* cp_fail: 1 checkpoint, 2 restore */
+    int driver_version;          /* cuDriverGetVersion: 1000 * major + 10 * minor */
     uint64_t cp_bytes_per_s;
 };
 
@@ -193,6 +203,7 @@ static void dbl_init(void) {
     const char *cp = getenv("CUDA_DOUBLE_CHECKPOINT"), *fail = getenv("CUDA_DOUBLE_CHECKPOINT_FAIL");
     e->cp_unsupported = cp && strcmp(cp, "unsupported") == 0;
     e->cp_fail = !fail ? 0 : strcmp(fail, "checkpoint") == 0 ? 1 : strcmp(fail, "restore") == 0 ? 2 : 0;
+    e->driver_version = (int)dbl_env_u64("CUDA_DOUBLE_DRIVER_VERSION", DBL_DRIVER_VERSION);
     const char *gib_s = getenv("CUDA_DOUBLE_CHECKPOINT_GIB_S");
     e->cp_bytes_per_s = gib_s ? (uint64_t)(strtod(gib_s, NULL) * 1073741824.0) : 0;
 
