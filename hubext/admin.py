@@ -197,6 +197,9 @@ async def hub_pool_view(allocator: GPUAllocator, users: Iterable[Any] = ()) -> d
         elsewhere=backend.held_elsewhere(),
         slice_use=slice_activity(allocator, (a.id for a in allocations)),
     )
+    out_of_service = backend.out_of_service()  # a card after a fatal Xid: which, and why
+    for gpu in (g for n in view["nodes"] for g in n["gpus"]):
+        gpu["out_of_service"] = out_of_service.get(gpu["uuid"])
     view["swapped"] = swapped_kernels()  # kernels holding host memory, no slice
     swap = swap_capability()
     if swap is not None:  # can idle kernels be swapped out here (state kept) or only stopped?

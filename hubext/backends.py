@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABCMeta, abstractmethod
-from collections.abc import Awaitable, Callable, Container, Iterable
+from collections.abc import Awaitable, Callable, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -350,6 +350,11 @@ class PoolBackend(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
     @abstractmethod
     async def inventory(self) -> Pool:
         """The GPUs that can be allocated now. Called by ``GPUAllocator`` at start and on refresh."""
+
+    def out_of_service(self) -> Mapping[str, str]:
+        """Cards that take no new slice, and why (gpu uuid -> sentence): on Kubernetes, a card
+        whose node agent saw a fatal Xid (libvgpu/health.py). Called by the pool view."""
+        return {}
 
     async def claimed_inventory(self) -> Pool | None:
         """The inventory as last read, with what other claimants hold now: cheap (no listing of

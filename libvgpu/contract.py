@@ -79,6 +79,9 @@ NODE_UNINSTALL_ANNOTATION = PREFIX + "uninstall"
 # a swap (state kept) only for kernels on a node that says able (see node_checkpoint); a resume
 # goes onto another card of the node (same model) only where it says remap (see node_remap)
 NODE_CHECKPOINT_ANNOTATION = PREFIX + "checkpoint"
+# cards out of service after a fatal Xid, published by the node agent, cleared by an admin:
+# JSON {gpu_uuid: {"xid": int, "since": epoch s, "index": int}} (libvgpu/health.py)
+NODE_GPU_HEALTH_ANNOTATION = PREFIX + "gpu-health"
 # a GPU pod's GPU activity, published by the node agent, read by the broker (for the culler):
 # compact JSON {"last_launch": unix s | null, "memory_used_mib": int, "updated_at": unix s}
 A_GPU_ACTIVITY = PREFIX + "gpu-activity"

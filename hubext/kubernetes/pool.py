@@ -28,6 +28,7 @@ from libvgpu.elastic import pod_reclaims
 from quotas import GPU, Allocation, ConfigError, Node, Pool, load_pool
 
 from ..backends import GoneCallback, PoolBackend, ReleaseCause
+from .cardhealth import CardHealth
 from .claims import Claim, ClaimsLedger, valid_hub_id, without
 from .launcher import KubernetesKernelLauncher
 from .quantities import cpu_and_memory
@@ -174,6 +175,8 @@ class KubernetesPool(PoolBackend):
         self._device_plugin_nodes: set[str] = set()
         #: each GPU node's checkpoint capability, as its agent published it (the launcher asks it)
         self.checkpoints = NodeCheckpoints()
+        #: cards out of service after a fatal Xid, as the agents published them
+        self.health = CardHealth(self.log)
         self._node_watch: asyncio.Task | None = None
 
     @property
@@ -206,7 +209,22 @@ class KubernetesPool(PoolBackend):
         self.reflector = ManagedPodReflector(parent=self, namespace=self.namespace)
         await self.reflector.start()
         self._task = asyncio.ensure_future(self._reconcile_forever())
-        self._node_watch = asyncio.ensure_future(self.checkpoints.watch(self.api, self.node_label_selector, self.log))
+        self._node_watch = asyncio.ensure_future(
+            self.checkpoints.watch(self.api, self.node_label_selector, self.log, on_node=self._node_changed)
+        )
+
+    async def _node_changed(self, node: Any, deleted: bool) -> None:
+        """A GPU node changed: when a card went out of service or came back, decide the waiters again."""
+        if deleted:
+            self.health.forget(node.metadata.name)
+        elif self.health.update(node) and self.capacity_changed is not None:
+            try:
+                await self.capacity_changed()
+            except Exception:
+                self.log.exception("Deciding the GPU queue again after node %s changed failed", node.metadata.name)
+
+    def out_of_service(self) -> Mapping[str, str]:
+        return self.health.why()
 
     async def stop(self) -> None:
         for task in (self._task, self._node_watch):
@@ -226,6 +244,7 @@ class KubernetesPool(PoolBackend):
         for node in result.items:
             name = node.metadata.name
             self.checkpoints.update(node)
+            self.health.update(node)
             raw = (node.metadata.annotations or {}).get(C.NODE_GPUS_ANNOTATION)
             if not raw or name in known:
                 continue
@@ -262,7 +281,7 @@ class KubernetesPool(PoolBackend):
             held = self.claims.others()
             self._others_seen = frozenset(held)
             nodes = without(nodes, held)
-        return Pool(nodes=tuple(nodes))
+        return Pool(nodes=tuple(self.health.apply(nodes)))
 
     def _without_device_plugin_cards(self, node: Node, allocatable: Mapping[str, str]) -> Node:
         """``node`` as this hub may slice it: every card held (none sliced) where the device plugin
@@ -392,7 +411,7 @@ class KubernetesPool(PoolBackend):
             return None
         held = self.claims.others()  # the node a claim was refused on was read just now
         self._others_seen = frozenset(held)
-        return Pool(nodes=tuple(without(self._physical_nodes, held)))
+        return Pool(nodes=tuple(self.health.apply(without(self._physical_nodes, held))))
 
     def held_elsewhere(self) -> list[dict[str, Any]]:
         if self.claims is None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from jupyterhub.utils import exponential_backoff
@@ -89,8 +90,11 @@ class NodeCheckpoints:
             return Capability(False, f"no node agent has published {C.NODE_CHECKPOINT_ANNOTATION} yet")
         return Capability(False, "; ".join(c.why_not for c in answers.values()))
 
-    async def watch(self, api: Any, label_selector: str, log: Any) -> None:
-        """Follow the GPU nodes' annotations for ever (a broken watch is started again)."""
+    async def watch(
+        self, api: Any, label_selector: str, log: Any, on_node: Callable[[Any, bool], Awaitable[None]] | None = None
+    ) -> None:
+        """Follow the GPU nodes' annotations for ever (a broken watch is started again);
+        ``on_node(node, deleted)`` sees each change too (the pool's card health)."""
         while True:
             try:
                 stream = watch.Watch().stream(api.list_node, label_selector=label_selector, timeout_seconds=300)
@@ -101,6 +105,8 @@ class NodeCheckpoints:
                         self.remaps.pop(node.metadata.name, None)
                     elif event["type"] in ("ADDED", "MODIFIED"):
                         self.update(node)
+                    if on_node is not None and event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        await on_node(node, event["type"] == "DELETED")
             except asyncio.CancelledError:
                 raise
             except Exception as e:

@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default
 from traitlets.config import Application, Config
 
-from libvgpu import ShimNotBuilt
+from libvgpu import ShimNotBuilt, health
 from libvgpu import contract as L
 from libvgpu.backstop import EVENT_REASONS, REASONS, Backstop, Finding, Proc, Slice, evaluate
 from libvgpu.checkpoint import CudaCheckpoint
@@ -290,6 +290,10 @@ class NodeAgent(Application):
             await self.kube.connect()
         except Exception as e:  # ConfigException, bad kubeconfig
             raise AgentError(f"no Kubernetes API configuration ({e}): run in a pod, or set KUBECONFIG") from e
+        self._loop = asyncio.get_running_loop()
+        self._fatal: dict[str, health.OutOfService] = {}  # fatal Xids the node does not show yet
+        self._out_of_service: dict[str, health.OutOfService] = {}  # what the node shows
+        self._health_wake = asyncio.Event()
         self.xid = XidWatcher(self.nvml, [g.uuid for g in self.gpus], self._on_xid)
         self.xid.start()
         if not self.xid.supported:
@@ -319,6 +323,9 @@ class NodeAgent(Application):
             asyncio.ensure_future(self._every(self.inventory_interval_seconds, self._rediscover, "inventory")),
             asyncio.ensure_future(self._every(self.refresh_interval_seconds, self._refresh, "metrics refresh")),
             asyncio.ensure_future(self._every(self.backstop.interval_seconds, self._check, "backstop")),
+            asyncio.ensure_future(
+                self._every(self.inventory_interval_seconds, self._publish_health, "card health", self._health_wake)
+            ),
         ]
         if self.checkpoint is not None:
             self._swap_wake = asyncio.Event()
@@ -337,9 +344,17 @@ class NodeAgent(Application):
             await self.kube.close()
             self.nvml.shutdown()
 
-    async def _every(self, seconds: float, job: Any, what: str) -> None:
+    async def _every(self, seconds: float, job: Any, what: str, wake: asyncio.Event | None = None) -> None:
+        """Run ``job`` every ``seconds``, and at once when ``wake`` is set."""
         while True:
-            await asyncio.sleep(seconds)
+            if wake is None:
+                await asyncio.sleep(seconds)
+            else:
+                try:
+                    await asyncio.wait_for(wake.wait(), seconds)
+                except asyncio.TimeoutError:
+                    pass
+                wake.clear()
             try:
                 await job()
             except KubeError as e:
@@ -372,6 +387,32 @@ class NodeAgent(Application):
         gpu = next((g for g in self.gpus if g.uuid == uuid), None)
         self.metrics.count_xid(gpu, uuid, xid)
         self.log.warning("Xid %d on GPU %s (%s)", xid, gpu.index if gpu else "?", uuid)
+        if xid in health.FATAL_XIDS and gpu is not None and uuid not in {**self._fatal, **self._out_of_service}:
+            self._fatal[uuid] = health.OutOfService(xid, time.time(), gpu.index)
+            self.log.error(
+                "GPU %d (%s) out of service: Xid %d (%s): no new slices on it until an admin clears it "
+                "(annotation %s of node %s)", gpu.index, uuid, xid, health.FATAL_XIDS[xid],
+                L.NODE_GPU_HEALTH_ANNOTATION, self.node_name,
+            )
+            self._loop.call_soon_threadsafe(self._health_wake.set)
+
+    async def _publish_health(self) -> None:
+        """Add the cards with a new fatal Xid to the node's health annotation; an admin clears a
+        card by removing its entry, which the agent then forgets (libvgpu/health.py)."""
+        text = await self.kube.node_annotation(L.NODE_GPU_HEALTH_ANNOTATION)
+        try:
+            shown = health.parse(text)
+        except ValueError as e:
+            self.log.warning("Node %s: annotation %s is not the agent's (%s): rewriting it",
+                             self.node_name, L.NODE_GPU_HEALTH_ANNOTATION, e)
+            shown = {}
+        pending = dict(self._fatal)
+        wanted = {**pending, **shown}  # a card already shown keeps its first Xid and time
+        if wanted != shown or (text and not shown):
+            await self.kube.annotate_node(L.NODE_GPU_HEALTH_ANNOTATION, health.dump(wanted))
+        for uuid in pending:
+            self._fatal.pop(uuid, None)
+        self._out_of_service = wanted
 
     # ---- inventory -----------------------------------------------------------------------
 
@@ -537,6 +578,7 @@ class NodeAgent(Application):
                 samples=samples,
                 allocations=usage,
                 xid_supported={g.uuid: self.xid.supported for g in self.gpus},
+                out_of_service=dict(self._out_of_service),
             )
         )
         if self.publish_activity and self.backend == "native":

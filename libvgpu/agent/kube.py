@@ -109,6 +109,16 @@ class Kube:
         }
         await self._call(f"patch node {self.node_name}", self.core.patch_node(self.node_name, body))
 
+    async def node_annotation(self, key: str) -> str | None:
+        """One annotation of the node (None: not set)."""
+        node = await self._call(f"get node {self.node_name}", self.core.read_node(self.node_name))
+        return (node.metadata.annotations or {}).get(key)
+
+    async def annotate_node(self, key: str, value: str | None) -> None:
+        """Set (None: remove) one annotation of the node."""
+        body = {"metadata": {"annotations": {key: value}}}
+        await self._call(f"patch node {self.node_name}", self.core.patch_node(self.node_name, body))
+
     async def publish_checkpoint(self, text: str) -> bool:
         """Annotate the node with its checkpoint capability (JSON) unless it says so already or
         the chart is being uninstalled; whether it was patched."""
@@ -131,6 +141,7 @@ class Kube:
                 "annotations": {
                     L.NODE_GPUS_ANNOTATION: None,
                     L.NODE_CHECKPOINT_ANNOTATION: None,
+                    L.NODE_GPU_HEALTH_ANNOTATION: None,
                     L.NODE_UNINSTALL_ANNOTATION: answer,
                 },
             }

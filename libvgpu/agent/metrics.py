@@ -4,7 +4,8 @@ Per GPU (labels node, gpu_uuid, gpu_index, model):
   elastic_gpu_memory_used_bytes, elastic_gpu_memory_total_bytes, elastic_gpu_utilization_ratio (0-1),
   elastic_gpu_temperature_celsius; elastic_gpu_xid_errors_total{node, gpu_uuid, gpu_index, xid}
   (counter; from NVML Xid events when the driver offers an event set — see
-  elastic_gpu_xid_events_supported — else it stays at 0).
+  elastic_gpu_xid_events_supported — else it stays at 0); elastic_gpu_out_of_service{node, gpu_uuid,
+  gpu_index, xid} (1 while a fatal Xid keeps the card out of placement; libvgpu/health.py).
 Per allocation and GPU (labels node, gpu_uuid, allocation_id, user, workspace, namespace, kind, pod):
   elastic_gpu_allocation_memory_used_bytes, elastic_gpu_allocation_memory_limit_bytes,
   elastic_gpu_allocation_last_activity_timestamp_seconds (only once it launched a kernel).
@@ -23,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ..health import OutOfService
 from .nvml import GPUInfo, GPUSample
 from .usage import AllocationUsage
 
@@ -38,6 +40,7 @@ class Snapshot:
     samples: dict[str, GPUSample] = field(default_factory=dict)
     allocations: Sequence[AllocationUsage] = ()
     xid_supported: dict[str, bool] = field(default_factory=dict)
+    out_of_service: dict[str, OutOfService] = field(default_factory=dict)
 
 
 class _SnapshotCollector(Collector):
@@ -94,7 +97,14 @@ class _SnapshotCollector(Collector):
                 a_last.add_metric(labels, a.last_activity)
         gpus = GaugeMetricFamily("elastic_gpu_agent_gpus", "GPUs the node agent found.", labels=("node",))
         gpus.add_metric([node], len(snap.gpus))
-        yield from (used, total, util, temp, xid_ok, a_used, a_limit, a_last, gpus)
+        out = GaugeMetricFamily(
+            "elastic_gpu_out_of_service",
+            "1 while a card takes no new slices after a fatal Xid (until an admin clears it).",
+            labels=("node", "gpu_uuid", "gpu_index", "xid"),
+        )
+        for uuid, card in snap.out_of_service.items():
+            out.add_metric([node, uuid, str(card.index), str(card.xid)], 1.0)
+        yield from (used, total, util, temp, xid_ok, a_used, a_limit, a_last, gpus, out)
 
 
 class AgentMetrics:

@@ -88,7 +88,8 @@ async def run_hook(release: str, timeout_seconds: float, poll_seconds: float = 1
             body = {
                 "metadata": {
                     "labels": {L.NODE_GPU_LABEL: None},
-                    "annotations": {L.NODE_GPUS_ANNOTATION: None, L.NODE_UNINSTALL_ANNOTATION: None},
+                    "annotations": {L.NODE_GPUS_ANNOTATION: None, L.NODE_GPU_HEALTH_ANNOTATION: None,
+                                    L.NODE_UNINSTALL_ANNOTATION: None},
                 }
             }
             await core.patch_node(name, body)

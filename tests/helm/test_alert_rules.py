@@ -1,7 +1,7 @@
 """The chart's Prometheus alert rules (a prometheus-operator PrometheusRule), checked and
 unit-tested by promtool itself (Debian's `prometheus` package): they are valid, and each alert
 fires on the series it is about (the node agent down, the culler no longer cycling, Xid errors,
-backstop kills), scoped to this release's jobs and namespaces."""
+backstop kills, a card out of service after a fatal Xid), scoped to this release's jobs and namespaces."""
 
 from __future__ import annotations
 
@@ -63,6 +63,12 @@ def test_each_alert_fires_on_its_series_and_only_for_this_release(rules_file, tm
                     # a fatal Xid (79: fallen off the bus) at minute 3
                     {"series": f'elastic_gpu_xid_errors_total{{job="{AGENT_JOB}",namespace="{AGENT_NS}",'
                                'node="gpu-1",gpu_uuid="GPU-1",gpu_index="0",xid="79"}', "values": "0 0 0 1x27"},
+                    # ... which took the card out of service from minute 3 (the agent's gauge), and
+                    # another release's card too (not ours to page)
+                    {"series": f'elastic_gpu_out_of_service{{job="{AGENT_JOB}",namespace="{AGENT_NS}",'
+                               'node="gpu-1",gpu_uuid="GPU-1",gpu_index="0",xid="79"}', "values": "_ _ _ 1x27"},
+                    {"series": f'elastic_gpu_out_of_service{{job="{AGENT_JOB}",{other},'
+                               'node="gpu-9",gpu_uuid="GPU-9",gpu_index="0",xid="79"}', "values": "1x30"},
                     # the backstop killed a process at minute 4
                     {"series": f'elastic_gpu_enforcement_kills_total{{job="{AGENT_JOB}",namespace="{AGENT_NS}",'
                                'node="gpu-1",gpu_uuid="GPU-1",reason="over-limit"}', "values": "0 0 0 0 1x26"},
@@ -79,7 +85,11 @@ def test_each_alert_fires_on_its_series_and_only_for_this_release(rules_file, tm
                     {"eval_time": "6m", "alertname": "ElasticGPUBackstopKilled", "exp_alerts": [
                         {"exp_labels": {"severity": "warning", "job": AGENT_JOB, "namespace": AGENT_NS,
                                         "node": "gpu-1", "gpu_uuid": "GPU-1", "reason": "over-limit"}}]},
+                    {"eval_time": "6m", "alertname": "ElasticGPUCardOutOfService", "exp_alerts": [
+                        {"exp_labels": {"severity": "critical", "node": "gpu-1", "gpu_uuid": "GPU-1",
+                                        "gpu_index": "0", "xid": "79"}}]},
                     # nothing fires before its series says so
+                    {"eval_time": "2m", "alertname": "ElasticGPUCardOutOfService", "exp_alerts": []},
                     {"eval_time": "2m", "alertname": "ElasticGPUXidError", "exp_alerts": []},
                     {"eval_time": "2m", "alertname": "ElasticGPUCullerNotCycling", "exp_alerts": []},
                 ],  # fmt: skip

@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import libvgpu
 from libvgpu import contract as L
+from libvgpu.health import FATAL_XIDS as FATAL
 from libvgpu.regions import read_node_region, read_node_regions
 from quotas import Allocation, Owner, load_pool
 from tests.kubeemu import KubeEmulator, NodeSpec
@@ -439,6 +440,37 @@ def test_xid_errors_are_counted_from_nvml_events(node):
     wait_for(lambda: sample(node.metrics(), "elastic_gpu_xid_errors_total", gpu_uuid=GPU0, xid="79") == 2, 10,
              "two Xid 79 on GPU 0")
     assert sample(node.metrics(), "elastic_gpu_xid_errors_total", gpu_uuid=GPU1, gpu_index="1", xid="48") == 1
+
+
+def _health(node) -> dict:
+    text = (node.emu.get("nodes", NODE)["metadata"].get("annotations") or {}).get(L.NODE_GPU_HEALTH_ANNOTATION)
+    return json.loads(text) if text else {}
+
+
+def test_a_fatal_xid_takes_its_card_out_of_service_on_the_node_until_an_admin_clears_it(node):
+    """The agent counted Xids and nothing acted on them: a card that fell off the bus kept taking
+    slices. A fatal Xid (79, 94, ...) is published on the Node for the hub's pool, and as a gauge;
+    a non-fatal one (13: an application's graphics exception) is only counted."""
+    def shown_every_fatal_xid(m: dict) -> bool:  # (earlier tests' Xids are published, not pending)
+        fatal = {la["gpu_uuid"] for la, n in m.get("elastic_gpu_xid_errors_total", []) if n and int(la["xid"]) in FATAL}
+        return fatal <= {la["gpu_uuid"] for la, _ in m.get("elastic_gpu_out_of_service", [])}
+
+    wait_for(lambda: shown_every_fatal_xid(node.metrics()), 10, "every card with a fatal Xid so far shown")
+    node.emu.patch("nodes", NODE, {"metadata": {"annotations": {L.NODE_GPU_HEALTH_ANNOTATION: None}}}, None)
+    wait_for(lambda: not sample(node.metrics(), "elastic_gpu_out_of_service"), 10, "no card out of service")
+    with node.xid_file.open("a") as f:
+        f.write("1 13\n1 94\n")
+    health = wait_for(lambda: _health(node).get(GPU1), 10, "GPU 1 out of service on the Node")
+    assert health["xid"] == 94 and health["index"] == 1 and abs(health["since"] - time.time()) < 60, health
+    assert GPU0 not in _health(node)
+    assert sample(node.metrics(), "elastic_gpu_xid_errors_total", gpu_uuid=GPU1, xid="13") == 1
+    labels = {"gpu_uuid": GPU1, "gpu_index": "1", "xid": "94"}
+    wait_for(lambda: sample(node.metrics(), "elastic_gpu_out_of_service", **labels) == 1, 10, "the gauge")
+    assert "GPU 1 (" + GPU1 + ") out of service: Xid 94 (a contained ECC error)" in node.log()
+    # the admin resets the card and clears it: the agent forgets it (and does not put it back)
+    node.emu.patch("nodes", NODE, {"metadata": {"annotations": {L.NODE_GPU_HEALTH_ANNOTATION: None}}}, None)
+    wait_for(lambda: not sample(node.metrics(), "elastic_gpu_out_of_service", **labels), 10, "the gauge cleared")
+    assert GPU1 not in _health(node)
 
 
 def test_allocation_usage_comes_from_the_shims_node_region(node):

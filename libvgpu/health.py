@@ -1,0 +1,68 @@
+"""Card health: a fatal Xid takes a card out of placement until an admin clears it.
+
+The node agent counts every Xid (``elastic_gpu_xid_errors_total``) and records a card that
+reported a fatal one on its Node, as the annotation ``contract.NODE_GPU_HEALTH_ANNOTATION``:
+JSON ``{gpu_uuid: {"xid": 79, "since": <epoch s>, "index": 0}}``. The hub's pool reads it and
+places no new slice on that card; slices already there stay (their processes meet the driver's
+error themselves). The agent only adds entries: an admin clears a card, once it is reset or
+replaced, by removing its entry, or the whole annotation
+(``kubectl annotate node <node> elastic-gpu.jupyter.org/gpu-health-``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: the Xids after which NVIDIA's guide says the card needs a reset (or replacement) before use
+FATAL_XIDS: dict[int, str] = {
+    48: "a double-bit ECC error",
+    63: "an ECC page retirement or row remapping recording event",
+    64: "an ECC page retirement or row remapping failure",
+    74: "an NVLink error",
+    79: "the GPU has fallen off the bus",
+    94: "a contained ECC error",
+    95: "an uncontained ECC error",
+}
+
+
+@dataclass(frozen=True)
+class OutOfService:
+    """Why one card takes no new slices: the fatal Xid it reported, and when."""
+
+    xid: int
+    since: float
+    index: int = 0
+
+    def why(self) -> str:
+        """The sentence the pages, the CLI and the logs show."""
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.since))
+        what = FATAL_XIDS.get(self.xid, "a fatal error")
+        return f"out of service since {when}: Xid {self.xid} ({what}); an admin clears it once the card is reset"
+
+
+def parse(text: str | None) -> dict[str, OutOfService]:
+    """The cards an annotation names; raises ValueError on text the agent never writes."""
+    if not text:
+        return {}
+    data = json.loads(text)
+    if not isinstance(data, Mapping):
+        raise ValueError("not a JSON object of GPU uuids")
+    cards = {}
+    for uuid, entry in data.items():
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("xid"), int):
+            raise ValueError(f"{uuid}: not an object with an integer 'xid'")
+        cards[str(uuid)] = OutOfService(int(entry["xid"]), float(entry.get("since", 0)), int(entry.get("index", 0)))
+    return cards
+
+
+def dump(cards: Mapping[str, OutOfService]) -> str | None:
+    """The annotation's text (None: no card out of service, the annotation is removed)."""
+    if not cards:
+        return None
+    return json.dumps(
+        {u: {"xid": c.xid, "since": round(c.since, 3), "index": c.index} for u, c in sorted(cards.items())},
+        separators=(",", ":"),
+    )
