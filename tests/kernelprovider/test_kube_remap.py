@@ -9,12 +9,13 @@ map onto a card of the same name, and refuses another model: tests/libvgpu/test_
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 
 from libvgpu import contract as L
-from tests.kernelprovider.helpers import CUDA_CELL, NAMESPACE, Server, start_server
+from tests.kernelprovider.helpers import CUDA_CELL, NAMESPACE, NODE, Server, start_server
 from tests.kernelprovider.test_kube_swap import SPEC, close_sessions, kube_swap_stack, pod_cgroups, slices
 
 #: the double's cards as NVML names them (nvml_double.c), as the node agent publishes them
@@ -27,7 +28,9 @@ GPUS = [
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    with kube_swap_stack(tmp_path_factory.mktemp("kube-remap"), devices=2, gpus=GPUS) as found:
+    # the agent republishes its Node's checkpoint answer each inventory interval: not within these tests
+    work = tmp_path_factory.mktemp("kube-remap")
+    with kube_swap_stack(work, devices=2, gpus=GPUS, inventory_interval_seconds=3600) as found:
         yield found
 
 
@@ -76,3 +79,68 @@ def test_a_swapped_out_kernel_pod_whose_card_is_taken_resumes_on_another_card_of
         assert f"(moved from {CARDS[0]})" in hub.log_tail(200)
     finally:
         close_sessions(kernel, (alice, session), (bob, second))
+
+
+def test_a_restore_the_driver_refuses_leaves_the_kernel_swapped_out_with_its_variables(stack):
+    # a node whose agent says its driver restores onto another card, but whose driver refuses (here a
+    # driver before 580; on a real node, a pod that cannot open the other card): the kernel stays
+    # swapped out, its variables kept, and comes back to its own card
+    st, proc_root, log, _, agent = stack
+    hub, emu, alice = st["hub"], st["emulator"], st["alice"]
+    bob = Server(hub, "bob", hub.user_token("bob"))
+
+    def published() -> dict:
+        return json.loads(emu.get("nodes", NODE)["metadata"]["annotations"].get(L.NODE_CHECKPOINT_ANNOTATION, "{}"))
+
+    agent.stop()
+    agent.start(CUDA_DOUBLE_DRIVER_VERSION="12080")
+    hub.wait_for(lambda: published().get("remap") is False, 30, 0.2, "the node to say it cannot restore elsewhere")
+    assert "needs driver 580" in published()["remap_why_not"], published()
+    status, session = alice.start_session(SPEC)
+    assert status == 201, session
+    kernel = alice.connect(session["kernel"]["id"])
+    second = None
+    try:
+        out = kernel.execute(CUDA_CELL + "notes = {'answer': 42}")
+        assert out["status"] == "ok" and "alloc 0" in out["text"], out
+        status, body = hub.api("GET", "/gpu/kernels?user=alice")
+        [record] = body["kernels"]
+        assert record["allocation"]["gpu_uuids"] == [CARDS[0]], record
+        pod = record["holder"]
+        pod_cgroups(emu, proc_root, pod)
+        status, model = hub.api("POST", f"/gpu/kernels/{record['id']}/suspend?reason=idle", timeout=90)
+        assert status == 200 and model["gpu_swapped"] is True, (status, model, log.read_text())
+        start_server(hub, "bob", bob.token)
+        status, second = bob.start_session("elastic-gpu-gpu-75g")
+        assert status == 201, second
+        status, body = hub.api("GET", "/gpu/kernels?user=bob")
+        assert [k["allocation"]["gpu_uuids"] for k in body["kernels"]] == [[CARDS[0]]], body
+        before = emu.get("pods", pod, NAMESPACE)["metadata"]
+
+        # the Node claims what its driver cannot do; the hub follows the Node (its watch)
+        emu.patch("nodes", NODE, {"metadata": {"annotations": {
+            L.NODE_CHECKPOINT_ANNOTATION: json.dumps({**published(), "remap": True})}}})  # fmt: skip
+        out = kernel.execute(CUDA_CELL.replace("alloc", "again") + "print('answer', notes['answer'] + 1)", timeout=90)
+        assert out["status"] == "error" and out["ename"] == "InputRejected", (out, hub.log_tail(30), log.read_text())
+        assert f"the driver refused to restore it on {CARDS[1]}" in out["text"], out
+        assert "Its variables are kept" in out["text"] and "for its own card" in out["text"], out
+        after = emu.get("pods", pod, NAMESPACE)["metadata"]
+        assert L.swapped_out(after["annotations"]), after["annotations"]  # it holds no slice
+        for key in (L.A_SWAP, L.A_SWAP_STATUS, L.A_GPU_UUIDS, L.ALLOCATION_ID):  # as before the resume
+            assert after["annotations"].get(key) == before["annotations"].get(key), key
+        assert sorted(slices(hub)) == [body["kernels"][0]["allocation"]["id"]]  # bob's only
+        status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
+        assert model["gpu_swapped"] is True and model["state"] == "running", model
+
+        # bob's kernel stops: alice's next cell comes back on her own card, her variables kept
+        status, body = bob.api("DELETE", f"/sessions/{second['id']}")
+        assert status == 204, body
+        second = None
+        out = kernel.execute(CUDA_CELL.replace("alloc", "again") + "print('answer', notes['answer'] + 1)", timeout=90)
+        assert out["status"] == "ok" and "answer 43" in out["text"] and "again 0" in out["text"], out
+        status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
+        assert model["gpu_swapped"] is False and model["allocation"]["gpu_uuids"] == [CARDS[0]], model
+    finally:
+        close_sessions(kernel, (alice, session), (bob, second))
+        agent.stop()
+        agent.start()  # the node as it was

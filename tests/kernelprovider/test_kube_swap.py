@@ -58,7 +58,9 @@ def descendants(pid: int) -> list[int]:
 
 
 @contextmanager
-def kube_swap_stack(work: Path, devices: int = 1, gpus: list[dict] | None = None) -> Iterator[tuple]:
+def kube_swap_stack(
+    work: Path, devices: int = 1, gpus: list[dict] | None = None, inventory_interval_seconds: float = 60
+) -> Iterator[tuple]:
     """kube_stack with the node agent beside it and the CUDA double (``devices`` cards of one model)
     as the node's driver: (stack, proc_root, agent log, host dir, agent)."""
     lib = work / "lib"
@@ -104,6 +106,7 @@ def kube_swap_stack(work: Path, devices: int = 1, gpus: list[dict] | None = None
         (work / "agent.yaml").write_text(
             f"NodeAgent:\n  proc_root: {proc_root}\n  pod_namespace: {NAMESPACE}\n  publish_inventory: false\n"
             "  install_shim: false\n  publish_activity: false\n  swap_interval_seconds: 30\n"
+            f"  inventory_interval_seconds: {inventory_interval_seconds}\n"
             "  metrics_ip: 127.0.0.1\nBackstop:\n  action: report\n"
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith(("CUDA_", "KUBERNETES_"))}
