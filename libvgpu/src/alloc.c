@@ -12,13 +12,13 @@
 /* ---- allocation hooks ------------------------------------------------------------------- */
 
 
-VGPU_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
+VGPU_EXPORT VGPU_HOT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes) {
     int dev;
     CUcontext ctx;
     CUresult rc = vgpu_mem_begin(H_cuMemAlloc_v2, bytes, &dev, &ctx);
     if (rc != CUDA_SUCCESS) return rc;
     rc = REAL(cuMemAlloc_v2)(dptr, bytes);
-    for (struct vgpu_reclaim w = {0}; vgpu_reclaim_retry(&w, dev, bytes, rc);)
+    for (struct vgpu_reclaim w = {0}; vgpu_reclaim_again(&w, dev, bytes, rc);)
         rc = REAL(cuMemAlloc_v2)(dptr, bytes);
     return vgpu_mem_end(rc, rc == CUDA_SUCCESS ? *dptr : 0, K_PTR, dev, ctx, bytes);
 }
@@ -50,7 +50,7 @@ VGPU_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t
     return vgpu_mem_end(rc, *dptr, K_PTR, dev, ctx, actual);
 }
 
-static CUresult free_ptr(int id, CUdeviceptr p, CUstream s) {
+static VGPU_HOT CUresult free_ptr(int id, CUdeviceptr p, CUstream s) {
     CUresult rc = ready();
     if (rc != CUDA_SUCCESS) return rc;
     void *real = atomic_load(&vgpu_hooks[id].real);
@@ -69,7 +69,9 @@ static CUresult free_ptr(int id, CUdeviceptr p, CUstream s) {
     return rc;
 }
 
-VGPU_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return free_ptr(H_cuMemFree_v2, p, NULL); }
+VGPU_EXPORT VGPU_HOT CUresult cuMemFree_v2(CUdeviceptr p) {
+    return free_ptr(H_cuMemFree_v2, p, NULL);
+}
 VGPU_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     return free_ptr(H_cuMemFreeAsync, p, s);
 }
@@ -91,7 +93,7 @@ VGPU_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t by
     rc = vgpu_mem_reserve(dev, bytes, 0);
     if (rc != CUDA_SUCCESS) return rc;
     rc = real(handle, bytes, prop, flags);
-    for (struct vgpu_reclaim w = {0}; vgpu_reclaim_retry(&w, dev, bytes, rc);)
+    for (struct vgpu_reclaim w = {0}; vgpu_reclaim_again(&w, dev, bytes, rc);)
         rc = real(handle, bytes, prop, flags);
     return vgpu_mem_end(rc, rc == CUDA_SUCCESS ? *handle : 0, K_VMM, dev, NULL, bytes);
 }

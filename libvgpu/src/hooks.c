@@ -356,7 +356,7 @@ int vgpu_ensure_nvml(void) {
     return nvml_ok ? 0 : -1;
 }
 
-int vgpu_current_device(CUdevice *dev) {
+VGPU_HOT int vgpu_current_device(CUdevice *dev) {
     if (atomic_load_explicit(&vgpu.single_dev, memory_order_relaxed)) {
         *dev = 0;
         return 0;

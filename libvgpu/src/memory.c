@@ -43,8 +43,11 @@ static inline void table_release(void) {
     atomic_store_explicit(&table_lock, 0, memory_order_release);
 }
 
-static _Atomic uint64_t local_alloc[VGPU_MAX_DEV]; /* this process's counted allocations */
-static _Atomic uint64_t own_bytes[VGPU_MAX_DEV];   /* ... plus its counted overhead: private */
+/* What this process counts on each GPU (private, beside its slot's copy): everything, and the
+ * driver's own part of it (contexts, modules, true-ups). Its allocations are the difference, so
+ * an allocation or a free updates one private counter, not two. */
+static _Atomic uint64_t own_bytes[VGPU_MAX_DEV];
+static _Atomic uint64_t own_overhead[VGPU_MAX_DEV];
 
 /* A key's first slot. Keys near each other get slots near each other: the driver hands out
  * device pointers in 512-byte steps, so an allocation lands next to the one before it, in a
@@ -76,7 +79,7 @@ static int grow_locked(void) {
 }
 
 /* Removes the entry at i (backward-shift deletion: no tombstones). */
-static void delete_at_locked(size_t i) {
+static VGPU_HOT void delete_at_locked(size_t i) {
     size_t mask = table_cap - 1, j = i;
     for (;;) {
         j = (j + 1) & mask;
@@ -91,7 +94,7 @@ static void delete_at_locked(size_t i) {
     table_count--;
 }
 
-static int find_locked(uint64_t key, uint8_t kind, size_t *at) {
+static VGPU_HOT int find_locked(uint64_t key, uint8_t kind, size_t *at) {
     size_t mask = table_cap - 1;
     for (size_t i = home(key, kind, mask);; i = (i + 1) & mask) {
         if (!table[i].key) return 0;
@@ -102,7 +105,7 @@ static int find_locked(uint64_t key, uint8_t kind, size_t *at) {
     }
 }
 
-int vgpu_mem_take(uint64_t key, uint8_t kind, struct entry *out) {
+VGPU_HOT int vgpu_mem_take(uint64_t key, uint8_t kind, struct entry *out) {
     table_acquire();
     size_t i;
     int found = find_locked(key, kind, &i);
@@ -116,7 +119,8 @@ int vgpu_mem_take(uint64_t key, uint8_t kind, struct entry *out) {
 
 /* Remembers key -> size. Returns the size of a stale entry it replaced (the driver reused the
  * handle without us seeing the free), which the caller releases. */
-uint64_t vgpu_mem_track(uint64_t key, uint8_t kind, uint64_t size, int dev, CUcontext ctx) {
+VGPU_HOT uint64_t vgpu_mem_track(uint64_t key, uint8_t kind, uint64_t size, int dev,
+                                CUcontext ctx) {
     uint64_t stale = 0;
     int stale_dev = 0;
     table_acquire();
@@ -284,9 +288,9 @@ static void refresh_floor(int dev) {
 /* floor_at is the refresh's time | 1 (0: never); the bit is masked off again here: an even
  * time stored as one more than the clock made the difference wrap, and every allocation until
  * the coarse clock's next tick (4 to 24 ms) listed NVML's processes again. */
-static inline int floor_stale(int dev) {
+static inline int floor_stale(int dev, uint64_t now) {
     uint64_t at = atomic_load_explicit(&floor_at[dev], memory_order_relaxed);
-    return !at || vgpu_coarse_real_ns() - (at & ~1ull) >= FLOOR_NS;
+    return !at || now - (at & ~1ull) >= FLOOR_NS;
 }
 
 /* The container's usage on dev: the shared total, or more if the floor says so. */
@@ -298,7 +302,8 @@ static inline uint64_t effective(uint64_t shared, int dev) {
 uint64_t vgpu_container_used(int dev) {
     struct vgpu_container_region *r = vgpu.reg;
     if (!r || dev < 0 || dev >= VGPU_MAX_DEV) return 0;
-    if (vgpu.cfg.memory_bytes[dev] != VGPU_UNLIMITED && floor_stale(dev)) refresh_floor(dev);
+    if (vgpu.cfg.memory_bytes[dev] != VGPU_UNLIMITED && floor_stale(dev, vgpu_coarse_real_ns()))
+        refresh_floor(dev);
     if (vgpu_region_lock(r) == 0) {
         vgpu_region_reap_locked(r);
         vgpu_region_unlock(r);
@@ -347,6 +352,7 @@ static inline void count_own(struct vgpu_slot *me, int dev, uint64_t bytes, int 
         if (overhead) atomic_fetch_add(&me->overhead[dev], bytes);
     }
     atomic_fetch_add(&own_bytes[dev], bytes);
+    if (overhead) atomic_fetch_add(&own_overhead[dev], bytes);
 }
 
 #ifdef VGPU_TEST_HOOKS
@@ -362,14 +368,15 @@ static void test_pause(const char *where) { /* test hook: die here, mid-update *
 #define TEST_LOCKED_PATH() 0
 #endif
 
-/* force: memory the driver already holds (a true-up): counted even past the limit. */
-static CUresult reserve(int dev, uint64_t bytes, int overhead, int force) {
+/* force: memory the driver already holds (a true-up): counted even past the limit. now: the
+ * coarse clock, read once per allocation. */
+static VGPU_HOT CUresult reserve(int dev, uint64_t bytes, int overhead, int force, uint64_t now) {
     struct vgpu_container_region *r = vgpu.reg;
     if (!r || dev < 0 || dev >= VGPU_MAX_DEV || !bytes) return CUDA_SUCCESS;
     if (!vgpu.me) vgpu_region_claim_slot();
     struct vgpu_slot *me = vgpu.me;
     uint64_t limit = force ? VGPU_UNLIMITED : vgpu.cfg.memory_limit_bytes[dev];
-    if (limit != VGPU_UNLIMITED && floor_stale(dev)) {
+    if (limit != VGPU_UNLIMITED && floor_stale(dev, now)) {
         if (region_gone()) return CUDA_ERROR_OUT_OF_MEMORY;
         refresh_floor(dev);
     }
@@ -408,17 +415,19 @@ static CUresult reserve(int dev, uint64_t bytes, int overhead, int force) {
     count_own(me, dev, bytes, overhead);
     if (locked) vgpu_region_unlock(r);
 counted:
-    if (!overhead) atomic_fetch_add(&local_alloc[dev], bytes);
-    vgpu_publish_usage(dev);
+    vgpu_publish_usage(dev, now);
     return CUDA_SUCCESS;
 }
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead) {
-    return reserve(dev, bytes, overhead, 0);
+    return reserve(dev, bytes, overhead, 0, vgpu_coarse_real_ns());
 }
 CUresult vgpu_mem_reserve_held(int dev, uint64_t bytes, int overhead) {
-    return reserve(dev, bytes, overhead, 1);
+    return reserve(dev, bytes, overhead, 1, vgpu_coarse_real_ns());
 }
-uint64_t vgpu_mem_local_alloc(int dev) { return atomic_load(&local_alloc[dev]); }
+uint64_t vgpu_mem_local_alloc(int dev) {
+    uint64_t all = atomic_load(&own_bytes[dev]), overhead = atomic_load(&own_overhead[dev]);
+    return all > overhead ? all - overhead : 0;
+}
 
 /* Memory true-up: what NVML says this process holds beyond its counted allocations is the
  * driver's own (context, lazily loaded modules, cuCtxSetLimit, local memory growth, graph
@@ -429,19 +438,11 @@ uint64_t vgpu_mem_local_alloc(int dev) { return atomic_load(&local_alloc[dev]); 
 static _Atomic uint64_t true_up_at[VGPU_MAX_DEV];
 static _Atomic uint64_t trued[VGPU_MAX_DEV]; /* the part of the overhead added by true-ups */
 
-void vgpu_mem_true_up(int dev, int now_please) {
-    if (now_please && dev >= 0 && dev < VGPU_MAX_DEV) vgpu_pools_reconcile(dev);
-    if (dev < 0 || dev >= VGPU_MAX_DEV || !vgpu.reg || !vgpu_self_nvml_pid() ||
-        vgpu.cfg.context_bytes >= 0)
-        return;
-    uint64_t now = vgpu_coarse_real_ns(), last = atomic_load_explicit(&true_up_at[dev],
-                                                                     memory_order_relaxed);
-    if (!now_please && now - last < TRUE_UP_NS) return;
-    if (!atomic_compare_exchange_strong(&true_up_at[dev], &last, now)) return;
+static void true_up_from_nvml(int dev) {
     struct vgpu_slot *me = vgpu.me;
     uint64_t nvml_used;
     if (!me || vgpu_nvml_process_used(dev, &nvml_used) != 0) return;
-    uint64_t local = atomic_load(&local_alloc[dev]);
+    uint64_t local = vgpu_mem_local_alloc(dev);
     uint64_t driver = nvml_used > local ? nvml_used - local : 0;
     uint64_t counted = atomic_load(&me->overhead[dev]);
     if (driver > counted) {
@@ -456,6 +457,19 @@ void vgpu_mem_true_up(int dev, int now_please) {
     }
 }
 
+/* now: the coarse clock (an allocation reads it once for everything it checks). */
+static inline void true_up(int dev, int now_please, uint64_t now) {
+    if (now_please && dev >= 0 && dev < VGPU_MAX_DEV) vgpu_pools_reconcile(dev);
+    if (dev < 0 || dev >= VGPU_MAX_DEV || !vgpu.reg || !vgpu_self_nvml_pid() ||
+        vgpu.cfg.context_bytes >= 0)
+        return;
+    uint64_t last = atomic_load_explicit(&true_up_at[dev], memory_order_relaxed);
+    if (!now_please && now - last < TRUE_UP_NS) return;
+    if (atomic_compare_exchange_strong(&true_up_at[dev], &last, now)) true_up_from_nvml(dev);
+}
+
+void vgpu_mem_true_up(int dev, int now_please) { true_up(dev, now_please, vgpu_coarse_real_ns()); }
+
 static uint64_t sub_clamped(_Atomic uint64_t *v, uint64_t n) {
     uint64_t old = atomic_load(v), nv;
     do {
@@ -464,7 +478,7 @@ static uint64_t sub_clamped(_Atomic uint64_t *v, uint64_t n) {
     return nv;
 }
 
-void vgpu_mem_release(int dev, uint64_t bytes, int overhead) {
+VGPU_HOT void vgpu_mem_release(int dev, uint64_t bytes, int overhead) {
     struct vgpu_container_region *r = vgpu.reg;
     if (!r || dev < 0 || dev >= VGPU_MAX_DEV || !bytes) return;
     struct vgpu_slot *me = vgpu.me;
@@ -475,10 +489,10 @@ void vgpu_mem_release(int dev, uint64_t bytes, int overhead) {
     }
     sub_clamped(&r->used[dev], bytes);
     sub_clamped(&own_bytes[dev], bytes); /* inside the update: a recount sees both or neither */
+    if (overhead) sub_clamped(&own_overhead[dev], bytes);
     if (unlocked) unlocked_end(me);
     if (locked) vgpu_region_unlock(r);
-    if (!overhead) sub_clamped(&local_alloc[dev], bytes);
-    vgpu_publish_usage(dev);
+    vgpu_publish_usage(dev, vgpu_coarse_real_ns());
 }
 
 /* Corrects a reservation of est to actual; CUDA_ERROR_OUT_OF_MEMORY if actual does not fit
@@ -497,8 +511,8 @@ void vgpu_mem_after_fork_child(void) {
     table_count = 0;
     memset(table0, 0, sizeof(table0));
     for (int d = 0; d < VGPU_MAX_DEV; d++) {
-        atomic_store(&local_alloc[d], 0);
         atomic_store(&own_bytes[d], 0);
+        atomic_store(&own_overhead[d], 0);
         atomic_store(&floor_at[d], 0);
         atomic_store(&trued[d], 0);
         atomic_store(&true_up_at[d], 0);
@@ -517,7 +531,7 @@ static CUcontext current_ctx(void) {
 }
 
 /* Before and after an allocation (memory.h). */
-CUresult vgpu_mem_begin(int id, uint64_t bytes, int *dev, CUcontext *ctx) {
+VGPU_HOT CUresult vgpu_mem_begin(int id, uint64_t bytes, int *dev, CUcontext *ctx) {
     CUresult rc = ready();
     if (rc != CUDA_SUCCESS) return rc;
     if (!atomic_load_explicit(&vgpu_hooks[id].real, memory_order_acquire))
@@ -530,8 +544,9 @@ CUresult vgpu_mem_begin(int id, uint64_t bytes, int *dev, CUcontext *ctx) {
     if (d >= VGPU_MAX_DEV) return CUDA_SUCCESS;
     *dev = d;
     *ctx = current_ctx();
-    vgpu_mem_true_up(d, 0);
-    rc = vgpu_mem_reserve(d, bytes, 0);
+    uint64_t now = vgpu_coarse_real_ns();
+    true_up(d, 0, now);
+    rc = reserve(d, bytes, 0, 0, now);
     if (rc == CUDA_ERROR_OUT_OF_MEMORY) { /* pools, graphs, the driver may have given back */
         vgpu_mem_true_up(d, 1);
         rc = vgpu_mem_reserve(d, bytes, 0);
@@ -539,8 +554,8 @@ CUresult vgpu_mem_begin(int id, uint64_t bytes, int *dev, CUcontext *ctx) {
     return rc;
 }
 
-CUresult vgpu_mem_end(CUresult rc, uint64_t key, int kind, int dev, CUcontext ctx,
-                      uint64_t bytes) {
+VGPU_HOT CUresult vgpu_mem_end(CUresult rc, uint64_t key, int kind, int dev, CUcontext ctx,
+                               uint64_t bytes) {
     if (dev < 0) return rc;
     if (rc != CUDA_SUCCESS) {
         vgpu_mem_release(dev, bytes, 0);

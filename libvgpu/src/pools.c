@@ -151,7 +151,7 @@ static CUresult alloc_async(int id, CUdeviceptr *dptr, size_t bytes, CUmemoryPoo
     do
         rc = from_pool ? ((cuMemAllocFromPoolAsync_fn)real)(dptr, bytes, pool, s)
                        : ((cuMemAllocAsync_fn)real)(dptr, bytes, s);
-    while (vgpu_reclaim_retry(&w, dev, need, rc));
+    while (vgpu_reclaim_again(&w, dev, need, rc));
     if (dev < 0) return rc;
     if (!by_pool) return vgpu_mem_end(rc, rc == CUDA_SUCCESS ? *dptr : 0, K_PTR, dev, ctx, bytes);
     pthread_mutex_lock(&pool_lock);

@@ -697,11 +697,11 @@ int vgpu_node_entry_alive(struct vgpu_node_attach *na, int entry) {
     return ofd_probe(na->fd, VGPU_LOCK_BASE + entry, F_WRLCK) != 0; /* unknown counts as alive */
 }
 
-void vgpu_publish_usage(int dev) {
+VGPU_HOT void vgpu_publish_usage(int dev, uint64_t now) {
     uint64_t used = atomic_load_explicit(&vgpu.reg->used[dev], memory_order_relaxed);
     if (vgpu.act) {
         atomic_store_explicit(&vgpu.act->used[dev], used, memory_order_relaxed);
-        atomic_store_explicit(&vgpu.act->updated_ns, vgpu_coarse_real_ns(), memory_order_relaxed);
+        atomic_store_explicit(&vgpu.act->updated_ns, now, memory_order_relaxed);
     }
     if (vgpu.features & VGPU_F_PRIORITY) {
         struct vgpu_node_attach *na = vgpu_node_get(dev);

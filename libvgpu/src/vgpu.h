@@ -28,6 +28,9 @@
 
 #define VGPU_EXPORT __attribute__((visibility("default")))
 #define VGPU_LIKELY(x) __builtin_expect(!!(x), 1)
+/* The allocation and launch paths: laid out together (.text.hot), so that a call after the
+ * driver's own work, which evicts much of the caches, touches few code pages and lines. */
+#define VGPU_HOT __attribute__((hot))
 #define VGPU_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 #define VGPU_MAX_DEV 16
@@ -302,7 +305,8 @@ int vgpu_region_reap_own_locked(struct vgpu_container_region *r, _Atomic uint64_
 void vgpu_region_after_fork_child(void);
 struct vgpu_node_attach *vgpu_node_get(int dev); /* attaches on first use; NULL if unavailable */
 int vgpu_node_entry_alive(struct vgpu_node_attach *na, int entry); /* some process holds it */
-void vgpu_publish_usage(int dev);        /* mirrors the container's usage to node/activity */
+void vgpu_publish_usage(int dev, uint64_t now); /* the container's usage to node/activity;
+                                                 * now: the coarse clock */
 void vgpu_region_hold_host_pid(unsigned int pid); /* registered while this process lives */
 int vgpu_region_host_pid_held(unsigned int pid); /* 1: another process of it registered pid */
 
@@ -338,6 +342,11 @@ struct vgpu_reclaim {
 /* After a driver allocation of bytes on dev returned rc: 1 when the caller should call the
  * driver again (it waited for other slices' bursts to be given back), else 0. */
 int vgpu_reclaim_retry(struct vgpu_reclaim *w, int dev, uint64_t bytes, CUresult rc);
+/* The same, without a call when there is nothing to do: no out-of-memory and no wait begun. */
+static inline int vgpu_reclaim_again(struct vgpu_reclaim *w, int dev, uint64_t bytes,
+                                     CUresult rc) {
+    return (rc == CUDA_ERROR_OUT_OF_MEMORY || w->since_ns) && vgpu_reclaim_retry(w, dev, bytes, rc);
+}
 
 /* nvml.c */
 int vgpu_nvml_device(int dev, nvmlDevice_t *out);
