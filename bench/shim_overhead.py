@@ -20,7 +20,7 @@ and the driver's own cuMemAlloc/cuMemFree of 2 MiB through ctypes, with and with
 
 The last line is ``shim launch_ratio=<n> alloc_ratio=<n>``: time per call with the shim divided
 by time per call without it (1.00 = free; the targets are launch_ratio <= 1.02 and
-alloc_ratio <= 1.05 with no cores limit). Times are the calling thread's CPU time (the modelled
+alloc_ratio <= 1.02 with no cores limit). Times are the calling thread's CPU time (the modelled
 driver burns CPU time too), so other load on the machine does not skew the ratio.
 """
 
