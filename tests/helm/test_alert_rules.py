@@ -110,3 +110,37 @@ def test_each_alert_fires_on_its_series_and_only_for_this_release(rules_file, tm
     path.write_text(yaml.safe_dump(tests, sort_keys=False))
     proc = subprocess.run([_promtool(), "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_culler_run_by_the_hub_is_scraped_through_a_service_on_the_hub_pod():
+    """With the culler inside the hub pod (culler.enabled: false), nothing scraped it: its metrics
+    sat behind the hub's token auth, so its dashboard row was empty and no alert watched it.
+    culler.scrapeInHub renders a Service on the hub pod's culler port (the ServiceMonitor's
+    target), a NetworkPolicy admitting scrapes to that port only, and the culler alert."""
+    hub_service = tools.CHART / "examples" / "culler-as-hub-service.yaml"
+    docs = tools.render([MONITORING, hub_service], ["culler.scrapeInHub=true"])
+    assert not tools.find(docs, "Deployment", CULLER_JOB)
+    service = tools.one(docs, "Service", CULLER_JOB)
+    values = yaml.safe_load((tools.CHART / "values.yaml").read_text())
+    assert service["spec"]["selector"] == values["hub"]["podSelector"]
+    (port,) = service["spec"]["ports"]
+    assert port["name"] == "metrics" and port["targetPort"] == values["culler"]["metricsPort"]
+    monitor = tools.one(docs, "ServiceMonitor")
+    selected = {e["key"]: e["values"] for e in monitor["spec"]["selector"]["matchExpressions"]}
+    labels = service["metadata"]["labels"]
+    assert all(labels.get(k) in v for k, v in selected.items()), (labels, selected)
+    policy = tools.one(docs, "NetworkPolicy", f"{CULLER_JOB}-metrics")
+    assert policy["spec"]["podSelector"]["matchLabels"] == values["hub"]["podSelector"]
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": values["culler"]["metricsPort"], "protocol": "TCP"}]}]
+    rule = tools.one(docs, "PrometheusRule")
+    assert "ElasticGPUCullerNotCycling" in {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    # and the culler the hub starts serves there without a hub token, as the docs configure it
+    from culler.app import GPUCuller
+
+    culler = GPUCuller()
+    culler.parse_command_line(["--GPUCuller.metrics_ip=0.0.0.0", "--GPUCuller.authenticate_metrics=False"])
+    assert culler.metrics_ip == "0.0.0.0" and culler.authenticate_metrics is False
+    # without scrapeInHub: nothing of the culler's is rendered
+    docs = tools.render([MONITORING, hub_service])
+    assert not tools.find(docs, "Service", CULLER_JOB)
+    assert not tools.find(docs, "NetworkPolicy", f"{CULLER_JOB}-metrics")
