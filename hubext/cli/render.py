@@ -25,6 +25,8 @@ def render_pool(view: dict[str, Any], origin: str) -> str:
         for g in node["gpus"]:
             out.append("")
             out.append(f"{node['name']}  GPU {g['index']}  {g['model']}  {g['uuid']}")
+            if g.get("out_of_service"):  # a fatal Xid: no new slice goes there (docs/node-agent.md)
+                out.append(f"  {g['out_of_service']}")
             util = g.get("utilization_percent")
             activity = (
                 f"{util} % busy"

@@ -13,6 +13,7 @@ import uuid
 import pytest
 
 from hubext.admin import hub_pool_view
+from hubext.cli.render import render_pool
 from libvgpu import contract as C
 from libvgpu import health
 from quotas import GPURequest, Owner, PoolFull
@@ -56,6 +57,11 @@ async def test_a_card_with_a_fatal_xid_takes_no_new_slice_says_why_and_returns_w
         cards = {g["uuid"]: g for n in view["nodes"] for g in n["gpus"]}
         assert "Xid 79 (the GPU has fallen off the bus)" in cards[broken]["out_of_service"], cards[broken]
         assert cards[good].get("out_of_service") is None
+        # `elastic-gpu pool` prints the card with its sentence
+        text = render_pool(view, "hub")
+        card_lines = text.split(f"GPU 0  A100-40GB  {broken}", 1)[1].split("\n")[1:3]
+        assert any("out of service since" in ln and "Xid 79" in ln for ln in card_lines), text
+        assert text.count("out of service since") == 1, text
         # the admin resets the card and clears it: the hub sees the Node change and slices it again
         emu.patch("nodes", node, {"metadata": {"annotations": {C.NODE_GPU_HEALTH_ANNOTATION: None}}}, None)
         await _until(lambda: not hub.backend.out_of_service(), 20, "the hub to see the card cleared")
