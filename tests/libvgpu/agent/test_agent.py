@@ -207,7 +207,8 @@ def start_agent(node: Node, config: str, *extra: str) -> None:
         except OSError:
             return None
 
-    wait_for(up, 30, "the agent's metrics endpoint")
+    # an agent starting beside other hubs and agents on a loaded 2-core machine took over 30 s
+    wait_for(up, 90, "the agent's metrics endpoint")
 
 
 def gpu_pod(node: Node, name: str, allocation: Allocation | None, command: list[str], env: dict[str, str],
