@@ -58,6 +58,8 @@ def stack(tmp_path_factory):
     config = f"""
 c.HubUserGPUSpawner.profile_list = {PROFILES!r}
 c.GPUBroker.reclaim_interval_seconds = 0.2
+# JupyterHub notices a server the pool stopped at its next poll (30 s by default, docs/admission.md)
+c.Spawner.poll_interval = 2
 c.GPUBroker.swap_host_memory_percent = {6144 * 100 / machine_mib()!r}
 c.JupyterHub.services.append({{"name": "reclaim-test", "api_token": {secrets.token_hex(16)!r}}})
 """
