@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from quotas import Allocation, Owner
-from quotas.messages import compute_size, memory_size, mib
+from quotas.messages import compute_size, memory_size, mib, queue_place
 
 from .allocator import GPUAllocator
 from .events import recent_events
@@ -223,6 +223,7 @@ def user_gpu(user: Any) -> dict[str, Any] | None:
         "remaining": remaining(levels),
         "simulated": bool(allocator.backend.simulated) if allocator.backend is not None else False,
         "usage_page": usage_page_offered(),
+        "queue_place": queue_place,  # a place in the GPU queue as the catalogue says it
     }
 
 

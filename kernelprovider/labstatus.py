@@ -37,7 +37,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from quotas.messages import HUB_STOPPED_IT, mib
+from quotas.messages import HUB_STOPPED_IT, mib, queue_place
 
 from .provisioner import STARTING, STOPPED_BY_HUB
 
@@ -89,7 +89,7 @@ def slice_text(view: dict[str, Any]) -> str:
 def where_queued(position: Any) -> str:
     """'position 3 in the GPU queue (2 requests ahead)' (``position``: requests ahead), or 'in the GPU queue'."""
     if isinstance(position, int) and not isinstance(position, bool):
-        return f"position {position + 1} in the GPU queue ({position} request{'s' if position != 1 else ''} ahead)"
+        return queue_place(position)
     return "in the GPU queue"
 
 

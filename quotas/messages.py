@@ -171,6 +171,13 @@ def asked(request: GPURequest) -> str:
     return f"{request.count} x {mib(request.memory_mib)}" if request.count > 1 else mib(request.memory_mib)
 
 
+def queue_place(ahead: int) -> str:
+    """A place in the GPU queue as every page, notice and status says it (``ahead``: requests
+    ahead of it): 'position 1 in the GPU queue (0 requests ahead)', 'position 2 in the GPU queue
+    (1 request ahead)', 'position 21 in the GPU queue (20 requests ahead)'."""
+    return f"position {ahead + 1} in the GPU queue ({plural(ahead, 'request')} ahead)"
+
+
 def moved_for(request: GPURequest, waited_s: float) -> str:
     """Why a slice is moved (swapped out): the waiting request it makes room for."""
     return (

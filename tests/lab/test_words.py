@@ -99,3 +99,38 @@ def test_the_launcher_icon_says_the_size_of_slices_whole_cards_and_several_cards
     assert size_label({"memory_mib": 40960, "cores_percent": 100, "count": 2}) == ("2 × 40 GiB", "100%")
     svg = logo_svg({"memory_mib": 1536, "cores_percent": 10, "name": "<x>"})
     assert ">1.5 GiB<" in svg and ">10%<" in svg and "<x>" not in svg
+
+
+#: requests ahead -> the place a user reads (issue 26: the home page read "(2. in line)")
+PLACES = {0: "position 1", 1: "position 2", 2: "position 3", 10: "position 11", 20: "position 21"}
+
+
+def test_a_place_in_the_gpu_queue_reads_as_a_position_wherever_a_user_sees_it():
+    from jinja2 import Environment, FileSystemLoader
+
+    from hubext.admin import TEMPLATES
+    from quotas.messages import mib, queue_place
+
+    user_page = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=True).get_template(
+        "elastic_gpu_user.html"
+    )
+    for ahead, place in PLACES.items():
+        sentence = queue_place(ahead)  # the catalogue's sentence
+        requests = "1 request" if ahead == 1 else f"{ahead} requests"
+        assert sentence == f"{place} in the GPU queue ({requests} ahead)", sentence
+        # JupyterLab's status item and notice
+        view = slice_view({**RUNNING, "swap": {"state": "queued", "position": ahead, "host_mib": 1024}}, NOW)
+        assert view["status"] == f"GPU queued: {sentence}", view["status"]
+        # the home page: a waiting request and a swapped-out kernel waiting to resume
+        waiting = {"count": 1, "memory_mib": 10240, "whole": False, "kind": "kernel", "server_name": "",
+                   "position": ahead, "reason": "No GPU has 10 GiB free."}  # fmt: skip
+        swapped = {"server_name": "", "kernel_id": "k1", "state": "queued", "position": ahead,
+                   "memory_mib": 10240, "gpu_count": 1, "host_mib": 1024, "since_utc": "2026-11-29 08:00 UTC",
+                   "cull_at_utc": ""}  # fmt: skip
+        g = {"slices": [], "waiting": [waiting], "swapped": [swapped], "events": [], "levels": [],
+             "remaining": {"memory_mib": None, "cores_percent": None, "gpus": None}, "usage_page": False,
+             "simulated": False, "queue_place": queue_place,
+             "owner": {"workspace": "default", "namespace": "default"}}  # fmt: skip
+        page = " ".join(user_page.render(elastic_gpu=g, base_url="/hub/", gpu_size=mib).split())
+        assert page.count(sentence) == 2, page
+        assert ". in " not in page, page
