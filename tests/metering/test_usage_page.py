@@ -82,6 +82,29 @@ def test_the_home_page_links_the_usage_page_and_says_what_is_left_in_words(hub):
     assert "unlimited of" not in text
 
 
+def test_the_admin_and_home_pages_link_the_usage_page_and_each_link_opens_it(hub):
+    """Issue 26: "the page is linked from nowhere". The links, followed as a browser does: the
+    admin's from /hub/gpu opens everyone's usage; alice's from her home page opens her own."""
+
+    def follow(opener, page: str, link: str) -> str:
+        status, text = _get(opener, f"{hub.url}{page}")
+        assert status == 200, (page, status, text[-600:])
+        found = re.search(link, text, re.S)
+        assert found, (page, text[-3000:])
+        status, text = _get(opener, urllib.parse.urljoin(f"{hub.url}{page}", html.unescape(found.group(1))))
+        assert status == 200, (page, found.group(1), status, text[-600:])
+        return " ".join(re.sub(r"<[^>]+>", " ", text).split())
+
+    admin = hub.login("page-admin")
+    words = follow(admin, "/hub/gpu", r'<a class="egpu-usage-link" href="([^"]+)"')
+    assert "Everyone's GPU use" in words, words[:1500]
+    alice = hub.login("alice")
+    words = follow(alice, "/hub/home", r'<p class="egpu-usage-link"><a href="([^"]+)"')
+    assert "Your GPU use (alice)" in words and "Everyone" not in words, words[:1500]
+    status, _ = _get(alice, f"{hub.url}/hub/gpu/usage?user=page-admin")  # her own only
+    assert status == 403
+
+
 def test_the_usage_chart_stays_in_gpu_hours_however_small_the_use():
     """The page's summary and table are in GPU-hours; the chart beside them switched to GPU-seconds
     when the bars were small (a few minutes of a quarter card)."""
