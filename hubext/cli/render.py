@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from quotas.messages import mib
+from quotas.messages import mib, plural
+
+
+def asked_size(q: dict[str, Any]) -> str:
+    """A waiting request's size: '2 × 10 GiB, 25 %', or '1 whole GPU' (a whole card has no slice size)."""
+    if q.get("whole"):
+        return plural(q["count"], "whole GPU")
+    return f"{q['count']} × {mib(q['memory_mib'])}, {q['cores_percent']} %"
 
 
 def bar(used: float, total: float, width: int = 20) -> str:
@@ -69,8 +76,8 @@ def render_pool(view: dict[str, Any], origin: str) -> str:
         out.append("Queue:")
         for i, q in enumerate(view["queue"], 1):
             out.append(
-                f"  {i}. {q['user']} ({q['workspace']}): {q['count']} × {mib(q['memory_mib'])}, "
-                f"{q['cores_percent']} % — waiting {q['waiting_seconds']:.0f} s: {q['reason']}"
+                f"  {i}. {q['user']} ({q['workspace']}): {asked_size(q)} — waiting {q['waiting_seconds']:.0f} s: "
+                f"{q['reason']}"
             )
     else:
         out.append("Queue: empty")

@@ -15,15 +15,19 @@ import asyncio
 import json
 import os
 import secrets
+import subprocess
+import sys
+import threading
 import time
 from datetime import datetime
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 
 from culler import service_role
 from tests.cli.browser import Browser, chromium_path
-from tests.culler.stack import CullerProcess, KernelTab
+from tests.culler.stack import CullerProcess, KernelTab, page_text
 from tests.hubrunner import HubRunner
 from tests.kernelprovider.helpers import CUDA_CELL, doubles_stack
 
@@ -33,6 +37,7 @@ SIZES = [
     {"name": "gpu-10g", "display_name": "GPU 10 GiB", "memory_mib": 10240, "cores_percent": 50},
     # larger than the 16 GiB cards: refused at once with a sentence
     {"name": "gpu-20g", "display_name": "GPU 20 GiB", "memory_mib": 20480, "cores_percent": 50},
+    {"name": "gpu-whole", "display_name": "A whole GPU", "whole": True},
 ]
 ADMISSION = {
     "priority_classes": {"default": {"value": 100, "preempt": False, "borrow": False}},
@@ -395,3 +400,54 @@ async def test_the_idle_countdown_comes_from_the_brokers_fields_whatever_the_war
         session = alice_session_of(servers, "idle.ipynb")
         if session:
             servers["alice"].api("DELETE", f"/sessions/{session['id']}")
+
+
+def test_a_waiting_whole_gpu_request_reads_as_one_whole_gpu_on_the_pages_and_in_the_cli(stack):
+    """Issue 26: a whole-card request read "1 × 0 MiB, 100 %" and was told to "ask for fewer GPUs"
+    for one GPU. bob's two kernels hold a slice of each card; alice's whole-GPU kernel waits."""
+    hub, servers, work = stack
+    bob_sessions: list[dict] = []
+    started: dict = {}
+    waiter = None
+    try:
+        for _ in range(2):
+            status, bob = servers["bob"].start_session(SPEC)
+            assert status == 201, bob
+            bob_sessions.append(bob)
+        waiter = threading.Thread(
+            target=lambda: started.update(result=servers["alice"].start_session("elastic-gpu-gpu-whole")),
+            daemon=True,
+        )
+        waiter.start()
+
+        def queued() -> dict | None:
+            status, pool = hub.api("GET", "/gpu/pool")
+            assert status == 200, pool
+            return next((q for q in pool["queue"] if q["user"] == "alice"), None)
+
+        entry = hub.wait_for(queued, 60, what="alice's whole-GPU request to wait")
+        assert entry["whole"] and entry["count"] == 1, entry
+        assert "fewer GPUs" not in entry["reason"], entry["reason"]
+        admin = page_text(hub, "admin", "/hub/gpu")
+        assert "1 whole GPU" in admin, admin
+        home = page_text(hub, "alice", "/hub/home")
+        assert "A request for 1 whole GPU (kernel on server default" in home, home
+        cli = subprocess.run(
+            [str(Path(sys.executable).parent / "elastic-gpu"), "status", "--url", hub.url,
+             "--token", hub.admin_token, "--config-dir", str(work / "cli")],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert cli.returncode == 0, cli.stderr
+        line = next(x for x in cli.stdout.splitlines() if "alice" in x and "waiting" in x)
+        assert ": 1 whole GPU — waiting" in line, cli.stdout
+        for page, text in (("admin page", admin), ("home page", home), ("CLI", cli.stdout)):
+            assert "× 0 MiB" not in text and "fewer GPUs" not in text, (page, text)
+    finally:
+        for bob in bob_sessions:  # a card frees: alice's kernel gets it, then goes too
+            servers["bob"].api("DELETE", f"/sessions/{bob['id']}")
+        if waiter is not None:
+            waiter.join(120)
+            status, session = started.get("result", (0, None))
+            if status == 201:
+                servers["alice"].api("DELETE", f"/sessions/{session['id']}")
+
