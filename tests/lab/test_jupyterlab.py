@@ -451,3 +451,44 @@ def test_a_waiting_whole_gpu_request_reads_as_one_whole_gpu_on_the_pages_and_in_
             if status == 201:
                 servers["alice"].api("DELETE", f"/sessions/{session['id']}")
 
+
+#: jupyter_client's KernelRestarter polls a kernel every time_to_dead (3 s) and our provisioner asks the
+#: broker at most every poll_cache_seconds (1 s): the server learns of a stop within one such cycle. The
+#: wait allows ten on a loaded machine (the finding: still listed as busy after 45 s).
+SERVER_NEWS_SECONDS = 10 * (3.0 + 1.0)
+
+
+@pytest.mark.parametrize("who", ["the user", "an admin"])
+def test_a_busy_kernel_with_no_tab_leaves_the_kernel_lists_when_it_is_stopped(stack, who):
+    """Issue 26: "a busy kernel with no tab stayed listed as busy for over 45 s after it was stopped".
+    The lists: the server's /api/kernels (JupyterLab's running-kernels panel reads it) and the hub's."""
+    hub, servers, _ = stack
+    status, session = servers["alice"].start_session(SPEC)
+    assert status == 201, session
+    kernel_id = session["kernel"]["id"]
+    gpu_id = broker_id(hub, kernel_id)
+    tab = KernelTab(hub, "alice", kernel_id)
+    try:
+        tab.send_execute("import time\nwhile True: time.sleep(1)")
+
+        def state() -> str:
+            code, model = servers["alice"].api("GET", f"/kernels/{kernel_id}")
+            return "gone" if code == 404 else model.get("execution_state", "")
+
+        hub.wait_for(lambda: state() == "busy", 60, 0.2, "the kernel to be busy")
+    finally:
+        tab.close()  # no tab is left on it
+    if who == "the user":  # JupyterLab's running panel: "Shut Down Kernel"
+        code, body = servers["alice"].api("DELETE", f"/kernels/{kernel_id}")
+        assert code == 204, body
+        assert state() == "gone"  # not listed once the shutdown returns
+    else:
+        code, body = hub.api("DELETE", f"/gpu/kernels/{gpu_id}?reason=maintenance")
+        assert code == 204, body
+        stopped = time.monotonic()
+        hub.wait_for(lambda: state() in ("gone", "dead"), SERVER_NEWS_SECONDS, 0.2, "the server to drop the kernel")
+        print(f"the server dropped the kernel {time.monotonic() - stopped:.1f} s after the hub's stop returned")
+    code, listed = hub.api("GET", "/gpu/kernels?user=alice")
+    assert code == 200, listed
+    assert not [k for k in listed["kernels"] if k["id"] == gpu_id and k["state"] in ("pending", "running")], listed
+    servers["alice"].api("DELETE", f"/sessions/{session['id']}")
