@@ -534,11 +534,15 @@ class GPUAllocator(SingletonConfigurable):
                     self._drop(waiter)
                     waiter.future.set_exception(decision.error or AdmissionError(decision.reason))
                     continue
-                waiter.error = decision.error
+                waiter.error, reason = decision.error, decision.reason
+                if isinstance(decision.error, PoolFull):  # a card out of service holds it up: say which
+                    reason = self.backend.explain_wait(waiter.request, self.state.pool, reason)
+                    if reason != decision.reason:
+                        waiter.error = PoolFull(reason)
                 ahead = step.waiting.position
-                if waiter.position != ahead or waiter.reason != decision.reason:
-                    waiter.position, waiter.reason = ahead, decision.reason
+                if waiter.position != ahead or waiter.reason != reason:
+                    waiter.position, waiter.reason = ahead, reason
                     if waiter.progress:
-                        waiter.progress(decision.reason, ahead)
+                        waiter.progress(reason, ahead)
             self._wake_when_overdue()
         return conflicted

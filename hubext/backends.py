@@ -21,7 +21,7 @@ from traitlets import Dict, List, Unicode
 from traitlets.config import LoggingConfigurable
 
 from libvgpu.checkpoint import CheckpointError
-from quotas import Allocation, Pool
+from quotas import Allocation, GPURequest, Pool
 
 if TYPE_CHECKING:
     from .kernels import KernelRecord
@@ -355,6 +355,11 @@ class PoolBackend(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         """Cards that take no new slice, and why (gpu uuid -> sentence): on Kubernetes, a card
         whose node agent saw a fatal Xid (libvgpu/health.py). Called by the pool view."""
         return {}
+
+    def explain_wait(self, request: GPURequest, pool: Pool, reason: str) -> str:
+        """The wait sentence of ``request`` (``reason``, admission's) with the cards out of service
+        that could have held it named. Called by the allocator for each request that waits."""
+        return reason
 
     async def claimed_inventory(self) -> Pool | None:
         """The inventory as last read, with what other claimants hold now: cheap (no listing of

@@ -16,6 +16,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .contract import NODE_GPU_HEALTH_ANNOTATION
+
 #: the Xids after which NVIDIA's guide says the card needs a reset (or replacement) before use
 FATAL_XIDS: dict[int, str] = {
     48: "a double-bit ECC error",
@@ -36,11 +38,23 @@ class OutOfService:
     since: float
     index: int = 0
 
-    def why(self) -> str:
-        """The sentence the pages, the CLI and the logs show."""
-        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.since))
-        what = FATAL_XIDS.get(self.xid, "a fatal error")
-        return f"out of service since {when}: Xid {self.xid} ({what}); an admin clears it once the card is reset"
+    def meaning(self) -> str:
+        """'Xid 79 (the GPU has fallen off the bus)'."""
+        return f"Xid {self.xid} ({FATAL_XIDS.get(self.xid, 'a fatal error')})"
+
+    def since_utc(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(self.since))
+
+    def why(self, node: str = "") -> str:
+        """The sentence the pages, the CLI and the logs show (with how to clear it, given its node)."""
+        text = f"out of service since {self.since_utc()}: {self.meaning()}; "
+        return text + (f"an admin clears it, once the card is reset, with `{clear_command(node)}`" if node
+                       else "an admin clears it once the card is reset")
+
+
+def clear_command(node: str) -> str:
+    """How an admin clears the cards of ``node`` (the agent publishes a card again on its next fatal Xid)."""
+    return f"kubectl annotate node {node} {NODE_GPU_HEALTH_ANNOTATION}-"
 
 
 def parse(text: str | None) -> dict[str, OutOfService]:

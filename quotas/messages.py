@@ -322,6 +322,25 @@ def no_cards(request: GPURequest, model: str | None, kind: str, own: str = "") -
     )
 
 
+
+def out_of_service(cards: list[tuple[str, str, str, str]]) -> str:
+    """Cards (uuid, node, 'Xid 79 (the GPU has fallen off the bus)', how to clear) that take no
+    new slice: 'GPU-1 on node n is out of service after Xid 79 (...); an admin clears it with ...'."""
+    return " ".join(
+        f"{uuid} on node {node} is out of service after {xid}; an admin clears it, once the card is "
+        f"reset, with `{clear}`." for uuid, node, xid, clear in cards
+    )
+
+
+def only_out_of_service(request: GPURequest, cards: list[tuple[str, str, str, str]], kind: str) -> str:
+    """The only cards that could hold a request are out of service (a fatal Xid): waiting for a
+    kernel to stop cannot help, an admin must clear them (:func:`out_of_service` names them)."""
+    return (
+        f"The only GPUs that could hold {shape(request)} are out of service: {out_of_service(cards)} "
+        f"This {kind} waits until then."
+    )
+
+
 # ---- a request no card or node of the pool can ever hold (InvalidRequest, quotas/checks.py) ------
 
 

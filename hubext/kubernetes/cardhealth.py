@@ -10,7 +10,8 @@ from typing import Any
 
 from libvgpu import contract as C
 from libvgpu import health
-from quotas import Node
+from quotas import GPU, GPURequest, Mode, Node, Pool
+from quotas import messages as msg
 
 
 class CardHealth:
@@ -54,5 +55,36 @@ class CardHealth:
         ]
 
     def why(self) -> Mapping[str, str]:
-        """gpu uuid -> the sentence saying why it takes no new slice."""
-        return {uuid: card.why() for uuid, (_, card) in sorted(self.cards.items())}
+        """gpu uuid -> the sentence saying why it takes no new slice (and how an admin clears it)."""
+        return {uuid: card.why(node) for uuid, (node, card) in sorted(self.cards.items())}
+
+    def explain(self, request: GPURequest, pool: Pool, reason: str) -> str:
+        """The wait sentence ``reason`` of ``request``, saying which cards that could hold it are
+        out of service; when no node has enough cards in service that could, those cards alone
+        are the reason (waiting for a kernel to stop cannot help)."""
+        if not self.cards:
+            return reason
+        broken, enough = [], False
+        for node in pool.nodes:
+            fit = [g for g in node.gpus if _could_hold(g, request)]
+            broken += [g for g in fit if g.uuid in self.cards]
+            enough = enough or len([g for g in fit if g.uuid not in self.cards]) >= request.count
+        if not broken:
+            return reason
+        cards = [(g.uuid, self.cards[g.uuid][0], self.cards[g.uuid][1].meaning(),
+                  health.clear_command(self.cards[g.uuid][0])) for g in broken]
+        if enough:
+            return f"{reason} {msg.out_of_service(cards)}"
+        return msg.only_out_of_service(request, cards, msg.what(request))
+
+
+def _could_hold(gpu: GPU, request: GPURequest) -> bool:
+    """Whether ``gpu`` could hold ``request`` were it empty (its size and model; not what it holds)."""
+    if request.pinned_uuids and gpu.uuid not in request.pinned_uuids:
+        return False
+    if request.model and gpu.model != request.model or gpu.mode == Mode.MIG:
+        return False
+    if request.whole:
+        return True
+    return (gpu.mode == Mode.SHARED and int(gpu.memory_mib * gpu.memory_oversub) >= request.memory_mib
+            and int(100 * gpu.cores_oversub) >= request.cores_percent)

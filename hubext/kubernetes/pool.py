@@ -25,7 +25,7 @@ from traitlets import Bool, Float, List, Unicode, default
 
 from libvgpu import contract as C
 from libvgpu.elastic import pod_reclaims
-from quotas import GPU, Allocation, ConfigError, Node, Pool, load_pool
+from quotas import GPU, Allocation, ConfigError, GPURequest, Node, Pool, load_pool
 
 from ..backends import GoneCallback, PoolBackend, ReleaseCause
 from .cardhealth import CardHealth
@@ -225,6 +225,9 @@ class KubernetesPool(PoolBackend):
 
     def out_of_service(self) -> Mapping[str, str]:
         return self.health.why()
+
+    def explain_wait(self, request: GPURequest, pool: Pool, reason: str) -> str:
+        return self.health.explain(request, pool, reason)
 
     async def stop(self) -> None:
         for task in (self._task, self._node_watch):

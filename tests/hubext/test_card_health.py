@@ -49,8 +49,13 @@ async def test_a_card_with_a_fatal_xid_takes_no_new_slice_says_why_and_returns_w
         with caplog.at_level(logging.ERROR):
             first = await hub.allocate(_request("u1"), queue=False)
             assert first.gpu_uuids == (good,)
-            with pytest.raises(PoolFull):  # the other card fell off the bus: no slice goes there
+            with pytest.raises(PoolFull) as refused:  # the other card fell off the bus: no slice goes there
                 await hub.allocate(_request("u2"), queue=False)
+        # the refusal says why the other card is no help, and how an admin clears it
+        assert "No GPU has 24 GiB of memory and 30% of compute free right now" in refused.value.message
+        assert (f"{broken} on node {node} is out of service after Xid 79 (the GPU has fallen off the bus); an admin "
+                f"clears it, once the card is reset, with `kubectl annotate node {node} "
+                f"{C.NODE_GPU_HEALTH_ANNOTATION}-`.") in refused.value.message
         assert f"GPU {broken} of node {node} is out of service since" in caplog.text
         assert "Xid 79 (the GPU has fallen off the bus)" in caplog.text
         view = await hub_pool_view(hub)

@@ -23,6 +23,7 @@ from kubernetes import config as kconfig
 
 from hubext.metering.store import UsageStore
 from libvgpu import contract as L
+from libvgpu import health
 from tests.hubrunner import HubRunner
 from tests.kubeemu import KubeEmulator
 from tests.kubeemu.helpers import create_host_claim
@@ -125,6 +126,7 @@ def cluster(tmp_path_factory):
         c.ElasticGPUSpawner.gpu_unschedulable_seconds = {UNSCHEDULABLE_S}
         c.ElasticGPUSpawner.gpu_owner_mapping = {{"eve": "small/default"}}
         c.ElasticGPUSpawner.profile_list = {PROFILES!r}
+        c.Authenticator.admin_users = {{"gpu-admin"}}
         """
     )
     kconfig.load_kube_config(config_file=str(emulator.kubeconfig_path))
@@ -365,6 +367,44 @@ def test_high_priority_spawn_preempts_a_low_priority_one(cluster):
         "frank": ("notebook", "stopped"),
     }
     assert records["frank"].hub_groups == "urgent" and records["frank"].priority_class == "high"
+
+
+def _set_health(api, cards: dict) -> None:
+    """What the node agent writes after a fatal Xid (an empty dict: what an admin's clearing leaves)."""
+    api.patch_node(NODE, {"metadata": {"annotations": {L.NODE_GPU_HEALTH_ANNOTATION: health.dump(cards)}}})
+
+
+def _card_out_of_service(hub: HubRunner) -> str | None:
+    status, pool = hub.api("GET", "/gpu/pool")
+    assert status == 200, pool
+    return next(g.get("out_of_service") for n in pool["nodes"] for g in n["gpus"] if g["uuid"] == GPU_UUID)
+
+
+def test_a_card_out_of_service_is_on_the_admin_page_and_in_the_sentence_of_a_request_it_holds_up(cluster):
+    """The only card fell off the bus (Xid 79): the admin page shows which card, since when, the Xid
+    and what it means, and how to clear it; a spawn that waits for it is told that this card is
+    out of service, not to wait for a kernel to stop (clearing it: tests/hubext/test_card_health.py)."""
+    hub, api = cluster
+    clear = f"kubectl annotate node {NODE} {L.NODE_GPU_HEALTH_ANNOTATION}-"
+    since = time.time() - 120
+    _set_health(api, {GPU_UUID: health.OutOfService(79, since, 0)})
+    try:
+        hub.wait_for(lambda: _card_out_of_service(hub), 30, what="the hub to see the card out of service")
+        page = hub.login("gpu-admin").open(hub.url + "/hub/gpu", timeout=60).read().decode()
+        card = page.split(f'data-uuid="{GPU_UUID}"', 1)[1].split('class="col-lg-6', 1)[0]
+        assert "egpu-out-of-service" in card, card
+        block = card.split("egpu-out-of-service", 1)[1].split("</div>", 1)[0]
+        assert "Out of service" in block and "Xid 79" in block and "the GPU has fallen off the bus" in block, block
+        assert time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(since)) in block, block
+        assert clear in block, block
+        # a spawn only this card could hold waits, told that this card is out of service, then gives up
+        message = failure_message(hub, "carol", *spawn(hub, "carol", {"profile": "quarter-brief"}))
+        assert f"{GPU_UUID} on node {NODE} is out of service after Xid 79 (the GPU has fallen off the bus)" in message
+        assert clear in message and "Wait for a kernel to stop" not in message and "Waited" in message, message
+        assert server(hub, "carol") is None
+    finally:
+        _set_health(api, {})
+    hub.wait_for(lambda: _card_out_of_service(hub) is None, 30, what="the hub to see the card cleared")
 
 
 def test_hub_restart_keeps_every_allocation(cluster):
