@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,6 +58,33 @@ def measure(node: Node, calls: int, reps: int) -> dict[str, dict[str, float]]:
         name: {key: statistics.median(values) for key, values in series.items()}
         for name, series in runs.items()
     }
+
+
+def _syscalls(box, steps: tuple[str, ...], shim: bool) -> int:
+    """System calls the probe makes running ``steps`` (strace -f -c, its 'total' row)."""
+    with tempfile.TemporaryDirectory(prefix="shim-strace-") as tmp:
+        out = Path(tmp) / "summary"
+        env = box.env(shim=shim)
+        proc = subprocess.run(["strace", "-f", "-c", "-o", str(out), str(box.node.build.probe), *steps],
+                              env=env, capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise SystemExit(f"strace of the probe failed: {proc.stdout}{proc.stderr}")
+        total = [line.split() for line in out.read_text().splitlines() if line.split()[-1:] == ["total"]]
+        return int(total[-1][3])
+
+
+def syscalls_per_call(node: Node, calls: int) -> float:
+    """System calls the shim adds per launch + alloc+free pair in steady state: the probe's
+    system calls for 2N and for N of each, with the shim minus without (what starting, the
+    context and the double make cancels out), over N. The shim's 100 ms floor refresh is the
+    only time-driven part; a per-call system call would read about 1.0 here."""
+    box = node.container("syscalls", "memory_mib=4096")
+    added = {}
+    for shim in (False, True):
+        n1 = _syscalls(box, ("init", "ctx", f"bench:{calls}"), shim)
+        n2 = _syscalls(box, ("init", "ctx", f"bench:{2 * calls}"), shim)
+        added[shim] = n2 - n1
+    return max(0.0, (added[True] - added[False]) / calls)
 
 
 GPU_SCRIPT = """
@@ -147,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                  CUDA_DOUBLE_ALLOC_CPU_NS=args.alloc_ns),
             args.calls, args.reps,
         )
+        per_call = syscalls_per_call(Node(build, Path(tmp) / "syscalls"), 2000) if shutil.which("strace") else None
 
     def ratio(m: dict[str, dict[str, float]], key: str) -> float:
         return m["with"][key] / m["without"][key]
@@ -163,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  shim adds {m['with']['launch_ns'] - m['without']['launch_ns']:+.0f} ns per "
               f"launch, {m['with']['alloc_ns'] - m['without']['alloc_ns']:+.0f} ns per "
               f"alloc+free pair; ratios {ratio(m, 'launch_ns'):.3f} / {ratio(m, 'alloc_ns'):.3f}")
+    print("system calls the shim adds per launch + alloc+free pair (strace): "
+          + ("strace is not installed" if per_call is None else f"{per_call:.4f}"))
     print(f"shim launch_ratio={ratio(modelled, 'launch_ns'):.3f} "
           f"alloc_ratio={ratio(modelled, 'alloc_ns'):.3f}")
     return 0

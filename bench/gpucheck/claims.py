@@ -25,6 +25,13 @@ DRIVER_TOLERANCE_MIB = 16
 CORES_POINTS = 5
 #: the shim's cost on a launch or an alloc+free pair, as a ratio to no shim
 OVERHEAD_RATIO = 1.02
+#: on the doubles the driver's cost is modelled with CPU time on a machine others share, so
+#: run-to-run noise there is larger than OVERHEAD_RATIO's 2 % (0.96-1.06 seen at load 9-12): the
+#: ratios are held to this looser bound, and the cause of a real overhead is judged instead: the
+#: shim adds no system call to a launch or an alloc+free pair (at most this many per call, which
+#: leaves room for its 100 ms floor refresh)
+DOUBLES_OVERHEAD_RATIO = 1.10
+SYSCALLS_PER_CALL = 0.01
 #: swap: GiB moved and the goals of docs/kernels.md (GiB/s each way, seconds to the first call)
 SWAP_GIB = 16
 SWAP_GIB_S = 10.0
@@ -194,10 +201,12 @@ def _capture_after_idle(target: Target, pidns: bool) -> Verdict:
 
 def _launch_overhead(target: Target, pidns: bool) -> Verdict:
     f = target.launch_overhead()
-    if f.pop("cpu_model", False):
-        raise NotModelled("the doubles model the driver's cost with the CPU, which the machine shares: "
-                          "a ratio, no verdict", f)
     ratios = [v for k, v in f.items() if k.endswith("_ratio")]
+    if f.pop("cpu_model", False):
+        return (all(r <= DOUBLES_OVERHEAD_RATIO for r in ratios)
+                and f["syscalls_per_call"] <= SYSCALLS_PER_CALL), {
+                    **f, "judged": f"ratios<={DOUBLES_OVERHEAD_RATIO:g} on a shared CPU, "
+                                   f"syscalls_per_call<={SYSCALLS_PER_CALL:g}; {OVERHEAD_RATIO:g} is judged on a GPU"}
     return all(r <= OVERHEAD_RATIO for r in ratios), f
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from libvgpu.elastic import pending_reclaims
 from libvgpu.regions import read_container_region
 
 from ..shim_overhead import measure as measure_overhead
+from ..shim_overhead import syscalls_per_call
 from .claims import (
     CHUNK_MIB,
     CORES_POINTS,
@@ -24,6 +26,7 @@ from .claims import (
     ELASTIC_REQUEST,
     SLICE_MIB,
     Figures,
+    NotModelled,
     Phase,
 )
 from .common import held_figures, host_used_mib, median
@@ -206,7 +209,10 @@ class DoubleTarget:
     def launch_overhead(self) -> Figures:
         node = self._node("overhead", CUDA_DOUBLE_LAUNCH_CPU_NS=2000, CUDA_DOUBLE_ALLOC_CPU_NS=5000)
         m = measure_overhead(node, 20000, 5)
+        if not shutil.which("strace"):
+            raise NotModelled("strace is not installed: the system calls the shim adds are not counted")
         return {**{f"{k[:-3]}_ratio": round(m["with"][k] / m["without"][k], 3) for k in ("launch_ns", "alloc_ns")},
+                "syscalls_per_call": round(syscalls_per_call(self._node("syscalls"), 2000), 4),
                 "cpu_model": True}
 
     def swap(self, gib: int) -> Figures:
