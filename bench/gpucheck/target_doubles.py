@@ -212,7 +212,7 @@ class DoubleTarget:
         if not shutil.which("strace"):
             raise NotModelled("strace is not installed: the system calls the shim adds are not counted")
         return {**{f"{k[:-3]}_ratio": round(m["with"][k] / m["without"][k], 3) for k in ("launch_ns", "alloc_ns")},
-                "syscalls_per_call": round(syscalls_per_call(self._node("syscalls"), 2000), 4),
+                "syscalls_per_call": round(syscalls_per_call(self._node("syscalls"), 10000), 4),
                 "cpu_model": True}
 
     def swap(self, gib: int) -> Figures:

@@ -241,10 +241,24 @@ static void dbl_init(void) {
 
 static inline void dbl_ready(void) { pthread_once(&dbl_once, dbl_init); }
 
+/* getpid() once per process, as a real driver keeps it: a launch or an allocation makes no
+ * system call (so the GPU check can count the ones the shim adds); reset in a forked child. */
+static _Atomic int dbl_getpid_cache;
+static void dbl_forked(void) { __atomic_store_n(&dbl_getpid_cache, 0, __ATOMIC_RELEASE); }
+__attribute__((constructor)) static void dbl_register_fork(void) { pthread_atfork(NULL, NULL, dbl_forked); }
+static inline int dbl_getpid(void) {
+    int p = __atomic_load_n(&dbl_getpid_cache, __ATOMIC_ACQUIRE);
+    if (!p) {
+        p = getpid();
+        __atomic_store_n(&dbl_getpid_cache, p, __ATOMIC_RELEASE);
+    }
+    return p;
+}
+
 /* The calling process as the driver knows it: its pid in the host's pid namespace. */
 static int dbl_self(void) {
     static _Atomic int cached_for, cached;
-    int me = getpid();
+    int me = dbl_getpid();
     if (!dbl_env.host_proc[0]) return me;
     if (__atomic_load_n(&cached_for, __ATOMIC_ACQUIRE) == me) return cached;
     char path[300], link[32];
