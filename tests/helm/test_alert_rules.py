@@ -5,15 +5,21 @@ backstop kills, a card out of service after a fatal Xid), scoped to this release
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import textwrap
+import urllib.error
+import urllib.request
 
 import pytest
 import yaml
 
 from tests.helm import tools
+from tests.hubrunner import HubRunner, free_port
 
 MONITORING = tools.CHART / "examples" / "monitoring.yaml"
 AGENT_JOB = f"{tools.RELEASE}-elastic-gpu-node-agent"
@@ -144,3 +150,52 @@ def test_a_culler_run_by_the_hub_is_scraped_through_a_service_on_the_hub_pod():
     docs = tools.render([MONITORING, hub_service])
     assert not tools.find(docs, "Service", CULLER_JOB)
     assert not tools.find(docs, "NetworkPolicy", f"{CULLER_JOB}-metrics")
+
+
+def _pod_address() -> str:
+    """This machine's address on its network (as a pod's IP is, for Prometheus), else loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 9))  # no packet is sent: only the route is chosen
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def test_the_culler_a_hub_runs_answers_the_scrape_the_chart_renders_and_nothing_else(tmp_path):
+    """culler.scrapeInHub, run for real: a hub configured as docs/helm.md says (the culler inside it,
+    with the arguments the docs give) serves the culler's metrics to a scrape without a token on the
+    port and path the rendered Service and ServiceMonitor name; that port answers nothing of the hub."""
+    port = free_port()
+    hub_service = tools.CHART / "examples" / "culler-as-hub-service.yaml"
+    docs = tools.render([MONITORING, hub_service], ["culler.scrapeInHub=true", f"culler.metricsPort={port}"])
+    (service_port,) = tools.one(docs, "Service", CULLER_JOB)["spec"]["ports"]
+    (endpoint,) = tools.one(docs, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["port"] == service_port["name"] and not {"bearerTokenSecret", "authorization"} & endpoint.keys()
+    assert service_port["targetPort"] == port
+    guide = " ".join((tools.CHART.parent.parent / "docs" / "helm.md").read_text().split())
+    args = json.loads("[" + re.search(r"culler_port=\d+, culler_args=\[([^\]]*)\]", guide)[1] + "]")
+    config = textwrap.dedent(
+        f"""
+        from hubext.hubconfig import configure_hub
+        configure_hub(c, mode="local", simulate_gpus="1xH100-80GB", data_dir={str(tmp_path / "data")!r},
+                      culler=True, culler_port={port}, culler_args={args!r}, metering=False)
+        """
+    )
+    target = f"http://{_pod_address()}:{port}"
+    with HubRunner(tmp_path / "hub", config) as hub:
+
+        def scrape() -> str | None:  # as Prometheus does: no token, the Service's port, the monitor's path
+            try:
+                with urllib.request.urlopen(target + endpoint["path"], timeout=10) as r:
+                    text = r.read().decode()
+            except OSError:
+                return None
+            return text if re.search(r"^elastic_gpu_culler_last_cycle_timestamp_seconds [1-9]", text, re.M) else None
+
+        text = hub.wait_for(scrape, 60, what=f"the culler's metrics at {target}{endpoint['path']} after a cycle")
+        assert "# TYPE elastic_gpu_culler_last_cycle_timestamp_seconds gauge" in text, text
+        for path in ("/", "/hub/api", "/hub/api/users", "/hub/login", "/hub/gpu", "/user/x/api", "/services/"):
+            with pytest.raises(urllib.error.HTTPError) as answer:
+                urllib.request.urlopen(target + path, timeout=10)
+            assert answer.value.code == 404, (path, answer.value.code)
