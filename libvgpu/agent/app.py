@@ -36,6 +36,7 @@ from quotas import ConfigError
 
 from . import inventory, swap
 from .activity import ActivityPublisher, pod_activity
+from .cards import CardAccess
 from .install import install_shim
 from .kube import Kube, KubeError, ObjectRef, dump_gpus
 from .metrics import AgentMetrics, Snapshot
@@ -129,6 +130,14 @@ class NodeAgent(Application):
         config=True,
         help="""The host's /proc (the agent runs with hostPID): where a process's cgroup names its
         pod. Default: /proc.""",
+    )
+    cgroup_root = Unicode(
+        "/sys/fs/cgroup",
+        config=True,
+        help="""The host's cgroup filesystem: where a swapped-out kernel resuming on another card of
+        this node is allowed that card in its container's device cgroup (cgroup v1; on cgroup v2
+        the agent cannot widen a running container's device filter, and resumes go back to their
+        own card). Default: /sys/fs/cgroup.""",
     )
     pod_namespace = Unicode(
         "",
@@ -315,7 +324,8 @@ class NodeAgent(Application):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         self.checkpoint = CudaCheckpoint(self.cuda_library) if self.swap_interval_seconds > 0 else None
-        self._checkpoint_text = json.dumps(await asyncio.to_thread(swap.probe, self.checkpoint, driver))
+        self.cards = CardAccess(self.proc_root, self.cgroup_root)
+        self._checkpoint_text = json.dumps(await asyncio.to_thread(swap.probe, self.checkpoint, driver, self.cards))
         self.log.info("Checkpoints (swapping kernel pods out): %s", swap.probe_line(self._checkpoint_text))
         await self._publish()
         await self._refresh()
@@ -651,8 +661,10 @@ class NodeAgent(Application):
                 try:
                     if request.action == "suspend":  # before the lock: a cell starting now asks the hub first
                         await asyncio.to_thread(swap.set_marker, regions, kernel, True)
+                    minors = {g.uuid: g.index if g.minor is None else g.minor for g in self.gpus}
                     status = await asyncio.to_thread(
-                        swap.perform, request, pids, self.checkpoint, self._used_mib, elsewhere, swap.node_memory_mib()
+                        swap.perform, request, pids, self.checkpoint, self._used_mib, elsewhere, swap.node_memory_mib(),
+                        self.cards, minors,
                     )
                     if status["ok"] == (request.action == "resume"):
                         await asyncio.to_thread(swap.set_marker, regions, kernel, False)

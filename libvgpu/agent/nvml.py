@@ -51,6 +51,8 @@ class GPUInfo:
     sm_count: int  # 0 when unknown
     mig_enabled: bool = False
     mig_instances: tuple[MigInstance, ...] = ()
+    #: its device node's minor (/dev/nvidia<minor>); None: NVML did not say (the index is used)
+    minor: int | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,10 @@ class NVML:
             model = model_name(name, memory_mib)
             sm = self._sm_count(h) or sm_count_for(model)
             mig_enabled, instances = self._mig(h)
+            try:
+                minor: int | None = int(nv.nvmlDeviceGetMinorNumber(h))
+            except nv.NVMLError:
+                minor = None
             handles[uuid] = h
             gpus.append(
                 GPUInfo(
@@ -174,6 +180,7 @@ class NVML:
                     sm_count=sm,
                     mig_enabled=mig_enabled,
                     mig_instances=instances,
+                    minor=minor,
                 )
             )
         self._handles = handles

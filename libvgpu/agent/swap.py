@@ -13,8 +13,11 @@ and the agent answers once per generation in ``elastic-gpu.jupyter.org/swap-stat
      "host_mib": 1024, "stuck": false}
 
 A resume's remap moves the pod's processes onto other cards of this node (driver 580+, same chip
-type: :func:`probe` publishes ``remap`` so the hub asks only where it can). A restore the driver
-refuses leaves them checkpointed: the answer is not ``stuck``, the kernel stays swapped out.
+type, and a node where the agent can give a running container another card: :func:`probe`
+publishes ``remap`` so the hub asks only where it can). The pod's container has only the cards it
+started with: the agent grants it the new card before the restore and takes the old one back after
+it (:mod:`libvgpu.agent.cards`). A restore the driver refuses leaves them checkpointed (and the new
+card taken back): the answer is not ``stuck``, the kernel stays swapped out.
 
 A suspend is all or nothing (:meth:`CudaCheckpoint.suspend` undoes what it did when a step
 fails; ``stuck``: the undo failed too, the pod cannot run on). It is refused, the pod left
@@ -34,7 +37,7 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +46,7 @@ from libvgpu import contract as L
 from libvgpu.checkpoint import CheckpointError, CheckpointUnavailable, CudaCheckpoint, ProcessState
 from quotas.messages import swap_over_host_cap
 
+from .cards import CardAccess, CardAccessError
 from .pods import process_cgroup
 
 
@@ -56,17 +60,18 @@ class SwapRequest:
     host_memory_percent: float | None = None
 
 
-def probe(cp: CudaCheckpoint | None, driver: str = "") -> dict[str, Any]:
+def probe(cp: CudaCheckpoint | None, driver: str = "", cards: CardAccess | None = None) -> dict[str, Any]:
     """What the node publishes in ``elastic-gpu.jupyter.org/checkpoint``: whether its driver can
     checkpoint (``cp``: None when the agent's swap is off), and why not (blocking: the driver's
-    first cuInit; run it in a thread)."""
+    first cuInit; run it in a thread). A resume may go onto another card where the driver
+    restores there and ``cards`` can give a running container that card."""
     out: dict[str, Any] = {"able": False, "driver": driver}
     if cp is None:
         out["why_not"] = "the node agent's swap is off on this node (NodeAgent.swap_interval_seconds is 0)"
         return out
     try:
         cp.check()
-        remap_why_not = cp.remap_unavailable()
+        remap_why_not = cp.remap_unavailable() or (cards.why_not() if cards is not None else None)
     except CheckpointUnavailable as e:
         out["why_not"] = e.message
     else:
@@ -219,11 +224,14 @@ def perform(
     memory_mib: Callable[[list[int]], int],
     swapped_elsewhere_mib: int = 0,
     ram_mib: int = 0,
+    cards: CardAccess | None = None,
+    minors: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """Carry out ``request`` on the pod's processes (blocking: run it in a thread); the status.
 
     ``swapped_elsewhere_mib``: what this node's other swapped-out pods hold in host memory;
-    ``ram_mib``: the node's RAM (for the request's host-memory cap)."""
+    ``ram_mib``: the node's RAM (for the request's host-memory cap); ``cards``: gives the pod's
+    container the cards of a remap (``minors``: this node's card uuid -> device minor)."""
     status: dict[str, Any] = {"generation": request.generation, "action": request.action, "ok": False,
                               "message": "", "processes": [], "host_mib": 0, "stuck": False}  # fmt: skip
     try:
@@ -242,7 +250,13 @@ def perform(
         else:
             cuda = [p for p in sorted(set(pids)) if cp.state(p) is ProcessState.CHECKPOINTED]
             status["processes"] = cuda
-            cp.resume(cuda, dict(request.remap))
+            remap = dict(request.remap)
+            if remap and cards is not None:
+                cards.move(cuda, remap, minors or {}, lambda: cp.resume(cuda, remap))
+            else:
+                cp.resume(cuda, remap)
+    except CardAccessError as e:  # the new card not granted: the processes are still checkpointed
+        status["message"] = f"the kernel's container could not be given its new card: {e.strerror}"
     except CheckpointUnavailable as e:
         status["message"] = e.message
     except CheckpointError as e:  # a refused resume that left the processes checkpointed is not stuck

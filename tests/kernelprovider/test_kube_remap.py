@@ -5,12 +5,18 @@ device map, driver 580+, same chip type), instead of waiting for its own card.
 The stack of test_kube_swap (real hub, broker, KubeSpawner, jupyter-server, the node agent) on a
 node with two cards of one model; the CUDA double as the node's driver (its restore takes a device
 map onto a card of the same name, and refuses another model: tests/libvgpu/test_checkpoint.py).
+As on a real node, a container reaches only the cards its NVIDIA_VISIBLE_DEVICES named at its start
+(the emulator's device nodes, tests/kubeemu/devices.py): the node agent gives the kernel's
+container its new card before the restore and takes the old one back (libvgpu/agent/cards.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -24,6 +30,7 @@ GPUS = [
     {"uuid": uuid, "model": "H100-80GB", "memory_mib": 81920, "sm_count": 132, "index": i}
     for i, uuid in enumerate(CARDS)
 ]
+AGAIN = CUDA_CELL.replace("alloc", "again") + "print('answer', notes['answer'] + 1)"
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +41,17 @@ def stack(tmp_path_factory):
         yield found
 
 
-def test_a_swapped_out_kernel_pod_whose_card_is_taken_resumes_on_another_card_of_its_node(stack):
+def pod_cards(emu, pod: str) -> list[str]:
+    """The cards' device nodes in the pod's container (its /dev, as the host's /proc shows it)."""
+    return sorted(n for n in os.listdir(f"/proc/{emu.pod_pid(pod, NAMESPACE)}/root/dev") if n[6:].isdigit()
+                  and n.startswith("nvidia"))  # fmt: skip
+
+
+@contextmanager
+def swapped_out_behind_bob(stack) -> Iterator[tuple]:
+    """Alice's kernel ran a CUDA cell on card 0 (``notes`` set), was swapped out, and bob's 75 GiB
+    kernel took card 0; (kernel client, alice's record, bob's kernels). Both sessions are closed
+    at the end, also when the test failed."""
     st, proc_root, log, _, _ = stack
     hub, emu, alice = st["hub"], st["emulator"], st["alice"]
     bob = Server(hub, "bob", hub.user_token("bob"))
@@ -42,6 +59,13 @@ def test_a_swapped_out_kernel_pod_whose_card_is_taken_resumes_on_another_card_of
     assert status == 201, session
     kernel = alice.connect(session["kernel"]["id"])
     second = None
+
+    def bob_stopped() -> None:
+        nonlocal second
+        status, body = bob.api("DELETE", f"/sessions/{second['id']}")
+        assert status == 204, body
+        second = None
+
     try:
         out = kernel.execute(CUDA_CELL + "notes = {'answer': 42}")
         assert out["status"] == "ok" and "alloc 0" in out["text"], out
@@ -49,8 +73,8 @@ def test_a_swapped_out_kernel_pod_whose_card_is_taken_resumes_on_another_card_of
         [record] = body["kernels"]
         # the kernel's CUDA device 0 is the double's first card: the slice the hub granted on it
         assert record["allocation"]["gpu_uuids"] == [CARDS[0]], record
-        pod = record["holder"]
-        pod_cgroups(emu, proc_root, pod)
+        assert pod_cards(emu, record["holder"]) == ["nvidia0"]  # its container reaches that card only
+        pod_cgroups(emu, proc_root, record["holder"])
         status, model = hub.api("POST", f"/gpu/kernels/{record['id']}/suspend?reason=idle", timeout=90)
         assert status == 200 and model["gpu_swapped"] is True, (status, model, log.read_text())
 
@@ -60,87 +84,72 @@ def test_a_swapped_out_kernel_pod_whose_card_is_taken_resumes_on_another_card_of
         assert status == 201, second
         status, body = hub.api("GET", "/gpu/kernels?user=bob")
         assert [k["allocation"]["gpu_uuids"] for k in body["kernels"]] == [[CARDS[0]]], body
+        yield kernel, record, body["kernels"], bob_stopped
+    finally:
+        close_sessions(kernel, (alice, session), (bob, second))
 
+
+def test_a_swapped_out_kernel_pod_whose_card_is_taken_resumes_on_another_card_of_its_node(stack):
+    st, _, log, _, _ = stack
+    hub, emu = st["hub"], st["emulator"]
+    with swapped_out_behind_bob(stack) as (kernel, record, bobs, _):
         # alice's next cell: her kernel comes back at once on the other card, its variables kept
         asked_at = time.monotonic()
-        msg_id = kernel.execute_async(
-            CUDA_CELL.replace("alloc", "again") + "print('answer', notes['answer'] + 1)"
-        )
-        out = kernel.collect(msg_id, timeout=60)
+        out = kernel.collect(kernel.execute_async(AGAIN), timeout=60)
         assert out["status"] == "ok", (out, hub.log_tail(30), log.read_text())
         assert "position" not in out["text"], out  # it never waited in the GPU queue (so says nothing of it)
         assert "answer 43" in out["text"] and "again 0" in out["text"], out
         print(f"resumed on the other card {time.monotonic() - asked_at:.2f} s after the cell")
         status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
         assert model["gpu_swapped"] is False and model["allocation"]["gpu_uuids"] == [CARDS[1]], model
-        assert sorted(slices(hub)) == sorted([model["allocation"]["id"], body["kernels"][0]["allocation"]["id"]])
-        annotations = emu.get("pods", pod, NAMESPACE)["metadata"]["annotations"]
+        assert sorted(slices(hub)) == sorted([model["allocation"]["id"], bobs[0]["allocation"]["id"]])
+        annotations = emu.get("pods", record["holder"], NAMESPACE)["metadata"]["annotations"]
         assert annotations[L.A_GPU_UUIDS] == CARDS[1]  # the pod names the card it holds now
         assert f"(moved from {CARDS[0]})" in hub.log_tail(200)
-    finally:
-        close_sessions(kernel, (alice, session), (bob, second))
+        # the agent gave its container the new card and took back the old one, now bob's
+        assert pod_cards(emu, record["holder"]) == ["nvidia1"]
 
 
 def test_a_restore_the_driver_refuses_leaves_the_kernel_swapped_out_with_its_variables(stack):
     # a node whose agent says its driver restores onto another card, but whose driver refuses (here a
-    # driver before 580; on a real node, a pod that cannot open the other card): the kernel stays
-    # swapped out, its variables kept, and comes back to its own card
-    st, proc_root, log, _, agent = stack
-    hub, emu, alice = st["hub"], st["emulator"], st["alice"]
-    bob = Server(hub, "bob", hub.user_token("bob"))
+    # driver before 580): the kernel stays swapped out, its variables kept, and comes back to its own card
+    st, _, log, _, agent = stack
+    hub, emu = st["hub"], st["emulator"]
 
     def published() -> dict:
         return json.loads(emu.get("nodes", NODE)["metadata"]["annotations"].get(L.NODE_CHECKPOINT_ANNOTATION, "{}"))
 
     agent.stop()
     agent.start(CUDA_DOUBLE_DRIVER_VERSION="12080")
-    hub.wait_for(lambda: published().get("remap") is False, 30, 0.2, "the node to say it cannot restore elsewhere")
-    assert "needs driver 580" in published()["remap_why_not"], published()
-    status, session = alice.start_session(SPEC)
-    assert status == 201, session
-    kernel = alice.connect(session["kernel"]["id"])
-    second = None
     try:
-        out = kernel.execute(CUDA_CELL + "notes = {'answer': 42}")
-        assert out["status"] == "ok" and "alloc 0" in out["text"], out
-        status, body = hub.api("GET", "/gpu/kernels?user=alice")
-        [record] = body["kernels"]
-        assert record["allocation"]["gpu_uuids"] == [CARDS[0]], record
-        pod = record["holder"]
-        pod_cgroups(emu, proc_root, pod)
-        status, model = hub.api("POST", f"/gpu/kernels/{record['id']}/suspend?reason=idle", timeout=90)
-        assert status == 200 and model["gpu_swapped"] is True, (status, model, log.read_text())
-        start_server(hub, "bob", bob.token)
-        status, second = bob.start_session("elastic-gpu-gpu-75g")
-        assert status == 201, second
-        status, body = hub.api("GET", "/gpu/kernels?user=bob")
-        assert [k["allocation"]["gpu_uuids"] for k in body["kernels"]] == [[CARDS[0]]], body
-        before = emu.get("pods", pod, NAMESPACE)["metadata"]
+        hub.wait_for(lambda: published().get("remap") is False, 30, 0.2, "the node to say it cannot restore elsewhere")
+        assert "needs driver 580" in published()["remap_why_not"], published()
+        with swapped_out_behind_bob(stack) as (kernel, record, bobs, bob_stopped):
+            pod = record["holder"]
+            before = emu.get("pods", pod, NAMESPACE)["metadata"]
+            # the Node claims what its driver cannot do; the hub follows the Node (its watch)
+            emu.patch("nodes", NODE, {"metadata": {"annotations": {
+                L.NODE_CHECKPOINT_ANNOTATION: json.dumps({**published(), "remap": True})}}})  # fmt: skip
+            out = kernel.execute(AGAIN, timeout=90)
+            assert out["status"] == "error" and out["ename"] == "InputRejected", (out, hub.log_tail(30),
+                                                                                  log.read_text())  # fmt: skip
+            assert f"the driver refused to restore it on {CARDS[1]}" in out["text"], out
+            assert "Its variables are kept" in out["text"] and "for its own card" in out["text"], out
+            after = emu.get("pods", pod, NAMESPACE)["metadata"]
+            assert L.swapped_out(after["annotations"]), after["annotations"]  # it holds no slice
+            for key in (L.A_SWAP, L.A_SWAP_STATUS, L.A_GPU_UUIDS, L.ALLOCATION_ID):  # as before the resume
+                assert after["annotations"].get(key) == before["annotations"].get(key), key
+            assert sorted(slices(hub)) == [bobs[0]["allocation"]["id"]]  # bob's only
+            assert pod_cards(emu, pod) == ["nvidia0"]  # the card granted for the restore was taken back
+            status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
+            assert model["gpu_swapped"] is True and model["state"] == "running", model
 
-        # the Node claims what its driver cannot do; the hub follows the Node (its watch)
-        emu.patch("nodes", NODE, {"metadata": {"annotations": {
-            L.NODE_CHECKPOINT_ANNOTATION: json.dumps({**published(), "remap": True})}}})  # fmt: skip
-        out = kernel.execute(CUDA_CELL.replace("alloc", "again") + "print('answer', notes['answer'] + 1)", timeout=90)
-        assert out["status"] == "error" and out["ename"] == "InputRejected", (out, hub.log_tail(30), log.read_text())
-        assert f"the driver refused to restore it on {CARDS[1]}" in out["text"], out
-        assert "Its variables are kept" in out["text"] and "for its own card" in out["text"], out
-        after = emu.get("pods", pod, NAMESPACE)["metadata"]
-        assert L.swapped_out(after["annotations"]), after["annotations"]  # it holds no slice
-        for key in (L.A_SWAP, L.A_SWAP_STATUS, L.A_GPU_UUIDS, L.ALLOCATION_ID):  # as before the resume
-            assert after["annotations"].get(key) == before["annotations"].get(key), key
-        assert sorted(slices(hub)) == [body["kernels"][0]["allocation"]["id"]]  # bob's only
-        status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
-        assert model["gpu_swapped"] is True and model["state"] == "running", model
-
-        # bob's kernel stops: alice's next cell comes back on her own card, her variables kept
-        status, body = bob.api("DELETE", f"/sessions/{second['id']}")
-        assert status == 204, body
-        second = None
-        out = kernel.execute(CUDA_CELL.replace("alloc", "again") + "print('answer', notes['answer'] + 1)", timeout=90)
-        assert out["status"] == "ok" and "answer 43" in out["text"] and "again 0" in out["text"], out
-        status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
-        assert model["gpu_swapped"] is False and model["allocation"]["gpu_uuids"] == [CARDS[0]], model
+            # bob's kernel stops: alice's next cell comes back on her own card, her variables kept
+            bob_stopped()
+            out = kernel.execute(AGAIN, timeout=90)
+            assert out["status"] == "ok" and "answer 43" in out["text"] and "again 0" in out["text"], out
+            status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
+            assert model["gpu_swapped"] is False and model["allocation"]["gpu_uuids"] == [CARDS[0]], model
     finally:
-        close_sessions(kernel, (alice, session), (bob, second))
         agent.stop()
         agent.start()  # the node as it was

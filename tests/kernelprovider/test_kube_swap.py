@@ -32,7 +32,17 @@ from culler.app import GPUCuller
 from culler.model import GPUKernel
 from libvgpu import contract as L
 from tests.culler.stack import page_text
-from tests.kernelprovider.helpers import ADMISSION, CUDA_CELL, NAMESPACE, NODE, SIZES, Server, kube_stack, start_server
+from tests.kernelprovider.helpers import (
+    ADMISSION,
+    CUDA_CELL,
+    GPU_UUID,
+    NAMESPACE,
+    NODE,
+    SIZES,
+    Server,
+    kube_stack,
+    start_server,
+)
 from tests.libvgpu.harness import CFLAGS, cc
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,9 +97,13 @@ def kube_swap_stack(
         "CUDA_DOUBLE_CONTEXT_MIB": "0",
     }
     # the double's state is shared with the agent: the work directory is mounted, not copied on write
+    # each container gets the device nodes of the cards its NVIDIA_VISIBLE_DEVICES names (the node's
+    # cards as its agent publishes them, in index order), as the NVIDIA runtime makes them at its
+    # start (tests/kubeemu/devices.py); the double sees only those
     options = {
         "pod_env": {**double, "CUDA_DOUBLE_HOST_PROC": HOST_PROC},
         "node_mounts": [str(work), f"/proc:{HOST_PROC}"],
+        "gpu_uuids": [g["uuid"] for g in sorted(gpus or [{"uuid": GPU_UUID, "index": 0}], key=lambda g: g["index"])],
     }
     # bob's large kernel fills the card, so alice's resume must wait for it (a user's own kernels
     # are no reason to wait: admission refuses those at once)
@@ -103,8 +117,13 @@ def kube_swap_stack(
         (host / "regions").chmod(0o1777)  # as the agent's shim install leaves it
         proc_root = work / "proc"
         proc_root.mkdir()
+        # the emulated node's cgroup filesystem: its runtime gives containers no device cgroup (their
+        # device nodes alone say which cards they reach: tests/kubeemu/devices.py)
+        cgroup_root = work / "cgroup"
+        cgroup_root.mkdir()
         (work / "agent.yaml").write_text(
-            f"NodeAgent:\n  proc_root: {proc_root}\n  pod_namespace: {NAMESPACE}\n  publish_inventory: false\n"
+            f"NodeAgent:\n  proc_root: {proc_root}\n  cgroup_root: {cgroup_root}\n  pod_namespace: {NAMESPACE}\n"
+            "  publish_inventory: false\n"
             "  install_shim: false\n  publish_activity: false\n  swap_interval_seconds: 30\n"
             f"  inventory_interval_seconds: {inventory_interval_seconds}\n"
             "  metrics_ip: 127.0.0.1\nBackstop:\n  action: report\n"
@@ -158,7 +177,8 @@ class NodeAgentProcess:
 
 
 def pod_cgroups(emu, proc_root: Path, pod: str) -> None:
-    """The kubelet's cgroup of the pod's processes, as the agent reads it from its proc_root."""
+    """The kubelet's cgroup of the pod's processes, as the agent reads it from its proc_root (and
+    their root, through which the agent reaches the container's /dev)."""
     uid = emu.get("pods", pod, NAMESPACE)["metadata"]["uid"].replace("-", "_")
     for pid in descendants(emu.pod_pid(pod, NAMESPACE)):
         (proc_root / str(pid)).mkdir(exist_ok=True)
@@ -166,6 +186,9 @@ def pod_cgroups(emu, proc_root: Path, pod: str) -> None:
             f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/"
             f"cri-containerd-{'ab' * 32}.scope\n"
         )
+        root = proc_root / str(pid) / "root"  # the container's root, as the host's /proc shows it
+        if not root.is_symlink():
+            root.symlink_to(f"/proc/{pid}/root")
 
 
 def close_sessions(kernel, *sessions: tuple) -> None:

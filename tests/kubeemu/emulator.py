@@ -111,6 +111,11 @@ class KubeEmulator:
             same path, ``"/host/path:/container/path"`` elsewhere (``"/proc:/run/host-proc"``:
             the host's process view, as a GPU driver has it).
         pod_env: extra environment for every pod process (below the pod's own env).
+        gpu_uuids: the node's GPUs (uuids, in device minor order) as its NVIDIA container
+            runtime knows them. Given, every container gets a /dev of its own (``devices.py``)
+            holding ``/dev/nvidiactl`` and ``/dev/nvidia<minor>`` of the cards its
+            ``NVIDIA_VISIBLE_DEVICES`` names only ("all", uuids or minors; unset or "void":
+            none), fixed at its start as on a real node. Empty: the host's /dev as it is.
         history_size: watch events kept per resource type at most; older resourceVersions
             get 410.
         watch_cache_capacity, watch_cache_fresh_seconds: as kube-apiserver's watch cache,
@@ -126,7 +131,8 @@ class KubeEmulator:
                  namespaces: Iterable[str] = (), port: int = 0,
                  data_dir: str | Path | None = None, pod_network: str = "127.64.0.0/10",
                  images: Mapping[str, Image] | None = None, node_mounts: Sequence[str] = (),
-                 pod_env: Mapping[str, str] | None = None, history_size: int = 5000,
+                 pod_env: Mapping[str, str] | None = None, gpu_uuids: Sequence[str] = (),
+                 history_size: int = 5000,
                  watch_cache_capacity: int = 100, watch_cache_fresh_seconds: float = 75.0,
                  bookmark_interval: float = 5.0, restart_backoff_seconds: float = 10.0,
                  scheduler_names: Sequence[str] = ("default-scheduler",),
@@ -142,6 +148,7 @@ class KubeEmulator:
         for pattern, image in DEFAULT_IMAGES.items():
             self.images.setdefault(pattern, image)
         self.pod_env = dict(pod_env or {})
+        self.gpu_uuids = tuple(gpu_uuids)
         self.bookmark_interval = bookmark_interval
         self.restart_backoff_seconds = restart_backoff_seconds
         self.scheduler_names = tuple(scheduler_names)

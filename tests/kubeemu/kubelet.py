@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from . import cgroups, quantity
 from . import container as ctr
 from .cgroups import MemoryCgroup
+from .devices import visible_minors
 from .errors import ApiError
 from .images import Image, lookup, pull_error
 from .quota import is_terminal
@@ -884,7 +885,14 @@ class PodRuntime:
                           + "\n"})
         files.append({"path": "/etc/hostname", "content": hostname + "\n"})
         limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+        gpu_minors = None
+        if self.emu.gpu_uuids:  # the NVIDIA runtime's hook: the cards named at the container's start
+            try:
+                gpu_minors = visible_minors(env.get("NVIDIA_VISIBLE_DEVICES"), self.emu.gpu_uuids)
+            except ValueError as e:
+                raise PrepareError("RunContainerError", f"failed to create containerd task: {e}") from None
         return {
+            "gpu_minors": gpu_minors,
             "argv": argv, "env": env, "cwd": container.get("workingDir") or image.workdir,
             "uid": uid, "gid": gid, "groups": groups, "hostname": hostname,
             "mounts": mounts, "files": files, "hide": [] if own_fs else [str(self.emu.data_dir)],

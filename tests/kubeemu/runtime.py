@@ -135,7 +135,10 @@ def _setup_rootfs(spec: dict) -> str:
 
     for d in ("/dev", "/sys", "/proc", "/etc"):  # mount points an image may lack (in its layer)
         os.makedirs(inside(d), exist_ok=True)
-    mount("/dev", inside("/dev"), None, MS_BIND | MS_REC)
+    if spec.get("gpu_minors") is None:
+        mount("/dev", inside("/dev"), None, MS_BIND | MS_REC)
+    else:
+        _private_dev(inside("/dev"), spec["gpu_minors"])
     mount("shm", inside("/dev/shm"), "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     mount("/sys", inside("/sys"), None, MS_BIND | MS_REC)
     for hidden in spec.get("hide") or []:
@@ -169,6 +172,34 @@ def _setup_rootfs(spec: dict) -> str:
     if spec.get("readOnlyRoot"):
         mount(None, root, None, MS_REMOUNT | MS_BIND | MS_RDONLY)
     return root
+
+
+#: what a container runtime puts in a container's /dev (besides its GPUs): bound from the host's
+DEV_FILES = ("null", "zero", "full", "random", "urandom", "tty", "ptmx")
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2"}
+NVIDIA_MAJOR, CONTROL_MINOR = 195, 255  # devices.py
+
+
+def _private_dev(dev: str, gpu_minors: list[int]) -> None:
+    """A /dev of the container's own (a root-owned tmpfs), as runc makes one: the usual devices
+    bound from the host, and the NVIDIA runtime's device nodes of the cards the container was
+    given (``devices.py``): ``nvidiactl`` and ``nvidia<minor>`` (character devices 195:n)."""
+    mount("kubeemu-dev", dev, "tmpfs", MS_NOSUID, "mode=755")
+    for name in DEV_FILES:
+        target = os.path.join(dev, name)
+        with open(target, "a"):
+            pass
+        mount(os.path.join("/dev", name), target, None, MS_BIND)
+    for name in ("pts", "shm", "mqueue"):
+        os.mkdir(os.path.join(dev, name), 0o755)
+    mount("/dev/pts", os.path.join(dev, "pts"), None, MS_BIND | MS_REC)
+    for name, target in DEV_LINKS.items():
+        os.symlink(target, os.path.join(dev, name))
+    for minor in [CONTROL_MINOR, *gpu_minors]:
+        path = os.path.join(dev, "nvidiactl" if minor == CONTROL_MINOR else f"nvidia{minor}")
+        os.mknod(path, 0o20666, os.makedev(NVIDIA_MAJOR, minor))
+        os.chmod(path, 0o666)
 
 
 def _become(spec: dict) -> None:

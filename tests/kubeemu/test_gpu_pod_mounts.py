@@ -28,14 +28,16 @@ from tests.libvgpu.agent.test_agent import (
     gpu_pod,
     wait_for,
 )
+from tests.libvgpu.harness import Build
 
 JOVYAN_UID = 1000
 
 
-def start_node(tmp_path_factory: pytest.TempPathFactory, name: str, installed: bool) -> Node:
-    """A GPU node whose doubles the pods' user (uid 1000) can use; the node agent's shim
-    installed on the host or (``installed=False``) not yet."""
-    root, build, gpu_env = gpu_node_root(tmp_path_factory, name)
+def pod_users_node_root(
+    tmp_path_factory: pytest.TempPathFactory, name: str, **double: str
+) -> tuple[Path, Build, dict[str, str]]:
+    """``gpu_node_root`` whose doubles the pods' user (uid 1000) can reach and use."""
+    root, build, gpu_env = gpu_node_root(tmp_path_factory, name, **double)
     state = root / "gpu.state"  # the card, shared by every pod's processes
     state.touch()
     state.chmod(0o666)
@@ -44,6 +46,13 @@ def start_node(tmp_path_factory: pytest.TempPathFactory, name: str, installed: b
         if d in (top, Path("/")):
             break
         d.chmod(d.stat().st_mode | 0o011)
+    return root, build, gpu_env
+
+
+def start_node(tmp_path_factory: pytest.TempPathFactory, name: str, installed: bool) -> Node:
+    """A GPU node whose doubles the pods' user (uid 1000) can use; the node agent's shim
+    installed on the host or (``installed=False``) not yet."""
+    root, build, gpu_env = pod_users_node_root(tmp_path_factory, name)
     host_dir = root / "host"
     host_dir.mkdir()
     if installed:

@@ -131,10 +131,20 @@ static void cp_copy_time(uint64_t bytes) {
 static int cp_dev_of(const CUuuid *u) {
     for (int d = 0; d < dbl_env.ndev; d++) {
         CUuuid mine;
-        cuDeviceGetUuid(&mine, d);
+        dbl_uuid(d, &mine);
         if (memcmp(mine.bytes, u->bytes, sizeof(mine.bytes)) == 0) return d;
     }
     return -1;
+}
+
+/* Whether the target process can reach physical device d: its /dev (seen from the host's
+ * /proc, as the driver restoring in its context would) has d's device node, where it sees its
+ * devices through device nodes at all. */
+static int cp_reachable(const struct dbl_pid *p, int d) {
+    if (!p->nodes) return 1;
+    char root[300];
+    snprintf(root, sizeof(root), "%s/%d/root", dbl_env.host_proc[0] ? dbl_env.host_proc : "/proc", p->pid);
+    return dbl_has_node(root, d);
 }
 
 /* A restore goes onto another GPU only of the same chip type (the double: the same name). */
@@ -255,7 +265,8 @@ EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *arg
     int named[DBL_MAX_DEV] = {0};
     for (unsigned i = 0; !rc && i < n; i++) {
         int from = cp_dev_of(&args->gpuPairs[i].oldUuid), dest = cp_dev_of(&args->gpuPairs[i].newUuid);
-        if (from < 0 || dest < 0 || !cp_same_chip(from, dest)) rc = CUDA_ERROR_INVALID_DEVICE;
+        if (from < 0 || dest < 0 || !cp_same_chip(from, dest) || !cp_reachable(p, dest))
+            rc = CUDA_ERROR_INVALID_DEVICE;
         else if (named[from]++) rc = CUDA_ERROR_INVALID_VALUE;
         else to[from] = dest;
     }

@@ -10,6 +10,10 @@
 
 #include "../../../libvgpu/src/cuda_api.h"
 
+#ifndef CUDA_ERROR_NO_DEVICE
+#define CUDA_ERROR_NO_DEVICE 100
+#endif
+
 #define EXPORT __attribute__((visibility("default")))
 
 static int initialised;
@@ -227,13 +231,13 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t n, CUmemoryP
 }
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pool || dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_VALUE;
+    if (!pool || dev < 0 || dev >= dbl_env.nvis) return CUDA_ERROR_INVALID_VALUE;
     *pool = (CUmemoryPool)current_pool(dev);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pool || dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_VALUE;
+    if (!pool || dev < 0 || dev >= dbl_env.nvis) return CUDA_ERROR_INVALID_VALUE;
     default_pool[dev].dev = dev;
     *pool = (CUmemoryPool)&default_pool[dev];
     return CUDA_SUCCESS;
@@ -244,7 +248,7 @@ struct dbl_pool_props { /* the start of CUmemPoolProps */
 };
 EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const struct dbl_pool_props *props) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pool || !props || props->location.id < 0 || props->location.id >= dbl_env.ndev)
+    if (!pool || !props || props->location.id < 0 || props->location.id >= dbl_env.nvis)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&local);
     for (int i = 0; i < DBL_POOLS; i++)
@@ -326,7 +330,7 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n,
     (void)flags;
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
     if (!h || !prop || !n || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
-        prop->location.id < 0 || prop->location.id >= (int)dbl_env.ndev)
+        prop->location.id < 0 || prop->location.id >= (int)dbl_env.nvis)
         return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = charge(prop->location.id, n);
     if (rc) return rc;
@@ -496,6 +500,7 @@ EXPORT CUresult cuMemGetInfo(unsigned int *f, unsigned int *t) {
 EXPORT CUresult cuInit(unsigned flags) {
     if (flags) return CUDA_ERROR_INVALID_VALUE;
     dbl_ready();
+    if (!dbl_env.nvis) return CUDA_ERROR_NO_DEVICE; /* no device node of any card */
     initialised = 1;
     return CUDA_SUCCESS;
 }
@@ -506,32 +511,37 @@ EXPORT CUresult cuDriverGetVersion(int *v) {
 }
 EXPORT CUresult cuDeviceGetCount(int *n) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    *n = dbl_env.ndev;
+    *n = dbl_env.nvis;
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (ordinal < 0 || ordinal >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (ordinal < 0 || ordinal >= dbl_env.nvis) return CUDA_ERROR_INVALID_DEVICE;
     *d = ordinal;
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) {
-    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (d < 0 || d >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
+/* Physical device d's uuid (NVML's: GPU-d00b1e00-7369-6d2d-6770-7500000000<d>). */
+static void dbl_uuid(int d, CUuuid *u) {
     memset(u, 0, sizeof(*u));
     memcpy(u->bytes, "\xd0\x0b\x1e\x00sim-gpu", 11);
     u->bytes[15] = (char)d;
+}
+EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) {
+    if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
+    if (d < 0 || d >= dbl_env.nvis) return CUDA_ERROR_INVALID_DEVICE;
+    dbl_uuid(dbl_env.vis[d], u);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
-    dbl_device_name(d, name, (size_t)len);
+    dbl_ready();
+    dbl_device_name(d >= 0 && d < dbl_env.nvis ? dbl_env.vis[d] : d, name, (size_t)len);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (d < 0 || d >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
-    *bytes = dbl->dev[d].total;
+    if (d < 0 || d >= dbl_env.nvis) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = dbl->dev[dbl_env.vis[d]].total;
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice d) {
@@ -547,7 +557,7 @@ EXPORT CUresult cuGetErrorString(CUresult e, const char **s) {
 
 static CUresult ctx_create(CUcontext *out, CUdevice dev) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!out || dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_VALUE;
+    if (!out || dev < 0 || dev >= dbl_env.nvis) return CUDA_ERROR_INVALID_VALUE;
     CUresult rc = charge(dev, dbl_env.context);
     if (rc) return rc;
     count_context(dev, 1);
@@ -611,7 +621,7 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
 }
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *out, CUdevice dev) {
     if (!initialised) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!out || dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_VALUE;
+    if (!out || dev < 0 || dev >= dbl_env.nvis) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&local);
     CUresult rc = CUDA_SUCCESS;
     int fresh = primary_refs[dev] == 0;
@@ -627,7 +637,7 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *out, CUdevice dev) {
     return rc;
 }
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    if (dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (dev < 0 || dev >= dbl_env.nvis) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&local);
     int gone = primary_refs[dev] > 0 && --primary_refs[dev] == 0;
     pthread_mutex_unlock(&local);
@@ -640,7 +650,7 @@ EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
-    if (dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (dev < 0 || dev >= dbl_env.nvis) return CUDA_ERROR_INVALID_DEVICE;
     forget_ctx(&primary_ctx[dev]);
     return CUDA_SUCCESS;
 }
@@ -847,7 +857,7 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream s) {
     return g->nodes ? run_on(s, g->total_ns / (uint64_t)g->nodes, g->nodes) : CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
-    if (dev < 0 || dev >= dbl_env.ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (dev < 0 || dev >= dbl_env.nvis) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&local);
     uncharge(dev, graph_reserved[dev]);
     graph_reserved[dev] = 0;
@@ -855,7 +865,7 @@ EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *value) {
-    if (dev < 0 || dev >= dbl_env.ndev || !value) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= dbl_env.nvis || !value) return CUDA_ERROR_INVALID_VALUE;
     if (attr != CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT && attr != 0) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&local);
     *(cuuint64_t *)value = graph_reserved[dev];

@@ -41,6 +41,12 @@
  *                              restore takes a device map; below 13000 a restore given GPU pairs
  *                              answers CUDA_ERROR_INVALID_VALUE, as 570's reserved fields do)
  *   CUDA_DOUBLE_CHECKPOINT_GIB_S  copy bandwidth of checkpoint and restore (0: instantaneous)
+ * Device nodes: where /dev/nvidiactl exists (a container of the emulator's GPU node:
+ * tests/kubeemu/devices.py), a process sees only the devices whose /dev/nvidia<minor> is a
+ * character device 195:<minor>, in minor order (CUDA ordinal k is the k-th of them), as a real
+ * driver enumerates what the container runtime gave the container; a restore onto a device
+ * whose node the target process lacks is refused. Without /dev/nvidiactl (a test on the host)
+ * every device is seen. NVML still lists every device.
  *   CUDA_DOUBLE_HOST_PROC      a procfs of the host's pid namespace (the tests bind-mount the
  *                              host's /proc there before entering a new pid namespace): the
  *                              double then knows each process by its host pid, as the kernel
@@ -62,6 +68,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -91,7 +98,7 @@ struct dbl_dev {
 
 struct dbl_pid {
     int32_t pid;
-    uint32_t pad;
+    uint32_t nodes; /* the process sees the devices through device nodes (its /dev) */
     uint64_t used[DBL_MAX_DEV];
     uint32_t contexts[DBL_MAX_DEV]; /* listed by NVML while it has a context or memory */
     /* the checkpoint API (checkpoint.c): the process's state, what it holds in host memory
@@ -123,6 +130,9 @@ struct dbl_env {
     int cp_unsupported, cp_fail; /* cp_fail: 1 checkpoint, 2 restore */
     int driver_version;          /* cuDriverGetVersion: 1000 * major + 10 * minor */
     uint64_t cp_bytes_per_s;
+    int nodes;               /* /dev/nvidiactl exists: devices are those with a device node */
+    int nvis;                /* devices this process sees (CUDA ordinals) */
+    int vis[DBL_MAX_DEV];    /* ordinal -> physical device */
 };
 
 static struct dbl_state *dbl;
@@ -178,6 +188,25 @@ static void dbl_lock(void) {
 
 static void dbl_unlock(void) { pthread_mutex_unlock(&dbl->lock); }
 
+#define DBL_NVIDIA_MAJOR 195
+
+/* Whether <root>/dev/nvidia<minor> is the card's device node (character device 195:minor). */
+static int dbl_has_node(const char *root, int minor) {
+    char path[320];
+    struct stat st;
+    snprintf(path, sizeof(path), "%s/dev/nvidia%d", root, minor);
+    return stat(path, &st) == 0 && S_ISCHR(st.st_mode) && major(st.st_rdev) == DBL_NVIDIA_MAJOR &&
+           (int)minor(st.st_rdev) == minor;
+}
+
+/* The devices this process sees (see the header): by device node where /dev/nvidiactl exists. */
+static void dbl_visible_devices(struct dbl_env *e) {
+    e->nodes = access("/dev/nvidiactl", F_OK) == 0;
+    e->nvis = 0;
+    for (int i = 0; i < e->ndev; i++)
+        if (!e->nodes || dbl_has_node("", i)) e->vis[e->nvis++] = i;
+}
+
 static void dbl_init(void) {
     struct dbl_env *e = &dbl_env;
     e->ndev = (int)dbl_env_u64("CUDA_DOUBLE_DEVICES", 1);
@@ -207,6 +236,7 @@ static void dbl_init(void) {
     const char *gib_s = getenv("CUDA_DOUBLE_CHECKPOINT_GIB_S");
     e->cp_bytes_per_s = gib_s ? (uint64_t)(strtod(gib_s, NULL) * 1073741824.0) : 0;
 
+    dbl_visible_devices(e);
     char path[4096];
     const char *p = getenv("CUDA_DOUBLE_STATE");
     if (p && *p) snprintf(path, sizeof(path), "%s", p);
@@ -302,6 +332,14 @@ static struct dbl_pid *dbl_pid_locked(int pid) {
     if (!free_slot) return NULL;
     memset(free_slot, 0, sizeof(*free_slot));
     free_slot->pid = pid;
+    if (pid == dbl_self()) { /* its devices, as its device nodes name them */
+        free_slot->nodes = (uint32_t)dbl_env.nodes;
+        for (int k = 0; k < dbl_env.nvis; k++)
+            if (dbl_env.vis[k] != k) {
+                free_slot->cp_map[k] = (uint32_t)dbl_env.vis[k] + 1;
+                dbl->remapped = 1;
+            }
+    }
     return free_slot;
 }
 

@@ -138,6 +138,11 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i) {
     *i = (unsigned)idx(d);
     return NVML_SUCCESS;
 }
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor) {
+    if (!valid(d) || as_mig(d) || !minor) return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = (unsigned)idx(d); /* /dev/nvidia<index> */
+    return NVML_SUCCESS;
+}
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len) {
     struct nvml_mig *m = as_mig(d);
     if (m) {
