@@ -37,7 +37,7 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.httpclient import AsyncHTTPClient, HTTPRequest
 
-from quotas.messages import HUB_STOPPED_IT, mib, queue_place
+from quotas.messages import HUB_STOPPED_IT, mib, plural, queue_place
 
 from .provisioner import STARTING, STOPPED_BY_HUB
 
@@ -74,7 +74,8 @@ def _minutes(seconds: float) -> str:
 
 
 def slice_text(view: dict[str, Any]) -> str:
-    """The slice in a few words: "GPU 1.5 GiB / 4 GiB, 25% compute" (memory in use / guaranteed)."""
+    """The slice in a few words: "GPU 1.5 GiB / 4 GiB, 25% compute" (memory in use / guaranteed),
+    "1 whole GPU, 80 GiB"."""
     used = (view.get("activity") or {}).get("memory_used_mib")
     size = mib(view.get("memory_mib"))
     memory = f"{mib(used)} / {size}" if isinstance(used, int | float) else size
@@ -82,6 +83,8 @@ def slice_text(view: dict[str, Any]) -> str:
     if isinstance(limit, int | float) and limit > (view.get("memory_mib") or 0):
         memory += f" (up to {mib(limit)})"
     count = view.get("gpu_count") or 1
+    if view.get("whole"):  # all of each card: its memory, no compute share to tell
+        return f"{plural(count, 'whole GPU')}, {memory}{' each' if count > 1 else ''}"
     cards = f"{count} × " if count > 1 else ""
     return f"GPU {cards}{memory}, {view.get('cores_percent', 100)}% compute"
 
@@ -201,6 +204,8 @@ def slice_view(model: dict[str, Any], now: float | None = None) -> dict[str, Any
     limit = gpu.get("memory_limit_mib") or model.get("memory_limit_mib") or model.get("memory_mib")
     if limit:
         view["memory_limit_mib"] = limit
+    if gpu.get("whole") is True:
+        view["whole"] = True
     view.update(describe(view, time.time() if now is None else now))
     return view
 

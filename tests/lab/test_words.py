@@ -134,3 +134,12 @@ def test_a_place_in_the_gpu_queue_reads_as_a_position_wherever_a_user_sees_it():
         page = " ".join(user_page.render(elastic_gpu=g, base_url="/hub/", gpu_size=mib).split())
         assert page.count(sentence) == 2, page
         assert ". in " not in page, page
+
+
+def test_a_whole_gpu_kernel_reads_as_whole_gpus_not_as_a_slice_with_all_the_compute():
+    whole = {**RUNNING, "memory_mib": 16384, "cores_percent": 100, "gpu": {"whole": True}}
+    view = slice_view(whole, NOW)
+    assert view["status"] == "1 whole GPU, 16 GiB", view["status"]
+    assert view["started"] == "Your GPU kernel has its GPU and started (1 whole GPU, 16 GiB).", view["started"]
+    two = slice_view({**whole, "gpu_count": 2, "activity": {"memory_used_mib": 1024}}, NOW)
+    assert two["status"] == "2 whole GPUs, 1 GiB / 16 GiB each", two["status"]
