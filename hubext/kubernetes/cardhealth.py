@@ -1,6 +1,7 @@
 """Cards out of service, as the Kubernetes pool applies them: the node agents publish a card's
 fatal Xid on its Node (``libvgpu/health.py``); such a card takes no new slice (it is held whole,
-so its slices stay counted and nothing else lands there) until an admin clears the entry."""
+so its slices stay counted and nothing else lands there) until its agent sees it recover or an
+admin clears the entry."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ class CardHealth:
             return False
         for uuid in before.keys() - said.keys():
             del self.cards[uuid]
-            self.log.info("GPU %s of node %s is back in service (its out-of-service entry was cleared)", uuid, name)
+            self.log.info("GPU %s of node %s is back in service (its node agent saw it recover, or an admin "
+                          "cleared it)", uuid, name)
         for uuid, card in said.items():
             if before.get(uuid) != card:
                 self.log.error("GPU %s of node %s is %s; no new slices go there", uuid, name, card.why())

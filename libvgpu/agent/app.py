@@ -183,6 +183,15 @@ class NodeAgent(Application):
     inventory_interval_seconds = Float(
         60.0, min=1.0, config=True, help="Seconds between two GPU discoveries (republished when changed). Default: 60."
     )
+    recovery_hold_down_seconds = Float(
+        600.0,
+        min=0.0,
+        config=True,
+        help="""Seconds a card out of service after a fatal Xid must answer NVML again, with no new
+        fatal Xid, before the agent puts it back in service itself; only a card the agent saw lost
+        (NVML answering nothing for it, as after Xid 79 until a reset) comes back so, probed every
+        inventory_interval_seconds. 0: only an admin clears cards. Default: 600.""",
+    )
     pod_refresh_seconds = Float(
         30.0,
         min=0.1,
@@ -303,6 +312,7 @@ class NodeAgent(Application):
         self._fatal: dict[str, health.OutOfService] = {}  # fatal Xids the node does not show yet
         self._out_of_service: dict[str, health.OutOfService] = {}  # what the node shows
         self._health_wake = asyncio.Event()
+        self._recovery = health.Recovery(self.recovery_hold_down_seconds)
         self.xid = XidWatcher(self.nvml, [g.uuid for g in self.gpus], self._on_xid)
         self.xid.start()
         if not self.xid.supported:
@@ -397,18 +407,27 @@ class NodeAgent(Application):
         gpu = next((g for g in self.gpus if g.uuid == uuid), None)
         self.metrics.count_xid(gpu, uuid, xid)
         self.log.warning("Xid %d on GPU %s (%s)", xid, gpu.index if gpu else "?", uuid)
+        if xid in health.FATAL_XIDS:  # in the loop's thread, where the probes run
+            self._loop.call_soon_threadsafe(self._fatal_while_out, uuid, xid)
         if xid in health.FATAL_XIDS and gpu is not None and uuid not in {**self._fatal, **self._out_of_service}:
             self._fatal[uuid] = health.OutOfService(xid, time.time(), gpu.index)
             self.log.error(
-                "GPU %d (%s) out of service: Xid %d (%s): no new slices on it until an admin clears it "
+                "GPU %d (%s) out of service: Xid %d (%s): no new slices on it until it recovers or an admin clears it "
                 "(annotation %s of node %s)", gpu.index, uuid, xid, health.FATAL_XIDS[xid],
                 L.NODE_GPU_HEALTH_ANNOTATION, self.node_name,
             )
             self._loop.call_soon_threadsafe(self._health_wake.set)
 
+    def _fatal_while_out(self, uuid: str, xid: int) -> None:
+        if uuid in self._out_of_service and self._recovery.fatal(uuid):
+            self.log.warning("GPU %d (%s) stays out of service: Xid %d (%s) restarts its %g s hold-down",
+                             self._out_of_service[uuid].index, uuid, xid, health.FATAL_XIDS[xid],
+                             self.recovery_hold_down_seconds)
+
     async def _publish_health(self) -> None:
-        """Add the cards with a new fatal Xid to the node's health annotation; an admin clears a
-        card by removing its entry, which the agent then forgets (libvgpu/health.py)."""
+        """Add the cards with a new fatal Xid to the node's health annotation and take off those
+        that recovered (health.Recovery); an admin clears a card by removing its entry, which the
+        agent then forgets (libvgpu/health.py)."""
         text = await self.kube.node_annotation(L.NODE_GPU_HEALTH_ANNOTATION)
         try:
             shown = health.parse(text)
@@ -417,12 +436,34 @@ class NodeAgent(Application):
                              self.node_name, L.NODE_GPU_HEALTH_ANNOTATION, e)
             shown = {}
         pending = dict(self._fatal)
-        wanted = {**pending, **shown}  # a card already shown keeps its first Xid and time
+        recovered = await self._probe_out_of_service({u: c for u, c in shown.items() if u not in pending})
+        wanted = {**pending, **{u: c for u, c in shown.items() if u not in recovered}}  # first Xid and time kept
         if wanted != shown or (text and not shown):
             await self.kube.annotate_node(L.NODE_GPU_HEALTH_ANNOTATION, health.dump(wanted))
         for uuid in pending:
             self._fatal.pop(uuid, None)
+        for uuid in {*self._out_of_service, *recovered} - wanted.keys():  # recovered, or cleared by an admin
+            self._recovery.forget(uuid)
         self._out_of_service = wanted
+
+    async def _probe_out_of_service(self, cards: dict[str, health.OutOfService]) -> set[str]:
+        """Probe each card out of service (health.Recovery); the cards that recovered."""
+        recovered = set()
+        for uuid, card in cards.items():
+            step = self._recovery.probed(uuid, await asyncio.to_thread(self.nvml.answers, uuid), time.time())
+            hold = self.recovery_hold_down_seconds
+            if step == "lost":
+                self.log.warning("GPU %d (%s) answers NVML nothing (lost after %s): it comes back in service "
+                                 "once it answers again, reset, for %g s", card.index, uuid, card.meaning(), hold)
+            elif step == "answering":
+                self.log.info("GPU %d (%s) answers NVML again (reset after %s): back in service after %g s "
+                              "without a fatal Xid", card.index, uuid, card.meaning(), hold)
+            elif step == "recovered":
+                recovered.add(uuid)
+                self.log.warning("GPU %d (%s) back in service: it was reset after %s and answered NVML for %g s "
+                                 "without a fatal Xid (annotation %s of node %s)", card.index, uuid,
+                                 card.meaning(), hold, L.NODE_GPU_HEALTH_ANNOTATION, self.node_name)
+        return recovered
 
     # ---- inventory -----------------------------------------------------------------------
 

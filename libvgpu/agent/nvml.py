@@ -231,6 +231,18 @@ class NVML:
             self._handles[uuid] = h
         return h
 
+    def answers(self, uuid: str) -> bool:
+        """Whether the card answers NVML: a fresh handle by its UUID and a memory query succeed
+        (a card that fell off the bus answers NVML_ERROR_GPU_IS_LOST until it is reset)."""
+        nv = self.nv
+        try:
+            h = nv.nvmlDeviceGetHandleByUUID(uuid)
+            nv.nvmlDeviceGetMemoryInfo(h)
+        except nv.NVMLError:
+            return False
+        self._handles[uuid] = h
+        return True
+
     # -- samples
 
     def sample(self, uuid: str) -> GPUSample:

@@ -85,6 +85,7 @@ def gpu_node_root(
     root = tmp_path_factory.mktemp(name)
     build = build_doubles(root / "build")
     (root / "xid").write_text("")
+    (root / "lost").write_text("")
     env = {
         "LD_LIBRARY_PATH": str(build.lib_dir),
         "CUDA_DOUBLE_STATE": str(root / "gpu.state"),
@@ -92,6 +93,7 @@ def gpu_node_root(
         "CUDA_DOUBLE_MEMORY_MIB": "81559",
         "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3",
         "CUDA_DOUBLE_XID_FILE": str(root / "xid"),
+        "CUDA_DOUBLE_LOST_FILE": str(root / "lost"),
     }
     env.update({f"CUDA_DOUBLE_{key}": value for key, value in double.items()})
     return root, build, env
@@ -316,6 +318,7 @@ NodeAgent:
   metrics_ip: 127.0.0.1
   refresh_interval_seconds: 0.3
   inventory_interval_seconds: 1
+  recovery_hold_down_seconds: 4
   pod_refresh_seconds: 0.3
 Backstop:
   action: kill
@@ -472,6 +475,37 @@ def test_a_fatal_xid_takes_its_card_out_of_service_on_the_node_until_an_admin_cl
     node.emu.patch("nodes", NODE, {"metadata": {"annotations": {L.NODE_GPU_HEALTH_ANNOTATION: None}}}, None)
     wait_for(lambda: not sample(node.metrics(), "elastic_gpu_out_of_service", **labels), 10, "the gauge cleared")
     assert GPU1 not in _health(node)
+
+
+
+def test_a_card_that_fell_off_the_bus_comes_back_by_itself_once_reset_and_free_of_fatal_xids_for_the_hold_down(node):
+    """Only an admin brought a card back. Now: after Xid 79 the card answers NVML nothing (the
+    double's GPU_IS_LOST); once reset it answers again, and after the hold-down (4 s here) with no
+    new fatal Xid the agent takes it off the Node and says so; a fatal Xid during the hold-down
+    restarts it."""
+    node.emu.patch("nodes", NODE, {"metadata": {"annotations": {L.NODE_GPU_HEALTH_ANNOTATION: None}}}, None)
+    wait_for(lambda: not _health(node) and not sample(node.metrics(), "elastic_gpu_out_of_service"), 10,
+             "earlier tests' cards cleared")
+    lost, card = node.root / "lost", f"GPU 1 ({GPU1})"
+    lost.write_text("1\n")  # it fell off the bus
+    with node.xid_file.open("a") as f:
+        f.write("1 79\n")
+    wait_for(lambda: _health(node).get(GPU1, {}).get("xid") == 79, 10, "GPU 1 out of service after Xid 79")
+    wait_for(lambda: f"{card} answers NVML nothing (lost after Xid 79" in node.log(), 10, "the agent to see it lost")
+    assert GPU1 in _health(node)
+    lost.write_text("")  # an admin reset it (nvidia-smi -r): it answers again
+    wait_for(lambda: f"{card} answers NVML again" in node.log(), 10, "the hold-down to start")
+    with node.xid_file.open("a") as f:
+        f.write("1 48\n")  # a double-bit ECC error within the hold-down
+    wait_for(lambda: f"{card} stays out of service: Xid 48" in node.log(), 10, "the hold-down restarted")
+    assert GPU1 in _health(node)
+    wait_for(lambda: GPU1 not in _health(node), 30, "GPU 1 back in service")
+    log = node.log()
+    assert log.index(f"{card} stays out of service: Xid 48 (a double-bit ECC error) restarts its 4 s hold-down") < (
+        log.index(f"{card} back in service: it was reset after Xid 79 (the GPU has fallen off the bus) and answered "
+                  "NVML for 4 s without a fatal Xid")), log[-3000:]
+    assert log.count(f"{card} answers NVML again") == 2, log[-3000:]
+    wait_for(lambda: not sample(node.metrics(), "elastic_gpu_out_of_service", gpu_uuid=GPU1), 10, "the gauge cleared")
 
 
 def test_allocation_usage_comes_from_the_shims_node_region(node):

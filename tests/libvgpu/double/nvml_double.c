@@ -17,6 +17,10 @@
  *   CUDA_DOUBLE_XID_FILE       a file of "<device index> <xid>" lines: every line appended
  *                              after nvmlEventSetCreate is delivered by nvmlEventSetWait_v2 as
  *                              an Xid critical error event of that device
+ *   CUDA_DOUBLE_LOST_FILE      device indexes (whitespace-separated) that fell off the bus: as
+ *                              a real driver, nvmlDeviceGetHandleByUUID and
+ *                              nvmlDeviceGetMemoryInfo answer NVML_ERROR_GPU_IS_LOST for them
+ *                              until a reset (the index taken out of the file)
  * nvmlDeviceGetComputeRunningProcesses_v3 answers like _v2 (same structure).
  * Test helper (not NVML): nvmlDoubleProcessQueries, how many process lists this process asked
  * for (each is a driver round trip on a real GPU).
@@ -121,12 +125,23 @@ EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *out, unsigned int le
     uuid_of(idx(d), out, len);
     return NVML_SUCCESS;
 }
+#define DBL_NVML_ERROR_GPU_IS_LOST 15
+/* Whether device i is listed in CUDA_DOUBLE_LOST_FILE (read at each call: a test resets it). */
+static int lost(int i) {
+    const char *path = getenv("CUDA_DOUBLE_LOST_FILE");
+    FILE *f = path ? fopen(path, "r") : NULL;
+    int found = 0, n;
+    while (f && !found && fscanf(f, "%d", &n) == 1) found = n == i;
+    if (f) fclose(f);
+    return found;
+}
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d) {
     dbl_ready();
     char buf[96];
     for (int i = 0; i < dbl_env.ndev; i++) {
         uuid_of(i, buf, sizeof(buf));
         if (strcmp(buf, uuid) == 0) {
+            if (lost(i)) return DBL_NVML_ERROR_GPU_IS_LOST;
             *d = (nvmlDevice_t)&devices[i];
             return NVML_SUCCESS;
         }
@@ -165,6 +180,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
         return NVML_SUCCESS;
     }
     if (!valid(d) || !m) return NVML_ERROR_INVALID_ARGUMENT;
+    if (lost(idx(d))) return DBL_NVML_ERROR_GPU_IS_LOST;
     dbl_lock();
     dbl_pid_locked(dbl_self());
     struct dbl_dev *x = &dbl->dev[idx(d)];
