@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ./dev images: build the hub, agent and kernel images of helm/images/Dockerfile with a real
+# ./dev images: build the hub, agent, kernel and notebook images of helm/images/Dockerfile with a real
 # engine, then run them (tests/helm/test_images_run.py).
 #
 #   ./dev images [--registry REGISTRY] [--no-check]
@@ -36,6 +36,7 @@ DOCKERFILE_ARG() { sed -n "s/^ARG $1=//p" helm/images/Dockerfile | sed "s/\${Z2J
 HUB_TAG=$REGISTRY/k8s-hub-elastic-gpu:$Z2JH_VERSION-$VERSION
 AGENT_TAG=$REGISTRY/jupyterhub-elastic-gpu:$VERSION
 KERNEL_TAG=$REGISTRY/elastic-gpu-kernel:$VERSION
+NOTEBOOK_TAG=$REGISTRY/elastic-gpu-notebook:$VERSION
 CACHE=${ELASTIC_GPU_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastic-gpu/images}
 mkdir -p "$CACHE"
 say() { echo "==> $*" >&2; }
@@ -156,8 +157,10 @@ fi
 say "bases ready ($((SECONDS - t0)) s)"
 
 # ---- the images -------------------------------------------------------------------------------
-for target in hub agent kernel; do
-  case $target in hub) tag=$HUB_TAG ;; agent) tag=$AGENT_TAG ;; kernel) tag=$KERNEL_TAG ;; esac
+for target in hub agent kernel notebook; do
+  case $target in
+    hub) tag=$HUB_TAG ;; agent) tag=$AGENT_TAG ;; kernel) tag=$KERNEL_TAG ;; notebook) tag=$NOTEBOOK_TAG ;;
+  esac
   say "building $tag (--target $target)"
   t=$SECONDS
   "${BUILD[@]}" --network host -f helm/images/Dockerfile --target "$target" \
@@ -169,7 +172,7 @@ for target in hub agent kernel; do
   say "built $tag in $((SECONDS - t)) s"
 done
 say "images (built in $((SECONDS - t0)) s):"
-"$DOCKER" image ls --format '    {{.Repository}}:{{.Tag}}  {{.Size}}' | grep -F -e "$HUB_TAG" -e "$AGENT_TAG" -e "$KERNEL_TAG" -e "standin/" || true
+"$DOCKER" image ls --format '    {{.Repository}}:{{.Tag}}  {{.Size}}' | grep -F -e "$HUB_TAG" -e "$AGENT_TAG" -e "$KERNEL_TAG" -e "$NOTEBOOK_TAG" -e "standin/" || true
 
 # ---- the checks: run each image --------------------------------------------------------------
 if [ "$CHECK" = 1 ]; then
@@ -177,7 +180,7 @@ if [ "$CHECK" = 1 ]; then
   [ -x "$PY" ] || die "the checks need the test venv: run ./dev install first (or pass --no-check)"
   say "running the images (tests/helm/test_images_run.py)"
   CHECK_TMP=$(mktemp -d /var/tmp/elastic-gpu-images-check.XXXXXX)
-  ELASTIC_GPU_IMAGES="hub=$HUB_TAG agent=$AGENT_TAG kernel=$KERNEL_TAG" ELASTIC_GPU_DOCKER="$DOCKER" \
+  ELASTIC_GPU_IMAGES="hub=$HUB_TAG agent=$AGENT_TAG kernel=$KERNEL_TAG notebook=$NOTEBOOK_TAG" ELASTIC_GPU_DOCKER="$DOCKER" \
     "$PY" -m pytest -q -p no:cacheprovider tests/helm/test_images_run.py --basetemp="$CHECK_TMP" -rs \
     || die "the image checks failed (their files: $CHECK_TMP)"
   rm -rf "$CHECK_TMP"

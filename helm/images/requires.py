@@ -1,4 +1,4 @@
-"""Print the requirements of the installed jupyterhub-elastic-gpu, less the named projects.
+"""Print the requirements of jupyterhub-elastic-gpu, less the named projects.
 
 The images install the wheel with ``--no-deps`` and then only what they run: the node agent needs
 neither JupyterHub nor JupyterLab (the culler runs from the hub image), the hub no JupyterLab or jupyter-server
@@ -6,6 +6,10 @@ neither JupyterHub nor JupyterLab (the culler runs from the hub image), the hub 
 pyproject.toml; an image names only what it leaves out.
 
     python requires.py jupyterhub jupyterlab ... > requirements.txt
+    python requires.py --pyproject pyproject.toml jupyterhub ... > requirements.txt
+
+With ``--pyproject`` they are read from that file instead of the installed distribution, so an
+image can install them in a layer of its own, before the wheel (which changes with every commit).
 """
 
 from __future__ import annotations
@@ -15,11 +19,18 @@ import re
 import sys
 
 
-def requirements(without: set[str], dist: str = "jupyterhub-elastic-gpu") -> list[str]:
+def requirements(without: set[str], dist: str = "jupyterhub-elastic-gpu", pyproject: str = "") -> list[str]:
     """The distribution's unconditional requirements whose project is not in ``without``."""
     norm = {re.sub(r"[-_.]+", "-", n).lower() for n in without}
+    if pyproject:
+        import tomllib  # Python 3.11+, as in every image
+
+        with open(pyproject, "rb") as f:
+            declared = tomllib.load(f)["project"]["dependencies"]
+    else:
+        declared = importlib.metadata.requires(dist) or []
     kept = []
-    for req in importlib.metadata.requires(dist) or []:
+    for req in declared:
         if ";" in req:  # an extra's ([test]) or an environment marker's: not an image's
             continue
         name = re.split(r"[\s<>=!~\[(]", req, maxsplit=1)[0]
@@ -29,4 +40,6 @@ def requirements(without: set[str], dist: str = "jupyterhub-elastic-gpu") -> lis
 
 
 if __name__ == "__main__":
-    print("\n".join(requirements(set(sys.argv[1:]))))
+    args = sys.argv[1:]
+    source = args[1] if args[:1] == ["--pyproject"] else ""
+    print("\n".join(requirements(set(args[2:] if source else args), pyproject=source)))

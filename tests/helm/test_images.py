@@ -70,9 +70,9 @@ def _instructions() -> list[tuple[str, str]]:
     return [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1]) for ln in joined.splitlines() if ln.strip()]
 
 
-def test_dockerfile_has_the_hub_agent_and_kernel_images():
+def test_dockerfile_has_the_hub_agent_kernel_and_notebook_images():
     stages = _bases()
-    assert set(stages) == {"wheel", "hub", "agent", "kernel"}
+    assert set(stages) == {"wheel", "hub", "agent", "kernel", "notebook"}
     # the bases are build arguments (./dev images passes stand-ins where no registry is
     # reachable) whose defaults are the real upstream images
     assert stages["hub"] == f"quay.io/jupyterhub/k8s-hub:{Z2JH_VERSION}"
@@ -81,6 +81,7 @@ def test_dockerfile_has_the_hub_agent_and_kernel_images():
     assert stages["wheel"].startswith("quay.io/pypa/manylinux2014_x86_64:")
     assert stages["agent"] == "python:3.12-slim-bookworm"
     assert stages["kernel"].startswith("nvidia/cuda:")
+    assert stages["notebook"] == "python:3.12-slim-bookworm"  # the users' servers run no CUDA
     assert "auditwheel repair --plat manylinux2014_x86_64" in DOCKERFILE.read_text()
 
 
@@ -238,7 +239,7 @@ def test_the_agent_image_installs_neither_jupyterhub_nor_jupyterlab():
 
 def test_the_readme_says_how_to_build_and_push_each_image():
     text = HELM_README.read_text()
-    for target in ("hub", "agent", "kernel"):
+    for target in ("hub", "agent", "kernel", "notebook"):
         assert f"docker build -f helm/images/Dockerfile --target {target}" in text, target
     assert "docker push" in text
 
@@ -251,6 +252,8 @@ def test_values_point_at_the_images():
     z2jh = yaml.safe_load((tools.Z2JH_EXAMPLES / "values.yaml").read_text())
     assert z2jh["hub"]["image"]["tag"].startswith(Z2JH_VERSION + "-")
     assert "--target hub" in (tools.Z2JH_EXAMPLES / "values.yaml").read_text()
+    assert z2jh["singleuser"]["image"]["name"].endswith("/elastic-gpu-notebook")
+    assert "--target notebook" in (tools.Z2JH_EXAMPLES / "values.yaml").read_text()
 
 
 def test_the_culler_runs_from_the_hub_image_and_the_node_agent_from_the_agent_image():

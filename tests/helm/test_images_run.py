@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -87,6 +88,66 @@ def test_the_hub_image_carries_jupyterhub_5_and_the_culler_but_no_jupyterlab_or_
     assert in_image(IMAGES["hub"], "import jupyterhub; print(jupyterhub.__version__)").startswith("5.")
     # the chart's culler Deployment runs this image (culler.image)
     assert in_image(IMAGES["hub"], "import culler.app; print('ok')").strip() == "ok"
+
+
+def test_the_notebook_image_serves_jupyterlab_with_our_extension_and_its_server_extension_loaded():
+    """Issue 26: the JupyterLab extension must be "present in the notebook image" (z2jh's
+    singleuser.image). What a user's server runs there: jupyterhub-singleuser, JupyterLab with
+    @elastic-gpu/jupyterlab enabled, the server extension that relays the broker's state, and the
+    GPU kernels' provisioner; nothing of the hub's or the agent's."""
+
+    def jupyter(*args: str) -> str:
+        proc = docker("run", "--rm", "--network", "none", IMAGES["notebook"], "jupyter", *args, timeout=300)
+        return re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)  # they list on stderr, in colour
+
+    labextensions = jupyter("labextension", "list")
+    line = next((x for x in labextensions.splitlines() if "@elastic-gpu/jupyterlab" in x), "")
+    assert "enabled" in line and "OK" in line, labextensions
+    server = jupyter("server", "extension", "list")
+    assert re.search(r"kernelprovider\.labstatus\s+enabled", server), server
+    assert re.search(r"kernelprovider\.labstatus\s+OK", server), server  # it imports and loads
+    code = (
+        "import importlib.metadata as m, shutil; "
+        "print(sorted(e.name for e in m.entry_points(group='jupyter_client.kernel_provisioners')), "
+        "bool(shutil.which('jupyterhub-singleuser')))"
+    )
+    out = in_image(IMAGES["notebook"], code)
+    assert "'elastic-gpu-provisioner'" in out and out.strip().endswith("True"), out
+    found = json.loads(in_image(IMAGES["notebook"], MISSING % (["kubespawner", "firstuseauthenticator", "pynvml"],)))
+    assert not any(found.values()), f"the notebook image carries {[n for n, f in found.items() if f]}"
+    uid = docker("run", "--rm", "--network", "none", IMAGES["notebook"], "id", "-u").stdout.strip()
+    assert uid == "1000", uid  # z2jh's singleuser uid
+
+
+def test_a_server_of_the_notebook_image_gets_the_gpu_kernelspecs_of_the_hubs_sizes(tmp_path):
+    """Started by a hub (its API URL and the server's token in the environment, as KubeSpawner sets
+    them), the image's entrypoint installs one kernelspec per size the hub's broker offers the user,
+    then runs the command it was given (z2jh's singleuser.cmd)."""
+    from tests.hubrunner import HubRunner
+    from tests.kernelprovider.helpers import ADMISSION, SIZES, _broker_config
+
+    (tmp_path / "admission.yaml").write_text(yaml.safe_dump(ADMISSION))
+    config = f"""
+from hubext.hubconfig import configure_hub
+configure_hub(c, mode="local", admission_config_file={str(tmp_path / "admission.yaml")!r},
+              simulate_gpus="1xH100-80GB", data_dir={str(tmp_path / "data")!r}, culler=False)
+""" + _broker_config(SIZES)
+    hub = HubRunner(tmp_path / "hub", config)
+    hub.start()
+    try:
+        token = hub.user_token("alice")
+        proc = docker("run", "--rm", "--network", "host", "-e", f"JUPYTERHUB_API_URL={hub.hub_api}",
+                      "-e", f"JUPYTERHUB_API_TOKEN={token}", IMAGES["notebook"],
+                      "jupyter", "kernelspec", "list", "--json")  # fmt: skip
+    finally:
+        hub.stop()
+    out = proc.stdout
+    specs = json.loads(out[out.index("{"):])["kernelspecs"]
+    for size in SIZES:
+        spec = specs.get(f"elastic-gpu-{size['name']}")
+        assert spec, (size["name"], out, proc.stderr[-2000:])
+        assert spec["spec"]["metadata"]["kernel_provisioner"]["provisioner_name"] == "elastic-gpu-provisioner", spec
+        assert spec["resource_dir"].startswith("/home/jovyan/"), spec  # the user's own (--user)
 
 
 def test_a_pod_of_the_agent_image_runs_the_images_contents_in_the_kubernetes_emulator(tmp_path):
@@ -632,9 +693,10 @@ def test_the_agent_images_shim_caps_a_kernel_image_container_at_its_slice(gpu_no
     assert int(r.one("info")["total"]) == 1024 << 20
 
 
-def test_z2jh_values_and_the_images_agree_on_the_hub_image():
-    """The hub image ./dev images built is the one helm/examples-z2jh/values.yaml names (up to
-    the registry)."""
-    hub = yaml.safe_load((tools.Z2JH_EXAMPLES / "values.yaml").read_text())["hub"]["image"]
-    repository, tag = IMAGES["hub"].rsplit(":", 1)
-    assert hub["name"].rsplit("/", 1)[-1] == repository.rsplit("/", 1)[-1] and hub["tag"] == tag
+def test_z2jh_values_and_the_images_agree_on_the_hub_and_notebook_images():
+    """The hub and notebook images ./dev images built are the ones helm/examples-z2jh/values.yaml
+    names (hub.image, singleuser.image; up to the registry)."""
+    values = yaml.safe_load((tools.Z2JH_EXAMPLES / "values.yaml").read_text())
+    for image, built in ((values["hub"]["image"], IMAGES["hub"]), (values["singleuser"]["image"], IMAGES["notebook"])):
+        repository, tag = built.rsplit(":", 1)
+        assert image["name"].rsplit("/", 1)[-1] == repository.rsplit("/", 1)[-1] and image["tag"] == tag, image
