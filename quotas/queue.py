@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 
 from . import messages as msg
 from .errors import PoolFull
+from .incremental import PassMemo, Seen
 from .model import Allocation, Decision, GPURequest, Owner
 from .moving import (
     HOLD,
@@ -86,6 +87,8 @@ class Waiting:
     moving: dict[str, float] = field(default_factory=dict)
     #: when the queue last looked for slices to move for it
     moves_looked_at: float = float("-inf")
+    #: its last decision, a wait (quotas.incremental): kept while nothing it could use changes
+    seen: Seen | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,7 @@ class AdmissionQueue:
         reserve_spots: int = 1,
         hold: bool | None = True,
         moves: MovePolicy | None = None,
+        incremental: bool = True,
     ) -> None:
         if reserve_after_seconds is not None and reserve_after_seconds < 0:
             raise ValueError(
@@ -120,6 +124,8 @@ class AdmissionQueue:
         self.reserve_after_seconds = reserve_after_seconds
         self.reserve_spots = reserve_spots
         self.hold = hold
+        #: decide a waiting request again only when something it could use changed
+        self.incremental = incremental
         self.limiter = MoveLimiter(moves or MovePolicy(max_slices=0))
         self._waiting: list[Waiting] = []
         self._seq = itertools.count()
@@ -135,6 +141,7 @@ class AdmissionQueue:
     def requeue(self, waiting: Waiting) -> None:
         """Put back a request that ``pump`` granted but whose grant could not be carried out (the
         caller took it back from the state); it keeps its place in line."""
+        waiting.seen = None
         if waiting not in self._waiting:
             self._waiting.append(waiting)
 
@@ -189,8 +196,17 @@ class AdmissionQueue:
 
         # slices already told to move for a head: never offered to another
         offered = {aid for w in self._waiting for aid in w.moving if aid in state.allocations}
-        with _holds(state) as (hold, put):
+        memo = PassMemo(state) if self.incremental else None
+        with _holds(state, memo) as (hold, put):
             for w in self.ordered():
+                if memo is not None and w.priority_value in heads and not w.moved and memo.unchanged(w.seen):
+                    w.seen = memo.again(w.seen)
+                    steps.append(Step(w, w.seen.decision))
+                    w.position = ahead
+                    ahead += 1
+                    continue  # it waits as it did: nothing it could use changed
+                version = state.version
+                plain = True
                 if w.moved and stood:
                     with _lifted(state, stood):  # never held: the held capacity is open to it
                         d = state.decide(w.request, now=now)
@@ -213,6 +229,7 @@ class AdmissionQueue:
                     if hit is None:
                         break
                     closed += 1
+                    plain = False
                     d = state.decide(w.request, now=now) if closed <= MAX_CLOSED_NODES else None
                     if d is None or not d.granted:  # it fits only where a head ahead could run
                         d = Decision("wait", reason=hit.reason, error=PoolFull(hit.reason))
@@ -224,6 +241,7 @@ class AdmissionQueue:
                     continue
                 w.position, w.reason = ahead, d.reason
                 ahead += 1
+                w.seen = memo.seen(w.request, d, version) if memo is not None and plain and not w.moved else None
                 head = w.priority_value not in heads
                 heads.add(w.priority_value)
                 if not head or not isinstance(d.error, PoolFull):
@@ -480,7 +498,7 @@ def _lifted(state: AdmissionState, holds: Iterable[Allocation | None]) -> Iterat
 
 
 @contextmanager
-def _holds(state: AdmissionState) -> Iterator:
+def _holds(state: AdmissionState, memo: PassMemo | None = None) -> Iterator:
     """Within the block, ``hold(reservation)`` keeps its cards and node CPU/memory from every
     later decision, ``put(stand_in)`` what an overdue head holds (quotas.moving.holds_on); all
     holds are gone afterwards (the state is the ledger again)."""
@@ -492,6 +510,8 @@ def _holds(state: AdmissionState) -> Iterator:
         a = dataclasses.replace(a, id=f"{HOLD}{len(placed)}")
         ix.apply(a, no, 1)
         placed.append(a)
+        if memo is not None:
+            memo.placed(a)
         return a
 
     def hold(r: Reservation) -> None:

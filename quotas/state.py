@@ -24,6 +24,9 @@ from .preemption import Ask, VictimKey, VictimSearch, victim_key
 from .tree import RESOURCES, Level, QuotaLedger
 from .usage import UsageReport
 
+#: changes kept for :meth:`AdmissionState.changes_since` (the oldest half goes beyond it)
+CHANGES_KEPT = 4096
+
 
 class AdmissionState(RequestChecks, UsageReport):
     """Pure, in-memory, incrementally indexed admission state."""
@@ -43,10 +46,14 @@ class AdmissionState(RequestChecks, UsageReport):
         self._levels_cache: dict[Owner, tuple[Level, Level, Level]] = {}
         self._allocs: dict[str, Allocation] = {}
         self._pool = pool
+        #: every add and remove since version ``_changes_from`` (what the queue asks what changed)
+        self._changes: list[tuple[int, Allocation, tuple[bool, ...]]] = []
+        self._changes_from = 0
         self._reset_indexes()
         for allocation in allocations:
             self._add(allocation, refresh=False)
         self._index.refresh_all()
+        self._forget_changes()
 
     def _reset_indexes(self) -> None:
         mix = getattr(self, "_mix", None)
@@ -119,6 +126,7 @@ class AdmissionState(RequestChecks, UsageReport):
         o = allocation.owner
         self._kinds.setdefault((o.workspace, o.namespace, o.user), Counter())[allocation.kind] += 1
         self._index.apply(allocation, eligible, 1, refresh)
+        self._changed(1, allocation, eligible)
         n = len(allocation.gpu_uuids)
         if allocation.whole:
             shape = (0, 0, n, True, allocation.cpu_millicores, allocation.host_memory_mib)
@@ -151,7 +159,15 @@ class AdmissionState(RequestChecks, UsageReport):
             if not kinds:
                 del self._kinds[(o.workspace, o.namespace, o.user)]
         self._index.apply(allocation, eligible, -1, refresh)
+        self._changed(-1, allocation, eligible)
         return allocation
+
+    def _changed(self, sign: int, allocation: Allocation, eligible: tuple[bool, ...]) -> None:
+        self._changes.append((sign, allocation, eligible))
+        if len(self._changes) > CHANGES_KEPT:  # those who still ask that far back decide afresh
+            drop = len(self._changes) // 2
+            self._changes_from += drop
+            del self._changes[:drop]
 
     def apply(self, decision: Decision) -> Allocation | None:
         """Carry out a granted decision on this state: drop its victims, record its allocation."""
@@ -171,6 +187,30 @@ class AdmissionState(RequestChecks, UsageReport):
         for allocation in allocations:
             self._add(allocation, refresh=False)
         self._index.refresh_all()
+        self._forget_changes()
+
+    # ---- what changed (quotas.incremental asks) --------------------------------------------
+
+    @property
+    def version(self) -> int:
+        """Grows by one with every allocation added or removed."""
+        return self._changes_from + len(self._changes)
+
+    def changes_since(self, version: int) -> list[tuple[int, Allocation, tuple[bool, ...]]] | None:
+        """(+1 added / -1 removed, allocation, its eligibility per predicate) for every change
+        after ``version``, oldest first; None if they are no longer known (forgotten, or the
+        inventory changed: then anything may have changed)."""
+        if version < self._changes_from:
+            return None
+        return self._changes[version - self._changes_from:]
+
+    def predicate_of(self, priority_class: str) -> int:
+        """The eligibility predicate (index into a change's eligibility) of a class's victims."""
+        return self._predicate[priority_class]
+
+    def _forget_changes(self) -> None:
+        self._changes_from = self.version
+        self._changes = []
 
     def _groups(self, allocation: Allocation) -> set[str]:
         ix = self._index

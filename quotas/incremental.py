@@ -1,0 +1,139 @@
+"""Incremental queue passes: a waiting request is decided again only when something it could use
+changed since its last decision.
+
+:meth:`quotas.queue.AdmissionQueue.pump` decides requests in queue order on every event (an
+arrival, a grant, a release). Deciding each one is a full placement search (and a victim search
+where preemption is possible): with 1,000 waiting that is most of a second per event
+(``bench/admission.py``). But a request that waited at its last decision still waits unless one
+of these happened since:
+
+- an allocation left (or a stand-in the queue held at its last decision is not held now) on a
+  node where the request could run, counting everything its class may evict as gone — more room,
+  or fewer victims needed there;
+- an allocation its class may evict arrived on such a node (a new victim);
+- an allocation of its workspace came or went (its quota levels changed);
+- the inventory changed, or too many changes passed to tell (``AdmissionState.changes_since``).
+
+Everything else — an allocation that is no victim for it landing anywhere, or anything leaving a
+node where it could never fit — only takes room or leaves its chances as they were, so its
+decision would be the same wait. Such a request keeps its last decision and its reason (the
+sentence may quote figures from that decision). Heads of a priority class (they reserve, hold and
+have slices moved), moved kernels asking back, pinned requests and a wait that came from the
+capacity overdue heads hold are always decided afresh.
+
+The victim search weighs at most ``preemption.max_candidate_nodes`` candidate nodes (placement
+order): where more are candidates, a release elsewhere can reorder them and bring a node into
+that bound where victims work, which the full pass would then find and this one not until an
+event touches that node. Up to that bound the two passes decide the same
+(``tests/quotas/test_quotas_incremental.py`` checks it on random pools and queues).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from dataclasses import dataclass
+
+from .model import Allocation, Decision, GPURequest
+from .placement import ANY
+from .state import AdmissionState
+
+#: a stand-in as the card index sees it: (node, cards, memory, cores, whole, CPU, host memory)
+HoldKey = tuple[str, tuple[str, ...], int, int, bool, int, int]
+
+
+@dataclass(frozen=True)
+class Seen:
+    """A request's last decision (a wait) and what it was decided with."""
+
+    decision: Decision
+    version: int  # AdmissionState.version then
+    holds: list[HoldKey]  # the stand-ins placed in that pass ...
+    held: int  # ... of which the first ``held`` were in place at its turn
+    shape: tuple[int, int, int, bool]  # memory, cores, cards, whole
+    group: str
+    predicate: int
+    workspace: str
+
+
+class PassMemo:
+    """One pump's view of what changed for each waiting request since its last decision."""
+
+    def __init__(self, state: AdmissionState) -> None:
+        self.state = state
+        self.holds: list[HoldKey] = []
+        self._freed: dict[tuple[int, int, int], set[str]] = {}
+
+    def placed(self, a: Allocation) -> None:
+        """The pump put stand-in ``a`` in the card index (it stays until the pass ends)."""
+        self.holds.append((a.node, a.gpu_uuids, a.memory_mib, a.cores_percent, a.whole,
+                           a.cpu_millicores, a.host_memory_mib))
+
+    def seen(self, request: GPURequest, d: Decision, version: int) -> Seen | None:
+        """What to keep of ``request``'s wait ``d``, decided at ``version`` with the stand-ins
+        placed so far (None: decide it afresh next time)."""
+        if request.pinned_uuids:
+            return None
+        whole = request.whole
+        shape = (0 if whole else request.memory_mib, 0 if whole else request.cores_percent,
+                 request.count, whole)
+        pc = self.state.config.policy.priority_class(request.priority_class)
+        return Seen(d, version, self.holds, len(self.holds), shape,
+                    request.model.lower() if request.model else ANY,
+                    self.state.predicate_of(pc.name), request.owner.workspace)
+
+    def again(self, seen: Seen) -> Seen:
+        """``seen`` as if decided now (:meth:`unchanged` said it would wait as it did)."""
+        return dataclasses.replace(seen, version=self.state.version, holds=self.holds, held=len(self.holds))
+
+    def unchanged(self, seen: Seen | None) -> bool:
+        """Whether the request ``seen`` describes would wait again now, as decided then."""
+        if seen is None:
+            return False
+        changes = self.state.changes_since(seen.version)
+        if changes is None:
+            return False
+        ix = self.state.index
+        for sign, a, eligible in changes:
+            if a.owner.workspace == seen.workspace:
+                return False  # its quota levels changed
+            if sign > 0 and not eligible[seen.predicate]:
+                continue  # it only takes room
+            ni = ix.node_index(a)
+            if ni is not None and self._could_run(ni, seen):
+                return False
+        for node in self._released(seen):
+            ni = ix.ni_of.get(node)
+            if ni is not None and self._could_run(ni, seen):
+                return False
+        return True
+
+    def _released(self, seen: Seen) -> set[str]:
+        """Nodes of the stand-ins in place at its last turn that are not in place now."""
+        key = (id(seen.holds), seen.held, len(self.holds))
+        nodes = self._freed.get(key)
+        if nodes is None:
+            missing = Counter(seen.holds[:seen.held]) - Counter(self.holds)
+            nodes = {h[0] for h in missing}
+            self._freed[key] = nodes
+        return nodes
+
+    def _could_run(self, ni: int, seen: Seen) -> bool:
+        """Could the request fit on node ``ni`` now if everything its class may evict there were
+        gone? (Its cards only: a node's CPU and memory are taken as enough.)"""
+        ix = self.state.index
+        m, c, k, whole = seen.shape
+        p = seen.predicate
+        if whole:
+            nalloc, en = ix.nalloc, ix.en[p]
+            cards = ix.wgpus[ni].get(seen.group, ())
+            return sum(1 for gi in cards if nalloc[gi] == en[gi]) >= k
+        cap_m, cap_c, used_m, used_c = ix.cap_m, ix.cap_c, ix.used_m, ix.used_c
+        em, ec = ix.em[p], ix.ec[p]
+        n = 0
+        for gi in ix.sgpus[ni].get(seen.group, ()):
+            if cap_m[gi] - used_m[gi] + em[gi] >= m and cap_c[gi] - used_c[gi] + ec[gi] >= c:
+                n += 1
+                if n >= k:
+                    return True
+        return False

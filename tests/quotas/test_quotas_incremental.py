@@ -1,0 +1,140 @@
+"""Incremental queue passes (quotas.incremental): a pump that decides again only the waiting
+requests something changed for returns what a pump deciding every one of them returns."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import event, given
+from hypothesis import strategies as st
+
+from quotas import AdmissionState, GPURequest, load_config
+from quotas.queue import AdmissionQueue, Step
+
+from .builders import alloc, node, pool, req, state
+from .test_quotas_properties import (
+    CLASSES,
+    LARGE,
+    NAMESPACES,
+    PROPERTY,
+    SMALL,
+    WORKSPACES,
+    limits,
+    pools,
+    requests,
+    value_of,
+)
+
+MOVABLE = {name: {**body, "movable": True} for name, body in CLASSES.items()}
+
+
+@st.composite
+def queue_runs(draw):
+    """A config (quotas, placement, queue rules), a pool, a fill of live allocations, then
+    arrivals of any request, departures, clock ticks and carried-out moves, pumped after each."""
+    workspaces = {ws: {"limits": draw(limits()), "namespaces": {
+        ns: {"limits": draw(limits()), "user_limits": draw(limits())} for ns in NAMESPACES}}
+        for ws in WORKSPACES}
+    queue = {"hold": draw(st.sampled_from([True, False, "with-moves"])),
+             "moves": draw(st.sampled_from([None, {}, {"per_hour": 2}])),
+             "reserve_after_seconds": draw(st.sampled_from([0, 30, 60]))}
+    cfg = load_config({"priority_classes": MOVABLE, "queue": queue, "workspaces": workspaces,
+                       "placement": {"node": draw(st.sampled_from(["binpack", "spread", "fgd"])),
+                                     "gpu": draw(st.sampled_from(["binpack", "spread", "fgd"]))}})
+    fill = [draw(requests(i, tuple(CLASSES), SMALL)) for i in range(draw(st.integers(0, 20)))]
+    ops = []
+    # mostly two classes, so that several wait behind the head of each
+    classes = st.sampled_from(["default", "default", "low", "low", None, "high", "urgent", "lowest"])
+    for i in range(draw(st.integers(1, 60))):
+        kind = draw(st.sampled_from(["arrive", "arrive", "arrive", "depart", "tick"]))
+        if kind == "arrive":
+            r = draw(requests(100 + i, (draw(classes),), (*SMALL, *LARGE)))
+            if draw(st.booleans()):  # most ask for any model (fewer are refused at once)
+                r = dataclasses.replace(r, model=None)
+            ops.append(("arrive", r))
+        elif kind == "depart":
+            ops.append(("depart", draw(st.integers(0, 1000))))
+        else:
+            ops.append(("tick", draw(st.sampled_from([1.0, 5.0, 30.0, 120.0]))))
+    return cfg, draw(pools()), fill, ops, draw(st.booleans())
+
+
+def same(a: Step, b: Step, kept: bool) -> None:
+    """``b`` (the incremental pump's) is ``a``; ``kept``: ``b`` is its last decision, kept (its
+    sentence may quote figures of then)."""
+    da, db = a.decision, b.decision
+    assert a.waiting.request == b.waiting.request
+    assert (da.kind, da.allocation, [v.id for v in da.victims], type(da.error)) == \
+        (db.kind, db.allocation, [v.id for v in db.victims], type(db.error))
+    assert [(m.allocation, m.to) for m in a.moves] == [(m.allocation, m.to) for m in b.moves]
+    assert a.waiting.position == b.waiting.position
+    assert a.waiting.reservation == b.waiting.reservation
+    if not kept:
+        assert da.reason == db.reason  # decided in this pass: the same sentence
+
+
+@PROPERTY
+@given(queue_runs())
+def test_the_incremental_pump_decides_like_the_pump_that_decides_every_waiting_request(run):
+    cfg, pl, fill, ops, possible = run
+    states = [AdmissionState(cfg, pl), AdmissionState(cfg, pl)]
+    for r in fill:
+        for s in states:
+            d = s.decide(r)
+            if d.kind == "grant":
+                s.apply(d)
+    full = AdmissionQueue.from_policy(cfg.policy)
+    full.incremental = False
+    fast = AdmissionQueue.from_policy(cfg.policy)
+    queues = [full, fast]
+    now = 0.0
+    kept = 0
+    for kind, op in [("tick", 0.0), *ops]:
+        if kind == "arrive":
+            for q in queues:
+                q.push(op, value_of(cfg, op.priority_class), now)
+        elif kind == "depart":
+            live = sorted(states[0].allocations)
+            if live:
+                for s in states:
+                    s.remove(live[op % len(live)])
+        else:
+            now += op
+        before = {id(w): w.seen.decision for w in fast.ordered() if w.seen is not None}
+        ref = full.pump(states[0], now, moves_possible=possible)
+        got = fast.pump(states[1], now, moves_possible=possible)
+        assert len(ref) == len(got)
+        for a, b in zip(ref, got, strict=True):
+            again = b.decision is before.get(id(b.waiting))
+            same(a, b, again)
+            kept += again
+            for mv in b.moves:  # carried out: the slice leaves, and its kernel asks back
+                for s, q in zip(states, queues, strict=True):
+                    s.remove(mv.allocation.id)
+                    q.push(GPURequest(mv.allocation.owner, mv.allocation.memory_mib, mv.allocation.cores_percent,
+                                      priority_class=mv.allocation.priority_class or None,
+                                      request_id=f"{mv.allocation.id}-back", kind="kernel"),
+                           value_of(cfg, mv.allocation.priority_class), now, moved=True)
+        assert states[0].allocations == states[1].allocations
+    event(f"waits kept without a decision: {'some' if kept else 'none'}")
+
+
+def test_a_waiting_request_is_not_decided_again_when_nothing_it_could_use_changed():
+    # two nodes of H100s, full; an A100 node, full too
+    st_ = state(pool(node("a", 2), node("b", 1, model="A100-40GB", memory_mib=40 * 1024)), allocations=[
+        alloc("x", "a-gpu0", 80), alloc("y", "a-gpu1", 80), alloc("z", "b-gpu0", 40, ws="other")])
+    q = AdmissionQueue.from_policy(st_.config.policy)
+    q.push(req(memory_gib=40, rid="first", model="H100-80GB"), 100, 0.0)
+    behind = q.push(req(memory_gib=20, rid="behind", model="H100-80GB"), 100, 0.0)
+    steps = {s.waiting.request.request_id: s for s in q.pump(st_, 1.0)}
+    waited = steps["behind"].decision
+    assert waited.kind == "wait"
+    # the A100 frees up: nothing for an H100 request
+    st_.remove("z")
+    steps = {s.waiting.request.request_id: s for s in q.pump(st_, 2.0)}
+    assert steps["behind"].decision is waited and behind.position == 1
+    # an H100 slice leaves: decided again, and granted (the head, 40 GiB, does not fit in 30)
+    st_.remove("y")
+    st_.add(alloc("y2", "a-gpu1", 50))
+    steps = {s.waiting.request.request_id: s for s in q.pump(st_, 3.0)}
+    assert steps["first"].decision.kind == "wait" and steps["behind"].decision.granted
