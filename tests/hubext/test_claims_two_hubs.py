@@ -81,11 +81,16 @@ def _over(emu, namespaces: list[str], claims_namespace: str) -> tuple[list[str],
     both hubs use at this moment (their pods or their claims)."""
     problems: list[str] = []
     held: dict[str, list[tuple[str, int, int, bool]]] = {}
-    for ns in namespaces:
-        for pod in emu.list("pods", ns, label_selector=f"{C.MANAGED}=true"):
-            a = C.allocation_from_metadata(pod["metadata"].get("labels"), pod["metadata"].get("annotations"))
-            for u in a.gpu_uuids:
-                held.setdefault(u, []).append((ns, a.memory_mib, a.cores_percent, a.whole))
+    # one snapshot of every namespace (listing them one after another saw a pod deleted in one
+    # and its successor created in the other as both there); a pod being deleted no longer holds
+    # its slice, as the pools count (its kernel was shut down; its delete grace is 2 s)
+    for pod in emu.list("pods", None, label_selector=f"{C.MANAGED}=true"):
+        ns = pod["metadata"]["namespace"]
+        if ns not in namespaces or pod["metadata"].get("deletionTimestamp"):
+            continue
+        a = C.allocation_from_metadata(pod["metadata"].get("labels"), pod["metadata"].get("annotations"))
+        for u in a.gpu_uuids:
+            held.setdefault(u, []).append((ns, a.memory_mib, a.cores_percent, a.whole))
     shared = set()
     for u, on in held.items():
         if len({ns for ns, *_ in on}) > 1:

@@ -77,8 +77,13 @@ def test_a_kernel_pods_slice_is_recorded_and_outlives_the_pod(tmp_path):
         )
         assert preempted.priority_class == "default" and preempted.node == "gpu-node-1"
         # the culler's way: it tells the broker, then shuts the kernel down through its server
-        status, body = hub.api("GET", "/gpu/kernels?user=alice")
-        (running,) = [k for k in body["kernels"] if k["state"] == "running"]
+        # the high-priority kernel once it runs (on a loaded machine the preempted one may still
+        # be listed running a moment, and the high one still starting: a CI run culled the wrong one)
+        def high_running() -> list[dict]:
+            status, body = hub.api("GET", "/gpu/kernels?user=alice")
+            return [k for k in body.get("kernels", []) if k["state"] == "running" and k.get("priority_class") == "high"]
+
+        (running,) = hub.wait_for(high_running, timeout=60, what="the high-priority kernel running")
         status, body = hub.api("POST", f"/gpu/kernels/{running['id']}/cull", body={"reason": "idle for 600 s"})
         assert status == 204, body
         for session in (low, high):
