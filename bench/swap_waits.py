@@ -23,13 +23,18 @@ slice at the timeout, and the user's next work asks for it again:
 - **keep**: the slice is never given back while the kernel pauses (its room kept on its card):
   no comeback waits, at the price of the first starts' waits.
 
+While a kernel is swapped out (swap, node), its room on its card(s) is kept *soft* as the hub keeps
+it (``GPUBroker.resume_room``, ``quotas/reserve.py``): a new slice takes it only where nothing
+else fits. **node, no room kept** is the node variant without that (as the product was before),
+measured in the same run.
+
 The figures are the waits of those comebacks (p50, p95, max, and how many waited longer than
 ``GPUBroker.resume_queue_seconds``, 600 s, after which the product refuses the cell), the first
 starts' p95, and how many cards ever held a slice. CPU and host memory are left out: both
 variants ask the same GPUs. Requests still waiting at the end count with the wait so far.
 
 One line per pool: ``swap_waits gpus=<n> kill_p95_s=<n> swap_p95_s=<n> ratio=<swap/kill>
-node_p95_s=<n> node_ratio=<node/kill>``.
+node_p95_s=<n> node_ratio=<node/kill> unkept_p95_s=<n> unkept_ratio=<node without room kept/kill>``.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.placement import CARD_MIB, GIB, config, percentile, product_pool, session_trace, wait_nodes  # noqa: E402
-from quotas import AdmissionState, GPURequest, Owner, Placement  # noqa: E402
+from quotas import AdmissionState, GPURequest, Owner, Placement, SoftReservation  # noqa: E402
 from quotas.queue import AdmissionQueue  # noqa: E402
 
 #: GPUBroker.resume_queue_seconds: a resume waiting longer is refused (its cell is not run)
@@ -105,8 +110,8 @@ def node_cards(state: AdmissionState, own: str) -> tuple[str, ...]:
 def run(
     variant: str, n_nodes: int, trace: list[tuple], seed: int, hours: float, idle_timeout: float, placement: str
 ) -> Run:
-    """One variant ('kill' or 'swap') of the sessions ``trace`` on a pool of ``n_nodes`` nodes,
-    placed by ``placement`` (node and card policy alike)."""
+    """One variant ('kill', 'swap', 'swap, node', 'swap, node, unkept' or 'keep') of the sessions
+    ``trace`` on a pool of ``n_nodes`` nodes, placed by ``placement`` (node and card policy alike)."""
     cfg = config(placement, placement)
     state = AdmissionState(cfg, product_pool(wait_nodes(n_nodes)))
     line = AdmissionQueue.from_policy(cfg.policy)
@@ -125,6 +130,17 @@ def run(
         at(t, "arrive", sid)
     asked: dict[str, tuple[int, float, bool]] = {}  # request id -> (session, since, comeback)
     held: dict[int, tuple[str, tuple[str, ...]]] = {}  # session -> (allocation id, its cards)
+    room: dict[str, SoftReservation] = {}  # swapped-out session -> its room, kept soft (as the hub does)
+    keeps_room = variant in ("swap", "swap, node")
+
+    def keep_room(sid: int, reservation: SoftReservation | None) -> None:
+        if not keeps_room:
+            return
+        if reservation is None:
+            room.pop(str(sid), None)
+        else:
+            room[str(sid)] = reservation
+        state.index.soft.replace(state.index, room)
     step_of = [0] * len(trace)
     attempts = [0] * len(trace)
 
@@ -163,8 +179,10 @@ def run(
                 step_of[sid] += 1
                 at(now + pause + plans[sid][step_of[sid]][0], "pause", sid)
         elif kind == "reclaim" and variant != "keep":
-            aid, _ = held[sid]
-            state.remove(aid)
+            aid, cards = held[sid]
+            gone = state.remove(aid)
+            if variant.startswith("swap"):
+                keep_room(sid, SoftReservation(cards, gone.memory_mib, gone.cores_percent))
         elif kind == "back" and variant == "keep":  # its room was kept: it goes on at once
             step_of[sid] += 1
             out.comebacks.append(0.0)
@@ -172,7 +190,8 @@ def run(
         elif kind == "back":
             step_of[sid] += 1
             _, cards = held.pop(sid)
-            if variant == "swap, node" and len(cards) == 1:
+            keep_room(sid, None)  # it asks: its request, first in line, takes its room
+            if variant.startswith("swap, node") and len(cards) == 1:
                 cards = node_cards(state, cards[0])
             ask(sid, now, cards if variant.startswith("swap") else (), True)
         for step in line.pump(state, now, moves_possible=False):
@@ -218,16 +237,19 @@ def main(argv: list[str] | None = None) -> None:
         kill = run("kill", n, trace, a.seed, a.hours, a.idle_timeout, a.placement)
         swap = run("swap", n, trace, a.seed, a.hours, a.idle_timeout, a.placement)
         node = run("swap, node", n, trace, a.seed, a.hours, a.idle_timeout, a.placement)
+        unkept = run("swap, node, unkept", n, trace, a.seed, a.hours, a.idle_timeout, a.placement)
         keep = run("keep", n, trace, a.seed, a.hours, a.idle_timeout, a.placement)
         print(f"{gpus:4d} GPUs  kill: {kill.line()}")
         print(f"{gpus:4d} GPUs  swap: {swap.line()}")
         print(f"{gpus:4d} GPUs  node: {node.line()}")
+        print(f"{gpus:4d} GPUs  node, no room kept: {unkept.line()}")
         print(f"{gpus:4d} GPUs  keep: {keep.line()}")
-        k95, s95, n95 = (percentile(r.comebacks, 95) for r in (kill, swap, node))
+        k95, s95, n95, u95 = (percentile(r.comebacks, 95) for r in (kill, swap, node, unkept))
 
         print(
             f"swap_waits gpus={gpus} kill_p95_s={k95:.0f} swap_p95_s={s95:.0f} ratio={ratio(s95, k95):.2f} "
-            f"node_p95_s={n95:.0f} node_ratio={ratio(n95, k95):.2f}"
+            f"node_p95_s={n95:.0f} node_ratio={ratio(n95, k95):.2f} "
+            f"unkept_p95_s={u95:.0f} unkept_ratio={ratio(u95, k95):.2f}"
         )
 
 

@@ -22,7 +22,7 @@ import asyncio
 import itertools
 import re
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +42,7 @@ from quotas import (
     ConfigError,
     GPURequest,
     PoolFull,
+    SoftReservation,
     load_config,
 )
 from quotas.messages import mib
@@ -129,6 +130,7 @@ class GPUAllocator(SingletonConfigurable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.state: AdmissionState | None = None
+        self._resume_room: dict[str, SoftReservation] = {}
         self._queue: AdmissionQueue | None = None
         self._waiters: list[Waiter] = []
         self._seq = itertools.count()
@@ -211,6 +213,7 @@ class GPUAllocator(SingletonConfigurable):
         self._queue = AdmissionQueue.from_policy(policy)
         for allocation in ledger:
             self.state.add(allocation)
+        self.reserve_for_resumes(self._resume_room)
         self.log.info(
             "GPU allocator ready: %d GPUs on %d nodes%s, %d allocations from the ledger",
             sum(len(n.gpus) for n in pool.nodes),
@@ -218,6 +221,14 @@ class GPUAllocator(SingletonConfigurable):
             " (simulated)" if self.backend.simulated else "",
             len(ledger),
         )
+
+    def reserve_for_resumes(self, room: Mapping[str, SoftReservation]) -> None:
+        """Keep ``room`` (by kernel id: what each swapped-out kernel needs on its cards to come
+        back) soft in placement: a new slice takes it only where nothing else fits
+        (``quotas/reserve.py``). The broker calls it whenever its records change."""
+        self._resume_room = dict(room)
+        if self.state is not None:
+            self.state.index.soft.replace(self.state.index, self._resume_room)
 
     async def refresh_inventory(self) -> None:
         """Re-read the inventory (nodes added or removed) and retry waiting requests."""

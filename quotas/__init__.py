@@ -10,6 +10,7 @@ from .config import load_config, load_gpus, load_limits, load_pool, parse_simula
 from .errors import AdmissionError, ConfigError, InvalidRequest, PoolFull, QuotaExceeded
 from .model import GPU, Allocation, Decision, GPURequest, Mode, Node, Owner, Pool
 from .policy import AdmissionConfig, Placement, Policy, PriorityClass
+from .reserve import SoftReservation
 from .state import AdmissionState
 from .tree import Level, Limits, NamespaceQuota, QuotaTree, WorkspaceQuota
 
@@ -36,6 +37,7 @@ __all__ = [
     "PriorityClass",
     "QuotaExceeded",
     "QuotaTree",
+    "SoftReservation",
     "WorkspaceQuota",
     "load_config",
     "load_gpus",

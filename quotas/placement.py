@@ -27,6 +27,7 @@ from .fgd import FGDScoring
 from .mix import Mix
 from .model import GPU, Allocation, Mode, Pool
 from .policy import Placement
+from .reserve import SoftReservations
 from .shapes import NodeClasses
 
 #: group key matching any model
@@ -55,6 +56,8 @@ class CardIndex(FGDScoring, EvictableIndex):
         self.fgd_gpus = placement.gpu == "fgd"
         #: the expected mix of requests FGD keeps room for (fed by AdmissionState.add)
         self.mix = Mix()
+        #: room kept for swapped-out kernels' resumes, taken only where nothing else fits (reserve.py)
+        self.soft = SoftReservations()
         self.fgd_bases = {}
         self.gpus: list[GPU] = []
         self.gi_of: dict[str, int] = {}
@@ -443,7 +446,13 @@ class CardIndex(FGDScoring, EvictableIndex):
     def find(
         self, m: int, c: int, k: int, whole: bool, group: str, cpu: int = 0, hmem: int = 0
     ) -> tuple[int, list[int]] | None:
-        """Best node and cards for the request with the pool as it is, by the placement policy."""
+        """Best node and cards for the request with the pool as it is, by the placement policy
+        (outside the room kept for swapped-out kernels where it can: :mod:`quotas.reserve`)."""
+        return self.soft.retry(self, lambda: self._find(m, c, k, whole, group, cpu, hmem))
+
+    def _find(
+        self, m: int, c: int, k: int, whole: bool, group: str, cpu: int = 0, hmem: int = 0
+    ) -> tuple[int, list[int]] | None:
         if self.fgd_nodes:
             return self._find_fgd(m, c, k, whole, group, cpu, hmem)
         for ni in self._candidates(m, c, k, whole, group, cpu, hmem, self.binpack_nodes):
@@ -455,8 +464,8 @@ class CardIndex(FGDScoring, EvictableIndex):
     def has_room(self, m: int, c: int, k: int, whole: bool, group: str, cpu: int = 0, hmem: int = 0) -> bool:
         """Is there a node with room for the request now? (What :meth:`find` answers None to or
         not, without scoring the places: the first that fits, in binpack order.)"""
-        return any(self.fit_node(ni, m, c, k, whole, group, None, cpu, hmem)
-                   for ni in self._candidates(m, c, k, whole, group, cpu, hmem, True))
+        return self.soft.retry(self, lambda: any(self.fit_node(ni, m, c, k, whole, group, None, cpu, hmem)
+                   for ni in self._candidates(m, c, k, whole, group, cpu, hmem, True)))
 
     def fit_pinned(
         self, uuids: tuple[str, ...], m: int, c: int, whole: bool, cpu: int = 0, hmem: int = 0, k: int = 0
@@ -464,6 +473,11 @@ class CardIndex(FGDScoring, EvictableIndex):
         """``k`` of ``uuids``' cards that have room for the request now (the first ones in ``uuids``'
         order), with their node, else None (a pinned request: see ``GPURequest.pinned_uuids``; the
         caller checked they exist on one node)."""
+        return self.soft.retry(self, lambda: self._fit_pinned(uuids, m, c, whole, cpu, hmem, k))
+
+    def _fit_pinned(
+        self, uuids: tuple[str, ...], m: int, c: int, whole: bool, cpu: int, hmem: int, k: int
+    ) -> tuple[int, list[int]] | None:
         cards = [self.gi_of[u] for u in uuids]
         ni = self.node_of_gpu[cards[0]]
         if not self.node_fits(ni, cpu, hmem):
@@ -516,6 +530,11 @@ class CardIndex(FGDScoring, EvictableIndex):
     ) -> tuple[int, list[int]] | None:
         """Like :meth:`find` for whole cards, but only cards whose memory adds up to at most
         ``max_memory`` (the quota headroom), in placement order."""
+        return self.soft.retry(self, lambda: self._find_whole_within(k, group, max_memory, cpu, hmem))
+
+    def _find_whole_within(
+        self, k: int, group: str, max_memory: int, cpu: int, hmem: int
+    ) -> tuple[int, list[int]] | None:
         for ni in self._candidates(0, 0, k, True, group, cpu, hmem, self.binpack_nodes):
             cards = self.fit_node(ni, 0, 0, k, True, group, None, cpu, hmem)
             if cards and sum(self.gpus[gi].memory_mib for gi in cards) <= max_memory:

@@ -179,14 +179,16 @@ class AdmissionState(RequestChecks, UsageReport):
         return decision.allocation
 
     def set_pool(self, pool: Pool) -> None:
-        """Replace the inventory (nodes came or went); allocations are kept."""
+        """Replace the inventory (nodes came or went); allocations (and the room kept for
+        swapped-out kernels, ``quotas/reserve.py``) are kept."""
         self._pool = pool
-        allocations = list(self._allocs.values())
+        allocations, soft = list(self._allocs.values()), self._index.soft
         self._allocs = {}
         self._reset_indexes()
         for allocation in allocations:
             self._add(allocation, refresh=False)
         self._index.refresh_all()
+        self._index.soft = soft.moved_to(self._index)
         self._forget_changes()
 
     # ---- what changed (quotas.incremental asks) --------------------------------------------

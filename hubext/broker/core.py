@@ -235,6 +235,7 @@ class GPUBroker(AdmitMixin, SizesMixin, SwapMixin, ReclaimMixin, SingletonConfig
     def _persist(self) -> None:
         if self.launcher is not None:
             self.launcher.persist(self.kernels.values())
+        self.keep_resume_room()  # placement keeps room for the swapped-out kernels (swap.py)
 
     # ---- servers ---------------------------------------------------------------------------
 

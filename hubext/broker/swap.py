@@ -34,7 +34,7 @@ from traitlets import Float, Integer
 from traitlets.config import Configurable
 
 from libvgpu.checkpoint import CheckpointError
-from quotas import AdmissionError
+from quotas import AdmissionError, SoftReservation
 from quotas.messages import mib
 
 from ..backends import Capability, HostMemoryFull, ReleaseCause, SuspendAsk
@@ -404,9 +404,33 @@ class SwapMixin(Configurable):
             raise BrokerError(f"The GPU kernel could not be resumed: {error}", 500)
         return record
 
+    def resume_room(self) -> dict[str, SoftReservation]:
+        """The room each swapped-out kernel that is not asking for its resume yet needs on its
+        card(s) to come back, by kernel id (kept soft in placement: ``quotas/reserve.py``)."""
+        room = {}
+        for record in self.kernels.values():
+            if record.swap.get("state") == "swapped" and record.swap.get("gpu_uuids"):
+                room[record.id] = SoftReservation(
+                    tuple(record.swap["gpu_uuids"]),
+                    int(record.allocation.get("memory_mib") or 0),
+                    int(record.allocation.get("cores_percent") or 0),
+                )
+        return room
+
+    def keep_resume_room(self) -> None:
+        """Placement keeps the room of the swapped-out kernels (called whenever the records change)."""
+        self.allocator.reserve_for_resumes(self.resume_room())
+
     async def _resume(self, record: KernelRecord) -> None:
+        try:
+            await self._resume_asked(record)
+        finally:  # resumed: its room is its slice; still swapped out: its room is kept again
+            self.keep_resume_room()
+
+    async def _resume_asked(self, record: KernelRecord) -> None:
         swap = record.swap
         swap["state"], swap["position"] = "queued", None
+        self.keep_resume_room()  # its own room is no longer kept: its request, first in line, asks for it
         section = dict(record.section)
         if swap.get("model"):
             section["model"] = swap["model"]  # its state can only go back onto the same kind of card

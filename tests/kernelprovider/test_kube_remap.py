@@ -48,23 +48,23 @@ def pod_cards(emu, pod: str) -> list[str]:
 
 
 @contextmanager
-def swapped_out_behind_bob(stack) -> Iterator[tuple]:
-    """Alice's kernel ran a CUDA cell on card 0 (``notes`` set), was swapped out, and bob's 75 GiB
-    kernel took card 0; (kernel client, alice's record, bob's kernels). Both sessions are closed
-    at the end, also when the test failed."""
+def swapped_out_behind_carol(stack) -> Iterator[tuple]:
+    """Alice's kernel ran a CUDA cell on card 0 (``notes`` set) and was swapped out; bob's 75 GiB
+    kernel went to card 1 (card 0's room is kept for alice's resume: quotas/reserve.py), then
+    carol's took card 0 (nothing else fit). Yields (kernel client, alice's record, stop: a function
+    stopping bob's or carol's kernel by name, carol's kernel record). Every session is closed at the
+    end, also when the test failed."""
     st, proc_root, log, _, _ = stack
     hub, emu, alice = st["hub"], st["emulator"], st["alice"]
-    bob = Server(hub, "bob", hub.user_token("bob"))
+    others = {name: Server(hub, name, hub.user_token(name)) for name in ("bob", "carol")}
     status, session = alice.start_session(SPEC)
     assert status == 201, session
     kernel = alice.connect(session["kernel"]["id"])
-    second = None
+    started: dict[str, dict] = {}
 
-    def bob_stopped() -> None:
-        nonlocal second
-        status, body = bob.api("DELETE", f"/sessions/{second['id']}")
+    def stop(name: str) -> None:
+        status, body = others[name].api("DELETE", f"/sessions/{started.pop(name)['id']}")
         assert status == 204, body
-        second = None
 
     try:
         out = kernel.execute(CUDA_CELL + "notes = {'answer': 42}")
@@ -78,21 +78,26 @@ def swapped_out_behind_bob(stack) -> Iterator[tuple]:
         status, model = hub.api("POST", f"/gpu/kernels/{record['id']}/suspend?reason=idle", timeout=90)
         assert status == 200 and model["gpu_swapped"] is True, (status, model, log.read_text())
 
-        # bob's kernel takes 75 of the 80 GiB of alice's card (binpack: the first of two empty cards)
-        start_server(hub, "bob", bob.token)
-        status, second = bob.start_session("elastic-gpu-gpu-75g")
-        assert status == 201, second
-        status, body = hub.api("GET", "/gpu/kernels?user=bob")
-        assert [k["allocation"]["gpu_uuids"] for k in body["kernels"]] == [[CARDS[0]]], body
-        yield kernel, record, body["kernels"], bob_stopped
+        # bob's 75 GiB kernel goes to the empty card 1, not into alice's room on card 0 (binpack alone
+        # would take card 0, the first of two empty cards); carol's then takes card 0: nothing else fits
+        held = {}
+        for name, card in (("bob", CARDS[1]), ("carol", CARDS[0])):
+            start_server(hub, name, others[name].token)
+            status, started[name] = others[name].start_session("elastic-gpu-gpu-75g")
+            assert status == 201, started[name]
+            status, body = hub.api("GET", f"/gpu/kernels?user={name}")
+            assert [k["allocation"]["gpu_uuids"] for k in body["kernels"]] == [[card]], (name, body)
+            held[name] = body["kernels"][0]
+        yield kernel, record, stop, held["carol"]
     finally:
-        close_sessions(kernel, (alice, session), (bob, second))
+        close_sessions(kernel, (alice, session), *((others[n], s) for n, s in started.items()))
 
 
 def test_a_swapped_out_kernel_pod_whose_card_is_taken_resumes_on_another_card_of_its_node(stack):
     st, _, log, _, _ = stack
     hub, emu = st["hub"], st["emulator"]
-    with swapped_out_behind_bob(stack) as (kernel, record, bobs, _):
+    with swapped_out_behind_carol(stack) as (kernel, record, stop, carols):
+        stop("bob")  # card 1 is free again; alice's own card is carol's
         # alice's next cell: her kernel comes back at once on the other card, its variables kept
         asked_at = time.monotonic()
         out = kernel.collect(kernel.execute_async(AGAIN), timeout=60)
@@ -102,11 +107,11 @@ def test_a_swapped_out_kernel_pod_whose_card_is_taken_resumes_on_another_card_of
         print(f"resumed on the other card {time.monotonic() - asked_at:.2f} s after the cell")
         status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
         assert model["gpu_swapped"] is False and model["allocation"]["gpu_uuids"] == [CARDS[1]], model
-        assert sorted(slices(hub)) == sorted([model["allocation"]["id"], bobs[0]["allocation"]["id"]])
+        assert sorted(slices(hub)) == sorted([model["allocation"]["id"], carols["allocation"]["id"]])
         annotations = emu.get("pods", record["holder"], NAMESPACE)["metadata"]["annotations"]
         assert annotations[L.A_GPU_UUIDS] == CARDS[1]  # the pod names the card it holds now
         assert f"(moved from {CARDS[0]})" in hub.log_tail(200)
-        # the agent gave its container the new card and took back the old one, now bob's
+        # the agent gave its container the new card and took back the old one, now carol's
         assert pod_cards(emu, record["holder"]) == ["nvidia1"]
 
 
@@ -124,12 +129,14 @@ def test_a_restore_the_driver_refuses_leaves_the_kernel_swapped_out_with_its_var
     try:
         hub.wait_for(lambda: published().get("remap") is False, 30, 0.2, "the node to say it cannot restore elsewhere")
         assert "needs driver 580" in published()["remap_why_not"], published()
-        with swapped_out_behind_bob(stack) as (kernel, record, bobs, bob_stopped):
+        # the Node claims what its driver cannot do (the agent republishes only each inventory interval);
+        # the hub follows the Node through its watch, long before the resume below asks
+        emu.patch("nodes", NODE, {"metadata": {"annotations": {
+            L.NODE_CHECKPOINT_ANNOTATION: json.dumps({**published(), "remap": True})}}})  # fmt: skip
+        with swapped_out_behind_carol(stack) as (kernel, record, stop, carols):
+            stop("bob")  # card 1 is free again; alice's own card is carol's
             pod = record["holder"]
             before = emu.get("pods", pod, NAMESPACE)["metadata"]
-            # the Node claims what its driver cannot do; the hub follows the Node (its watch)
-            emu.patch("nodes", NODE, {"metadata": {"annotations": {
-                L.NODE_CHECKPOINT_ANNOTATION: json.dumps({**published(), "remap": True})}}})  # fmt: skip
             out = kernel.execute(AGAIN, timeout=90)
             assert out["status"] == "error" and out["ename"] == "InputRejected", (out, hub.log_tail(30),
                                                                                   log.read_text())  # fmt: skip
@@ -139,13 +146,13 @@ def test_a_restore_the_driver_refuses_leaves_the_kernel_swapped_out_with_its_var
             assert L.swapped_out(after["annotations"]), after["annotations"]  # it holds no slice
             for key in (L.A_SWAP, L.A_SWAP_STATUS, L.A_GPU_UUIDS, L.ALLOCATION_ID):  # as before the resume
                 assert after["annotations"].get(key) == before["annotations"].get(key), key
-            assert sorted(slices(hub)) == [bobs[0]["allocation"]["id"]]  # bob's only
+            assert sorted(slices(hub)) == [carols["allocation"]["id"]]  # carol's only
             assert pod_cards(emu, pod) == ["nvidia0"]  # the card granted for the restore was taken back
             status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
             assert model["gpu_swapped"] is True and model["state"] == "running", model
 
-            # bob's kernel stops: alice's next cell comes back on her own card, her variables kept
-            bob_stopped()
+            # carol's kernel stops: alice's next cell comes back on her own card, her variables kept
+            stop("carol")
             out = kernel.execute(AGAIN, timeout=90)
             assert out["status"] == "ok" and "answer 43" in out["text"] and "again 0" in out["text"], out
             status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
