@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"placement: {config.placement.node}/{config.placement.gpu}; "
           f"pool: {len(pool.nodes)} nodes, {len(pool.all_gpus())} GPUs; "
           f"{len(state.allocations)} live allocations ({used / total:.0%} of GPU memory in use)")
-    print(f"setup: placed them with decide()+apply() in {fill_s:.1f} s"
+    print(f"setup: placed them {'directly (direct_fill)' if direct else 'with decide()+apply()'} in {fill_s:.1f} s"
           f"{f' (placement {args.fill_placement})' if args.fill_placement else ''}; "
           f"a state rebuilt from the ledger in {rebuild_s:.2f} s")
 

@@ -8,16 +8,17 @@ where preemption is possible): with 1,000 waiting that is most of a second per e
 of these happened since:
 
 - an allocation left (or a stand-in the queue held at its last decision is not held now) on a
-  node where the request could run, counting everything its class may evict as gone — more room,
-  or fewer victims needed there;
-- an allocation its class may evict arrived on such a node (a new victim);
-- an allocation of its workspace came or went (its quota levels changed);
+  node where the request could run, counting everything its class may evict as gone (cards, CPU
+  and host memory) — more room, or fewer victims needed there;
+- an allocation of its workspace left while one of its quota levels was short for it, or one
+  arrived (it may wait for its quota now: another sentence);
 - the inventory changed, or too many changes passed to tell (``AdmissionState.changes_since``).
 
-Everything else — an allocation that is no victim for it landing anywhere, or anything leaving a
-node where it could never fit — only takes room or leaves its chances as they were, so its
-decision would be the same wait. Such a request keeps its last decision and its reason (the
-sentence may quote figures from that decision). Heads of a priority class (they reserve, hold and
+Everything else only takes room or leaves its chances as they were, so its decision would be the
+same wait. An allocation arriving never helps it: what it takes was free before, and were it a
+victim, evicting it gives back only that (and, in its workspace, only the quota it took). Such a
+request keeps its last decision and its reason (the sentence may quote figures from that
+decision). Heads of a priority class (they reserve, hold and
 have slices moved), moved kernels asking back, pinned requests and a wait that came from the
 capacity overdue heads hold are always decided afresh.
 
@@ -54,6 +55,10 @@ class Seen:
     group: str
     predicate: int
     workspace: str
+    #: quota levels (keys) short for it at its last decision, or None where none was
+    short: frozenset[tuple[str, ...]] | None
+    cpu: int
+    hmem: int
 
 
 class PassMemo:
@@ -77,10 +82,23 @@ class PassMemo:
         whole = request.whole
         shape = (0 if whole else request.memory_mib, 0 if whole else request.cores_percent,
                  request.count, whole)
-        pc = self.state.config.policy.priority_class(request.priority_class)
+        st = self.state
+        pc = st.config.policy.priority_class(request.priority_class)
         return Seen(d, version, self.holds, len(self.holds), shape,
                     request.model.lower() if request.model else ANY,
-                    self.state.predicate_of(pc.name), request.owner.workspace)
+                    st.predicate_of(pc.name), request.owner.workspace, self._short(request),
+                    request.cpu_millicores, request.host_memory_mib)
+
+    def _short(self, request: GPURequest) -> frozenset[tuple[str, ...]] | None:
+        """Its quota levels that lack room for it (a whole card counted as the pool's largest)."""
+        st = self.state
+        k = request.count
+        if request.whole:
+            asked = (k * max(st.index.cap_m, default=0), 100 * k, k)
+        else:
+            asked = (request.memory_mib * k, request.cores_percent * k, k)
+        short = frozenset(lv.key for lv in st.levels(request.owner) if st.short_of(lv, asked))
+        return short or None
 
     def again(self, seen: Seen) -> Seen:
         """``seen`` as if decided now (:meth:`unchanged` said it would wait as it did)."""
@@ -94,10 +112,10 @@ class PassMemo:
         if changes is None:
             return False
         ix = self.state.index
-        for sign, a, eligible in changes:
-            if a.owner.workspace == seen.workspace:
-                return False  # its quota levels changed
-            if sign > 0 and not eligible[seen.predicate]:
+        for sign, a, _ in changes:
+            if a.owner.workspace == seen.workspace and (sign > 0 or seen.short is not None):
+                return False  # its quota levels may have room now, or have none left (another sentence)
+            if sign > 0:
                 continue  # it only takes room
             ni = ix.node_index(a)
             if ni is not None and self._could_run(ni, seen):
@@ -120,10 +138,19 @@ class PassMemo:
 
     def _could_run(self, ni: int, seen: Seen) -> bool:
         """Could the request fit on node ``ni`` now if everything its class may evict there were
-        gone? (Its cards only: a node's CPU and memory are taken as enough.)"""
+        gone?"""
         ix = self.state.index
         m, c, k, whole = seen.shape
         p = seen.predicate
+        if seen.cpu or seen.hmem:
+            cpu, hmem = ix.cpu_free[ni], ix.hmem_free[ni]
+            elig = ix.elig
+            for aid, a in ix.node_allocs[ni].items():
+                if elig[aid][p]:
+                    cpu += a.cpu_millicores
+                    hmem += a.host_memory_mib
+            if cpu < seen.cpu or hmem < seen.hmem:
+                return False
         if whole:
             nalloc, en = ix.nalloc, ix.en[p]
             cards = ix.wgpus[ni].get(seen.group, ())

@@ -434,7 +434,7 @@ def _try_moves(
         priority_class="", whole=True, cpu_millicores=request.cpu_millicores,
         host_memory_mib=request.host_memory_mib,
     )
-    with state.mix_kept():  # re-adding allocations must not teach the mix
+    with state.mix_kept(), state.tried():  # re-adding allocations must not teach the mix
         return _tried(state, request, now, hold, moves)
 
 

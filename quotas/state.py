@@ -210,6 +210,17 @@ class AdmissionState(RequestChecks, UsageReport):
         """The eligibility predicate (index into a change's eligibility) of a class's victims."""
         return self._predicate[priority_class]
 
+    @contextmanager
+    def tried(self) -> Iterator[None]:
+        """Within the block, allocations are removed and added back as they were (a move tried
+        out): afterwards they are no change (:meth:`changes_since` does not list them)."""
+        start, kept = self._changes_from, len(self._changes)
+        try:
+            yield
+        finally:
+            if self._changes_from == start:
+                del self._changes[kept:]
+
     def _forget_changes(self) -> None:
         self._changes_from = self.version
         self._changes = []
@@ -338,6 +349,14 @@ class AdmissionState(RequestChecks, UsageReport):
                 left = limit - self._ledger.own(level.key, res)
                 room = left if room is None else min(room, left)
         return room if room is not None else 1 << 62
+
+    def short_of(self, level: Level, asked: tuple[int, int, int]) -> bool:
+        """Whether ``level`` lacks room for ``asked`` (memory MiB, cores %, vGPUs) now."""
+        for r, res in enumerate(RESOURCES):
+            limit = level.limits.get(res)
+            if limit is not None and self._ledger.own(level.key, res) + asked[r] > limit:
+                return True
+        return False
 
     def _first_deficit(
         self, levels: Iterable[Level], asked: tuple[int, int, int]
