@@ -12,6 +12,8 @@ of these happened since:
   and host memory) — more room, or fewer victims needed there;
 - an allocation of its workspace left while one of its quota levels was short for it, or one
   arrived (it may wait for its quota now: another sentence);
+- room kept for a swapped-out kernel (``quotas/reserve.py``) on such a node was given up (that
+  room counts as free for "could run": placement takes it where nothing else fits);
 - the inventory changed, or too many changes passed to tell (``AdmissionState.changes_since``).
 
 Everything else only takes room or leaves its chances as they were, so its decision would be the
@@ -59,6 +61,8 @@ class Seen:
     short: frozenset[tuple[str, ...]] | None
     cpu: int
     hmem: int
+    #: the room kept for swapped-out kernels then (quotas/reserve.py)
+    soft: frozenset
 
 
 class PassMemo:
@@ -68,6 +72,20 @@ class PassMemo:
         self.state = state
         self.holds: list[HoldKey] = []
         self._freed: dict[tuple[int, int, int], set[str]] = {}
+        # placement looks again with the room kept for swapped-out kernels lifted where nothing
+        # fits: that room counts as free here
+        ix = state.index
+        self.soft = frozenset(ix.soft.held.items())
+        self._soft_m: dict[int, int] = {}
+        self._soft_c: dict[int, int] = {}
+        self._soft_n: dict[int, int] = {}
+        for r in ix.soft.held.values():
+            for u in r.gpu_uuids:
+                gi = ix.gi_of.get(u)
+                if gi is not None:
+                    self._soft_m[gi] = self._soft_m.get(gi, 0) + (ix.cap_m[gi] if r.whole else r.memory_mib)
+                    self._soft_c[gi] = self._soft_c.get(gi, 0) + (ix.cap_c[gi] if r.whole else r.cores_percent)
+                    self._soft_n[gi] = self._soft_n.get(gi, 0) + 1
 
     def placed(self, a: Allocation) -> None:
         """The pump put stand-in ``a`` in the card index (it stays until the pass ends)."""
@@ -87,7 +105,7 @@ class PassMemo:
         return Seen(d, version, self.holds, len(self.holds), shape,
                     request.model.lower() if request.model else ANY,
                     st.predicate_of(pc.name), request.owner.workspace, self._short(request),
-                    request.cpu_millicores, request.host_memory_mib)
+                    request.cpu_millicores, request.host_memory_mib, self.soft)
 
     def _short(self, request: GPURequest) -> frozenset[tuple[str, ...]] | None:
         """Its quota levels that lack room for it (a whole card counted as the pool's largest)."""
@@ -102,7 +120,8 @@ class PassMemo:
 
     def again(self, seen: Seen) -> Seen:
         """``seen`` as if decided now (:meth:`unchanged` said it would wait as it did)."""
-        return dataclasses.replace(seen, version=self.state.version, holds=self.holds, held=len(self.holds))
+        return dataclasses.replace(seen, version=self.state.version, holds=self.holds, held=len(self.holds),
+                                   soft=self.soft)
 
     def unchanged(self, seen: Seen | None) -> bool:
         """Whether the request ``seen`` describes would wait again now, as decided then."""
@@ -120,6 +139,11 @@ class PassMemo:
             ni = ix.node_index(a)
             if ni is not None and self._could_run(ni, seen):
                 return False
+        for _, r in seen.soft - self.soft:  # room no longer kept for a swapped-out kernel
+            for u in r.gpu_uuids:
+                gi = ix.gi_of.get(u)
+                if gi is not None and self._could_run(ix.node_of_gpu[gi], seen):
+                    return False
         for node in self._released(seen):
             ni = ix.ni_of.get(node)
             if ni is not None and self._could_run(ni, seen):
@@ -152,14 +176,15 @@ class PassMemo:
             if cpu < seen.cpu or hmem < seen.hmem:
                 return False
         if whole:
-            nalloc, en = ix.nalloc, ix.en[p]
+            nalloc, en, soft = ix.nalloc, ix.en[p], self._soft_n
             cards = ix.wgpus[ni].get(seen.group, ())
-            return sum(1 for gi in cards if nalloc[gi] == en[gi]) >= k
+            return sum(1 for gi in cards if nalloc[gi] - soft.get(gi, 0) == en[gi]) >= k
         cap_m, cap_c, used_m, used_c = ix.cap_m, ix.cap_c, ix.used_m, ix.used_c
-        em, ec = ix.em[p], ix.ec[p]
+        em, ec, sm, sc = ix.em[p], ix.ec[p], self._soft_m, self._soft_c
         n = 0
         for gi in ix.sgpus[ni].get(seen.group, ()):
-            if cap_m[gi] - used_m[gi] + em[gi] >= m and cap_c[gi] - used_c[gi] + ec[gi] >= c:
+            if cap_m[gi] - used_m[gi] + em[gi] + sm.get(gi, 0) >= m and \
+                    cap_c[gi] - used_c[gi] + ec[gi] + sc.get(gi, 0) >= c:
                 n += 1
                 if n >= k:
                     return True

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from quotas import AdmissionState, GPURequest, load_config
 from quotas.queue import AdmissionQueue, Step
+from quotas.reserve import SoftReservation
 
 from .builders import alloc, node, pool, req, state
 from .test_quotas_properties import (
@@ -46,7 +47,7 @@ def queue_runs(draw):
     # mostly two classes, so that several wait behind the head of each
     classes = st.sampled_from(["default", "default", "low", "low", None, "high", "urgent", "lowest"])
     for i in range(draw(st.integers(1, 60))):
-        kind = draw(st.sampled_from(["arrive", "arrive", "arrive", "depart", "tick"]))
+        kind = draw(st.sampled_from(["arrive", "arrive", "arrive", "depart", "tick", "soft"]))
         if kind == "arrive":
             r = draw(requests(100 + i, (draw(classes),), (*SMALL, *LARGE)))
             if draw(st.booleans()):  # most ask for any model (fewer are refused at once)
@@ -54,6 +55,10 @@ def queue_runs(draw):
             ops.append(("arrive", r))
         elif kind == "depart":
             ops.append(("depart", draw(st.integers(0, 1000))))
+        elif kind == "soft":  # the room kept for swapped-out kernels (quotas/reserve.py) is now:
+            ops.append(("soft", draw(st.lists(st.tuples(
+                st.integers(0, 1000), st.sampled_from([4, 10, 20]), st.sampled_from([10, 50]), st.booleans()),
+                max_size=2))))
         else:
             ops.append(("tick", draw(st.sampled_from([1.0, 5.0, 30.0, 120.0]))))
     return cfg, draw(pools()), fill, ops, draw(st.booleans())
@@ -98,6 +103,12 @@ def test_the_incremental_pump_decides_like_the_pump_that_decides_every_waiting_r
             if live:
                 for s in states:
                     s.remove(live[op % len(live)])
+        elif kind == "soft":
+            uuids = [g.uuid for g in pl.all_gpus()]
+            wanted = {f"k{i}": SoftReservation((uuids[u % len(uuids)],), gib * 1024, cores, whole)
+                      for i, (u, gib, cores, whole) in enumerate(op)}
+            for s in states:
+                s.index.soft.replace(s.index, wanted)
         else:
             now += op
         before = {id(w): w.seen.decision for w in fast.ordered() if w.seen is not None}
