@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # ./dev images: build the hub, agent, kernel and notebook images of helm/images/Dockerfile with a real
-# engine, then run them (tests/helm/test_images_run.py).
+# engine, then run them (tests/helm/test_images_run.py, and the end-to-end test of our chart and a
+# z2jh-shaped hub in the Kubernetes emulator, tests/helm/test_z2jh_e2e.py).
 #
-#   ./dev images [--registry REGISTRY] [--no-check]
+#   ./dev images [--registry REGISTRY] [--no-check] [--jupyterhub6 VERSION]
+#
+# The hub image is built twice: on z2jh's JupyterHub (5.4.x) and, with the Dockerfile's
+# JUPYTERHUB_VERSION build argument, on JupyterHub 6 (--jupyterhub6, default 6.1.1; '' skips
+# it); the end-to-end test runs with each.
 #
 # Engine: the one DOCKER_HOST names, else a dockerd of Debian's docker.io (apt-get install
 # docker.io) started here under its own data root and stopped at the end. It runs without
@@ -20,13 +25,16 @@ cd "$(dirname "$0")/../.."
 ROOT=$PWD
 REGISTRY=${REGISTRY:-elastic-gpu.local}
 CHECK=1
+JUPYTERHUB6=6.1.1
 while [ $# -gt 0 ]; do
   case "$1" in
     --registry) REGISTRY=${2:?--registry needs a value}; shift 2 ;;
     --registry=*) REGISTRY=${1#--registry=}; shift ;;
     --no-check) CHECK=0; shift ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "./dev images: unknown option '$1' (options: --registry REGISTRY, --no-check)" >&2; exit 2 ;;
+    --jupyterhub6) JUPYTERHUB6=${2?--jupyterhub6 needs a value}; shift 2 ;;
+    --jupyterhub6=*) JUPYTERHUB6=${1#--jupyterhub6=}; shift ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "./dev images: unknown option '$1' (options: --registry REGISTRY, --no-check, --jupyterhub6 VERSION)" >&2; exit 2 ;;
   esac
 done
 
@@ -37,6 +45,7 @@ HUB_TAG=$REGISTRY/k8s-hub-elastic-gpu:$Z2JH_VERSION-$VERSION
 AGENT_TAG=$REGISTRY/jupyterhub-elastic-gpu:$VERSION
 KERNEL_TAG=$REGISTRY/elastic-gpu-kernel:$VERSION
 NOTEBOOK_TAG=$REGISTRY/elastic-gpu-notebook:$VERSION
+HUB6_TAG=$HUB_TAG-jupyterhub$JUPYTERHUB6
 CACHE=${ELASTIC_GPU_IMAGE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/elastic-gpu/images}
 mkdir -p "$CACHE"
 say() { echo "==> $*" >&2; }
@@ -157,31 +166,35 @@ fi
 say "bases ready ($((SECONDS - t0)) s)"
 
 # ---- the images -------------------------------------------------------------------------------
-for target in hub agent kernel notebook; do
-  case $target in
-    hub) tag=$HUB_TAG ;; agent) tag=$AGENT_TAG ;; kernel) tag=$KERNEL_TAG ;; notebook) tag=$NOTEBOOK_TAG ;;
-  esac
-  say "building $tag (--target $target)"
+IMAGES="hub=$HUB_TAG agent=$AGENT_TAG kernel=$KERNEL_TAG notebook=$NOTEBOOK_TAG"
+[ -z "$JUPYTERHUB6" ] || IMAGES="$IMAGES hub-jupyterhub6=$HUB6_TAG"
+for image in $IMAGES; do
+  name=${image%%=*} tag=${image#*=} target=${image%%[=-]*} jupyterhub=""
+  [ "$name" != hub-jupyterhub6 ] || jupyterhub=$JUPYTERHUB6
+  say "building $tag (--target $target${jupyterhub:+, JupyterHub $jupyterhub})"
   t=$SECONDS
   "${BUILD[@]}" --network host -f helm/images/Dockerfile --target "$target" \
+    --build-arg JUPYTERHUB_VERSION="$jupyterhub" \
     --build-arg Z2JH_VERSION="$Z2JH_VERSION" --build-arg HUB_IMAGE="$HUB_BASE" \
     --build-arg WHEEL_IMAGE="$WHEEL_BASE" --build-arg PYTHON_IMAGE="$PYTHON_BASE" \
     --build-arg CUDA_IMAGE="$CUDA_BASE" "${WHEEL_ARGS[@]}" \
-    --progress plain -t "$tag" . >"$CACHE/build-$target.log" 2>&1 \
-    || { tail -40 "$CACHE/build-$target.log"; die "building the $target image failed (log: $CACHE/build-$target.log)"; }
+    --progress plain -t "$tag" . >"$CACHE/build-$name.log" 2>&1 \
+    || { tail -40 "$CACHE/build-$name.log"; die "building the $name image failed (log: $CACHE/build-$name.log)"; }
   say "built $tag in $((SECONDS - t)) s"
 done
 say "images (built in $((SECONDS - t0)) s):"
-"$DOCKER" image ls --format '    {{.Repository}}:{{.Tag}}  {{.Size}}' | grep -F -e "$HUB_TAG" -e "$AGENT_TAG" -e "$KERNEL_TAG" -e "$NOTEBOOK_TAG" -e "standin/" || true
+"$DOCKER" image ls --format '    {{.Repository}}:{{.Tag}}  {{.Size}}' \
+  | grep -F -e "$HUB_TAG" -e "$AGENT_TAG" -e "$KERNEL_TAG" -e "$NOTEBOOK_TAG" -e "$HUB6_TAG" -e "standin/" || true
 
 # ---- the checks: run each image --------------------------------------------------------------
 if [ "$CHECK" = 1 ]; then
   PY=$ROOT/.venv/bin/python
   [ -x "$PY" ] || die "the checks need the test venv: run ./dev install first (or pass --no-check)"
-  say "running the images (tests/helm/test_images_run.py)"
+  say "running the images (tests/helm/test_images_run.py, test_z2jh_e2e.py)"
   CHECK_TMP=$(mktemp -d /var/tmp/elastic-gpu-images-check.XXXXXX)
-  ELASTIC_GPU_IMAGES="hub=$HUB_TAG agent=$AGENT_TAG kernel=$KERNEL_TAG notebook=$NOTEBOOK_TAG" ELASTIC_GPU_DOCKER="$DOCKER" \
-    "$PY" -m pytest -q -p no:cacheprovider tests/helm/test_images_run.py --basetemp="$CHECK_TMP" -rs \
+  ELASTIC_GPU_IMAGES="$IMAGES" ELASTIC_GPU_DOCKER="$DOCKER" \
+    "$PY" -m pytest -q -s -p no:cacheprovider tests/helm/test_images_run.py tests/helm/test_z2jh_e2e.py \
+      --basetemp="$CHECK_TMP" -rs \
     || die "the image checks failed (their files: $CHECK_TMP)"
   rm -rf "$CHECK_TMP"
 fi

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -31,38 +30,30 @@ import pytest
 import yaml
 
 from tests.helm import tools
-
-IMAGES = dict(kv.split("=", 1) for kv in os.environ.get("ELASTIC_GPU_IMAGES", "").split() if "=" in kv)
-DOCKER = os.environ.get("ELASTIC_GPU_DOCKER", "docker")
-pytestmark = pytest.mark.skipif(
-    not IMAGES, reason="run by `./dev images` after it built the images (ELASTIC_GPU_IMAGES names them)"
+from tests.helm.images_stack import (
+    DOCKER,
+    IMAGES,
+    SKIP_REASON,
+    Z2JH_CONFIG,
+    add_nvidia_runtime_class,
+    create_all,
+    docker,
+    free_port,
+    gpu_node_driver,
+    helm_chart,
+    image_sets,
+    ready_pod,
+    shared_dir,
+    z2jh_hub,
 )
 
-
-def docker(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"docker {' '.join(args[:6])} ... failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return proc
+pytestmark = pytest.mark.skipif(not IMAGES, reason=SKIP_REASON)
 
 
 def in_image(image: str, code: str, *run_args: str, timeout: float = 300) -> str:
     """``python -c code`` in a fresh container of ``image``; its stdout."""
     return docker("run", "--rm", "--network", "none", *run_args, image, "python", "-c", code,
                   timeout=timeout).stdout  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def shared_dir(path: Path) -> Path:
-    """A directory every container user (the kernel's uid 1000 too) can use."""
-    path.mkdir(parents=True, exist_ok=True)
-    path.chmod(0o777)
-    return path
 
 
 MISSING = "import importlib.util, json; print(json.dumps({n: importlib.util.find_spec(n) is not None for n in %r}))"
@@ -199,27 +190,6 @@ asyncio.run(main())
 
 # ---- the hub image: JupyterHub 5 initialised under z2jh's config shape ------------------------
 
-Z2JH_CONFIG = '''
-# the shape of z2jh's jupyterhub_config.py: what the chart sets, then hub.services, then
-# hub.extraConfig's snippets in key order
-import yaml
-values = yaml.safe_load(open("/etc/z2jh/values.yaml"))
-c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
-c.JupyterHub.authenticator_class = "dummy"
-c.JupyterHub.db_url = "sqlite:////tmp/jupyterhub.sqlite"
-c.JupyterHub.cookie_secret_file = "/tmp/cookie_secret"
-c.JupyterHub.hub_bind_url = "http://:8081"
-c.ConfigurableHTTPProxy.should_start = False
-c.ConfigurableHTTPProxy.api_url = "http://proxy-api:8001"
-c.ConfigurableHTTPProxy.auth_token = "proxy-token"
-c.JupyterHub.services = [
-    {"name": name, "api_token": "token-" + name, **(svc or {})}
-    for name, svc in sorted(values["hub"].get("services", {}).items())
-]
-for key in sorted(values["hub"]["extraConfig"]):
-    exec(compile(values["hub"]["extraConfig"][key], "hub.extraConfig." + key, "exec"))
-'''
-
 HUB_PROBE = '''
 import asyncio, json
 import jupyterhub
@@ -347,14 +317,6 @@ c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
         emu.stop()
 
 
-# z2jh 4.x's hub Role (templates/hub/rbac.yaml)
-Z2JH_HUB_RULES = [
-    {"apiGroups": [""], "resources": ["pods", "persistentvolumeclaims", "secrets", "services"],
-     "verbs": ["get", "watch", "list", "create", "delete"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "watch", "list"]},
-]
-
-
 def test_a_z2jh_shaped_hub_deployment_of_the_hub_image_comes_up_beside_our_chart_in_the_emulator(tmp_path):
     """`helm install` of our chart (the documented z2jh values) into the Kubernetes emulator, and a
     hub Deployment shaped like z2jh's: the hub image, its `hub` ServiceAccount with z2jh's Role,
@@ -379,59 +341,10 @@ def test_a_z2jh_shaped_hub_deployment_of_the_hub_image_comes_up_beside_our_chart
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         emu.images[IMAGES["hub"]] = from_engine(IMAGES["hub"], tmp_path / "hub", DOCKER)
-        proc = tools.helm("install", "elastic-gpu", str(tools.CHART), "-n", ns, "--kubeconfig",
-                          emu.tls_kubeconfig_path, "-f", str(tools.CHART / "examples" / "z2jh-integration.yaml"),
-                          "--set", "culler.enabled=false", "--set", "nodeAgent.enabled=false", timeout=240)
-        assert proc.returncode == 0, proc.stderr
-        rbac = "rbac.authorization.k8s.io/v1"
-        if emu.get("serviceaccounts", "hub", ns) is None:
-            emu.create({"metadata": {"name": "hub"}}, "serviceaccounts", ns)
-        emu.create({"apiVersion": rbac, "kind": "Role", "metadata": {"name": "hub", "namespace": ns},
-                    "rules": Z2JH_HUB_RULES})
-        emu.create({"apiVersion": rbac, "kind": "RoleBinding", "metadata": {"name": "hub", "namespace": ns},
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "hub"},
-                    "subjects": [{"kind": "ServiceAccount", "name": "hub", "namespace": ns}]})
+        helm_chart(emu, "install", ns, "culler.enabled=false", "nodeAgent.enabled=false")
         config = Z2JH_CONFIG + f'c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"\n'
-        emu.create({"metadata": {"name": "hub"}, "data": {
-            "jupyterhub_config.py": config, "values.yaml": (tools.Z2JH_EXAMPLES / "values.yaml").read_text()}},
-            "configmaps", ns)
-        labels = {"app": "jupyterhub", "component": "hub"}
-        emu.create({"metadata": {"name": "hub"}, "spec": {"selector": labels, "ports": [
-            {"name": "hub", "port": 8081, "targetPort": 8081}]}}, "services", ns)
-        container = {
-            "name": "hub", "image": IMAGES["hub"],
-            "args": ["jupyterhub", "--config", "/usr/local/etc/jupyterhub/jupyterhub_config.py"],
-            "env": [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}],
-            "volumeMounts": [
-                {"name": "config", "mountPath": "/usr/local/etc/jupyterhub/jupyterhub_config.py",
-                 "subPath": "jupyterhub_config.py"},
-                {"name": "config", "mountPath": "/etc/z2jh/values.yaml", "subPath": "values.yaml"},
-                {"name": "admission", "mountPath": "/etc/elastic-gpu"}],
-            "ports": [{"name": "http", "containerPort": 8081}],
-            "readinessProbe": {"httpGet": {"path": "/hub/health", "port": "http"}, "periodSeconds": 2},
-        }
-        emu.create({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "hub", "labels": labels},
-                    "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {
-                        "metadata": {"labels": labels},
-                        "spec": {"serviceAccountName": "hub", "containers": [container], "volumes": [
-                            {"name": "config", "configMap": {"name": "hub"}},
-                            {"name": "admission", "configMap": {"name": "elastic-gpu-admission"}}]}}}},
-                   "deployments", ns, group="apps")
-
-        def ready_hub() -> dict | None:
-            for pod in emu.list("pods", ns, label_selector="component=hub"):
-                conditions = {c["type"]: c["status"] for c in pod.get("status", {}).get("conditions") or []}
-                if conditions.get("Ready") == "True":
-                    return pod
-                if pod.get("status", {}).get("phase") in ("Failed", "Succeeded"):
-                    raise AssertionError(emu.pod_log(pod["metadata"]["name"], ns)[-4000:])
-            return None
-
-        try:
-            pod = emu.wait_for(ready_hub, timeout=240, message="the hub pod Ready")
-        except Exception:
-            logs = [emu.pod_log(p["metadata"]["name"], ns)[-4000:] for p in emu.list("pods", ns)]
-            raise AssertionError("\n".join(logs)) from None
+        create_all(emu, z2jh_hub(ns, config, (tools.Z2JH_EXAMPLES / "values.yaml").read_text()))
+        pod = ready_pod(emu, ns, "component=hub")
         name = pod["metadata"]["name"]
         with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8081/hub/health", timeout=10) as r:
             assert r.status == 200
@@ -451,28 +364,17 @@ def test_the_charts_node_agent_daemonset_runs_the_agent_image_on_a_gpu_node_in_t
     from libvgpu import contract as L
     from tests.kubeemu import KubeEmulator, NodeSpec
     from tests.kubeemu.images import from_engine
-    from tests.libvgpu.agent.test_agent import build_doubles
 
     root = shared_dir(tmp_path / "gpu-node")
-    build = build_doubles(root / "build")
-    (root / "gpu.state").touch(0o666)
-    driver_env = {"LD_LIBRARY_PATH": str(build.lib_dir), "CUDA_DOUBLE_STATE": str(root / "gpu.state"),
-                  "CUDA_DOUBLE_DEVICES": "1", "CUDA_DOUBLE_MEMORY_MIB": "81559",
-                  "CUDA_DOUBLE_NAME": "NVIDIA H100 80GB HBM3"}
+    driver_env = gpu_node_driver(root)
     node = "gpu-1"
     emu = KubeEmulator(nodes=[NodeSpec(node, labels={"nvidia.com/gpu.present": "true"})], namespaces=["jhub"],
                        pod_env=driver_env, node_mounts=[str(root)])  # what the NVIDIA runtime gives a pod
     emu.start()
     try:
-        emu.create({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
-                    "handler": "nvidia"}, "runtimeclasses", None, group="node.k8s.io")
+        add_nvidia_runtime_class(emu)
         emu.images[IMAGES["agent"]] = from_engine(IMAGES["agent"], tmp_path / "agent", DOCKER)
-        repository, tag = IMAGES["agent"].rsplit(":", 1)
-        proc = tools.helm("install", "elastic-gpu", str(tools.CHART), "-n", "jhub", "--kubeconfig",
-                          emu.tls_kubeconfig_path, "-f", str(tools.CHART / "examples" / "z2jh-integration.yaml"),
-                          "--set", "culler.enabled=false", "--set", f"image.repository={repository}",
-                          "--set", f"image.tag={tag}", timeout=240)
-        assert proc.returncode == 0, proc.stderr
+        helm_chart(emu, "install", "jhub", "culler.enabled=false", *image_sets(IMAGES["agent"]))
 
         def published() -> str | None:
             return emu.get("nodes", node)["metadata"].get("annotations", {}).get(L.NODE_GPUS_ANNOTATION)

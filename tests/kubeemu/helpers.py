@@ -129,3 +129,24 @@ def tiny_image(root: str | Path, progs: Sequence[str] = ("sh", "cat", "ls", "id"
     os.chown(root / "home/imguser", 1234, 1234)
     return Image(uid=1234, gid=1234, home="/home/imguser", workdir="/work", env={"IMAGE_VAR": "from-image"},
                  rootfs=str(root), entrypoint=("/bin/sh", "-c"), cmd=("echo default-cmd",))
+
+
+def release_objects(emu: KubeEmulator, release: str, namespace: str) -> list[str]:
+    """Every object of the Helm release ``release`` (installed in ``namespace``) still stored:
+    those labelled with its instance, and helm's own release Secrets; but those the chart keeps
+    on purpose (``helm.sh/resource-policy: keep``)."""
+    from .resources import RESOURCES
+
+    left = []
+    for rt in RESOURCES:
+        if rt.storage or rt.plural.startswith("self") or rt.plural == "events":
+            continue
+        for obj in emu.list(rt.plural, group=rt.group, label_selector=f"app.kubernetes.io/instance={release}"):
+            meta = obj["metadata"]
+            if (meta.get("annotations") or {}).get("helm.sh/resource-policy") == "keep":
+                continue
+            left.append(f"{rt.plural}/{meta.get('namespace', '')}/{meta['name']}")
+        if rt.plural == "secrets":
+            left += [f"secrets/{s['metadata']['namespace']}/{s['metadata']['name']}"
+                     for s in emu.list("secrets", namespace, label_selector=f"owner=helm,name={release}")]
+    return sorted(left)

@@ -13,8 +13,8 @@ import pytest
 
 from tests.helm.tools import CHART, LAYER_ZIP, HelmMissing, helm_path
 from tests.kubeemu import KubeEmulator, NodeSpec
+from tests.kubeemu.helpers import release_objects
 from tests.kubeemu.images import Image
-from tests.kubeemu.resources import RESOURCES
 
 RELEASE, NS = "eg", "jhub"
 INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
@@ -54,20 +54,7 @@ def _run(tools: dict, emu: KubeEmulator, tmp: Path, tool: str, *args: str,
 
 
 def _ours(emu: KubeEmulator) -> list[str]:
-    """Every object of the release still stored (but those the chart keeps on purpose)."""
-    left = []
-    for rt in RESOURCES:
-        if rt.storage or rt.plural.startswith("self") or rt.plural == "events":
-            continue
-        for obj in emu.list(rt.plural, group=rt.group, label_selector=INSTANCE):
-            meta = obj["metadata"]
-            if (meta.get("annotations") or {}).get("helm.sh/resource-policy") == "keep":
-                continue
-            left.append(f"{rt.plural}/{meta.get('namespace', '')}/{meta['name']}")
-        if rt.plural == "secrets":
-            left += [f"secrets/{s['metadata']['namespace']}/{s['metadata']['name']}"
-                     for s in emu.list("secrets", NS, label_selector=f"owner=helm,name={RELEASE}")]
-    return sorted(left)
+    return release_objects(emu, RELEASE, NS)
 
 
 def test_helm_install_upgrade_and_uninstall_leave_nothing_of_ours(tools, emu, tmp_path):
