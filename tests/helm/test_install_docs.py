@@ -26,7 +26,7 @@ def _basename(image: str) -> str:
 def _dev_images_names() -> dict[str, str]:
     """{target: image name} as `./dev images` tags them."""
     text = BUILD_SCRIPT.read_text()
-    found = dict(re.findall(r"^(HUB|AGENT|KERNEL)_TAG=\$REGISTRY/([\w.-]+):", text, flags=re.M))
+    found = dict(re.findall(r"^(HUB|AGENT|KERNEL|NOTEBOOK)_TAG=\$REGISTRY/([\w.-]+):", text, flags=re.M))
     return {k.lower(): v for k, v in found.items()}
 
 
@@ -40,7 +40,7 @@ def test_every_image_has_one_name_in_the_docs_the_values_and_dev_images():
     """helm/README.md builds $REGISTRY/jupyterhub-elastic-gpu, the example values the docs say to
     edit named …/jupyterhub/elastic-gpu: an agent, culler and uninstall hook that never pull."""
     built = _dev_images_names()
-    assert set(built) == {"hub", "agent", "kernel"}
+    assert set(built) == {"hub", "agent", "kernel", "notebook"}
     assert _readme_names() == built
     values = yaml.safe_load((tools.CHART / "values.yaml").read_text())
     assert _basename(values["image"]["repository"]) == built["agent"]
@@ -55,6 +55,7 @@ def test_every_image_has_one_name_in_the_docs_the_values_and_dev_images():
             assert _basename(image["repository"]) == built["hub"], f"{example.name}: {image['repository']}"
     z2jh = yaml.safe_load((tools.Z2JH_EXAMPLES / "values.yaml").read_text())
     assert _basename(z2jh["hub"]["image"]["name"]) == built["hub"]
+    assert _basename(z2jh["singleuser"]["image"]["name"]) == built["notebook"]
     dockerfile = (REPO / "helm" / "images" / "Dockerfile").read_text()
     for target, name in built.items():
         assert re.search(rf"--target {target}\s+-t REGISTRY/{re.escape(name)}:", dockerfile), target
