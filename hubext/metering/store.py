@@ -150,9 +150,13 @@ class UsageStore:
                 if kind == "granted":
                     self._insert(db, [e["record"] for e in run])
                 elif kind == "released":
+                    # a reconcile that missed the slice closed it 'unrecorded' (a guess: the
+                    # ledger drops a slice a moment before its release event is submitted); the
+                    # event is the better knowledge. A real release still wins over a later one.
                     db.execute(
                         update(usage)
-                        .where(usage.c.id == bindparam("b_id"), usage.c.released_at.is_(None))
+                        .where(usage.c.id == bindparam("b_id"),
+                               or_(usage.c.released_at.is_(None), usage.c.release_cause == UNRECORDED))
                         .values(
                             released_at=bindparam("b_at"),
                             release_cause=bindparam("b_cause"),

@@ -282,3 +282,20 @@ def test_the_0005_migration_ends_the_swapped_periods_of_resumed_kernels(tmp_path
     store.upgrade()
     by_id = {r.id: r for r in store.records()}
     assert (by_id["k-0"].swap_ended_at, by_id["j-0"].swap_ended_at, by_id["k-1"].swap_ended_at) == (4000.0, None, None)
+
+
+def test_a_release_event_that_follows_a_reconcile_which_missed_the_slice_gives_the_real_cause(tmp_path):
+    """The ledger drops a preempted slice a moment before the pool's release event is submitted
+    (the pod is deleted in between): a usage sample in that moment reconciles without the slice
+    and closes it 'unrecorded'. The release event that follows is the better knowledge (a CI run
+    under two CPU hogs billed a preemption as 'unrecorded')."""
+    store = UsageStore(f"sqlite:///{tmp_path / 'u.sqlite'}")
+    store.upgrade()
+    store.apply([{"event": "granted", "record": record("p", granted_at=1000.0)}])
+    store.apply([{"event": "reconcile", "at": 1000.5, "live": []}])
+    store.apply([{"event": "released", "id": "p", "at": 1000.6, "cause": "preempted", "why": "by a high one"}])
+    (p,) = store.records()
+    assert (p.released_at, p.release_cause, p.release_why) == (1000.6, "preempted", "by a high one")
+    # a release event still never overrides a real one
+    store.apply([{"event": "released", "id": "p", "at": 2000.0, "cause": "stopped", "why": "late"}])
+    assert store.records()[0].release_cause == "preempted"
