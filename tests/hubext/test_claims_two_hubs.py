@@ -84,17 +84,19 @@ def _over(emu, namespaces: list[str], claims_namespace: str) -> tuple[list[str],
     # one snapshot of every namespace (listing them one after another saw a pod deleted in one
     # and its successor created in the other as both there); a pod being deleted no longer holds
     # its slice, as the pools count (its kernel was shut down; its delete grace is 2 s)
+    # (sharing is seen on every pod, being deleted or not: the pods hold their cards for moments)
+    on_card: dict[str, set[str]] = {}
     for pod in emu.list("pods", None, label_selector=f"{C.MANAGED}=true"):
         ns = pod["metadata"]["namespace"]
-        if ns not in namespaces or pod["metadata"].get("deletionTimestamp"):
+        if ns not in namespaces:
             continue
         a = C.allocation_from_metadata(pod["metadata"].get("labels"), pod["metadata"].get("annotations"))
         for u in a.gpu_uuids:
-            held.setdefault(u, []).append((ns, a.memory_mib, a.cores_percent, a.whole))
-    shared = set()
+            on_card.setdefault(u, set()).add(ns)
+            if not pod["metadata"].get("deletionTimestamp"):
+                held.setdefault(u, []).append((ns, a.memory_mib, a.cores_percent, a.whole))
+    shared = {u for u, spaces in on_card.items() if len(spaces) > 1}
     for u, on in held.items():
-        if len({ns for ns, *_ in on}) > 1:
-            shared.add(u)
         if any(w for *_, w in on) and len(on) > 1:
             problems.append(f"pods: {u} whole and shared: {on}")
         elif sum(m for _, m, _, w in on if not w) > CARD_MIB or sum(c for _, _, c, w in on if not w) > 100:
