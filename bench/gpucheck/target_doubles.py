@@ -207,10 +207,10 @@ class DoubleTarget:
             node.cleanup()
 
     def launch_overhead(self) -> Figures:
-        node = self._node("overhead", CUDA_DOUBLE_LAUNCH_CPU_NS=2000, CUDA_DOUBLE_ALLOC_CPU_NS=5000)
-        m = measure_overhead(node, 20000, 5)
         if not shutil.which("strace"):
             raise NotModelled("strace is not installed: the system calls the shim adds are not counted")
+        node = self._node("overhead", CUDA_DOUBLE_LAUNCH_CPU_NS=2000, CUDA_DOUBLE_ALLOC_CPU_NS=5000)
+        m = measure_overhead(node, 20000, 5)
         return {**{f"{k[:-3]}_ratio": round(m["with"][k] / m["without"][k], 3) for k in ("launch_ns", "alloc_ns")},
                 "syscalls_per_call": round(syscalls_per_call(self._node("syscalls"), 10000), 4),
                 "cpu_model": True}
