@@ -43,6 +43,12 @@ ADMISSION = {
 }
 SPEC = "elastic-gpu-gpu-10g"
 TOKEN = secrets.token_hex(16)  # the culler's
+UUID_CELL = """
+uuid = ctypes.create_string_buffer(16)
+assert cuda.cuDeviceGetUuid(uuid, 0) == 0
+h = uuid.raw.hex()
+print(f"device0 GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+"""
 CAP_MIB = 1536  # swapped-out kernels may hold this much host memory: one 1 GiB kernel, not two
 
 
@@ -167,6 +173,10 @@ def test_culler_swaps_idle_kernels_out_culls_what_cannot_be_swapped_with_the_rea
         assert status == 201, session
         tabs[user] = KernelTab(hub, user, session["kernel"]["id"])
         assert "alloc 0" in tabs[user].execute(CUDA_CELL)
+        # the kernel's CUDA device 0 is the card it was granted (the pool hands it over by
+        # CUDA_VISIBLE_DEVICES; bob's is the other card: alice's swapped-out kernel keeps room on hers)
+        granted = broker_kernel(hub, session["kernel"]["id"])["allocation"]["gpu_uuids"]
+        assert f"device0 {granted[0]}" in tabs[user].execute(UUID_CELL), granted
         if user == "bob":
             tabs[user].close()
         started[user] = session["kernel"]["id"]

@@ -9,6 +9,7 @@
  *
  * Environment (read once per process):
  *   CUDA_DOUBLE_STATE          state file (default /tmp/cuda-double-<uid>.state)
+ *   CUDA_VISIBLE_DEVICES       read by the CUDA double as the driver reads it (not by NVML)
  *   CUDA_DOUBLE_DEVICES        number of devices (1..4, default 1)
  *   CUDA_DOUBLE_MEMORY_MIB     memory per device (default 16384)
  *   CUDA_DOUBLE_NAME           device name, or one per device separated by ';' (default
@@ -199,12 +200,56 @@ static int dbl_has_node(const char *root, int minor) {
            (int)minor(st.st_rdev) == minor;
 }
 
-/* The devices this process sees (see the header): by device node where /dev/nvidiactl exists. */
+/* The physical device CUDA_VISIBLE_DEVICES's entry [s, s+n) names among the ``nbase`` devices
+ * of ``base`` (an ordinal among them, or a prefix of a "GPU-" uuid naming one); -1: none. */
+static int dbl_visible_entry(const char *s, size_t n, const int *base, int nbase) {
+    while (n && *s == ' ') s++, n--;
+    while (n && s[n - 1] == ' ') n--;
+    if (!n) return -1;
+    if (n > 4 && strncmp(s, "GPU-", 4) == 0) {
+        int found = -1;
+        for (int k = 0; k < nbase; k++) {
+            char uuid[64];
+            snprintf(uuid, sizeof(uuid), "GPU-d00b1e00-7369-6d2d-6770-7500000000%02x", base[k]);
+            if (n <= strlen(uuid) && strncmp(uuid, s, n) == 0) {
+                if (found >= 0) return -1; /* an ambiguous prefix names no device */
+                found = base[k];
+            }
+        }
+        return found;
+    }
+    int ordinal = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9' || ordinal > DBL_MAX_DEV) return -1;
+        ordinal = ordinal * 10 + (s[i] - '0');
+    }
+    return ordinal < nbase ? base[ordinal] : -1;
+}
+
+/* The devices this process sees (see the header): by device node where /dev/nvidiactl exists,
+ * then CUDA_VISIBLE_DEVICES as the CUDA driver reads it (ordinals or uuid prefixes, in the
+ * order given, up to the first entry naming no device or one named already; empty: none).
+ * Only the CUDA side: NVML ignores the variable. */
 static void dbl_visible_devices(struct dbl_env *e) {
     e->nodes = access("/dev/nvidiactl", F_OK) == 0;
-    e->nvis = 0;
+    int base[DBL_MAX_DEV], nbase = 0;
     for (int i = 0; i < e->ndev; i++)
-        if (!e->nodes || dbl_has_node("", i)) e->vis[e->nvis++] = i;
+        if (!e->nodes || dbl_has_node("", i)) base[nbase++] = i;
+    const char *list = getenv("CUDA_VISIBLE_DEVICES");
+    e->nvis = 0;
+    if (!list) {
+        for (int k = 0; k < nbase; k++) e->vis[e->nvis++] = base[k];
+        return;
+    }
+    for (const char *s = list; *s && e->nvis < DBL_MAX_DEV;) {
+        size_t n = strcspn(s, ",");
+        int d = dbl_visible_entry(s, n, base, nbase);
+        for (int k = 0; d >= 0 && k < e->nvis; k++)
+            if (e->vis[k] == d) d = -1;
+        if (d < 0) break;
+        e->vis[e->nvis++] = d;
+        s += n + (s[n] == ',');
+    }
 }
 
 static void dbl_init(void) {
