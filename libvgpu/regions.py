@@ -7,7 +7,8 @@ Three kinds of file (layouts in ``libvgpu/src/vgpu.h``, version :data:`REGION_VE
   container's totals and limits, and the compute limiter's last measured utilisation;
 * a **node region** per GPU (``<node_region_dir>/<GPU uuid>.region``): one entry per container
   using that GPU, with its priority, memory in use and last launch;
-* the **activity file** (``activity_file=``): a container-wide summary (last launch, memory).
+* the **activity file** (``activity_file=``): a container-wide summary (last launch, memory, and
+  for an elastic slice the GPU time it ran above its compute request).
 
 Reads are lock-free snapshots. Whether a process (or a container in a node region) is alive
 comes from the OFD lock the shim holds for it while it lives, so it works from any pid
@@ -113,6 +114,7 @@ LAYOUT: dict[str, int] = {
     "activity.launches": 48,
     "activity.updated_ns": 56,
     "activity.used": 64,
+    "activity.compute_burst_ns": 192,
     "activity.size": 4096,
 }
 
@@ -201,6 +203,14 @@ class Activity:
     launches: int
     updated_at: float | None
     memory_used_bytes: tuple[int, ...]
+    #: GPU time the container ran above its compute request per GPU, so far (elastic slices;
+    #: zeros for a fixed slice, or a file of a shim older than the field)
+    compute_burst_ns: tuple[int, ...] = ()
+
+    @property
+    def compute_burst_seconds(self) -> float:
+        """GPU-seconds run above the compute request, summed over the GPUs (card-seconds)."""
+        return sum(self.compute_burst_ns) / 1e9
 
     def idle_seconds(self, now: float | None = None) -> float | None:
         """Seconds since the container's last kernel launch (None: never launched)."""
@@ -469,6 +479,7 @@ def read_activity(path: str | os.PathLike[str]) -> Activity:
         launches=_u64(buf, L["activity.launches"]),
         updated_at=_seconds(_u64(buf, L["activity.updated_ns"])),
         memory_used_bytes=_u64s(buf, L["activity.used"]),
+        compute_burst_ns=_u64s(buf, L["activity.compute_burst_ns"]),
     )
 
 

@@ -396,6 +396,7 @@ class LocalPool(PoolBackend):
                 "last_launch": a.last_launch_at,
                 "memory_used_mib": a.memory_used_mib,
                 "launches": a.launches,
+                "compute_burst_seconds": a.compute_burst_seconds,
             }
         return found
 

@@ -43,8 +43,12 @@ class ActivityTotals:
     #: when the slice was granted (busy periods are seconds from then)
     granted_at: float = 0.0
     busy_periods: list[list[float]] = field(default_factory=list)
-    #: card-seconds used above the request (memory past the request over one card's memory)
+    #: card-seconds used above the request (per interval the larger of the memory past the
+    #: request over one card's memory and the GPU time run past the compute request)
     burst_gpu_seconds: float = 0.0
+    #: the shim's count of GPU-seconds run above the compute request at the last sample (None:
+    #: not known since this process took the totals over, so the next sample only sets it)
+    compute_burst_seen: float | None = 0.0
 
     @classmethod
     def at(cls, granted_at: float) -> ActivityTotals:
@@ -63,6 +67,7 @@ class ActivityTotals:
             granted_at=record.granted_at,
             busy_periods=[[float(x) for x in p.split("-")] for p in (record.busy_periods or "").split(",") if p],
             burst_gpu_seconds=record.burst_gpu_seconds or 0.0,
+            compute_burst_seen=None,
         )
 
     def add(self, activity: dict[str, Any], now: float, request_mib: int = 0, card_mib: int = 0) -> None:
@@ -70,7 +75,9 @@ class ActivityTotals:
 
         ``request_mib``: the memory the slice was guaranteed on all its cards; ``card_mib``: one
         card's memory. With both, memory in use past the request counts as burst for the interval
-        (``burst_gpu_seconds``: that memory over one card's, times the interval's seconds)."""
+        (that memory over one card's, times the interval's seconds). So does the GPU time the
+        shim counted above the compute request in the interval (``compute_burst_seconds``, a
+        running total); the larger of the two is added to ``burst_gpu_seconds``."""
         interval = max(0.0, now - self.last_sample_at)
         last_launch = activity.get("last_launch")
         launches = activity.get("launches")
@@ -82,13 +89,25 @@ class ActivityTotals:
             self.busy_seconds += interval
             self._busy(self.last_sample_at - self.granted_at, now - self.granted_at)
         used = int(activity.get("memory_used_mib") or 0)
+        memory_burst = 0.0
         if request_mib and card_mib and used > request_mib:
-            self.burst_gpu_seconds += (used - request_mib) / card_mib * interval
+            memory_burst = (used - request_mib) / card_mib * interval
+        self.burst_gpu_seconds += max(memory_burst, self._compute_burst(activity.get("compute_burst_seconds")))
         self.memory_used_peak_mib = max(self.memory_used_peak_mib, used)
         self.memory_used_mean_mib = (self.memory_used_mean_mib * self.samples + used) / (self.samples + 1)
         self.samples += 1
         self.launches = launches
         self.last_sample_at = now
+
+    def _compute_burst(self, total: Any) -> float:
+        """The GPU-seconds above the compute request since the last sample, from the shim's
+        running total (a total lower than the last one is a new count: all of it is new)."""
+        if not isinstance(total, (int, float)) or isinstance(total, bool) or not total >= 0:
+            return 0.0
+        seen, self.compute_burst_seen = self.compute_burst_seen, float(total)
+        if seen is None:
+            return 0.0
+        return total - seen if total >= seen else float(total)
 
     def _busy(self, start: float, end: float) -> None:
         periods = self.busy_periods

@@ -153,6 +153,7 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
     atomic_store(&c->sample_us, ts > since ? ts : vgpu_real_ns() / 1000);
     atomic_store(&c->util_permille, permille);
     uint64_t busy = (uint64_t)((double)permille / 1000.0 * (double)window_ns);
+    vgpu_compute_ran(dev, busy, window_ns);
     /* The GPU was busy all window (other containers' work, or ours): launches admitted in it
      * may still be queued behind that work, so a low use of ours says nothing about the cost
      * of a launch, and the time they have not run yet is no credit. */

@@ -16,7 +16,8 @@
  *   plus the part of the card no busy container's request claims (split in proportion to the
  *   busy containers' requests), up to its limit. A container is busy while it launched within
  *   BUSY_WINDOW_NS (a container sleeping off its limiter's debt stamps the time it will launch,
- *   so long kernels keep it busy); one held for a higher priority is not.
+ *   so long kernels keep it busy); one held for a higher priority is not. The GPU time it
+ *   runs above its request is counted in its activity file (compute_burst_ns), for metering.
  *
  * All of it reads the card's node region (node_region_dir): without one a slice does not burst.
  */
@@ -171,4 +172,17 @@ void vgpu_compute_will_launch(int dev, uint64_t wait_ns) {
     if (wait_ns > 900000000ull) wait_ns = 900000000ull; /* within the priority's clock slack */
     atomic_store_explicit(&na->region->entries[na->entry].last_launch_ns,
                           vgpu_coarse_real_ns() + wait_ns, memory_order_relaxed);
+}
+
+/* The limiter's sampler read that the container ran busy_ns of GPU time in a window of
+ * window_ns (each window is read by one process of the container): what is above the request
+ * is burst, added up in the activity file for metering (the hub's usage records). */
+void vgpu_compute_ran(int dev, uint64_t busy_ns, uint64_t window_ns) {
+    struct vgpu_activity *a = vgpu.act;
+    uint32_t req = vgpu.cfg.cores_percent[dev];
+    if (!a || vgpu.cfg.cores_limit_percent[dev] <= req) return;
+    uint64_t guaranteed = window_ns / 100 * req;
+    if (busy_ns > guaranteed)
+        atomic_fetch_add_explicit(&a->compute_burst_ns[dev], busy_ns - guaranteed,
+                                  memory_order_relaxed);
 }

@@ -164,7 +164,10 @@ struct vgpu_activity {
     _Atomic uint64_t launches;       /* offset 48, approximate */
     _Atomic uint64_t updated_ns;     /* offset 56 */
     _Atomic uint64_t used[VGPU_MAX_DEV]; /* offset 64: container usage per GPU */
-    char reserved[4096 - 192];
+    /* offset 192: elastic slices, for metering: GPU time (ns) the container ran above its
+     * compute request per GPU, so far (from the NVML windows the rate limiter reads) */
+    _Atomic uint64_t compute_burst_ns[VGPU_MAX_DEV];
+    char reserved[4096 - 320];
 };
 
 /* ---- configuration ---------------------------------------------------------------------- */
@@ -336,6 +339,8 @@ int vgpu_entry_alive(struct vgpu_node_attach *na, int i, uint64_t now); /* cache
 uint64_t vgpu_mem_allowed(int dev);   /* bytes the container may hold on dev now */
 uint32_t vgpu_compute_share(int dev); /* the cores percent the limiter runs at now */
 void vgpu_compute_will_launch(int dev, uint64_t wait_ns); /* busy while sleeping off a debt */
+/* metering: the container ran busy_ns of GPU time in a window of window_ns (one sampler each) */
+void vgpu_compute_ran(int dev, uint64_t busy_ns, uint64_t window_ns);
 struct vgpu_reclaim {
     uint64_t since_ns; /* 0: not waiting */
 };

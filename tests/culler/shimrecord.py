@@ -21,6 +21,7 @@ def write_activity(
     launches: int = 0,
     version: int = VERSION,
     in_place: bool = False,
+    compute_burst_s: tuple[float, ...] = (),
 ) -> None:
     """Write an activity record as the shim lays it out: through a temporary file and a rename,
     or, ``in_place``, over the existing file (what a kernel can do to the file the hub made for
@@ -32,6 +33,8 @@ def write_activity(
     struct.pack_into("<QQQQ", buf, 32, 0xC0FFEE, last_ns, launches, now_ns)
     for dev, mib in enumerate(used_mib):
         struct.pack_into("<Q", buf, 64 + 8 * dev, mib * 1024 * 1024)
+    for dev, seconds in enumerate(compute_burst_s):  # GPU time run above the request, so far
+        struct.pack_into("<Q", buf, 192 + 8 * dev, int(seconds * 1e9))
     if in_place:
         with open(path, "r+b") as f:
             f.write(buf)

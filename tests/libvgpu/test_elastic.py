@@ -82,6 +82,23 @@ def test_priority_wins_over_burst(node):
     assert r.num("util", "util") >= 80, r.stdout
 
 
+def test_the_gpu_time_an_elastic_slice_runs_above_its_request_is_recorded_for_metering(node):
+    from libvgpu.regions import read_activity
+
+    elastic = _elastic(node, "e", "cores_percent=25\ncores_limit_percent=100")
+    r = elastic.run("init", "ctx", "util:1:3:2000:kernel")
+    share = r.num("util", "util") / 100
+    assert share >= 0.7, r.stdout
+    burst = read_activity(elastic.activity).compute_burst_seconds
+    # 1 s warming up, then 3 s measured at `share`; 25 % of the card is guaranteed, the rest is
+    # burst (counted over the NVML windows the limiter reads: the first ones are not), and never
+    # more than the whole card past the request for the 4 s it ran
+    assert 0.6 * (share - 0.25) * 3 <= burst <= 0.75 * 4 * 1.05, (burst, share)
+    fixed = _elastic(node, "f", "cores_percent=25")
+    assert fixed.run("init", "ctx", "util:1:2:2000:kernel").rcs("util") == [0]
+    assert read_activity(fixed.activity).compute_burst_seconds == 0.0  # a fixed slice never bursts
+
+
 # ---- memory: burst, the view, reclaim ------------------------------------------------------------
 
 def test_an_elastic_slice_allocates_past_its_request_up_to_its_limit_and_sees_the_limit(node):

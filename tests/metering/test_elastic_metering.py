@@ -51,3 +51,34 @@ async def test_an_elastic_slices_burst_is_recorded_apart_from_its_guaranteed_hou
     finally:
         meter.close()
         await allocator.backend.stop()
+
+
+async def test_an_elastic_slices_compute_burst_is_recorded_apart_too(tmp_path):
+    """The shim counts the GPU time a slice ran above its compute request (its activity record);
+    the meter adds what each sample interval adds to it, in card-seconds. Where the slice bursts
+    in memory too in one interval, the larger of the two counts (a card-share, as its guarantee's
+    share is the larger of its memory and compute shares)."""
+    allocator, meter = make(tmp_path)
+    try:
+        a = await allocator.allocate(GPURequest(
+            owner=Owner(user="carol", workspace="vision"), memory_mib=20480, cores_percent=25, request_id="cb",
+            memory_limit_mib=61440, cores_limit_percent=100,
+        ))
+        allocator.backend.holder_env(a, priority_value=0)
+        t0, path = a.created_at, allocator.backend.activity_path(a.id)
+        # the first half hour: 600 s of GPU time above its 25 %, memory within its request
+        write_activity(path, last_launch=t0 + 5, used_mib=(10240,), launches=9, compute_burst_s=(600.0,))
+        await meter.sample(now=t0 + 1800)
+        # the second: 300 s more above its compute request, and 40 GiB above its memory request
+        # (half the card for 1800 s: 900 card-seconds, the larger)
+        write_activity(path, last_launch=t0 + 1805, used_mib=(61440,), launches=20, compute_burst_s=(900.0,))
+        await meter.sample(now=t0 + 3600)
+        await allocator.release(a.id, "server stopped")
+        assert meter.recorder.flush()
+        (r,) = meter.store.records()
+        assert r.burst_gpu_seconds == pytest.approx(600.0 + 900.0)
+        report = usage_report(meter.store.records(), t0, t0 + 7200, by=("user",))
+        assert report.rows[0]["burst_gpu_hours"] == pytest.approx(1500 / 3600, rel=0.01)
+    finally:
+        meter.close()
+        await allocator.backend.stop()

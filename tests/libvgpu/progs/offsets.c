@@ -63,6 +63,7 @@ int main(void) {
     P("activity.launches", A(launches));
     P("activity.updated_ns", A(updated_ns));
     P("activity.used", A(used));
+    P("activity.compute_burst_ns", A(compute_burst_ns));
     P("activity.size", sizeof(struct vgpu_activity));
     return 0;
 }
