@@ -39,6 +39,10 @@ class QuotaExceeded(AdmissionError):
     """
 
     status = 403
+    #: for a wait: no eviction could give the request this quota and no capacity matters to
+    #: it (a slice of a class that does not borrow), so only a change in its quota levels can
+    #: end the wait (quotas.incremental decides it again only then)
+    quota_bound: bool = False
 
     def __init__(
         self,

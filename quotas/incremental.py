@@ -9,9 +9,12 @@ of these happened since:
 
 - an allocation left (or a stand-in the queue held at its last decision is not held now) on a
   node where the request could run, counting everything its class may evict as gone (cards, CPU
-  and host memory) — more room, or fewer victims needed there;
-- an allocation of its workspace left while one of its quota levels was short for it, or one
-  arrived (it may wait for its quota now: another sentence);
+  and host memory) — more room, or fewer victims needed there; except for a slice that waits on
+  a quota level no eviction can give it room in (``QuotaExceeded.quota_bound``: its class does
+  not borrow, and evicting all it may evict in the level falls short), which room cannot help;
+- an allocation of its workspace left while one of its quota levels was short for it (for a
+  quota-bound wait: one that counts against a level that was short), or one arrived (it may
+  wait for its quota now: another sentence);
 - room kept for a swapped-out kernel (``quotas/reserve.py``) on such a node was given up (that
   room counts as free for "could run": placement takes it where nothing else fits);
 - the inventory changed, or too many changes passed to tell (``AdmissionState.changes_since``).
@@ -37,9 +40,11 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
+from .errors import QuotaExceeded
 from .model import Allocation, Decision, GPURequest
 from .placement import ANY
 from .state import AdmissionState
+from .tree import level_keys
 
 #: a stand-in as the card index sees it: (node, cards, memory, cores, whole, CPU, host memory)
 HoldKey = tuple[str, tuple[str, ...], int, int, bool, int, int]
@@ -63,6 +68,9 @@ class Seen:
     hmem: int
     #: the room kept for swapped-out kernels then (quotas/reserve.py)
     soft: frozenset
+    #: it waits on quota no eviction can give it (QuotaExceeded.quota_bound): only a release
+    #: within a level in ``short`` (or an arrival in its workspace) can change its decision
+    bound: bool = False
 
 
 class PassMemo:
@@ -102,10 +110,12 @@ class PassMemo:
                  request.count, whole)
         st = self.state
         pc = st.config.policy.priority_class(request.priority_class)
+        short = self._short(request)
         return Seen(d, version, self.holds, len(self.holds), shape,
                     request.model.lower() if request.model else ANY,
-                    st.predicate_of(pc.name), request.owner.workspace, self._short(request),
-                    request.cpu_millicores, request.host_memory_mib, self.soft)
+                    st.predicate_of(pc.name), request.owner.workspace, short,
+                    request.cpu_millicores, request.host_memory_mib, self.soft,
+                    short is not None and isinstance(d.error, QuotaExceeded) and d.error.quota_bound)
 
     def _short(self, request: GPURequest) -> frozenset[tuple[str, ...]] | None:
         """Its quota levels that lack room for it (a whole card counted as the pool's largest)."""
@@ -132,13 +142,16 @@ class PassMemo:
             return False
         ix = self.state.index
         for sign, a, _ in changes:
-            if a.owner.workspace == seen.workspace and (sign > 0 or seen.short is not None):
+            if a.owner.workspace == seen.workspace and (sign > 0 or seen.short is not None) and \
+                    (sign > 0 or not seen.bound or _within(a, seen.short)):
                 return False  # its quota levels may have room now, or have none left (another sentence)
-            if sign > 0:
-                continue  # it only takes room
+            if sign > 0 or seen.bound:
+                continue  # it only takes room, or room is not what it waits for
             ni = ix.node_index(a)
             if ni is not None and self._could_run(ni, seen):
                 return False
+        if seen.bound:
+            return True  # neither room given up for swapped-out kernels nor by heads matters to it
         for _, r in seen.soft - self.soft:  # room no longer kept for a swapped-out kernel
             for u in r.gpu_uuids:
                 gi = ix.gi_of.get(u)
@@ -189,3 +202,8 @@ class PassMemo:
                 if n >= k:
                     return True
         return False
+
+
+def _within(a: Allocation, levels: frozenset[tuple[str, ...]] | None) -> bool:
+    """Whether ``a`` counts against one of the quota levels (keys) ``levels``."""
+    return levels is not None and not levels.isdisjoint(level_keys(a.owner))

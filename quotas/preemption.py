@@ -126,6 +126,9 @@ class VictimSearch(NodeVictims):
                 if limit is not None and self.used[i][r] + self.low[r] > limit:
                     self.deficits.append((lv, r, self.used[i][r] + self.low[r] - limit))
         self._quota_cands: list[Allocation] | None = None
+        #: set by run(): a quota level is short and evicting everything the class may evict
+        #: in it would not give the request room (only a change in its quota levels can)
+        self.quota_hopeless = False
         self._member_of: dict[str, tuple[int, ...]] = {}
         self._ready: dict[int, int] = {}
 
@@ -278,6 +281,7 @@ class VictimSearch(NodeVictims):
 
     def run(self) -> Solution | None:
         if self.deficits and not self._quota_fixable():
+            self.quota_hopeless = True
             return None
         return self._single() or self._several()
 

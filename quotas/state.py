@@ -316,6 +316,8 @@ class AdmissionState(RequestChecks, UsageReport):
                 request, pc, base, True, now,
                 reason=msg.borrowed(level, res, used, limit),
             )
+        # a slice's quota charge is fixed: short of quota, only evictions could help it
+        quota_bound = not whole
         if self._has_candidates(pc) and not pinned:
             # A whole card's quota charge is its size: when the quota refuses the card placement
             # found, evicting may free a smaller card, so the search weighs every node's cards
@@ -333,7 +335,8 @@ class AdmissionState(RequestChecks, UsageReport):
                     "preempt", allocation=grant.allocation, victims=victims,
                     reason=self._preempt_reason(pc, victims),
                 )
-        return self._wait(request, pc, group, over, kind)
+            quota_bound = quota_bound and search.quota_hopeless
+        return self._wait(request, pc, group, over, kind, quota_bound)
 
     def _has_candidates(self, pc: PriorityClass) -> bool:
         if not self._order:
@@ -425,6 +428,7 @@ class AdmissionState(RequestChecks, UsageReport):
         group: str,
         over: tuple[Level, str, int, int] | None,
         kind: str,
+        quota_bound: bool = False,
     ) -> Decision:
         ix = self._index
         k = request.count
@@ -437,6 +441,7 @@ class AdmissionState(RequestChecks, UsageReport):
                 level=level.label, resource=res, used=used, limit=limit, asked=asked,
             )
             error.own_only = bool(mine) and not others
+            error.quota_bound = quota_bound
             return Decision("wait", reason=error.message, error=error)
         if over is not None and not pc.borrow:
             over = None  # a quota as large as the pool: the pool is what is full

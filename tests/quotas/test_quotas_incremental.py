@@ -9,6 +9,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from quotas import AdmissionState, GPURequest, load_config
+from quotas.errors import QuotaExceeded
 from quotas.queue import AdmissionQueue, Step
 from quotas.reserve import SoftReservation
 
@@ -93,7 +94,7 @@ def test_the_incremental_pump_decides_like_the_pump_that_decides_every_waiting_r
     fast = AdmissionQueue.from_policy(cfg.policy)
     queues = [full, fast]
     now = 0.0
-    kept = 0
+    kept = bound = 0
     for kind, op in [("tick", 0.0), *ops]:
         if kind == "arrive":
             for q in queues:
@@ -119,6 +120,9 @@ def test_the_incremental_pump_decides_like_the_pump_that_decides_every_waiting_r
             again = b.decision is before.get(id(b.waiting))
             same(a, b, again)
             kept += again
+            # a wait on quota no eviction can fix, kept across a change (the skip rule of
+            # QuotaExceeded.quota_bound)
+            bound += again and isinstance(b.decision.error, QuotaExceeded) and b.decision.error.quota_bound
             for mv in b.moves:  # carried out: the slice leaves, and its kernel asks back
                 for s, q in zip(states, queues, strict=True):
                     s.remove(mv.allocation.id)
@@ -128,6 +132,7 @@ def test_the_incremental_pump_decides_like_the_pump_that_decides_every_waiting_r
                            value_of(cfg, mv.allocation.priority_class), now, moved=True)
         assert states[0].allocations == states[1].allocations
     event(f"waits kept without a decision: {'some' if kept else 'none'}")
+    event(f"quota-bound waits kept: {'some' if bound else 'none'}")
 
 
 def test_a_waiting_request_is_not_decided_again_when_nothing_it_could_use_changed():
@@ -149,3 +154,26 @@ def test_a_waiting_request_is_not_decided_again_when_nothing_it_could_use_change
     st_.add(alloc("y2", "a-gpu1", 50))
     steps = {s.waiting.request.request_id: s for s in q.pump(st_, 3.0)}
     assert steps["first"].decision.kind == "wait" and steps["behind"].decision.granted
+
+
+def test_a_request_waiting_on_a_quota_no_eviction_can_fix_is_not_decided_again_when_capacity_frees():
+    # alice's workspace is at its 40 GiB quota and nothing in it may be evicted for her (her
+    # class does not preempt): only a change in her quota levels can end her wait, so cards
+    # freeing up elsewhere in the pool do not make the queue decide her request again
+    workspaces = {"vision": {"limits": {"memory_mib": 40 * 1024}}, "other": {}}
+    st_ = state(pool(node("a", 2)), workspaces, allocations=[
+        alloc("v1", "a-gpu0", 40, user="alice", ws="vision"),
+        alloc("x", "a-gpu1", 50, ws="other"), alloc("y", "a-gpu1", 30, ws="other")])
+    q = AdmissionQueue.from_policy(st_.config.policy)
+    q.push(req("carol", memory_gib=60, rid="head", ws="other"), 100, 0.0)
+    mine = q.push(req("alice", memory_gib=10, rid="alice", ws="vision"), 100, 0.0)
+    steps = {s.waiting.request.request_id: s for s in q.pump(st_, 1.0)}
+    waited = steps["alice"].decision
+    assert waited.kind == "wait" and type(waited.error).__name__ == "QuotaExceeded", waited.reason
+    st_.remove("y")  # 30 GiB free on a card where her 10 GiB would fit
+    steps = {s.waiting.request.request_id: s for s in q.pump(st_, 2.0)}
+    assert steps["head"].decision.kind == "wait"
+    assert steps["alice"].decision is waited and mine.position == 1
+    st_.remove("v1")  # her own quota frees: decided again, and granted
+    steps = {s.waiting.request.request_id: s for s in q.pump(st_, 3.0)}
+    assert steps["alice"].decision.granted
