@@ -1,126 +1,129 @@
-"""The Kubernetes emulator's own share of a pod's start, idle and with the CPUs busy.
+"""The Kubernetes emulator's own share of a pod's start, quiet and with the CPUs busy.
 
-    python bench/kubeemu_pod_start.py [--pods 10] [--hogs 2]
+    python bench/kubeemu_pod_start.py [--pods 20] [--hogs 2]
 
-For each pod (one container, no readiness probe, run as a container by the emulator's
-kubelet) it measures, in one run:
+Pods of three kinds, each started and stopped one after another, ``--pods`` of each:
 
-- create -> process: from the create call to the start of the container's first process
-  (its ``/proc/<pid>/stat`` start time, kernel clock ticks since boot, compared with
-  ``CLOCK_BOOTTIME``): the API server, scheduler and kubelet's part, before the program runs;
-- running -> ready: from the moment the kubelet writes the pod Running to the moment it writes
-  the Ready condition True (both seen through the store's event hook).
+- ``host``: one container of an image the emulator maps to this machine's environment, running
+  ``sleep`` (no readiness probe);
+- ``image``: one container of an image with a filesystem of its own (a small one made of this
+  machine's sh and sleep, tests/kubeemu/helpers.py tiny_image: the container's root is an overlay
+  of that image), its ENTRYPOINT ``sh -c`` with ``exec sleep 600``;
+- ``init``: as ``image``, after an init container of the same image that runs ``true``, as our GPU
+  pods have one.
 
-Then the same with ``--hogs`` processes spinning on the CPUs ("busy"), and idle again with pods
-of an image that has its own filesystem (a small one made of this machine's sh and sleep,
-tests/kubeemu/helpers.py tiny_image: the container's root is an overlay of that image, "image").
-The last lines are ``kubeemu_pod_start <idle|busy|image> create_to_process_p50_s=... p90_s=...
-max_s=... running_to_ready_max_s=...`` and the ratios busy/idle and image/idle of the p50s.
+For each pod the kubelet's timeline (tests/kubeemu/podstart.py, which defines what counts as the
+emulator's share) gives the emulator's seconds from the create call to the container's process
+(an init container's own run excluded, printed apart as ``init_program``), and from Running to
+Ready; the steps of the create -> process part are printed too: API server and scheduler until
+the kubelet takes the pod (``to_kubelet``), its volumes and hosts file (``volumes``), until it
+asks the runtime for the container (``to_runtime``: image, environment, mounts; init containers
+between), the runtime until the program runs (``runtime``). All of it quiet, then again with
+``--hogs`` processes of ``yes >/dev/null`` on the CPUs (``busy``). Lines:
+
+    kubeemu_pod_start <host|image|init> <quiet|busy> create_to_process_p50_s=... p95_s=... max_s=...
+        running_to_ready_max_s=... init_program_p50_s=... steps_p50_s=to_kubelet:...,volumes:...,...
+
+and the ratios busy/quiet of the create -> process p50 of each kind.
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing
-import os
 import statistics
+import subprocess
 import sys
 import tempfile
-import time
+from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.kubeemu import KubeEmulator  # noqa: E402
-from tests.kubeemu.helpers import pod, py, tiny_image  # noqa: E402
-
-TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _boottime() -> float:
-    return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-
-def _process_start(pid: int) -> float:
-    """Start of a process in CLOCK_BOOTTIME seconds (10 ms resolution)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[19]) / TICKS
-
-
-def _spin() -> None:
-    while True:
-        pass
-
+from tests.kubeemu.helpers import pod, tiny_image  # noqa: E402
+from tests.kubeemu.podstart import Timeline  # noqa: E402
 
 TINY = "registry.bench/tiny:1"
+KINDS = ("host", "image", "init")
 
 
-def measure(emu: KubeEmulator, count: int, tag: str, image: bool = False) -> tuple[list[float], list[float]]:
-    seen: dict[str, dict[str, float]] = {}
+def manifest(kind: str, name: str) -> dict:
+    if kind == "host":
+        return pod(name, ["sleep", "600"])
+    m = pod(name)
+    m["spec"]["containers"][0] = {"name": "main", "image": TINY, "args": ["exec sleep 600"]}
+    if kind == "init":
+        m["spec"]["initContainers"] = [{"name": "prepare", "image": TINY, "args": ["true"]}]
+    return m
 
-    def on_event(srt, ev) -> None:
-        if srt.kind != "Pod" or ev.type != "MODIFIED":
-            return
-        name = ev.obj["metadata"]["name"]
-        status = ev.obj.get("status") or {}
-        marks = seen.setdefault(name, {})
-        if status.get("phase") == "Running" and "running" not in marks:
-            marks["running"] = _boottime()
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                    for c in status.get("conditions") or [])
-        if ready and "ready" not in marks:
-            marks["ready"] = _boottime()
 
-    emu.store.subscribe(on_event)
-    to_process, to_ready = [], []
+def measure(emu: KubeEmulator, kind: str, count: int, tag: str) -> list[Timeline]:
+    out = []
     for i in range(count):
-        name = f"{tag}-{i}"
-        t0 = _boottime()
-        manifest = pod(name, py("import time; time.sleep(600)"))
-        if image:  # the image's ENTRYPOINT (sh -c) with these args
-            manifest["spec"]["containers"][0].update(image=TINY, args=["exec sleep 600"])
-            del manifest["spec"]["containers"][0]["command"]
-        emu.create(manifest)
-        emu.wait_for(lambda n=name: emu.pod_pid(n), timeout=60, interval=0.005,
-                     message=f"{name}'s process")
-        to_process.append(_process_start(emu.pod_pid(name)) - t0)
-        emu.wait_for(lambda n=name: "ready" in seen.get(n, {}), timeout=60, interval=0.005,
-                     message=f"{name} to be ready")
-        to_ready.append(seen[name]["ready"] - seen[name]["running"])
+        name = f"{kind}-{tag}-{i}"
+        created = emu.create(manifest(kind, name))
+        uid = created["metadata"]["uid"]
+
+        def ready(uid: str = uid) -> Timeline | None:
+            t = emu.kubelet.timelines.get(uid)
+            return t if t is not None and t.ready is not None else None
+
+        out.append(emu.wait_for(ready, timeout=60, interval=0.01, message=f"{name} to be ready"))
         emu.delete("pods", name, grace_period_seconds=0)
-    return to_process, to_ready
+        emu.wait_for(lambda n=name: emu.get("pods", n) is None, timeout=60, interval=0.01,
+                     message=f"{name} to go")
+    return out
 
 
-def report(tag: str, to_process: list[float], to_ready: list[float]) -> float:
-    ordered = sorted(to_process)
-    p50 = statistics.median(ordered)
-    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
-    print(f"kubeemu_pod_start {tag} create_to_process_p50_s={p50:.3f} p90_s={p90:.3f} "
-          f"max_s={ordered[-1]:.3f} running_to_ready_max_s={max(to_ready):.3f}")
+def p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def report(kind: str, tag: str, timelines: list[Timeline]) -> float:
+    parts = [t.create_to_process() for t in timelines]
+    emulator = [e for e, _ in parts]
+    program = [prog for _, prog in parts]
+    to_ready = [t.running_to_ready() for t in timelines]
+    steps: dict[str, list[float]] = {"to_kubelet": [], "volumes": [], "to_runtime": [], "runtime": []}
+    for t in timelines:
+        steps["to_kubelet"].append(t.steps["kubelet"] - t.created)
+        steps["volumes"].append(t.steps["volumes"] - t.steps["kubelet"])
+        first = t.runs[0]
+        steps["to_runtime"].append(first["spawned"] - t.steps["volumes"]
+                                   + sum(b["spawned"] - a["exited"] for a, b in pairwise(t.runs)))
+        steps["runtime"].append(sum(r["started"] - r["spawned"] for r in t.runs))
+    p50 = statistics.median(emulator)
+    print(f"kubeemu_pod_start {kind} {tag} create_to_process_p50_s={p50:.3f} p95_s={p(emulator, 0.95):.3f} "
+          f"max_s={max(emulator):.3f} running_to_ready_max_s={max(to_ready):.3f} "
+          f"init_program_p50_s={statistics.median(program):.3f} steps_p50_s="
+          + ",".join(f"{k}:{statistics.median(v):.3f}" for k, v in steps.items()), flush=True)
     return p50
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--pods", type=int, default=10)
+    ap.add_argument("--pods", type=int, default=20)
     ap.add_argument("--hogs", type=int, default=2)
     args = ap.parse_args()
+    p50s: dict[tuple[str, str], float] = {}
     with KubeEmulator() as emu, tempfile.TemporaryDirectory() as tmp:
-        emu.images[TINY] = tiny_image(Path(tmp) / "rootfs", ("sh", "sleep"))
-        measure(emu, 1, "warm")  # the netshim build and first imports
-        idle = report("idle", *measure(emu, args.pods, "idle"))
-        hogs = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.hogs)]
-        for h in hogs:
-            h.start()
+        emu.images[TINY] = tiny_image(Path(tmp) / "rootfs", ("sh", "sleep", "true"))
+        for kind in KINDS:
+            measure(emu, kind, 1, "warm")  # the netshim build, first imports, the image's pages
+        for kind in KINDS:
+            p50s[kind, "quiet"] = report(kind, "quiet", measure(emu, kind, args.pods, "quiet"))
+        hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(args.hogs)]
         try:
-            busy = report("busy", *measure(emu, args.pods, "busy"))
+            for kind in KINDS:
+                p50s[kind, "busy"] = report(kind, "busy", measure(emu, kind, args.pods, "busy"))
         finally:
             for h in hogs:
-                h.terminate()
-                h.join()
-        image = report("image", *measure(emu, args.pods, "image", image=True))
-    print(f"kubeemu_pod_start busy/idle create_to_process_p50={busy / idle:.2f}")
-    print(f"kubeemu_pod_start image/idle create_to_process_p50={image / idle:.2f}")
+                h.kill()
+                h.wait()
+    for kind in KINDS:
+        ratio = p50s[kind, "busy"] / p50s[kind, "quiet"]
+        print(f"kubeemu_pod_start {kind} busy/quiet create_to_process_p50={ratio:.2f}")
 
 
 if __name__ == "__main__":

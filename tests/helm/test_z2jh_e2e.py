@@ -12,13 +12,14 @@ kernel's memory limit. `helm upgrade` rolls the hub (a new pod of the new templa
 uninstall` leaves nothing of ours behind.
 
 Run by `./dev images` (skipped elsewhere, as test_images_run.py). It prints the emulator's own
-share of each pod's start: create call -> the container's first process, and Running -> Ready.
+share of each pod's start (tests/kubeemu/podstart.py says what counts): create call -> the
+container's process (``create_to_process_s``; an init container's own run apart,
+``init_program_s``), and Running -> Ready.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import urllib.error
@@ -127,47 +128,6 @@ def z2jh_chart(dest: Path, config: str, image: str) -> Path:
     return chart
 
 
-class PodStarts:
-    """The emulator's own share of each pod's start, seen through its store's events: create
-    call -> the container's first process (its start time in /proc), Running -> Ready."""
-
-    def __init__(self, emu: Any) -> None:
-        self.emu, self.marks = emu, {}
-        emu.store.subscribe(self._event)
-
-    @staticmethod
-    def now() -> float:
-        return time.clock_gettime(time.CLOCK_BOOTTIME)
-
-    def _event(self, srt: Any, ev: Any) -> None:
-        if srt.kind != "Pod":
-            return
-        meta, status = ev.obj["metadata"], ev.obj.get("status") or {}
-        marks = self.marks.setdefault(meta["name"], {})
-        if ev.type == "ADDED":
-            marks.setdefault("created", self.now())
-        if status.get("phase") == "Running" and "running" not in marks:
-            marks["running"] = self.now()
-            pid = self.emu.pod_pid(meta["name"], meta.get("namespace") or "default")
-            try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                marks["process"] = int(fields[19]) / os.sysconf("SC_CLK_TCK")
-            except (OSError, IndexError):
-                pass
-        if any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []):
-            marks.setdefault("ready", self.now())
-
-    def report(self) -> list[str]:
-        lines = []
-        for name, marks in sorted(self.marks.items()):
-            if "created" not in marks or "process" not in marks:
-                continue
-            ready = f"{marks['ready'] - marks['running']:.3f}" if "ready" in marks else "-"
-            lines.append(f"kubeemu_pod_start {name} create_to_process_s={marks['process'] - marks['created']:.3f} "
-                         f"running_to_ready_s={ready} (with the program's own start and its readiness probe)")
-        return lines
-
-
 class Browser:
     """A user's browser at the proxy's public address: cookies, the login form, JSON calls."""
 
@@ -207,7 +167,7 @@ HUBS = {name: major for name, major in (("hub", 5), ("hub-jupyterhub6", 6)) if n
 def test_our_chart_and_a_z2jh_hub_from_the_built_images_serve_a_gpu_kernel_capped_by_the_shim(hub, tmp_path):
     from libvgpu import contract as L
     from tests.kernelprovider.helpers import KernelConnection, Server, install_kernelspecs
-    from tests.kubeemu import KubeEmulator, NodeSpec
+    from tests.kubeemu import KubeEmulator, NodeSpec, podstart
     from tests.kubeemu.helpers import release_objects
     from tests.kubeemu.images import Image, from_engine
 
@@ -222,7 +182,6 @@ def test_our_chart_and_a_z2jh_hub_from_the_built_images_serve_a_gpu_kernel_cappe
         namespaces=[NS], pod_env=driver_env, node_mounts=[str(root)], restart_backoff_seconds=1.0,
         images={CHP_IMAGE: Image(uid=65534, gid=65534)})  # fmt: skip
     emu.start()
-    starts = PodStarts(emu)
     try:
         stack.add_nvidia_runtime_class(emu)
         for image in (hub, "agent", "kernel"):
@@ -311,7 +270,7 @@ def test_our_chart_and_a_z2jh_hub_from_the_built_images_serve_a_gpu_kernel_cappe
                      message=f"the release's objects to go (left: {release_objects(emu, 'elastic-gpu', NS)})")
         assert not list(host_lib_dir.iterdir()), "the uninstall hook left files on the node"
     finally:
-        print("\n".join(starts.report()))
+        print("\n".join(podstart.report(list(emu.kubelet.timelines.values()))))
         print(f"end-to-end: {time.monotonic() - t0:.1f} s")
         emu.stop()
         print(f"emulator stopped: {time.monotonic() - t0:.1f} s")

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,39 +163,106 @@ def write_in_place(path: Path, text: str) -> None:
         os.close(fd)
 
 
-async def start(spec: dict, spec_path: Path, log_path: Path, timeout: float = 30.0
-                ) -> tuple[asyncio.subprocess.Process, int]:
-    """Start the runtime on a spec; (runtime process, host pid of the container's pid 1)."""
-    state = Path(spec["state"])
-    with contextlib.suppress(FileNotFoundError):
-        state.unlink()
+class RuntimeServer:
+    """The kubelet's runtime server (``runtime.py serve``): one interpreter, started with the
+    kubelet, that forks a runtime per container, so a container's start waits for no
+    interpreter to start and import."""
+
+    def __init__(self) -> None:
+        self.path = f"\0kubeemu-runtime-{os.getpid()}-{os.urandom(6).hex()}"  # an abstract socket: no file
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(self.path)
+        self.listener.listen(128)
+        fd = self.listener.fileno()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(RUNTIME), "serve", str(fd)], stdin=subprocess.PIPE,
+            pass_fds=(fd,), start_new_session=True)
+
+    def stop(self) -> None:
+        """Stop the server (the runtimes it started are the kubelet's to kill)."""
+        if self.proc.poll() is None:
+            self.proc.terminate()  # (its stdin's end tells it too, should this process die first)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        with contextlib.suppress(OSError):
+            self.proc.stdin.close()  # type: ignore[union-attr]
+        self.listener.close()
+
+
+class RuntimeProcess:
+    """A container's runtime forked by the server: its pid (its process group's id), its exit
+    status once reaped (``returncode``, negative for a signal, as asyncio's), and the moments
+    (CLOCK_BOOTTIME) its pid 1 executed its program (``started``) and ended (``exited``)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader, self.writer = reader, writer
+        self.pid = 0
+        self.returncode: int | None = None
+        self.started: float | None = None
+        self.exited: float | None = None
+        self._done = asyncio.get_running_loop().create_future()
+
+    async def next_state(self) -> dict:
+        line = await self.reader.readline()
+        if not line:
+            self._finish(128 if self.returncode is None else self.returncode)
+            return {}
+        state = json.loads(line)
+        self.pid = state.get("runtime", self.pid)
+        if "exited" in state:
+            self.exited = state["exited"]
+        if "status" in state:  # the container is over; its runtime is about to exit with it
+            self._finish(int(state["status"]))
+        if "exit" in state:
+            self._finish(int(state["exit"]))
+        return state
+
+    def _finish(self, code: int) -> None:
+        if self.returncode is None:
+            self.returncode = code
+        if self.exited is None:
+            self.exited = time.clock_gettime(time.CLOCK_BOOTTIME)
+        if not self._done.done():
+            self._done.set_result(self.returncode)
+        self.writer.close()
+
+    async def follow(self) -> None:
+        """Read the runtime's later states until its container is over."""
+        with contextlib.suppress(OSError, ValueError):
+            while self.returncode is None:
+                await self.next_state()
+        self._finish(128)
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._done)
+
+
+async def start(server: RuntimeServer, spec: dict, spec_path: Path, log_path: Path,
+                timeout: float = 30.0) -> tuple[RuntimeProcess, int]:
+    """Start a container through the runtime server; (its runtime, host pid of its pid 1)."""
     spec_path.write_text(json.dumps(spec))
-    with log_path.open("ab") as out:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", str(RUNTIME), "run", str(spec_path),
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    delay = 0.005
-    while True:
-        with contextlib.suppress(FileNotFoundError, ValueError):
-            st = json.loads(state.read_text() or "null")
-            if st and "pid" in st:
-                return proc, int(st["pid"])
-            if st and "error" in st:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(proc.wait(), 5)
-                raise StartFailed(st["error"])
-        if proc.returncode is not None:
-            raise StartFailed(f"container runtime exited with {proc.returncode} before the "
-                              "container started (see the pod log)")
-        if loop.time() > deadline:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            raise StartFailed("container runtime did not start the container in time")
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.05)
+    reader, writer = await asyncio.open_unix_connection(server.path)
+    writer.write(json.dumps({"spec": str(spec_path), "log": str(log_path)}).encode() + b"\n")
+    await writer.drain()
+    proc = RuntimeProcess(reader, writer)
+    try:
+        state = await asyncio.wait_for(proc.next_state(), timeout)
+    except (asyncio.TimeoutError, OSError, ValueError) as e:
+        writer.close()
+        raise StartFailed(f"container runtime did not start the container in time ({e!r})") from None
+    if "error" in state:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(proc.follow(), 5)
+        raise StartFailed(state["error"])
+    if "pid" not in state:
+        raise StartFailed(f"container runtime exited with {proc.returncode} before the "
+                          "container started (see the pod log)")
+    proc.started = state.get("started")
+    proc.follow_task = asyncio.ensure_future(proc.follow())  # type: ignore[attr-defined]
+    return proc, int(state["pid"])
 
 
 async def exec_process(pid1: int, argv: list[str], env: dict[str, str], uid: int, gid: int,

@@ -46,6 +46,7 @@ from .cgroups import MemoryCgroup
 from .devices import visible_minors
 from .errors import ApiError
 from .images import Image, lookup, pull_error
+from .podstart import Timeline, now
 from .quota import is_terminal
 from .resources import BY_KEY, ResourceType
 from .scheduler import insufficient, matches_node_selector, set_condition
@@ -151,7 +152,7 @@ class PodRuntime:
         self.node = pod["spec"]["nodeName"]
         self.dir = self.emu.data_dir / "pods" / self.ns / f"{self.name}-{self.uid[:8]}"
         self.ip: str | None = None
-        self.proc: asyncio.subprocess.Process | None = None  # the runtime of the container
+        self.proc: ctr.RuntimeProcess | None = None  # the runtime of the container
         self.pid1: int | None = None  # host pid of the running container's pid 1
         self.cgroup: MemoryCgroup | None = None
         self.run_ctx: dict[str, Any] | None = None  # env, identity ... for exec and probes
@@ -174,6 +175,7 @@ class PodRuntime:
         self._probe_tasks: list[asyncio.Task] = []
         self.proc_pids: tuple[int, int] | None = None
         self._last_event: dict[str, str] = {}
+        self.timeline = kubelet.timeline_for(pod)
         spec = pod["spec"]
         self.containers = [c["name"] for c in spec.get("containers") or []]
         for c in spec.get("containers") or []:
@@ -255,6 +257,11 @@ class PodRuntime:
                                   if c["type"] in order else len(order))
 
         self.emu.store.mutate(PODS, self.ns, self.name, fn, uid=self.uid)
+        if self.phase == "Running":
+            t = self.timeline
+            t.running = t.running or now()
+            if t.ready is None and all(s["ready"] for s in self.cstatus.values()):
+                t.ready = now()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -284,6 +291,7 @@ class PodRuntime:
             return
         if not self._admit(pod):
             return
+        self.timeline.steps["kubelet"] = now()
         self.ip = self.kubelet.allocate_ip()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
@@ -303,6 +311,7 @@ class PodRuntime:
                 self.event(e.event_reason, e.message, "Warning", once=True)
                 await self._sleep(1.0)
         self.write_hosts()
+        self.timeline.steps["volumes"] = now()
         # init containers
         for c in spec.get("initContainers") or []:
             ok = await self._run_init(c)
@@ -418,6 +427,7 @@ class PodRuntime:
         successes = failures = 0
         period = max(probe.get("periodSeconds", 10), 0.1)
         while True:
+            probed_at = now()
             ok, why = await self._probe_once(container, probe)
             st = self.cstatus[name]
             if ok:
@@ -425,6 +435,8 @@ class PodRuntime:
                 if (kind == "Readiness" and not st["ready"]
                         and successes >= probe.get("successThreshold", 1)):
                     st["ready"] = True
+                    if self.timeline.ready is None:
+                        self.timeline.probe = probed_at
                     self.push_status()
             else:
                 failures, successes = failures + 1, 0
@@ -479,7 +491,7 @@ class PodRuntime:
             code = 0
             if run["argv"]:
                 try:
-                    proc, _ = await self._spawn(run, name)
+                    proc, _ = await self._spawn(run, name, init=True)
                 except ctr.StartFailed as e:
                     code = 128
                     self.event("Failed", f"Error: {e}", "Warning", name)
@@ -495,6 +507,7 @@ class PodRuntime:
                         await self._kill_group(force=False)
                         return False
                     code = waiter.result()
+                    self.timeline.ended(name, proc.exited)
                     self._end_container()
             st = self.init_status[name]
             st["state"] = {"terminated": {"exitCode": code,
@@ -600,8 +613,8 @@ class PodRuntime:
         st["started"] = False
         self.push_status()
 
-    async def _spawn(self, run: dict, container: str) -> tuple[asyncio.subprocess.Process, int]:
-        """Start a container through the runtime; (runtime process, host pid of its pid 1)."""
+    async def _spawn(self, run: dict, container: str, init: bool = False) -> tuple[ctr.RuntimeProcess, int]:
+        """Start a container through the runtime; (its runtime, host pid of its pid 1)."""
         self.attempt += 1
         cdir = self.dir / "containers" / f"{container}-{self.attempt}"
         cdir.mkdir(parents=True, exist_ok=True)
@@ -614,14 +627,15 @@ class PodRuntime:
             log.warning("pod %s/%s: no memory cgroup available; its limit is not enforced",
                         self.ns, self.name)
         spec = {**run, "rootfs": str(cdir / "rootfs"), "upper": str(cdir / "upper"),
-                "work": str(cdir / "work"), "state": str(cdir / "state.json"),
-                "hostname": run["hostname"],
+                "work": str(cdir / "work"), "hostname": run["hostname"],
                 "cgroup": str(self.cgroup.path) if self.cgroup else None}
         self.runs[container] = self.runs.get(container, 0) + 1
         logfile = self.dir / "logs" / f"{container}-{self.runs[container]}.log"
         logfile.parent.mkdir(parents=True, exist_ok=True)
         (logfile.parent / f"{container}-{self.runs[container] - 2}.log").unlink(missing_ok=True)
-        proc, pid1 = await ctr.start(spec, cdir / "spec.json", logfile)
+        spawned_at = now()
+        proc, pid1 = await ctr.start(self.kubelet.runtime_server, spec, cdir / "spec.json", logfile)
+        self.timeline.started(container, init, spawned_at, proc.started)
         self.kubelet.pgids.add(proc.pid)
         self.proc_pids = (proc.pid, pid1)
         self.run_ctx = run
@@ -1168,6 +1182,9 @@ class Kubelet:
         self.interpreter_dirs = ctr.interpreter_dirs()
         self.cgroup_base = cgroups.base_dir(uuid.uuid4().hex[:8])
         self._hosts_refresh: asyncio.TimerHandle | None = None
+        self._created: dict[str, float] = {}  # pod uid -> the moment the store added it
+        self.timelines: dict[str, Timeline] = {}  # pod uid -> its start (podstart.py), latest 5000
+        self.runtime_server = ctr.RuntimeServer()
         self.store.subscribe(self._on_event)
 
     # ------------------------------------------------------------ addresses
@@ -1210,7 +1227,22 @@ class Kubelet:
 
     # ------------------------------------------------------------ events
 
+    def timeline_for(self, pod: dict) -> Timeline:
+        """A new timeline of ``pod``'s start (podstart.py), kept in :attr:`timelines`."""
+        meta = pod["metadata"]
+        timeline = Timeline(meta["namespace"], meta["name"], self._created.pop(meta["uid"], None) or now())
+        self.timelines[meta["uid"]] = timeline
+        while len(self.timelines) > 5000:
+            self.timelines.pop(next(iter(self.timelines)))
+        return timeline
+
     def _on_event(self, srt: ResourceType, ev: Event) -> None:
+        if srt.kind == "Pod" and ev.type in ("ADDED", "DELETED"):  # in the writer's thread
+            uid = ev.obj["metadata"]["uid"]
+            if ev.type == "ADDED":
+                self._created[uid] = now()
+            else:
+                self._created.pop(uid, None)
         if srt.kind in ("Pod", "Secret", "ConfigMap", "Node"):
             self.emu.call_soon(self._handle, srt, ev)
         if srt.kind in ("Pod", "Service", "Endpoints"):
@@ -1354,7 +1386,11 @@ class Kubelet:
 
     def _cleanup_dir(self, ns: str, name: str, uid: str, rt: PodRuntime | None = None) -> None:
         path = self.emu.data_dir / "pods" / ns / f"{name}-{uid[:8]}"
-        if not self.emu.keep_pod_dirs:
+        if self.emu.keep_pod_dirs:
+            return
+        try:  # off the event loop: a pod's layers take tens of ms to remove, others' starts wait
+            asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, path, True)
+        except RuntimeError:  # no loop running here
             shutil.rmtree(path, ignore_errors=True)
 
     async def shutdown(self, grace: float = 2.0) -> None:
@@ -1380,4 +1416,5 @@ class Kubelet:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
         self.pgids.clear()
+        self.runtime_server.stop()
 

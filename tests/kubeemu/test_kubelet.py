@@ -228,6 +228,34 @@ def test_readiness_probe_gates_ready(kube_emulator, core, kube_namespace):
     assert {c["type"]: c["status"] for c in p["status"]["conditions"]}["Ready"] == "True"
 
 
+def test_the_start_timeline_counts_an_init_containers_run_as_its_programs_time(kube_emulator, core,
+                                                                            kube_namespace):
+    """tests/kubeemu/podstart.py: what the bench and the end-to-end test print as the emulator's
+    share of a pod's start leaves out what the pod's programs do."""
+    code = ("import os, socket, time\ns = socket.socket()\n"
+            "s.bind((os.environ['KUBEEMU_POD_IP'], 9000))\ns.listen(5)\ntime.sleep(60)\n")
+    manifest = pod("timed", py(code), readinessProbe={"tcpSocket": {"port": 9000}, "periodSeconds": 1})
+    manifest["spec"]["initContainers"] = [
+        {"name": "prepare", "image": "python:3.11", "command": py("import time; time.sleep(0.5)")}]
+    uid = core.create_namespaced_pod(kube_namespace, manifest).metadata.uid
+
+    def ready():
+        t = kube_emulator.kubelet.timelines.get(uid)
+        return t if t is not None and t.ready is not None else None
+
+    t = kube_emulator.wait_for(ready, timeout=60, message="the pod to be ready")
+    init, main = t.runs
+    assert (init["container"], init["init"], main["container"], main["init"]) == ("prepare", True, "main", False)
+    assert t.created <= init["started"] <= init["exited"] <= main["spawned"] <= main["started"]
+    emulator_s, program_s = t.create_to_process()
+    assert program_s == init["exited"] - init["started"] >= 0.5  # the init container's sleep
+    assert emulator_s == pytest.approx(main["started"] - t.created - program_s)
+    assert t.running <= t.probe <= t.ready  # a readiness probe's round trip is the emulator's share
+    assert t.running_to_ready() == t.ready - t.probe
+    assert t.line() == (f"kubeemu_pod_start timed create_to_process_s={emulator_s:.3f} "
+                        f"init_program_s={program_s:.3f} running_to_ready_s={t.ready - t.probe:.3f}")
+
+
 def test_downward_api_volume_follows_annotation_changes(kube_emulator, core, kube_namespace):
     ns = kube_namespace
     core.create_namespaced_pod(ns, pod(

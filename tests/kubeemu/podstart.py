@@ -1,0 +1,107 @@
+"""The emulator's own share of a pod's start, from the kubelet's timeline of each pod.
+
+Every moment is CLOCK_BOOTTIME seconds (the clock of ``/proc/<pid>/stat`` start times):
+
+- ``created``: the API server stored the pod (its ADDED event);
+- per container the kubelet ran, init containers first: ``started``, the moment its pid 1
+  executed the container's program (the runtime sees its exec), and ``exited``, the moment
+  that process ended (the runtime reaped it);
+- ``running``: the kubelet wrote the pod Running; ``probe``: the start of the first readiness
+  probe that succeeded; ``ready``: the kubelet wrote the Ready condition True.
+
+What counts as the emulator's (API server, scheduler, kubelet, runtime) and what is the
+programs' own:
+
+- create -> process: from ``created`` to the first container's ``started``, plus, for each
+  container after it, from the previous one's ``exited`` to its ``started``. What an init
+  container's program does between its ``started`` and ``exited`` is that program's time
+  (``init_program_s``), not the emulator's.
+- running -> ready: without a readiness probe, ``ready - running`` (the same status write:
+  0). With one, ``ready - probe``: the successful probe's own round trip and the status write.
+  Until that probe, the pod waits for its program to answer, probing every
+  ``periodSeconds`` as the kubelet does: the program's time and the pod's probe settings.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+def now() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+@dataclass
+class Timeline:
+    """One pod's start as the kubelet saw it (module docstring)."""
+
+    namespace: str
+    name: str
+    created: float
+    runs: list[dict] = field(default_factory=list)  # {"container", "init", "started", "exited"}
+    running: float | None = None
+    probe: float | None = None
+    ready: float | None = None
+    steps: dict[str, float] = field(default_factory=dict)  # "kubelet", "volumes": the kubelet's steps
+
+    def started(self, container: str, init: bool, spawned: float, started: float | None) -> None:
+        """The runtime of ``container`` was asked for at ``spawned``; its program ran at ``started``
+        (kept until the pod's first container has started once)."""
+        if not any(not run["init"] for run in self.runs):
+            self.runs.append({"container": container, "init": init, "spawned": spawned,
+                              "started": started or now(), "exited": None})
+
+    def ended(self, container: str, exited: float | None) -> None:
+        """``container``'s program ended at ``exited``."""
+        for run in reversed(self.runs):
+            if run["container"] == container and run["exited"] is None:
+                run["exited"] = exited or now()
+                break
+
+    def _until_main(self) -> list[dict]:
+        out = []
+        for run in self.runs:
+            out.append(run)
+            if not run["init"]:
+                break
+        return out
+
+    def create_to_process(self) -> tuple[float, float] | None:
+        """(the emulator's seconds, the init containers' programs' seconds) from the pod's
+        creation to its (first) container's process; None before that process started."""
+        runs = self._until_main()
+        if not runs or runs[-1]["init"] or runs[-1]["started"] is None:
+            return None
+        emulator = program = 0.0
+        previous_end = self.created
+        for run in runs:
+            if run["started"] is None or (run["init"] and run["exited"] is None):
+                return None
+            emulator += run["started"] - previous_end
+            if run["init"]:
+                program += run["exited"] - run["started"]
+                previous_end = run["exited"]
+        return emulator, program
+
+    def running_to_ready(self) -> float | None:
+        """The emulator's seconds from Running to Ready (module docstring), or None."""
+        if self.running is None or self.ready is None:
+            return None
+        return self.ready - (self.probe if self.probe is not None else self.running)
+
+    def line(self) -> str | None:
+        """``kubeemu_pod_start NAME create_to_process_s=E init_program_s=P
+        running_to_ready_s=R`` (R: '-' before Ready), or None before the process started."""
+        parts = self.create_to_process()
+        if parts is None:
+            return None
+        ready = self.running_to_ready()
+        return (f"kubeemu_pod_start {self.name} create_to_process_s={parts[0]:.3f} "
+                f"init_program_s={parts[1]:.3f} "
+                f"running_to_ready_s={'-' if ready is None else f'{ready:.3f}'}")
+
+
+def report(timelines: list[Timeline]) -> list[str]:
+    """:meth:`Timeline.line` of each pod whose process started, by pod name."""
+    return [line for t in sorted(timelines, key=lambda t: (t.namespace, t.name)) if (line := t.line())]
