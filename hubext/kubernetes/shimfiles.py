@@ -4,7 +4,9 @@ From the node agent's host directory (the PersistentVolumeClaim ``host_claim``, 
 binds to a hostPath PersistentVolume of that one directory):
 
 - ``lib/`` (libvgpu.so and its helpers) is mounted read-only at :data:`SHIM_LIB_DIR`;
-- ``regions/`` (the node regions, one per card) at ``REGION_DIR/node``.
+- ``regions/`` (the node regions, one per card) read-only at ``REGION_DIR/node``: the pod reads
+  the other pods' entries there, and the node agent writes its own from its container region
+  (:mod:`libvgpu.agent.relay`), so no pod writes a file another pod reads.
 
 The pod's own files live in a pod-private ``emptyDir`` (``elastic-gpu-region``, in memory), which
 the init container ``elastic-gpu-region`` fills before the pod's containers start. It runs as
@@ -140,6 +142,7 @@ def add_shim_files(pod: k8s.V1Pod, host_claim: str, limits_annotation: str) -> N
         k8s.V1VolumeMount(name="elastic-gpu-host", mount_path=SHIM_LIB_DIR, sub_path="lib", read_only=True),
         k8s.V1VolumeMount(name=POD_VOLUME, mount_path="/etc/ld.so.preload", sub_path="etc/ld.so.preload",
                           read_only=True),
-        k8s.V1VolumeMount(name="elastic-gpu-host", mount_path=f"{REGION_DIR}/node", sub_path="regions"),
+        k8s.V1VolumeMount(name="elastic-gpu-host", mount_path=f"{REGION_DIR}/node", sub_path="regions",
+                          read_only=True),
         k8s.V1VolumeMount(name=POD_VOLUME, mount_path=REGION_DIR, sub_path="region"),
     ]

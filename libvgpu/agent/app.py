@@ -43,6 +43,7 @@ from .metrics import AgentMetrics, Snapshot
 from .nvml import NVML, GPUInfo, GPUProcess, NVMLUnavailable, XidWatcher
 from .pods import PodInfo, pod_info, process_cgroup, process_name
 from .reclaims import ReclaimPublisher
+from .relay import Relay
 from .uninstall import withdraw
 from .usage import RegionMatch, allocation_usage, match_regions
 
@@ -191,6 +192,16 @@ class NodeAgent(Application):
         fatal Xid, before the agent puts it back in service itself; only a card the agent saw lost
         (NVML answering nothing for it, as after Xid 79 until a reset) comes back so, probed every
         inventory_interval_seconds. 0: only an admin clears cards. Default: 600.""",
+    )
+    relay_interval_seconds = Float(
+        0.05,
+        min=0.0,
+        config=True,
+        help="""Seconds between two copies of the GPU pods' entries into the node regions (native
+        backend): pods mount the node regions read-only, and each container's priority, memory
+        in use, last launch and burst waits reach the other pods on its cards this much later at
+        most (libvgpu.agent.relay). 0: not relayed (pods that can write the node regions write
+        their own entries). Default: 0.05.""",
     )
     pod_refresh_seconds = Float(
         30.0,
@@ -347,6 +358,10 @@ class NodeAgent(Application):
                 self._every(self.inventory_interval_seconds, self._publish_health, "card health", self._health_wake)
             ),
         ]
+        if self.backend == "native" and self.relay_interval_seconds > 0:
+            relay = Relay(Path(self.host_lib_dir) / "regions", self.proc_root)
+            cards = [g.uuid for g in self.gpus if not g.mig_enabled]
+            tasks.append(asyncio.ensure_future(relay.run(lambda: cards, self.relay_interval_seconds, self.log)))
         if self.checkpoint is not None:
             self._swap_wake = asyncio.Event()
             tasks.append(asyncio.ensure_future(self._swap_loop()))

@@ -52,8 +52,8 @@ static uint64_t others_need(struct vgpu_node_attach *na, uint64_t total, int *pe
     *pending = 0;
     for (int i = 0; i < VGPU_NODE_ENTRIES; i++) {
         struct vgpu_node_entry *e = &n->entries[i];
-        if (i == na->entry || !atomic_load_explicit(&e->container_id, memory_order_relaxed))
-            continue;
+        uint64_t id = atomic_load_explicit(&e->container_id, memory_order_relaxed);
+        if (!id || vgpu_node_own(na, i, id)) continue;
         if (!vgpu_entry_alive(na, i, now)) continue;
         uint64_t req = e->memory_limit, used = atomic_load(&e->memory_used);
         if (req == VGPU_UNLIMITED) req = total; /* no memory limit: it may take the card */
@@ -85,8 +85,8 @@ static int someone_bursts(struct vgpu_node_attach *na) {
     uint64_t now = vgpu_coarse_real_ns();
     for (int i = 0; i < VGPU_NODE_ENTRIES; i++) {
         struct vgpu_node_entry *e = &n->entries[i];
-        if (i == na->entry || !atomic_load_explicit(&e->container_id, memory_order_relaxed))
-            continue;
+        uint64_t id = atomic_load_explicit(&e->container_id, memory_order_relaxed);
+        if (!id || vgpu_node_own(na, i, id)) continue;
         if (e->memory_limit != VGPU_UNLIMITED && atomic_load(&e->memory_used) > e->memory_limit &&
             vgpu_entry_alive(na, i, now))
             return 1;
@@ -109,7 +109,7 @@ int vgpu_reclaim_retry(struct vgpu_reclaim *w, int dev, uint64_t bytes, CUresult
                 if (mib > 0xffffffffull) mib = 0xffffffffull;
                 if (!mib) mib = 1;
                 uint64_t word = (vgpu_real_ns() / 1000000000ull) << 32 | mib;
-                atomic_store(&na->region->entries[na->entry].reclaim, word);
+                atomic_store(na->reclaim, word);
                 vgpu_log("GPU %d: %llu MiB within this slice's request are held by other slices' "
                          "bursts; waiting up to %u ms for them to be given back", dev,
                          (unsigned long long)mib, vgpu.cfg.reclaim_wait_ms);
@@ -121,7 +121,7 @@ int vgpu_reclaim_retry(struct vgpu_reclaim *w, int dev, uint64_t bytes, CUresult
         }
     }
     if (!again && w->since_ns && na) {
-        atomic_store(&na->region->entries[na->entry].reclaim, 0);
+        atomic_store(na->reclaim, 0);
         if (rc == CUDA_ERROR_OUT_OF_MEMORY)
             vgpu_log("GPU %d: the bursts were not given back within %u ms; the allocation fails",
                      dev, vgpu.cfg.reclaim_wait_ms);
@@ -148,8 +148,8 @@ uint32_t vgpu_compute_share(int dev) {
         uint64_t busy_req = req; /* the busy containers' requests, this one's included */
         for (int i = 0; i < VGPU_NODE_ENTRIES; i++) {
             struct vgpu_node_entry *e = &n->entries[i];
-            if (i == na->entry || !atomic_load_explicit(&e->container_id, memory_order_relaxed))
-                continue;
+            uint64_t id = atomic_load_explicit(&e->container_id, memory_order_relaxed);
+            if (!id || vgpu_node_own(na, i, id)) continue;
             uint64_t t = atomic_load_explicit(&e->last_launch_ns, memory_order_relaxed);
             if (!t || t + BUSY_WINDOW_NS <= now || atomic_load(&e->held_since_ns)) continue;
             if (!vgpu_entry_alive(na, i, now)) continue;
@@ -170,8 +170,7 @@ void vgpu_compute_will_launch(int dev, uint64_t wait_ns) {
     struct vgpu_node_attach *na = vgpu_node_get(dev);
     if (!na) return;
     if (wait_ns > 900000000ull) wait_ns = 900000000ull; /* within the priority's clock slack */
-    atomic_store_explicit(&na->region->entries[na->entry].last_launch_ns,
-                          vgpu_coarse_real_ns() + wait_ns, memory_order_relaxed);
+    atomic_store_explicit(na->last_launch, vgpu_coarse_real_ns() + wait_ns, memory_order_relaxed);
 }
 
 /* The limiter's sampler read that the container ran busy_ns of GPU time in a window of

@@ -9,8 +9,8 @@
  * higher-priority launch is a window old, in steps of at most HOLD_STEP_NS, and shows
  * held_since_ns != 0 in its entry meanwhile.
  *
- * The node region is writable by every container, so the priority an entry shows is only a
- * claim: where the hub or the node agent wrote a priority table (<node_region_dir>/priorities,
+ * Each container states its own priority in its entry (written by itself, or relayed by the node
+ * agent from its container region), so the priority an entry shows is only a claim: where the hub or the node agent wrote a priority table (<node_region_dir>/priorities,
  * "<name> <priority> [<GPU uuid>,...]" lines, owned by the directory's owner and writable by
  * nobody else), an entry holds others only if the table gives its name that same priority and,
  * where the line lists cards, the allocation holds this card. A table that is
@@ -158,8 +158,8 @@ static uint64_t busy_until(struct vgpu_node_attach *na, int32_t prio, uint64_t n
     uint64_t until = 0;
     for (int i = 0; i < VGPU_NODE_ENTRIES; i++) {
         struct vgpu_node_entry *e = &n->entries[i];
-        if (i == na->entry || !atomic_load_explicit(&e->container_id, memory_order_relaxed))
-            continue;
+        uint64_t id = atomic_load_explicit(&e->container_id, memory_order_relaxed);
+        if (!id || vgpu_node_own(na, i, id)) continue;
         if (e->priority <= prio) continue;
         uint64_t t = atomic_load_explicit(&e->last_launch_ns, memory_order_relaxed);
         if (!t || t > now + CLOCK_SLACK_NS || t + window <= now || t + window <= until) continue;
@@ -172,8 +172,6 @@ static uint64_t busy_until(struct vgpu_node_attach *na, int32_t prio, uint64_t n
 void vgpu_priority_gate(int dev) {
     struct vgpu_node_attach *na = vgpu_node_get(dev);
     if (!na) return;
-    struct vgpu_node_region *n = na->region;
-    struct vgpu_node_entry *me = &n->entries[na->entry];
     uint64_t now = vgpu_coarse_real_ns();
     if (now >= atomic_load_explicit(&na->next_check_ns, memory_order_relaxed)) {
         uint64_t window = (uint64_t)vgpu.cfg.priority_window_ms * 1000000ull;
@@ -183,20 +181,20 @@ void vgpu_priority_gate(int dev) {
             uint64_t until = busy_until(na, vgpu.cfg.priority, t, window);
             if (!until) break;
             if (!held) {
-                atomic_store(&me->held_since_ns, t);
+                atomic_store(na->held_since, t);
                 held = 1;
             }
             uint64_t wait = until - t;
             vgpu_sleep_ns(wait < HOLD_STEP_NS ? wait : HOLD_STEP_NS);
         }
         if (held) {
-            atomic_store(&me->held_since_ns, 0);
+            atomic_store(na->held_since, 0);
             now = vgpu_coarse_real_ns();
         }
         atomic_store_explicit(&na->next_check_ns, now + CHECK_EVERY_NS, memory_order_relaxed);
     }
     if (now - atomic_load_explicit(&na->stamped_ns, memory_order_relaxed) >= STAMP_EVERY_NS) {
         atomic_store_explicit(&na->stamped_ns, now, memory_order_relaxed);
-        atomic_store_explicit(&me->last_launch_ns, now, memory_order_relaxed);
+        atomic_store_explicit(na->last_launch, now, memory_order_relaxed);
     }
 }

@@ -5,7 +5,8 @@
  *    memory in use per GPU and the last launch time, the container's totals, the compute
  *    limiter's shared state;
  *  - node region (one per GPU, <node_region_dir>/<GPU uuid>.region): one entry per container
- *    on that GPU with its priority, last launch and memory in use;
+ *    on that GPU with its priority, last launch and memory in use; where the container may only
+ *    read it (Kubernetes), the node agent writes the entry from the container region's card[];
  *  - activity file (optional, cfg.activity_file): a container-wide summary for the culler.
  *
  * Files are fixed-size and versioned. A new file is initialised under a temporary name and
@@ -645,6 +646,37 @@ static int claim_entry(struct vgpu_node_region *n, int fd, int dev) {
     return found;
 }
 
+/* A card's node region the container may only read (Kubernetes: a read-only mount; the node
+ * agent writes the entries from each container region's card[]). 0 ok, -1 errno, -2 why. */
+static int map_node_readonly(const char *path, void **out, int *out_fd, const char **why) {
+    size_t size = sizeof(struct vgpu_node_region);
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) return errno == ELOOP ? (*why = "a symbolic link, not a region file", -2) : -1;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (size_t)st.st_size == size)
+        m = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+    if (m != MAP_FAILED && valid_head(m, size, VGPU_KIND_NODE)) {
+        *out = m;
+        *out_fd = fd;
+        return 0;
+    }
+    if (m != MAP_FAILED) munmap(m, size);
+    close(fd);
+    *why = "not a node region of this libvgpu version";
+    return -2;
+}
+
+/* Where the entry fields this container updates go: its own node entry, or (relay) its
+ * container region's card record, which the node agent copies into the node region. */
+static void node_fields(struct vgpu_node_attach *na, int dev) {
+    struct vgpu_card *c = &vgpu.reg->card[dev];
+    struct vgpu_node_entry *e = na->relay ? NULL : &na->region->entries[na->entry];
+    na->last_launch = e ? &e->last_launch_ns : &c->last_launch_ns;
+    na->held_since = e ? &e->held_since_ns : &c->held_since_ns;
+    na->reclaim = e ? &e->reclaim : &c->reclaim;
+}
+
 struct vgpu_node_attach *vgpu_node_get(int dev) {
     if (dev < 0 || dev >= VGPU_MAX_DEV || !vgpu.reg) return NULL;
     struct vgpu_node_attach *na = &vgpu.node[dev];
@@ -667,7 +699,18 @@ struct vgpu_node_attach *vgpu_node_get(int dev) {
         const char *why;
         rc = map_region(node_path[dev], sizeof(struct vgpu_node_region), VGPU_KIND_NODE,
                         init_node, uuid, &m, &fd, &why);
-        if (rc == 0) {
+        if (rc == -1 && (errno == EROFS || errno == EACCES)) {
+            rc = map_node_readonly(node_path[dev], &m, &fd, &why);
+            if (rc == 0) {
+                na->region = m;
+                na->fd = fd;
+                na->entry = -1;
+                na->relay = 1;
+                node_fields(na, dev);
+                memcpy(vgpu.reg->name, vgpu.cfg.name, sizeof(vgpu.reg->name));
+                snprintf(vgpu.reg->card[dev].uuid, sizeof(vgpu.reg->card[dev].uuid), "%.47s", uuid);
+            }
+        } else if (rc == 0) {
             struct vgpu_node_region *n = m;
             int locked = robust_lock(&n->lock.m) >= 0;
             int entry = claim_entry(n, fd, dev);
@@ -676,17 +719,18 @@ struct vgpu_node_attach *vgpu_node_get(int dev) {
                 na->region = n;
                 na->fd = fd;
                 na->entry = entry;
+                node_fields(na, dev);
             } else {
                 vgpu_log("node region %s has no free entry; priority is not applied on GPU %d",
                          node_path[dev], dev);
                 munmap(m, sizeof(struct vgpu_node_region));
                 close(fd);
-                rc = -1;
+                rc = -3;
             }
-        } else {
+        }
+        if (rc != 0 && rc != -3)
             vgpu_log("cannot use the node region %s (%s); priority is not applied on GPU %d",
                      node_path[dev], rc == -2 ? why : strerror(errno), dev);
-        }
     }
     atomic_store_explicit(&na->state, rc == 0 ? 1 : -1, memory_order_release);
     pthread_mutex_unlock(&vgpu.slow_lock);
@@ -705,7 +749,7 @@ VGPU_HOT void vgpu_publish_usage(int dev, uint64_t now) {
     }
     if (vgpu.features & VGPU_F_PRIORITY) {
         struct vgpu_node_attach *na = vgpu_node_get(dev);
-        if (na)
+        if (na && !na->relay) /* relay: the agent reads used[] itself */
             atomic_store_explicit(&na->region->entries[na->entry].memory_used, used,
                                   memory_order_relaxed);
     }
@@ -713,8 +757,8 @@ VGPU_HOT void vgpu_publish_usage(int dev, uint64_t now) {
 
 /* ---- fork ------------------------------------------------------------------------------- */
 
-static int reopen(const char *path, int oldfd) {
-    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+static int reopen(const char *path, int oldfd, int mode) {
+    int fd = open(path, mode | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     close(oldfd); /* drops our reference only; the parent's locks stay with the parent */
     return fd;
 }
@@ -730,13 +774,13 @@ void vgpu_region_after_fork_child(void) {
         for (int d = 0; d < VGPU_MAX_DEV; d++) atomic_store(&r->used[d], 0);
         atomic_store(&r->hwm, 0);
     } else if (vgpu.reg_fd >= 0) {
-        vgpu.reg_fd = reopen(region_path, vgpu.reg_fd);
+        vgpu.reg_fd = reopen(region_path, vgpu.reg_fd, O_RDWR);
     }
     for (int d = 0; d < VGPU_MAX_DEV; d++) {
         struct vgpu_node_attach *na = &vgpu.node[d];
         if (atomic_load(&na->state) != 1) continue;
-        na->fd = reopen(node_path[d], na->fd);
-        if (na->fd < 0 || ofd_lock(na->fd, VGPU_LOCK_BASE + na->entry, F_RDLCK) != 0)
+        na->fd = reopen(node_path[d], na->fd, na->relay ? O_RDONLY : O_RDWR);
+        if (na->fd < 0 || (!na->relay && ofd_lock(na->fd, VGPU_LOCK_BASE + na->entry, F_RDLCK) != 0))
             atomic_store(&na->state, -1);
         na->next_check_ns = 0;
         na->stamped_ns = 0;

@@ -90,6 +90,16 @@ struct vgpu_slot {
     _Atomic uint64_t overhead[VGPU_MAX_DEV]; /* the part of used[] that is context/module memory */
 };
 
+/* What the container writes of its entry in one card's node region (80 bytes): the card's
+ * uuid ("" while the container has not used it) and the entry's fields the shim updates. */
+struct vgpu_card {
+    char uuid[48];
+    _Atomic uint64_t last_launch_ns;  /* as vgpu_node_entry's */
+    _Atomic uint64_t held_since_ns;
+    _Atomic uint64_t reclaim;
+    uint64_t pad;
+};
+
 struct vgpu_container_region {
     char magic[8];            /* "LIBVGPU\0" */
     uint32_t version;
@@ -112,7 +122,12 @@ struct vgpu_container_region {
     uint64_t limit[VGPU_MAX_DEV];            /* offset 320: informational, never read as a limit */
     uint32_t cores_percent[VGPU_MAX_DEV];    /* offset 448: informational, 0 = unlimited */
     struct vgpu_compute compute[VGPU_MAX_DEV]; /* offset 512 */
-    char reserved[4096 - 2560];
+    /* Its node-region entries, for the node agent to relay where the node regions are read-only
+     * to the container (Kubernetes): the agent copies them, with used[], limit[],
+     * cores_percent[] and priority above, into each card's node region (region.c). */
+    char name[64];                           /* offset 2560: the limits file's name= */
+    struct vgpu_card card[VGPU_MAX_DEV];     /* offset 2624 */
+    char reserved[4096 - 2624 - VGPU_MAX_DEV * 80];
     struct vgpu_slot slots[VGPU_MAX_PROCS];  /* offset 4096 */
 };
 
@@ -240,7 +255,14 @@ struct vgpu_node_attach {
     _Atomic int state;               /* 0 not tried, 1 attached, -1 failed */
     _Atomic uint64_t next_check_ns;  /* priority: next time the entries are scanned */
     _Atomic uint64_t stamped_ns;     /* last last_launch_ns written */
+    /* relay: the node region is read-only to this container (the node agent writes its
+     * entry from the container region's card[]; entry is -1); else the shim's own entry */
+    int relay;
+    _Atomic uint64_t *last_launch;   /* where this container's entry fields are written */
+    _Atomic uint64_t *held_since;
+    _Atomic uint64_t *reclaim;
 };
+
 
 struct vgpu_proc {
     _Atomic int state;               /* enum vgpu_state */
@@ -264,6 +286,11 @@ struct vgpu_proc {
 };
 
 extern struct vgpu_proc vgpu;
+
+/* Whether entry i (container id id) of na's node region is this container's own. */
+static inline int vgpu_node_own(const struct vgpu_node_attach *na, int i, uint64_t id) {
+    return i == na->entry || (na->relay && id == vgpu.reg->container_id);
+}
 
 /* hooks.c */
 int vgpu_ensure_state(void);        /* config + region map; returns enum vgpu_state */

@@ -2,9 +2,9 @@
 PersistentVolume and the claim) and the pods the spawner and the launcher write (a notebook pod
 and a kernel pod, each with its init container): no file of the agent's directory is mounted by
 subPath (for a file missing at the pod's start the kubelet makes a directory, which ld.so ignores
-and the agent cannot replace), and what two users' pods may both write is only the node regions'
-directory (``regions/``, the agent's own since the agent makes each card's region; the emulator
-tests in tests/kubeemu/test_gpu_pod_mounts.py attack it)."""
+and the agent cannot replace), and no GPU pod writes any of it: what two users' pods share they
+only read (the node regions in ``regions/`` are written by the node agent's relay; the emulator
+tests in tests/kubeemu/test_gpu_pod_mounts.py attack them)."""
 
 from __future__ import annotations
 
@@ -74,12 +74,16 @@ def test_no_file_of_the_agents_directory_is_mounted_by_subpath(host_volumes, no_
         subpaths = {sub for _path, sub, _w in mounts}
         # lib/ and regions/ are directories the agent makes; the whole directory is read-only
         assert subpaths <= {"lib", "regions", ""}, subpaths
-        assert all(not w for path, sub, w in mounts if sub != "regions"), mounts
         assert all(path.startswith(agent_dir) for path, _s, _w in mounts)
 
 
-def test_the_only_host_directory_two_gpu_pods_both_write_is_the_node_regions(host_volumes, no_allocator):  # noqa: F811
+def test_no_gpu_pod_writes_the_agents_host_directory(host_volumes, no_allocator):  # noqa: F811
+    """What two users' GPU pods both mount of the host (the node regions: every pod's entry on a
+    card) neither may write: a pod that can would rewrite the other pods' entries."""
     [claim] = host_volumes
     notebook, kernel = gpu_pods(claim)
-    written = [{path for path, _s, w in host_mounts(pod, host_volumes) if w} for pod in (notebook, kernel)]
-    assert written[0] & written[1] == {os.path.join(host_volumes[claim], "regions")}
+    paths = [{p for p, _s, _w in host_mounts(pod, host_volumes)} for pod in (notebook, kernel)]
+    shared = paths[0] & paths[1]
+    assert os.path.join(host_volumes[claim], "regions") in shared
+    written = {(path, sub) for pod in (notebook, kernel) for path, sub, w in host_mounts(pod, host_volumes) if w}
+    assert not written, f"GPU pods write these of the node agent's host directory: {written}"

@@ -159,7 +159,7 @@ def test_native_gpu_notebook_pod_passes_pod_security_baseline():
     [init] = pod["spec"]["initContainers"]
     assert violations({"spec": {"containers": [init]}}, "restricted") == []
     assert mounts["/usr/local/lib/elastic-gpu"]["subPath"] == "lib" and mounts["/usr/local/lib/elastic-gpu"]["readOnly"]
-    assert mounts["/var/run/libvgpu/node"]["subPath"] == "regions"
+    assert mounts["/var/run/libvgpu/node"]["subPath"] == "regions" and mounts["/var/run/libvgpu/node"]["readOnly"]
 
 
 def test_pod_security_check_refuses_what_baseline_forbids():

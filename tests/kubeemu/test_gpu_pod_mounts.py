@@ -1,17 +1,24 @@
 """What a 'native' GPU pod can reach of its slice's files, run as real containers of the emulator
 as the user of a Jupyter image (uid 1000, as z2jh's pods run): the pod's container region must be
 one it can write (the shim's counters) but never unlink, rename or replace (a region of its own
-would be a fresh limit), and a pod that lands on the node before the node agent installed the shim
-must wait for it rather than run without it."""
+would be a fresh limit), the node regions (every pod's entry on a card) only ones it reads (the
+node agent's relay writes them), and a pod that lands on the node before the node agent
+installed the shim must wait for it rather than run without it."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from libvgpu.agent.install import install_shim
+from libvgpu.agent.relay import Relay
 from libvgpu.regions import read_node_region
 from tests.kubeemu import KubeEmulator, NodeSpec
 from tests.kubeemu.helpers import create_host_claim
@@ -95,6 +102,38 @@ def user_pod(node: Node, name: str, script: str, memory_mib: int = 1024, user: s
     return pod
 
 
+@contextlib.contextmanager
+def relaying(node: Node) -> Iterator[None]:
+    """The node agent's relay (libvgpu.agent.relay, as the agent runs it) of the node's GPU pods'
+    entries into the card's node region, in a thread; pods reach it through ``cgroup_of``."""
+    stop = threading.Event()
+    relay = Relay(node.host_dir / "regions", node.proc_root)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(relay.run(lambda: [GPU0], 0.05, logging.getLogger("relay"), 0.2))
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+def cgroup_of(node: Node, name: str) -> int:
+    """The pod's process, shown to the relay with a kubelet's cgroup (these machines cannot
+    make one) and its root."""
+    pid = wait_for(lambda: node.emu.pod_pid(name, NS), 30, f"the process of {name}")
+    node.write_cgroup(pid, node.emu.get("pods", name, NS)["metadata"]["uid"], "sh")
+    return pid
+
+
 def run_to_end(node: Node, pod: dict, timeout: float = 90) -> str:
     name = pod["metadata"]["name"]
     node.emu.create(pod, "pods", NS)
@@ -153,6 +192,25 @@ def test_a_pod_that_lands_before_the_agent_installed_the_shim_waits_for_it(bare_
     assert "alloc rc=2" in out, out
 
 
+def start_bob(node: Node) -> tuple[Path, Callable[[], list | None], int]:
+    """Bob's pod holding 300 MiB of the card until the returned file exists; a function giving
+    his entries in the card's node region (None: no region) and his pod's process."""
+    release = node.root / "bob.done"
+    bob = user_pod(node, "bob", f'"$P" init ctx alloc:300M waitfile:{release}', user="bob")
+    node.emu.create(bob, "pods", NS)
+    region = node.host_dir / "regions" / f"{GPU0}.region"
+
+    def bobs_entry() -> list | None:
+        try:
+            gpu = read_node_region(region)
+        except (OSError, ValueError):
+            return None
+        return [c for c in gpu.containers if c.memory_used_bytes >= 300 << 20 and c.name == "alloc-bob"]
+
+    node.proc_root.mkdir(exist_ok=True)
+    return release, bobs_entry, cgroup_of(node, "bob")
+
+
 NODE_TAMPER = r"""
 G=/var/run/libvgpu/node/$GPU.region
 for attack in "rm -f $G" "mv $G $G.old" "cp $G /tmp/g && mv -f /tmp/g $G" "ln -s /dev/null $G.new"; do
@@ -167,19 +225,9 @@ def test_a_gpu_pod_cannot_remove_or_replace_the_node_region_another_pod_uses(ins
     server (1000), removes or replaces the file: bob's usage would vanish from what the node
     agent and the other pods read, and the next pods would start a node region of their own."""
     node = installed_node
-    release = node.root / "bob.done"
-    bob = user_pod(node, "bob", f'"$P" init ctx alloc:300M waitfile:{release}', user="bob")
-    node.emu.create(bob, "pods", NS)
-    region = node.host_dir / "regions" / f"{GPU0}.region"
-
-    def bobs_entry():
-        try:
-            gpu = read_node_region(region)
-        except (OSError, ValueError):
-            return None
-        return [c for c in gpu.containers if c.memory_used_bytes >= 300 << 20]
-
-    try:
+    release, bobs_entry, _pid = start_bob(node)
+    with relaying(node), contextlib.ExitStack() as done:
+        done.callback(release.touch)
         wait_for(bobs_entry, 60, "bob's 300 MiB in the card's node region")
         alice = user_pod(node, "alice", NODE_TAMPER)
         alice["spec"]["containers"][0]["env"].append({"name": "GPU", "value": GPU0})
@@ -187,7 +235,54 @@ def test_a_gpu_pod_cannot_remove_or_replace_the_node_region_another_pod_uses(ins
         assert "tamper refused" in out, out
         assert "tamper done" not in out, out  # the node-region directory is the agent's
         assert bobs_entry(), "bob's entry is gone from the card's node region"
-    finally:
-        release.touch()
+    done = node.emu.wait_for_pod_phase("bob", ("Succeeded", "Failed"), NS, timeout=60)
+    assert done["status"]["phase"] == "Succeeded", node.emu.pod_log("bob", NS)
+
+
+NODE_OVERWRITE = r"""
+G=/var/run/libvgpu/node/$GPU.region
+# every entry of the card (bob's memory in use, last launch, burst wait) zeroed in place
+if dd if=/dev/zero of=$G bs=256 seek=1 count=32 conv=notrunc 2>/tmp/dd.err; then
+    echo "overwrite done"
+else
+    echo "overwrite refused: $(cat /tmp/dd.err)"
+fi
+"""
+
+
+def host_mounts_writable(pid: int, host_dir: Path) -> dict[str, bool]:
+    """Mount point -> writable, of every mount of the agent's host directory in the process's
+    mount namespace (/proc/<pid>/mountinfo: the mount's root in its filesystem, its options)."""
+    out = {}
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields = line.split()
+        root, point, options = fields[3], fields[4], fields[5].split(",")
+        if root == str(host_dir) or root.startswith(f"{host_dir}/"):
+            out[point] = "rw" in options
+    return out
+
+
+def test_a_gpu_pod_cannot_overwrite_the_entries_of_the_other_pods_on_its_card(installed_node):
+    """Bob's pod holds 300 MiB of the card; alice's pod (uid 1000, as every z2jh server) zeroes
+    the card's node region in place, which every GPU pod on the card mounts: bob's memory in use
+    would read 0 to the other pods' shims (a burst into his request), to the agent and to the
+    culler. The pods mount the node regions read-only (no mount of the agent's directory is
+    writable in a running GPU pod), and bob's entry, which the agent relays from his own
+    container region, stays true."""
+    node = installed_node
+    release, bobs_entry, bobs_pid = start_bob(node)
+    region = node.host_dir / "regions" / f"{GPU0}.region"
+    with relaying(node), contextlib.ExitStack() as done:
+        done.callback(release.touch)
+        wait_for(bobs_entry, 60, "bob's 300 MiB in the card's node region")
+        mounts = host_mounts_writable(bobs_pid, node.host_dir)
+        assert mounts, "bob's pod mounts nothing of the agent's directory"
+        assert not any(mounts.values()), f"writable mounts of the agent's directory in a GPU pod: {mounts}"
+        alice = user_pod(node, "alice", NODE_OVERWRITE)
+        alice["spec"]["containers"][0]["env"].append({"name": "GPU", "value": GPU0})
+        out = run_to_end(node, alice)
+        assert "overwrite refused" in out and "Read-only file system" in out, out
+        [entry] = bobs_entry() or [None]
+        assert entry is not None and entry.alive, f"bob's entry is not what his pod holds: {read_node_region(region)}"
     done = node.emu.wait_for_pod_phase("bob", ("Succeeded", "Failed"), NS, timeout=60)
     assert done["status"]["phase"] == "Succeeded", node.emu.pod_log("bob", NS)

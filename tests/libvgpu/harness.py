@@ -216,12 +216,17 @@ class Container:
         return env
 
     def _command(self, program: Path, steps: tuple[str, ...], pidns: bool,
-                 env: dict[str, str]) -> list[str]:
+                 env: dict[str, str], read_only_node: bool = False) -> list[str]:
         """The program's command line; with ``pidns`` it runs in a new pid namespace with its
         own /proc (``unshare -p -f --mount-proc``), as in a pod: getpid() is not the host pid.
         The host's /proc is bind-mounted first (private mount namespace) at a path only the
         double is told about (CUDA_DOUBLE_HOST_PROC), so the driver double, like the kernel
         driver, knows processes by their host pid."""
+        if read_only_node:  # the node regions read-only, as a GPU pod mounts them
+            assert not pidns
+            ro = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+            return ["unshare", "-m", "--propagation", "private", "sh", "-c", ro, str(self.node.node_dir),
+                    str(program), *steps]
         if not pidns:
             return [str(program), *steps]
         host_proc = self.node.root / "hostproc"
@@ -234,19 +239,20 @@ class Container:
 
     def run(self, *steps: str, mode: str = "link", shim: bool = True, timeout: float = 60,
             env: dict[str, str] | None = None, program: Path | None = None,
-            pidns: bool = False) -> Result:
+            pidns: bool = False, read_only_node: bool = False) -> Result:
         full = self.env(mode=mode, shim=shim, extra=env)
-        cmd = self._command(program or self.node.build.probe, steps, pidns, full)
+        cmd = self._command(program or self.node.build.probe, steps, pidns, full, read_only_node)
         proc = subprocess.run(cmd, env=full, capture_output=True, text=True, timeout=timeout)
         return Result.parse(proc.returncode, proc.stdout, proc.stderr)
 
     def start(self, *steps: str, mode: str = "link", env: dict[str, str] | None = None,
               wait_for: str | None = "waiting", stderr_line: str | None = None,
-              timeout: float = 30, pidns: bool = False) -> subprocess.Popen[str]:
+              timeout: float = 30, pidns: bool = False, read_only_node: bool = False) -> subprocess.Popen[str]:
         """Starts the probe in the background; waits until it prints ``wait_for`` on stdout (or
-        ``stderr_line`` on stderr). The node kills it at cleanup."""
+        ``stderr_line`` on stderr). The node kills it at cleanup. ``read_only_node``: in a mount
+        namespace of its own where the node regions are read-only (root only)."""
         full = self.env(mode=mode, extra=env)
-        proc = subprocess.Popen(self._command(self.node.build.probe, steps, pidns, full),
+        proc = subprocess.Popen(self._command(self.node.build.probe, steps, pidns, full, read_only_node),
                                 env=full, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
         self.node.processes.append(proc)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
+import threading
 import time
 
 import pytest
@@ -157,3 +158,55 @@ def test_a_priority_forged_in_the_node_region_does_not_hold_other_containers(mak
     hog.communicate(timeout=30)
     assert r.returncode == 0, r.stderr
     assert [g for g in gaps(r.stdout) if g[1] - g[0] > 300] == [], r.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a read-only bind mount of the node regions needs root")
+def test_priority_holds_through_the_agents_relay_where_the_node_regions_are_read_only(make_node):
+    """As in a GPU pod: the node regions are mounted read-only, so each container's shim writes
+    its entry's fields into its own container region and the node agent's relay
+    (libvgpu.agent.relay) copies them into the card's node region every 50 ms. The low one is
+    still held from (nearly) the high one's first launch to a window after its last."""
+    from libvgpu.agent.relay import Relay, open_in_root
+    from libvgpu.regions import prepare_container_region, prepare_node_regions
+
+    uuid = "GPU-d00b1e00-7369-6d2d-6770-750000000000"  # the double's card 0
+    node = make_node(CUDA_DOUBLE_QUEUE=2)
+    node.node_dir.mkdir(parents=True)
+    prepare_node_regions(node.node_dir, [uuid])  # as the node agent does at start
+    common = f"node_region_dir={node.node_dir}\npriority_window_ms={WINDOW_MS}"
+    low = node.container("low", f"priority=1\nname=low\n{common}")
+    high = node.container("high", f"priority=100\nname=high\n{common}")
+    relay = Relay(node.node_dir)
+    for c in (low, high):  # as the pods' init containers make them; the agent finds them in the pods
+        prepare_container_region(c.region, c.activity)
+        relay.pods[c.name] = open_in_root("/", str(c.region))
+    stop = threading.Event()
+
+    def relaying() -> None:
+        while not stop.wait(0.05):
+            relay.relay([uuid])
+
+    thread = threading.Thread(target=relaying, daemon=True)
+    thread.start()
+    try:
+        low_proc = low.start("init", "ctx", "ready", "timeline:3:1000", wait_for="ready", read_only_node=True)
+        time.sleep(1.0)
+        h = high.run("init", "ctx", "timeline:1:1000", "sleep:400", read_only_node=True)
+        out, err = low_proc.communicate(timeout=30)
+        gpu = read_node_regions(node.node_dir, include_dead=True)[uuid]
+    finally:
+        stop.set()
+        thread.join(10)
+        relay.close()
+    assert low_proc.returncode == 0, err
+    assert h.returncode == 0, h.stderr
+    assert "node region" not in err + h.stderr, err + h.stderr  # both read it
+    assert {c.name for c in gpu.containers} <= {"low", "high"}
+    high_start, high_end = field(h.stdout, "start_ms"), field(h.stdout, "end_ms")
+    held = [g for g in gaps(out) if g[1] - g[0] > 500]
+    assert len(held) == 1, out
+    begin, end = held[0]
+    # held from (nearly) the high one's first launch, to a window after its last: each a relay
+    # period (50 ms) later at most than where the shims write their entries themselves
+    assert begin <= high_start + 60 + 50, (begin, high_start)
+    assert high_end + WINDOW_MS - 60 <= end <= high_end + WINDOW_MS + 250 + 50, (end, high_end)

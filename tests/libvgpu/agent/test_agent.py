@@ -187,6 +187,8 @@ class Node:
             f"kubepods-burstable-pod{slice_uid}.slice/cri-containerd-{'ab' * 32}.scope\n"
         )
         (d / "comm").write_text(comm + "\n")
+        if not (d / "root").is_symlink():  # the pod's filesystem, where the agent's relay reads its region
+            (d / "root").symlink_to(f"/proc/{pid}/root")
 
 
 def start_agent(node: Node, config: str, *extra: str) -> None:

@@ -86,6 +86,9 @@ Backstop:
         n.emu.create(gpu_pod(n, "act-b", allocation("b-act", "bob", 1024), ["/bin/sh", "-c", script],
                              {"LD_PRELOAD": SHIM}), "pods", NS)
         n.emu.wait_for_pod_phase("act-b", "Running", NS, timeout=20)
+        # its shell's cgroup, through which the agent reads the pod's region (libvgpu.agent.relay)
+        pid = wait_for(lambda: n.emu.pod_pid("act-b", NS), 10, "the process of act-b")
+        n.write_cgroup(pid, n.emu.get("pods", "act-b", NS)["metadata"]["uid"], "sh")
         yield n
     finally:
         stop_agent(n)

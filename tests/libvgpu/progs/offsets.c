@@ -29,6 +29,13 @@ int main(void) {
     P("container.limit", C(limit));
     P("container.cores_percent", C(cores_percent));
     P("container.compute", C(compute));
+    P("container.name", C(name));
+    P("container.card", C(card));
+    P("card.uuid", offsetof(struct vgpu_card, uuid));
+    P("card.last_launch_ns", offsetof(struct vgpu_card, last_launch_ns));
+    P("card.held_since_ns", offsetof(struct vgpu_card, held_since_ns));
+    P("card.reclaim", offsetof(struct vgpu_card, reclaim));
+    P("card.size", sizeof(struct vgpu_card));
     P("container.size", sizeof(struct vgpu_container_region));
     P("compute.size", sizeof(struct vgpu_compute));
     P("compute.cost_ns", K(cost_ns));
