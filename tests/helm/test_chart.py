@@ -333,7 +333,7 @@ def test_node_agent_host_path_and_privileges(default):
     assert host == [{"name": "host-lib", "hostPath": {"path": "/var/lib/elastic-gpu", "type": "DirectoryOrCreate"}}]
     sc = c["securityContext"]
     assert sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["KILL"]}
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["KILL", "SYS_PTRACE"]}
     assert sc["readOnlyRootFilesystem"] is True
     assert pod.get("hostNetwork") is not True
     assert pod["hostPID"] is True
@@ -697,3 +697,34 @@ def test_kernel_pods_may_reach_the_hubs_api_to_ask_for_their_gpu_back(rendered):
             )
         ]
         assert rules, (name, np["spec"]["egress"])
+
+
+def test_the_agents_capabilities_let_its_relay_read_a_gpu_pods_region(default, tmp_path):
+    """The node agent reads each GPU pod's container region through /proc/<pid>/root of a
+    process of the pod (libvgpu.agent.relay), which runs as the pod's user: the kernel allows
+    that to root only with CAP_SYS_PTRACE. The relay's open, run as root with exactly the
+    chart's capabilities, reaches the region of a process of uid 1000."""
+    import os
+    import subprocess
+    import sys
+
+    from libvgpu.regions import prepare_container_region
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to drop to the chart's capabilities")
+    _, _pod, c = _agent(default)
+    caps = ",".join(f"+{cap.lower()}" for cap in c["securityContext"]["capabilities"]["add"])
+    region = tmp_path / "container.region"
+    prepare_container_region(region)
+    os.chmod(region, 0o666)
+    pod = subprocess.Popen(["setpriv", "--reuid", "1000", "--regid", "1000", "--clear-groups", "sleep", "60"])
+    try:
+        probe = ("import sys; from libvgpu.agent.relay import open_in_root, read_entries; "
+                 f"fd = open_in_root('/proc/{pod.pid}/root', {str(region)!r}); print('opened', fd >= 0)")
+        run = subprocess.run(["setpriv", f"--inh-caps=-all,{caps}", f"--ambient-caps=-all,{caps}",
+                              f"--bounding-set=-all,{caps}", sys.executable, "-c", probe],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    finally:
+        pod.kill()
+        pod.wait()
+    assert run.returncode == 0 and "opened True" in run.stdout, run.stderr[-2000:]
