@@ -200,9 +200,13 @@ class CardRegion:
             index = self.held.get(cid)
             fresh = index is None
             if fresh:
-                # its entry from before (an agent restart), else a free one nobody holds
-                free = [i for i in range(NODE_ENTRIES) if ids[i] == cid] or [
-                    i for i in range(NODE_ENTRIES) if ids[i] == 0 and not _probe(self.fd, LOCK_BASE + i)]
+                # its entry from before (an agent restart), else one no process holds: free, or
+                # left by a container that ended (of an earlier agent, or of a shim that wrote
+                # its own); ours are held through our own fd, which the probe does not see
+                ours = set(self.held.values())
+                free = [i for i in range(NODE_ENTRIES) if ids[i] == cid and i not in ours] or [
+                    i for i in range(NODE_ENTRIES)
+                    if i not in ours and (ids[i] == 0 or not _probe(self.fd, LOCK_BASE + i))]
                 if not free:
                     continue
                 index = free[0]
