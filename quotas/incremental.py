@@ -13,8 +13,10 @@ of these happened since:
   a quota level no eviction can give it room in (``QuotaExceeded.quota_bound``: its class does
   not borrow, and evicting all it may evict in the level falls short), which room cannot help;
 - an allocation of its workspace left while one of its quota levels was short for it (for a
-  quota-bound wait: one that counts against a level that was short), or one arrived (it may
-  wait for its quota now: another sentence);
+  quota-bound wait: one that counts against a level that was short), or one arrived that
+  leaves its quota levels short of another resource than before (it may wait for its quota
+  now: another sentence), or that its class may evict while it was short of quota, or any
+  for a whole-card request (its charge depends on the cards found);
 - room kept for a swapped-out kernel (``quotas/reserve.py``) on such a node was given up (that
   room counts as free for "could run": placement takes it where nothing else fits);
 - the inventory changed, or too many changes passed to tell (``AdmissionState.changes_since``).
@@ -23,9 +25,9 @@ Everything else only takes room or leaves its chances as they were, so its decis
 same wait. An allocation arriving never helps it: what it takes was free before, and were it a
 victim, evicting it gives back only that (and, in its workspace, only the quota it took). Such a
 request keeps its last decision and its reason (the sentence may quote figures from that
-decision). Heads of a priority class (they reserve, hold and
-have slices moved), moved kernels asking back, pinned requests and a wait that came from the
-capacity overdue heads hold are always decided afresh.
+decision). Heads of a priority class (they reserve, hold and have slices moved; but not a
+quota-bound one, which does none of that), moved kernels asking back, pinned requests and a wait
+that came from the capacity overdue heads hold are always decided afresh.
 
 The victim search weighs at most ``preemption.max_candidate_nodes`` candidate nodes (placement
 order): where more are candidates, a release elsewhere can reorder them and bring a node into
@@ -36,12 +38,11 @@ event touches that node. Up to that bound the two passes decide the same
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
 from .errors import QuotaExceeded
-from .model import Allocation, Decision, GPURequest
+from .model import Allocation, Decision, GPURequest, Owner
 from .placement import ANY
 from .state import AdmissionState
 from .tree import level_keys
@@ -50,9 +51,10 @@ from .tree import level_keys
 HoldKey = tuple[str, tuple[str, ...], int, int, bool, int, int]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Seen:
-    """A request's last decision (a wait) and what it was decided with."""
+    """A request's last decision (a wait) and what it was decided with (one per waiting
+    request: :meth:`PassMemo.again` updates it in place, on every pass that keeps it)."""
 
     decision: Decision
     version: int  # AdmissionState.version then
@@ -71,6 +73,11 @@ class Seen:
     #: it waits on quota no eviction can give it (QuotaExceeded.quota_bound): only a release
     #: within a level in ``short`` (or an arrival in its workspace) can change its decision
     bound: bool = False
+    #: its owner, what it charges its quota levels (a whole card counted as the pool's
+    #: largest) and (level key, resource) short for that at its last decision
+    owner: Owner | None = None
+    asked: tuple[int, int, int] = (0, 0, 0)
+    deficits: frozenset = frozenset()
 
 
 class PassMemo:
@@ -110,41 +117,46 @@ class PassMemo:
                  request.count, whole)
         st = self.state
         pc = st.config.policy.priority_class(request.priority_class)
-        short = self._short(request)
+        k = request.count
+        if whole:
+            asked = (k * max(st.index.cap_m, default=0), 100 * k, k)
+        else:
+            asked = (request.memory_mib * k, request.cores_percent * k, k)
+        deficits = st.deficits(request.owner, asked)
+        short = frozenset(key for key, _ in deficits) or None
         return Seen(d, version, self.holds, len(self.holds), shape,
                     request.model.lower() if request.model else ANY,
                     st.predicate_of(pc.name), request.owner.workspace, short,
                     request.cpu_millicores, request.host_memory_mib, self.soft,
-                    short is not None and isinstance(d.error, QuotaExceeded) and d.error.quota_bound)
-
-    def _short(self, request: GPURequest) -> frozenset[tuple[str, ...]] | None:
-        """Its quota levels that lack room for it (a whole card counted as the pool's largest)."""
-        st = self.state
-        k = request.count
-        if request.whole:
-            asked = (k * max(st.index.cap_m, default=0), 100 * k, k)
-        else:
-            asked = (request.memory_mib * k, request.cores_percent * k, k)
-        short = frozenset(lv.key for lv in st.levels(request.owner) if st.short_of(lv, asked))
-        return short or None
+                    short is not None and isinstance(d.error, QuotaExceeded) and d.error.quota_bound,
+                    request.owner, asked, deficits)
 
     def again(self, seen: Seen) -> Seen:
         """``seen`` as if decided now (:meth:`unchanged` said it would wait as it did)."""
-        return dataclasses.replace(seen, version=self.state.version, holds=self.holds, held=len(self.holds),
-                                   soft=self.soft)
+        seen.version, seen.holds, seen.held, seen.soft = self.state.version, self.holds, len(self.holds), self.soft
+        return seen
 
     def unchanged(self, seen: Seen | None) -> bool:
         """Whether the request ``seen`` describes would wait again now, as decided then."""
         if seen is None:
             return False
-        changes = self.state.changes_since(seen.version)
+        st = self.state
+        changes = st.changes_since(seen.version)
         if changes is None:
             return False
-        ix = self.state.index
-        for sign, a, _ in changes:
-            if a.owner.workspace == seen.workspace and (sign > 0 or seen.short is not None) and \
-                    (sign > 0 or not seen.bound or _within(a, seen.short)):
-                return False  # its quota levels may have room now, or have none left (another sentence)
+        ix = st.index
+        deficits = None
+        for sign, a, elig in changes:
+            if a.owner.workspace == seen.workspace:
+                if sign < 0 and seen.short is not None and (not seen.bound or _within(a, seen.short)):
+                    return False  # its quota levels may have room now
+                if sign > 0:
+                    if seen.shape[3] or (seen.short is not None and elig[seen.predicate]):
+                        return False  # a whole card's charge varies; a victim for its quota
+                    if deficits is None:
+                        deficits = st.deficits(seen.owner, seen.asked)
+                        if deficits != seen.deficits:
+                            return False  # short of quota now (or of more): another sentence
             if sign > 0 or seen.bound:
                 continue  # it only takes room, or room is not what it waits for
             ni = ix.node_index(a)

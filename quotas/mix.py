@@ -57,5 +57,13 @@ class Mix:
             ]
         return self._types
 
+    def snapshot(self) -> tuple:
+        """What :meth:`restore` puts back (copies: later adds do not change it)."""
+        return deque(self._recent), Counter(self._counts), {k: list(v) for k, v in self._node.items()}, self._types
+
+    def restore(self, snapshot: tuple) -> None:
+        """The window as it was at ``snapshot`` (which is not to be restored twice)."""
+        self._recent, self._counts, self._node, self._types = snapshot
+
     def __len__(self) -> int:
         return len(self._recent)

@@ -199,11 +199,15 @@ class AdmissionQueue:
         memo = PassMemo(state) if self.incremental else None
         with _holds(state, memo) as (hold, put):
             for w in self.ordered():
-                if memo is not None and w.priority_value in heads and not w.moved and memo.unchanged(w.seen):
+                # a head of its class is decided afresh (it reserves, holds, has slices moved),
+                # unless it waits on quota no eviction can give it (then it does none of that)
+                if memo is not None and not w.moved and (w.priority_value in heads or (
+                        w.seen is not None and w.seen.bound)) and memo.unchanged(w.seen):
                     w.seen = memo.again(w.seen)
                     steps.append(Step(w, w.seen.decision))
                     w.position = ahead
                     ahead += 1
+                    heads.add(w.priority_value)
                     continue  # it waits as it did: nothing it could use changed
                 version = state.version
                 plain = True

@@ -6,7 +6,6 @@ the caller records what it did with :meth:`add` / :meth:`remove` (or :meth:`appl
 
 from __future__ import annotations
 
-import copy
 import uuid
 from bisect import bisect_left, insort
 from collections import Counter
@@ -61,6 +60,8 @@ class AdmissionState(RequestChecks, UsageReport):
         if mix is not None:  # the recent requests outlive an inventory change
             self._index.mix = mix
         self._mix = self._index.mix
+        #: the pool's memory and compute capacity (summed once per inventory)
+        self._capacity = (sum(self._index.cap_m), sum(self._index.cap_c))
         self._ledger = QuotaLedger()
         self._charges: dict[str, tuple[int, int, int]] = {}
         self._eligible: dict[str, tuple[bool, ...]] = {}
@@ -93,11 +94,11 @@ class AdmissionState(RequestChecks, UsageReport):
     def mix_kept(self) -> Iterator[None]:
         """Within the block, allocations added and removed again (a move tried out) do not teach
         the expected mix of requests (fgd's target): it is as it was before the block."""
-        kept = copy.deepcopy(self._mix.__dict__)
+        kept = self._mix.snapshot()
         try:
             yield
         finally:
-            self._mix.__dict__.update(kept)
+            self._mix.restore(kept)
 
     def add(self, allocation: Allocation) -> None:
         """Record a live allocation (a grant, or one found in the ledger at start-up). Recording
@@ -353,13 +354,14 @@ class AdmissionState(RequestChecks, UsageReport):
                 room = left if room is None else min(room, left)
         return room if room is not None else 1 << 62
 
-    def short_of(self, level: Level, asked: tuple[int, int, int]) -> bool:
-        """Whether ``level`` lacks room for ``asked`` (memory MiB, cores %, vGPUs) now."""
-        for r, res in enumerate(RESOURCES):
-            limit = level.limits.get(res)
-            if limit is not None and self._ledger.own(level.key, res) + asked[r] > limit:
-                return True
-        return False
+    def deficits(self, owner: Owner, asked: tuple[int, int, int]) -> frozenset[tuple[tuple[str, ...], str]]:
+        """(level key, resource) of each of ``owner``'s quota levels that lacks room for ``asked``
+        (memory MiB, cores %, vGPUs) now."""
+        own = self._ledger.own
+        return frozenset(
+            (lv.key, res) for lv in self.levels(owner) for r, res in enumerate(RESOURCES)
+            if (limit := lv.limits.get(res)) is not None and own(lv.key, res) + asked[r] > limit
+        )
 
     def _first_deficit(
         self, levels: Iterable[Level], asked: tuple[int, int, int]
@@ -476,9 +478,7 @@ class AdmissionState(RequestChecks, UsageReport):
         level, res, _, limit = over
         if level.kind == "user" or res == "gpus":
             return False
-        ix = self._index
-        capacity = sum(ix.cap_m) if res == "memory_mib" else sum(ix.cap_c)
-        return limit >= capacity
+        return limit >= self._capacity[0 if res == "memory_mib" else 1]
 
     def _holders(self, request: GPURequest, key: tuple[str, ...] | None) -> tuple[str, bool]:
         """What the requester holds (:func:`messages.holdings`) and whether anyone else holds

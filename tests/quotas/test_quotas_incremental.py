@@ -167,13 +167,36 @@ def test_a_request_waiting_on_a_quota_no_eviction_can_fix_is_not_decided_again_w
     q = AdmissionQueue.from_policy(st_.config.policy)
     q.push(req("carol", memory_gib=60, rid="head", ws="other"), 100, 0.0)
     mine = q.push(req("alice", memory_gib=10, rid="alice", ws="vision"), 100, 0.0)
+    # the head of its class, waiting on the same quota: it reserves nothing, so it is kept too
+    q.push(req("eve", memory_gib=10, rid="eve", ws="vision", priority_class="lowest"), 1, 0.0)
     steps = {s.waiting.request.request_id: s for s in q.pump(st_, 1.0)}
-    waited = steps["alice"].decision
+    waited, eves = steps["alice"].decision, steps["eve"].decision
     assert waited.kind == "wait" and type(waited.error).__name__ == "QuotaExceeded", waited.reason
+    assert eves.kind == "wait" and type(eves.error).__name__ == "QuotaExceeded", eves.reason
     st_.remove("y")  # 30 GiB free on a card where her 10 GiB would fit
     steps = {s.waiting.request.request_id: s for s in q.pump(st_, 2.0)}
     assert steps["head"].decision.kind == "wait"
     assert steps["alice"].decision is waited and mine.position == 1
+    assert steps["eve"].decision is eves
     st_.remove("v1")  # her own quota frees: decided again, and granted
     steps = {s.waiting.request.request_id: s for s in q.pump(st_, 3.0)}
     assert steps["alice"].decision.granted
+
+
+def test_a_grant_in_its_workspace_that_leaves_every_quota_level_as_it_was_does_not_decide_a_wait_again():
+    # bob waits for a card; a colleague of his workspace is granted a slice in a later turn of
+    # the same pass: his quota levels (unlimited) are no shorter for it, and a slice arriving
+    # only takes room, so the next pass keeps his wait
+    st_ = state(pool(node("a", 2)), allocations=[alloc("x", "a-gpu0", 80, user="erin"),
+                                                  alloc("y", "a-gpu1", 60, user="erin")])
+    q = AdmissionQueue.from_policy(st_.config.policy)
+    q.push(req("carol", memory_gib=80, rid="head"), 100, 0.0)
+    bobs = q.push(req("bob", memory_gib=40, rid="bob"), 100, 0.0)
+    steps = {s.waiting.request.request_id: s for s in q.pump(st_, 1.0)}
+    waited = steps["bob"].decision
+    assert waited.kind == "wait" and type(waited.error).__name__ == "PoolFull", waited.reason
+    q.push(req("dave", memory_gib=10, rid="dave"), 100, 2.0)
+    steps = {s.waiting.request.request_id: s for s in q.pump(st_, 2.0)}
+    assert steps["dave"].decision.granted and steps["bob"].decision is waited
+    steps = {s.waiting.request.request_id: s for s in q.pump(st_, 3.0)}
+    assert steps["bob"].decision is waited and bobs.position == 1
