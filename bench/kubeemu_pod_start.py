@@ -18,7 +18,7 @@ emulator's share) gives the emulator's seconds from the create call to the conta
 Ready; the steps of the create -> process part are printed too: API server and scheduler until
 the kubelet takes the pod (``to_kubelet``), its volumes and hosts file (``volumes``), until it
 asks the runtime for the container (``to_runtime``: image, environment, mounts; init containers
-between), the runtime until the program runs (``runtime``). All of it quiet, then again with
+between), the runtime until the program runs (``runtime``; Timeline.split). All of it quiet, then again with
 ``--hogs`` processes of ``yes >/dev/null`` on the CPUs (``busy``). Lines:
 
     kubeemu_pod_start <host|image|init> <quiet|busy> create_to_process_p50_s=... p95_s=... max_s=...
@@ -34,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from itertools import pairwise
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -85,14 +84,8 @@ def report(kind: str, tag: str, timelines: list[Timeline]) -> float:
     emulator = [e for e, _ in parts]
     program = [prog for _, prog in parts]
     to_ready = [t.running_to_ready() for t in timelines]
-    steps: dict[str, list[float]] = {"to_kubelet": [], "volumes": [], "to_runtime": [], "runtime": []}
-    for t in timelines:
-        steps["to_kubelet"].append(t.steps["kubelet"] - t.created)
-        steps["volumes"].append(t.steps["volumes"] - t.steps["kubelet"])
-        first = t.runs[0]
-        steps["to_runtime"].append(first["spawned"] - t.steps["volumes"]
-                                   + sum(b["spawned"] - a["exited"] for a, b in pairwise(t.runs)))
-        steps["runtime"].append(sum(r["started"] - r["spawned"] for r in t.runs))
+    splits = [t.split() for t in timelines]
+    steps = {k: [split[k] for split in splits] for k in splits[0]}
     p50 = statistics.median(emulator)
     print(f"kubeemu_pod_start {kind} {tag} create_to_process_p50_s={p50:.3f} p95_s={p(emulator, 0.95):.3f} "
           f"max_s={max(emulator):.3f} running_to_ready_max_s={max(to_ready):.3f} "

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 
 def now() -> float:
@@ -84,6 +85,23 @@ class Timeline:
                 previous_end = run["exited"]
         return emulator, program
 
+    def split(self) -> dict[str, float] | None:
+        """The create -> process part by step: the API server and scheduler until the kubelet
+        takes the pod (``to_kubelet``), its volumes and hosts file (``volumes``), the kubelet until
+        it asks the runtime for each container (``to_runtime``: image, environment, mounts, and
+        after an init container its end), the runtime until each program runs (``runtime``).
+        None before the process started."""
+        runs = self._until_main()
+        if self.create_to_process() is None or not {"kubelet", "volumes"} <= set(self.steps):
+            return None
+        return {
+            "to_kubelet": self.steps["kubelet"] - self.created,
+            "volumes": self.steps["volumes"] - self.steps["kubelet"],
+            "to_runtime": runs[0]["spawned"] - self.steps["volumes"]
+            + sum(b["spawned"] - a["exited"] for a, b in pairwise(runs)),
+            "runtime": sum(r["started"] - r["spawned"] for r in runs),
+        }
+
     def running_to_ready(self) -> float | None:
         """The emulator's seconds from Running to Ready (module docstring), or None."""
         if self.running is None or self.ready is None:
@@ -92,14 +110,17 @@ class Timeline:
 
     def line(self) -> str | None:
         """``kubeemu_pod_start NAME create_to_process_s=E init_program_s=P
-        running_to_ready_s=R`` (R: '-' before Ready), or None before the process started."""
+        running_to_ready_s=R steps_s=to_kubelet:..,volumes:..,to_runtime:..,runtime:..``
+        (R: '-' before Ready; the steps: :meth:`split`), or None before the process started."""
         parts = self.create_to_process()
-        if parts is None:
+        split = self.split()
+        if parts is None or split is None:
             return None
         ready = self.running_to_ready()
         return (f"kubeemu_pod_start {self.name} create_to_process_s={parts[0]:.3f} "
                 f"init_program_s={parts[1]:.3f} "
-                f"running_to_ready_s={'-' if ready is None else f'{ready:.3f}'}")
+                f"running_to_ready_s={'-' if ready is None else f'{ready:.3f}'} steps_s="
+                + ",".join(f"{k}:{v:.3f}" for k, v in split.items()))
 
 
 def report(timelines: list[Timeline]) -> list[str]:
