@@ -6,9 +6,10 @@ one GPU node (the CUDA/NVML doubles as its driver), beside z2jh's hub Deployment
 (its ServiceAccount and Role, its Service) and z2jh's proxy (configurable-http-proxy; its image is
 not built here: the emulator runs it from this machine's node_modules). The node agent's
 DaemonSet pod runs the agent image and installs the shim on the node; alice logs in through the
-proxy's login form, spawns the example's fractional notebook profile (10 GiB of an H100), starts a GPU
-kernel from her server; the kernel's pod runs the kernel image, and the shim in it holds the
-kernel's memory limit. `helm upgrade` rolls the hub (a new pod of the new template), `helm
+proxy's login form, spawns the example's fractional notebook profile (10 GiB of an H100): her server
+runs the notebook image (z2jh's singleuser.image), whose entrypoint installs the GPU kernelspecs of
+the hub's sizes; she starts a GPU kernel from it; the kernel's pod runs the kernel image, and the
+shim in it holds the kernel's memory limit. `helm upgrade` rolls the hub (a new pod of the new template), `helm
 uninstall` leaves nothing of ours behind.
 
 Run by `./dev images` (skipped elsewhere, as test_images_run.py). It prints the emulator's own
@@ -20,7 +21,6 @@ container's process (``create_to_process_s``; an init container's own run apart,
 from __future__ import annotations
 
 import json
-import sys
 import time
 import urllib.error
 import urllib.parse
@@ -57,24 +57,18 @@ print("RESULT", first, second, total.value >> 20)
 """
 
 
-def hub_config(kernelspecs: Path) -> str:
+def hub_config() -> str:
     """z2jh's config shape, with what z2jh's chart sets from its values (hub_connect_url, the
-    profiles, the users' service account) and the images of this run."""
-    singleuser = Path(sys.executable).parent / "jupyterhub-singleuser"
+    profiles, the users' service account, singleuser.image and singleuser.cmd) and the kernel
+    image of this run."""
     return stack.Z2JH_CONFIG + f"""
 c.JupyterHub.hub_connect_url = "http://hub:8081"
 c.KubeSpawner.profile_list = values["singleuser"]["profileList"]
 c.KubeSpawner.service_account = values["singleuser"]["serviceAccountName"]
-# the notebook image is not built here: the emulator runs it from this machine's environment
-c.KubeSpawner.image = "quay.io/jupyter/base-notebook:emulated"
-c.KubeSpawner.cmd = [{str(singleuser)!r}]
+c.KubeSpawner.image = "{{name}}:{{tag}}".format(**values["singleuser"]["image"])
+c.KubeSpawner.cmd = values["singleuser"].get("cmd", "jupyterhub-singleuser")
 c.KubeSpawner.ip = "$(POD_IP)"
-c.KubeSpawner.volumes = [{{"name": "kernelspecs", "hostPath": {{"path": {str(kernelspecs)!r}}}}}]
-c.KubeSpawner.volume_mounts = [{{"name": "kernelspecs", "mountPath": "/opt/jupyter-kernelspecs", "readOnly": True}}]
-c.KubeSpawner.environment = {{
-    "POD_IP": {{"valueFrom": {{"fieldRef": {{"fieldPath": "status.podIP"}}}}}},
-    "JUPYTER_PATH": "/opt/jupyter-kernelspecs",
-}}
+c.KubeSpawner.environment = {{"POD_IP": {{"valueFrom": {{"fieldRef": {{"fieldPath": "status.podIP"}}}}}}}}
 c.KubeSpawner.start_timeout = 120
 c.KubernetesKernelLauncher.image = {stack.IMAGES["kernel"]!r}
 c.KubernetesKernelLauncher.image_pull_policy = "IfNotPresent"
@@ -163,19 +157,33 @@ class Browser:
 HUBS = {name: major for name, major in (("hub", 5), ("hub-jupyterhub6", 6)) if name in stack.IMAGES}
 
 
+@pytest.fixture(scope="module")
+def unpacked(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The images' filesystems, unpacked once for both hubs' runs: ``unpacked(name) -> Image``."""
+    from tests.kubeemu.images import from_engine
+
+    root, done = tmp_path_factory.mktemp("images"), {}
+
+    def get(name: str) -> Any:
+        if name not in done:
+            done[name] = from_engine(stack.IMAGES[name], root / name, stack.DOCKER)
+        return done[name]
+
+    return get
+
+
 @pytest.mark.parametrize("hub", sorted(HUBS))
-def test_our_chart_and_a_z2jh_hub_from_the_built_images_serve_a_gpu_kernel_capped_by_the_shim(hub, tmp_path):
+def test_our_chart_and_a_z2jh_hub_from_the_built_images_serve_a_gpu_kernel_capped_by_the_shim(hub, tmp_path,
+                                                                                              unpacked):
     from libvgpu import contract as L
-    from tests.kernelprovider.helpers import KernelConnection, Server, install_kernelspecs
+    from tests.kernelprovider.helpers import KernelConnection, Server
     from tests.kubeemu import KubeEmulator, NodeSpec, podstart
     from tests.kubeemu.helpers import release_objects
-    from tests.kubeemu.images import Image, from_engine
+    from tests.kubeemu.images import Image
 
     t0 = time.monotonic()
     root = stack.shared_dir(tmp_path / "gpu-node")
     driver_env = stack.gpu_node_driver(root, CONTEXT_MIB="0")
-    prefix = tmp_path / "jupyter-prefix"  # the GPU kernelspecs, which alice's server reads
-    kernelspecs = stack.shared_dir(prefix / "share" / "jupyter")
     emu = KubeEmulator(
         nodes=[NodeSpec(NODE, labels={"nvidia.com/gpu.present": "true", "kubernetes.io/hostname": NODE},
                         allocatable={"cpu": "64", "memory": "512Gi"})],
@@ -184,16 +192,19 @@ def test_our_chart_and_a_z2jh_hub_from_the_built_images_serve_a_gpu_kernel_cappe
     emu.start()
     try:
         stack.add_nvidia_runtime_class(emu)
-        for image in (hub, "agent", "kernel"):
-            emu.images[stack.IMAGES[image]] = from_engine(stack.IMAGES[image], tmp_path / image, stack.DOCKER)
+        for image in (hub, "agent", "kernel", "notebook"):
+            emu.images[stack.IMAGES[image]] = unpacked(image)
         print(f"\nimages unpacked: {time.monotonic() - t0:.1f} s")
         host_lib_dir = stack.shared_dir(tmp_path / "host-elastic-gpu")
         # the example's values; a user may hold two slices here (her notebook's and her kernel's)
         stack.helm_chart(emu, "install", NS, "culler.enabled=false", f"nodeAgent.hostLibDir={host_lib_dir}",
                          "admission.workspaces.default.namespaces.default.user_limits.gpus=2",
                          *stack.image_sets(stack.IMAGES["agent"]))
-        chart = z2jh_chart(tmp_path, hub_config(kernelspecs), stack.IMAGES[hub])
-        z2jh = ["-f", str(tools.Z2JH_EXAMPLES / "values.yaml")]
+        chart = z2jh_chart(tmp_path, hub_config(), stack.IMAGES[hub])
+        # z2jh's singleuser.image: the notebook image of this run
+        notebook_name, notebook_tag = stack.IMAGES["notebook"].rsplit(":", 1)
+        z2jh = ["-f", str(tools.Z2JH_EXAMPLES / "values.yaml"), "--set", f"singleuser.image.name={notebook_name}",
+                "--set-string", f"singleuser.image.tag={notebook_tag}"]
         proc = tools.helm("install", "jhub", str(chart), "-n", NS, "--kubeconfig", emu.tls_kubeconfig_path, *z2jh)
         assert proc.returncode == 0, proc.stderr
         z2jh_proxy(emu)
@@ -223,13 +234,14 @@ def test_our_chart_and_a_z2jh_hub_from_the_built_images_serve_a_gpu_kernel_cappe
         emu.wait_for(server_ready, timeout=180, interval=0.5, message="alice's server")
         [notebook] = emu.list("pods", NS, label_selector="component=singleuser-server")
         assert notebook["spec"]["runtimeClassName"] == "nvidia", notebook["spec"]
+        assert notebook["spec"]["containers"][0]["image"] == stack.IMAGES["notebook"], notebook["spec"]
         print(f"alice's fractional notebook ready: {time.monotonic() - t0:.1f} s")
 
-        # a GPU kernel from her server: its pod runs the kernel image, the shim holds its slice
+        # a GPU kernel from her server (its kernelspec: the notebook image's entrypoint installed those
+        # of the hub's sizes): its pod runs the kernel image, the shim holds its slice
         status, tokens = browser.call("POST", "/hub/api/users/alice/tokens", {"note": "e2e"})
         assert status in (200, 201), tokens
         public = SimpleNamespace(url=browser.url)  # the hub's public address, as HubRunner.url
-        install_kernelspecs(public, tokens["token"], prefix)
         server = Server(public, "alice", tokens["token"])
         status, session = server.start_session("elastic-gpu-gpu-5g")
         assert status == 201, (status, session)
