@@ -109,7 +109,13 @@ def kube_swap_stack(
     # are no reason to wait: admission refuses those at once)
     limits = {"user_limits": {"memory_mib": 81920}}
     admission = {**ADMISSION, "workspaces": {"default": {"namespaces": {"default": limits}}}}
-    sizes = [*SIZES, {"name": "gpu-75g", "display_name": "GPU 75 GiB", "memory_mib": 76800, "cores_percent": 50}]
+    sizes = [
+        *SIZES,
+        {"name": "gpu-75g", "display_name": "GPU 75 GiB", "memory_mib": 76800, "cores_percent": 50},
+        # an elastic slice (issue 27): 1 GiB guaranteed, it may grow to 15 GiB of the double's 16 GiB
+        {"name": "gpu-grows", "display_name": "GPU 1 GiB, up to 15 GiB", "memory_mib": 1024,
+         "memory_limit_mib": 15360, "cores_percent": 10},
+    ]
     # KubernetesKernelLauncher.swap_kernels: on by default
     with kube_stack(work / "stack", emulator_options=options, admission=admission, sizes=sizes, gpus=gpus) as st:
         host = work / "stack" / "host-elastic-gpu"  # the chart's host directory (kube_stack's claim of it)
@@ -142,9 +148,15 @@ def kube_swap_stack(
             agent.stop()
 
 
+#: the double's card as its NVML names it (the agent publishes the driver's uuids; the shim names
+#: the card's node region by it, and the hub matches a reclaim's card with its slices' cards)
+CARD = "GPU-d00b1e00-7369-6d2d-6770-750000000000"
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    with kube_swap_stack(tmp_path_factory.mktemp("kube-swap")) as found:
+    gpus = [{"uuid": CARD, "model": "H100-80GB", "memory_mib": 81920, "sm_count": 132, "index": 0}]
+    with kube_swap_stack(tmp_path_factory.mktemp("kube-swap"), gpus=gpus) as found:
         yield found
 
 
@@ -334,3 +346,116 @@ def test_a_kernel_pod_on_a_node_whose_driver_cannot_checkpoint_is_promised_no_sw
         agent.start()  # the node as the other tests of this module expect it
         status, body = alice.api("DELETE", f"/sessions/{session['id']}")
         assert status == 204, body
+
+
+GROWS = "elastic-gpu-gpu-grows"
+
+
+def alloc_cell(gib: int) -> str:
+    return CUDA_CELL.replace("ctypes.c_size_t(1 << 30)", f"ctypes.c_size_t({gib} << 30)")
+
+
+@contextmanager
+def shim_on_node(host: Path) -> Iterator[None]:
+    """The shim installed in the node's host directory as the node agent installs it (lib/,
+    ld.so.preload, the card's node region): GPU pods started meanwhile run under it (this module's
+    other tests run their kernels without it)."""
+    from libvgpu.agent.install import install_shim
+
+    install_shim(host, gpus=[CARD])
+    try:
+        yield
+    finally:
+        (host / "ld.so.preload").write_text("")
+
+
+def burst_then_owner_asks(stack) -> tuple:
+    """alice's elastic kernel pod bursts to 8 GiB of the 16 GiB card (1 GiB guaranteed) while the
+    card is hers alone; then bob's kernel pod asks for 9 GiB of its 10 GiB guarantee, of which the
+    burst holds 1 GiB (8 GiB of state: under the swap's cap of half this machine's memory).
+    Returns (alice's kernel, her session, her record, bob's server, his session, his cell's output)."""
+    st, proc_root, log, host, _ = stack
+    hub, emu, alice = st["hub"], st["emulator"], st["alice"]
+    status, session = alice.start_session(GROWS)
+    assert status == 201, session
+    kernel = alice.connect(session["kernel"]["id"])
+    out = kernel.execute(alloc_cell(8) + "notes = {'answer': 42}")
+    assert out["status"] == "ok" and "alloc 0" in out["text"], out  # past 1 GiB: the card is free
+    status, body = hub.api("GET", "/gpu/kernels?user=alice")
+    [record] = [k for k in body["kernels"] if k["kernel_id"] == session["kernel"]["id"]]
+    pod_cgroups(emu, proc_root, record["holder"])  # the agent finds the pod's processes through them
+    bob = Server(hub, "bob", hub.user_token("bob"))
+    start_server(hub, "bob", bob.token)
+    status, owner = bob.start_session(SPEC)
+    assert status == 201, owner  # admission counts requests: 1 + 10 GiB fit the card
+    status, body = hub.api("GET", "/gpu/kernels?user=bob")
+    [bob_pod] = [k["holder"] for k in body["kernels"] if k["kernel_id"] == owner["kernel"]["id"]]
+    pod_cgroups(emu, proc_root, bob_pod)  # the agent relays the pod's wait from its own region
+    bob_kernel = bob.connect(owner["kernel"]["id"])
+    out = bob_kernel.execute(alloc_cell(9), timeout=90)
+    bob_kernel.close()
+    return kernel, session, record, bob, owner, out
+
+
+def test_an_elastic_kernel_pod_bursting_into_a_guarantee_is_swapped_out_and_resumes_when_room_returns(stack):
+    st, _, log, host, _ = stack
+    hub, alice = st["hub"], st["alice"]
+    with shim_on_node(host):
+        kernel, session, record, bob, owner, out = burst_then_owner_asks(stack)
+    try:
+        # the owner's allocation waited for the burst and got it: never the owner's memory taken
+        assert out["status"] == "ok" and "alloc 0" in out["text"], (out, hub.log_tail(40), log.read_text())
+        status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
+        assert model["state"] == "running" and model["gpu_swapped"], model
+        reason = model["swap"]["reason"]
+        assert reason.startswith("it held 7 GiB of GPU memory above its 1 GiB guarantee on "), model
+        assert "bob's kernel on that GPU needs memory within its own guarantee" in reason, model
+        assert model["swap"]["host_mib"] >= 8192, model  # its GPU state, kept in the node's host memory
+        assert [s for s in slices(hub) if s == record["allocation"]["id"]] == []  # no slice until it resumes
+
+        # room returns (bob's kernel ends, its pod gone): alice's next cell resumes her kernel, its
+        # state kept
+        status, body = hub.api("GET", "/gpu/kernels?user=bob")
+        [bob_pod] = [k["holder"] for k in body["kernels"] if k["kernel_id"] == owner["kernel"]["id"]]
+        status, body = bob.api("DELETE", f"/sessions/{owner['id']}")
+        assert status == 204, body
+        owner = None
+        hub.wait_for(lambda: st["emulator"].get("pods", bob_pod, NAMESPACE) is None, 60, 0.2, "bob's pod to go")
+        out = kernel.execute(alloc_cell(1) + "print(notes)", timeout=90)
+        assert out["status"] == "ok" and "alloc 0" in out["text"], (out, log.read_text())
+        assert "{'answer': 42}" in out["text"], out  # its Python state survived
+        status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
+        assert model["gpu_swapped"] is False and model["allocation"]["id"] in slices(hub), model
+        assert "resume of pod " in log.read_text()  # its GPU state restored by the node agent
+    finally:
+        close_sessions(kernel, (alice, session), (bob, owner))
+
+
+def test_an_elastic_kernel_pod_bursting_where_the_node_cannot_checkpoint_is_stopped_with_a_sentence(stack):
+    st, _, log, _, agent = stack
+    hub, emu, alice = st["hub"], st["emulator"], st["alice"]
+
+    def cannot() -> bool:
+        published = emu.get("nodes", NODE)["metadata"]["annotations"].get(L.NODE_CHECKPOINT_ANNOTATION, "{}")
+        return json.loads(published).get("able") is False
+
+    agent.stop()
+    agent.start(CUDA_DOUBLE_CHECKPOINT="unsupported")  # a driver that cannot checkpoint
+    kernel = session = bob = owner = None
+    try:
+        hub.wait_for(cannot, 30, 0.2, "the node to say it cannot checkpoint")
+        with shim_on_node(stack[3]):
+            kernel, session, record, bob, owner, out = burst_then_owner_asks(stack)
+        assert out["status"] == "ok" and "alloc 0" in out["text"], (out, hub.log_tail(40), log.read_text())
+        status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
+        assert model["state"] == "failed" and not model["gpu_swapped"], model
+        assert model["reason"].startswith("stopped: it held 7 GiB of GPU memory above its 1 GiB guarantee on "), model
+        assert "This GPU kernel cannot be swapped out: " in model["reason"], model
+        assert "so its state was lost" in model["reason"], model
+    finally:
+        agent.stop()
+        agent.start()  # the node as the other tests of this module expect it
+        if kernel is not None:
+            kernel.close()
+            alice.api("DELETE", f"/sessions/{session['id']}")  # its kernel is gone (jupyter-server answers 500)
+            close_sessions(kernel, (bob, owner))

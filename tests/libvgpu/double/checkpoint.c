@@ -277,6 +277,7 @@ EXPORT CUresult cuCheckpointProcessRestore(int pid, CUcheckpointRestoreArgs *arg
         need[to[d]] += p->host[d];
         bytes += p->host[d];
     }
+    if (!rc) dbl_reap_all_locked(); /* the dead's memory is free, as on a real driver */
     for (int d = 0; !rc && d < DBL_MAX_DEV; d++)
         if (need[d] > dbl->dev[d].total - dbl->dev[d].used) rc = CUDA_ERROR_OUT_OF_MEMORY;
     if (!rc && dbl_env.cp_fail == 2) {

@@ -357,21 +357,31 @@ static int dbl_alive(int pid) {
     return access(path, F_OK) == 0;
 }
 
+/* Frees what a dead process held (lock held): the driver does at its death. */
+static inline void dbl_reap_locked(struct dbl_pid *r) {
+    if (!r->pid || dbl_alive(r->pid)) return;
+    for (int d = 0; d < DBL_MAX_DEV; d++) {
+        dbl->dev[d].used -= r->used[d] < dbl->dev[d].used ? r->used[d] : dbl->dev[d].used;
+        r->used[d] = 0;
+        r->contexts[d] = 0;
+    }
+    if (r->cp_state && dbl->cp_busy) dbl->cp_busy--;
+    r->pid = 0;
+}
+
+/* Frees what every dead process held (lock held), before a check of free memory that no new
+ * process's registration came before (a restore). */
+static inline void dbl_reap_all_locked(void) {
+    for (int i = 0; i < DBL_PIDS; i++) dbl_reap_locked(&dbl->pids[i]);
+}
+
 /* This process's record (lock held); reaps records of dead processes on the way. */
 static struct dbl_pid *dbl_pid_locked(int pid) {
     struct dbl_pid *free_slot = NULL;
     for (int i = 0; i < DBL_PIDS; i++) {
         struct dbl_pid *r = &dbl->pids[i];
         if (r->pid == pid) return r;
-        if (r->pid && r->pid != pid && !dbl_alive(r->pid)) { /* the driver frees the dead */
-            for (int d = 0; d < DBL_MAX_DEV; d++) {
-                dbl->dev[d].used -= r->used[d] < dbl->dev[d].used ? r->used[d] : dbl->dev[d].used;
-                r->used[d] = 0;
-                r->contexts[d] = 0;
-            }
-            if (r->cp_state && dbl->cp_busy) dbl->cp_busy--;
-            r->pid = 0;
-        }
+        if (r->pid != pid) dbl_reap_locked(r);
         if (!r->pid && !free_slot) free_slot = r;
     }
     if (!free_slot) return NULL;
