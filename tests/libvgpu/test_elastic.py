@@ -111,6 +111,16 @@ def test_an_elastic_slice_allocates_past_its_request_up_to_its_limit_and_sees_th
     assert int(r.one("nvml")["total"]) == 2048 * MiB
 
 
+def test_pitched_array_and_managed_allocations_burst_up_to_the_limit_and_no_further(node):
+    # every allocation path past the request is held to what the card allows now, as cuMemAlloc is
+    box = _elastic(node, "e", "memory_mib=512\nmemory_limit_mib=2048")
+    steps = ("pitch:1024:1500000", "array:16384:24000", "managed:1500M")  # ~1.4 GiB each
+    for step in steps:
+        r = box.run("init", "ctx", step, "info", step)
+        assert r.rcs(step.split(":")[0]) == [0, OOM], (step, r.stdout, r.stderr)  # past 512 MiB; not past 2 GiB
+        assert int(r.one("info")["free"]) < 1024 * MiB, (step, r.stdout)
+
+
 def test_a_burst_takes_only_memory_no_other_slices_request_needs(node):
     # the card has 4096 MiB; the neighbour is guaranteed 2048 of it and uses 100
     neighbour = _elastic(node, "n", "memory_mib=2048")
