@@ -88,7 +88,11 @@ def apply_pod_status(
 ) -> None:
     """Set ``record``'s state, reason, ip, exit code and GPU activity from its pod.
 
-    ``unschedulable_since`` remembers since when each kernel's pod is Unschedulable."""
+    ``unschedulable_since`` remembers since when each kernel's pod is Unschedulable. A record
+    the broker ended while its pod was read (a burst reclaim or a preemption stopped it: failed,
+    with the sentence its notebook shows) keeps its state and reason."""
+    if record.state not in ("pending", "running"):
+        return
     record.activity = C.gpu_activity((pod.metadata.annotations or {}).get(C.A_GPU_ACTIVITY))
     if not record.swap:  # swapped out before this hub started, or after it stopped waiting for the agent
         record.swap = swap_from_pod(pod)

@@ -503,3 +503,24 @@ def test_a_kernel_pod_carries_its_resume_hook_and_a_restarted_hub_reads_its_swap
     fresh = record_from_pod(record.id, pod)
     apply_pod_status(fresh, pod, {}, 0.0)
     assert fresh.swap == {}
+
+
+def test_a_kernel_the_broker_ended_while_its_pod_was_read_keeps_its_state_and_reason(no_allocator):
+    # the burst reclaim (or a preemption) stops a kernel while a refresh is reading its pod: the
+    # pod read back (being deleted, or still running) must not turn the failed kernel, with the
+    # sentence its notebook shows, into a 'stopped' one that jupyter-server then restarts
+    import datetime
+
+    from hubext.kubernetes.status import apply_pod_status
+
+    launcher = KubernetesKernelLauncher(namespace="jhub", image="kernel:1")
+    for deleting in (True, False):
+        record = kernel_record()
+        pod = launcher._pod(record, ALLOCATION, server_ref())
+        pod.status = k8s.V1PodStatus(phase="Running", pod_ip="10.0.0.9")
+        if deleting:
+            pod.metadata.deletion_timestamp = datetime.datetime.now(datetime.UTC)
+        why = "stopped: it held 7 GiB of GPU memory above its 1 GiB guarantee"
+        record.state, record.reason = "failed", why
+        apply_pod_status(record, pod, {}, 0.0)
+        assert (record.state, record.reason) == ("failed", why)
