@@ -11,7 +11,9 @@
  *   the container records the reclaim in its node entry (MiB wanted, since when; read by
  *   libvgpu/elastic.py for the hub, which takes the burst back from the burster) and retries
  *   the driver until the memory is there or reclaim_wait_ms has passed (then
- *   CUDA_ERROR_OUT_OF_MEMORY).
+ *   CUDA_ERROR_OUT_OF_MEMORY). Where the node agent relays the entries (read-only node regions)
+ *   a burst shows up to a relay period late: an out-of-memory with no burst in sight is retried
+ *   for RELAY_LAG_NS before it fails.
  * - compute: the rate limiter runs at the container's share of the card now: its request,
  *   plus the part of the card no busy container's request claims (split in proportion to the
  *   busy containers' requests), up to its limit. A container is busy while it launched within
@@ -27,6 +29,7 @@
 #define BUSY_WINDOW_NS (200ull * 1000000ull)
 #define SHARE_RECHECK_NS (2ull * 1000000ull)
 #define RECLAIM_STEP_NS (10ull * 1000000ull)
+#define RELAY_LAG_NS (150ull * 1000000ull) /* three periods of the node agent's relay (50 ms) */
 
 static _Atomic uint64_t card_total[VGPU_MAX_DEV];
 
@@ -113,6 +116,12 @@ int vgpu_reclaim_retry(struct vgpu_reclaim *w, int dev, uint64_t bytes, CUresult
                 vgpu_log("GPU %d: %llu MiB within this slice's request are held by other slices' "
                          "bursts; waiting up to %u ms for them to be given back", dev,
                          (unsigned long long)mib, vgpu.cfg.reclaim_wait_ms);
+            } else if (na->relay) { /* the others' entries are relayed: a burst shows a period late */
+                if (!w->looked_ns) w->looked_ns = now;
+                if (now - w->looked_ns < RELAY_LAG_NS) {
+                    vgpu_sleep_ns(RECLAIM_STEP_NS);
+                    again = 1;
+                }
             }
         }
         if (w->since_ns && now - w->since_ns < (uint64_t)vgpu.cfg.reclaim_wait_ms * 1000000ull) {

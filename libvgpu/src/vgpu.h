@@ -369,7 +369,8 @@ void vgpu_compute_will_launch(int dev, uint64_t wait_ns); /* busy while sleeping
 /* metering: the container ran busy_ns of GPU time in a window of window_ns (one sampler each) */
 void vgpu_compute_ran(int dev, uint64_t busy_ns, uint64_t window_ns);
 struct vgpu_reclaim {
-    uint64_t since_ns; /* 0: not waiting */
+    uint64_t since_ns;  /* 0: not waiting */
+    uint64_t looked_ns; /* relay: since when no burst was seen (the entries may lag a period) */
 };
 /* After a driver allocation of bytes on dev returned rc: 1 when the caller should call the
  * driver again (it waited for other slices' bursts to be given back), else 0. */

@@ -35,7 +35,7 @@ from tests.libvgpu.agent.test_agent import (
     gpu_pod,
     wait_for,
 )
-from tests.libvgpu.harness import Build
+from tests.libvgpu.harness import Build, running
 
 JOVYAN_UID = 1000
 
@@ -106,10 +106,9 @@ def user_pod(node: Node, name: str, script: str, memory_mib: int = 1024, user: s
 def relaying(node: Node) -> Iterator[None]:
     """The node agent's relay (libvgpu.agent.relay, as the agent runs it) of the node's GPU pods'
     entries into the card's node region, in a thread; pods reach it through ``cgroup_of``."""
-    stop = threading.Event()
     relay = Relay(node.host_dir / "regions", node.proc_root)
 
-    async def main() -> None:
+    async def main(stop: threading.Event) -> None:
         task = asyncio.ensure_future(relay.run(lambda: [GPU0], 0.05, logging.getLogger("relay"), 0.2))
         while not stop.is_set():
             await asyncio.sleep(0.05)
@@ -117,13 +116,8 @@ def relaying(node: Node) -> Iterator[None]:
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
-    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
-    thread.start()
-    try:
+    with running(lambda stop: asyncio.run(main(stop))):
         yield
-    finally:
-        stop.set()
-        thread.join(10)
 
 
 def cgroup_of(node: Node, name: str) -> int:

@@ -9,12 +9,15 @@ plus its own container region; :meth:`Container.run` runs the probe program (see
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import shlex
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -271,6 +274,49 @@ class Container:
             proc.kill()
             raise AssertionError(f"{needle!r} not seen from {steps}: {''.join(seen)}")
         return proc
+
+
+CARD0 = "GPU-d00b1e00-7369-6d2d-6770-750000000000"  # the double's first card
+
+
+@contextlib.contextmanager
+def relaying(node: Node, *containers: Container) -> Iterator[None]:
+    """The node agent's relay (libvgpu.agent.relay) of these containers' entries into card 0's
+    node region every 50 ms, in a thread, as on a Kubernetes node where the containers read the
+    node regions only (their processes: ``read_only_node=True``). The node region and the
+    containers' regions are made first, as the agent and the pods' init containers make them."""
+    from libvgpu.agent.relay import Relay, open_in_root
+    from libvgpu.regions import prepare_container_region, prepare_node_regions
+
+    node.node_dir.mkdir(parents=True, exist_ok=True)
+    prepare_node_regions(node.node_dir, [CARD0])
+    relay = Relay(node.node_dir)
+    for c in containers:  # (the agent finds them in the pods: tests/kubeemu/test_gpu_pod_mounts.py)
+        prepare_container_region(c.region, c.activity)
+        relay.pods[c.name] = open_in_root("/", str(c.region))
+
+    def run(stop: threading.Event) -> None:
+        while not stop.wait(0.05):
+            relay.relay([CARD0])
+
+    try:
+        with running(run):
+            yield
+    finally:
+        relay.close()
+
+
+@contextlib.contextmanager
+def running(work: Callable[[threading.Event], object]) -> Iterator[None]:
+    """``work(stop)`` in a thread while the block runs; ``stop`` is set when it ends."""
+    stop = threading.Event()
+    thread = threading.Thread(target=work, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(10)
 
 
 def pid_namespaces_unavailable() -> str | None:

@@ -153,9 +153,19 @@ def test_an_owner_asking_within_its_request_gets_it_once_the_burst_is_given_back
     from libvgpu.elastic import pending_reclaims
 
     burster = _elastic(node, "burster", "memory_mib=1024\nmemory_limit_mib=4096")
-    held = burster.start("init", "ctx", "alloc:3500M", "wait")
     owner = _elastic(node, "owner", "memory_mib=2048")
-    proc = owner.start("init", "ctx", "alloc:2000M", "ready", "wait", wait_for=None)
+    _burst_given_back(node, burster, owner)
+    assert pending_reclaims(node.node_dir) == []
+
+
+def _burst_given_back(node, burster, owner, **how) -> None:
+    """The burster holds 3,500 MiB of the card (1,024 requested); the owner asks for 2,000 MiB
+    within its request of 2,048, waits, the hub sees the wait, and the burst given back (the
+    burster stopped) the owner gets its memory."""
+    from libvgpu.elastic import pending_reclaims
+
+    held = burster.start("init", "ctx", "alloc:3500M", "wait", **how)
+    proc = owner.start("init", "ctx", "alloc:2000M", "ready", "wait", wait_for=None, **how)
     reclaims = _wait_for(lambda: pending_reclaims(node.node_dir))
     assert [(r.owner, r.burster, r.wanted_mib) for r in reclaims] == [("owner", "burster", 2000)]
     assert reclaims[0].burst_mib == 3500 - 1024
@@ -163,7 +173,26 @@ def test_an_owner_asking_within_its_request_gets_it_once_the_burst_is_given_back
     held.wait(timeout=10)
     lines = iter(proc.stdout.readline, "")
     assert next(line for line in lines if line.startswith("alloc")).strip() == "alloc rc=0"
-    assert pending_reclaims(node.node_dir) == []
+
+
+def test_the_burst_is_given_back_through_the_agents_relay_where_the_node_regions_are_read_only(node):
+    """The same, as in GPU pods: each shim writes its entry (memory in use, the owner's wait)
+    into its own container region, the node agent's relay into the card's node region."""
+    import os
+
+    import pytest
+
+    from libvgpu.elastic import pending_reclaims
+
+    from .harness import relaying
+
+    if os.geteuid() != 0:
+        pytest.skip("a read-only bind mount of the node regions needs root")
+    burster = _elastic(node, "burster", "memory_mib=1024\nmemory_limit_mib=4096")
+    owner = _elastic(node, "owner", "memory_mib=2048")
+    with relaying(node, burster, owner):
+        _burst_given_back(node, burster, owner, read_only_node=True)
+        _wait_for(lambda: pending_reclaims(node.node_dir) == [], 5)  # the relay clears the wait
 
 
 def test_an_owner_whose_burst_is_not_given_back_in_time_gets_out_of_memory_with_a_sentence(node):

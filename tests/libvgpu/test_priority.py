@@ -7,7 +7,6 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-import threading
 import time
 
 import pytest
@@ -166,38 +165,18 @@ def test_priority_holds_through_the_agents_relay_where_the_node_regions_are_read
     its entry's fields into its own container region and the node agent's relay
     (libvgpu.agent.relay) copies them into the card's node region every 50 ms. The low one is
     still held from (nearly) the high one's first launch to a window after its last."""
-    from libvgpu.agent.relay import Relay, open_in_root
-    from libvgpu.regions import prepare_container_region, prepare_node_regions
+    from .harness import CARD0, relaying
 
-    uuid = "GPU-d00b1e00-7369-6d2d-6770-750000000000"  # the double's card 0
     node = make_node(CUDA_DOUBLE_QUEUE=2)
-    node.node_dir.mkdir(parents=True)
-    prepare_node_regions(node.node_dir, [uuid])  # as the node agent does at start
     common = f"node_region_dir={node.node_dir}\npriority_window_ms={WINDOW_MS}"
     low = node.container("low", f"priority=1\nname=low\n{common}")
     high = node.container("high", f"priority=100\nname=high\n{common}")
-    relay = Relay(node.node_dir)
-    for c in (low, high):  # as the pods' init containers make them; the agent finds them in the pods
-        prepare_container_region(c.region, c.activity)
-        relay.pods[c.name] = open_in_root("/", str(c.region))
-    stop = threading.Event()
-
-    def relaying() -> None:
-        while not stop.wait(0.05):
-            relay.relay([uuid])
-
-    thread = threading.Thread(target=relaying, daemon=True)
-    thread.start()
-    try:
+    with relaying(node, low, high):
         low_proc = low.start("init", "ctx", "ready", "timeline:3:1000", wait_for="ready", read_only_node=True)
         time.sleep(1.0)
         h = high.run("init", "ctx", "timeline:1:1000", "sleep:400", read_only_node=True)
         out, err = low_proc.communicate(timeout=30)
-        gpu = read_node_regions(node.node_dir, include_dead=True)[uuid]
-    finally:
-        stop.set()
-        thread.join(10)
-        relay.close()
+        gpu = read_node_regions(node.node_dir, include_dead=True)[CARD0]
     assert low_proc.returncode == 0, err
     assert h.returncode == 0, h.stderr
     assert "node region" not in err + h.stderr, err + h.stderr  # both read it
