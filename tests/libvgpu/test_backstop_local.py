@@ -107,8 +107,10 @@ async def test_over_slice_and_shim_bypassing_processes_are_killed_every_time(mac
         mine = node.root / "mine.conf"
         mine.write_text(f"memory_mib=4096\ncontainer_region={node.root / 'mine.region'}\n")
         await killed_within(start(node, {**env, "LIBVGPU_CONFIG": str(mine)}, "init", "ctx", "alloc:100M"), bound)
-        # another GPU index: card 1, which the slice does not hold
-        await killed_within(start(node, no_shim, "init", "ctx:1", "alloc:600M"), bound)
+        # another card: card 1, which the slice does not hold (the process clears the
+        # CUDA_VISIBLE_DEVICES it was given, so the driver shows it every card)
+        everything = {k: v for k, v in no_shim.items() if k != "CUDA_VISIBLE_DEVICES"}
+        await killed_within(start(node, everything, "init", "ctx:1", "alloc:600M"), bound)
     assert good.poll() is None  # it kept to its slice through every check above
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Backstop")]
     assert len(lines) >= 5
@@ -267,7 +269,7 @@ async def test_a_process_carrying_a_whole_card_allocations_id_is_not_let_off(mac
     holder = subprocess.Popen(["sleep", "300"], start_new_session=True)  # carol's, as the hub's account
     node.processes.append(holder)
     await pool.bind(carol.id, str(holder.pid))
-    carried = {k: v for k, v in env.items() if k != "LD_PRELOAD"}
+    carried = {k: v for k, v in env.items() if k not in ("LD_PRELOAD", "CUDA_VISIBLE_DEVICES")}  # every card
     carried["ELASTIC_GPU_ALLOCATION_ID"] = carol.id
     with caplog.at_level(logging.WARNING):
         intruder = start(node, carried, "init", "ctx:1", "alloc:3000M", account=SERVER_ACCOUNT, session=True)
