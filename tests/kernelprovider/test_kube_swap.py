@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -411,7 +412,8 @@ def test_an_elastic_kernel_pod_bursting_into_a_guarantee_is_swapped_out_and_resu
         assert reason.startswith("it held 7 GiB of GPU memory above its 1 GiB guarantee on "), model
         assert "bob's kernel on that GPU needs memory within its own guarantee" in reason, model
         assert model["swap"]["host_mib"] >= 8192, model  # its GPU state, kept in the node's host memory
-        assert [s for s in slices(hub) if s == record["allocation"]["id"]] == []  # no slice until it resumes
+        # no slice until it resumes (the kernel reads as swapped out a moment before its release is done)
+        hub.wait_for(lambda: record["allocation"]["id"] not in slices(hub), 30, 0.2, "alice's slice released")
 
         # room returns (bob's kernel ends, its pod gone): alice's next cell resumes her kernel, its
         # state kept
@@ -448,10 +450,15 @@ def test_an_elastic_kernel_pod_bursting_where_the_node_cannot_checkpoint_is_stop
             kernel, session, record, bob, owner, out = burst_then_owner_asks(stack)
         assert out["status"] == "ok" and "alloc 0" in out["text"], (out, hub.log_tail(40), log.read_text())
         status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
-        assert model["state"] == "failed" and not model["gpu_swapped"], model
-        assert model["reason"].startswith("stopped: it held 7 GiB of GPU memory above its 1 GiB guarantee on "), model
-        assert "This GPU kernel cannot be swapped out: " in model["reason"], model
-        assert "so its state was lost" in model["reason"], model
+        assert not model["gpu_swapped"], model
+        # stopped with the sentence (failed, as a preempted kernel). jupyter-server's restarter may
+        # already have started it afresh (re-admitted: pending or running), so the sentence is read
+        # from the broker's line when the record no longer carries it
+        stopped = re.search(rf"GPU kernel {record['id']} of alice (stopped: .*)", hub.log_tail(400))
+        reason = model["reason"] if model["state"] == "failed" else stopped.group(1) if stopped else ""
+        assert reason.startswith("stopped: it held 7 GiB of GPU memory above its 1 GiB guarantee on "), (model, reason)
+        assert "This GPU kernel cannot be swapped out: " in reason, reason
+        assert "so its state was lost" in reason, reason
     finally:
         agent.stop()
         agent.start()  # the node as the other tests of this module expect it
