@@ -200,6 +200,11 @@ static int dbl_has_node(const char *root, int minor) {
            (int)minor(st.st_rdev) == minor;
 }
 
+/* Physical device i's uuid as NVML prints it (cuDeviceGetUuid's 16 bytes in text). */
+static inline void dbl_uuid_text(int i, char *out, size_t len) {
+    snprintf(out, len, "GPU-d00b1e00-7369-6d2d-6770-7500000000%02x", i);
+}
+
 /* The physical device CUDA_VISIBLE_DEVICES's entry [s, s+n) names among the ``nbase`` devices
  * of ``base`` (an ordinal among them, or a prefix of a "GPU-" uuid naming one); -1: none. */
 static int dbl_visible_entry(const char *s, size_t n, const int *base, int nbase) {
@@ -210,7 +215,7 @@ static int dbl_visible_entry(const char *s, size_t n, const int *base, int nbase
         int found = -1;
         for (int k = 0; k < nbase; k++) {
             char uuid[64];
-            snprintf(uuid, sizeof(uuid), "GPU-d00b1e00-7369-6d2d-6770-7500000000%02x", base[k]);
+            dbl_uuid_text(base[k], uuid, sizeof(uuid));
             if (n <= strlen(uuid) && strncmp(uuid, s, n) == 0) {
                 if (found >= 0) return -1; /* an ambiguous prefix names no device */
                 found = base[k];

@@ -112,9 +112,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *
     *d = (nvmlDevice_t)&devices[i];
     return NVML_SUCCESS;
 }
-static void uuid_of(int i, char *out, unsigned len) {
-    snprintf(out, len, "GPU-d00b1e00-7369-6d2d-6770-7500000000%02x", i);
-}
+static void uuid_of(int i, char *out, unsigned len) { dbl_uuid_text(i, out, len); }
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *out, unsigned int len) {
     struct nvml_mig *m = as_mig(d);
     if (m) {
