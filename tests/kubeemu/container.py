@@ -127,6 +127,32 @@ def listens(ip: str, port: int) -> bool:
     return False
 
 
+def signal_state(pid: int) -> dict[str, Any] | None:
+    """What the kernel says of process ``pid``: its ``state`` (``S (sleeping)`` ...), and the
+    signal numbers it ``caught`` (has a handler for) and ``ignored``; None once it is gone.
+
+    A pid namespace's first process (a container's pid 1) never gets a signal from outside it
+    that it has no handler for (SIGKILL aside): the kernel drops it, not even pending. A SIGTERM
+    sent before its program has installed a handler is lost, and the container then runs until
+    the kubelet kills it at the end of its grace period.
+    """
+    fields: dict[str, str] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields[key] = value.strip()
+    except OSError:
+        return None
+
+    def numbers(mask: str) -> list[int]:
+        bits = int(mask or "0", 16)
+        return [n for n in range(1, 65) if bits & (1 << (n - 1))]
+
+    return {"state": fields.get("State", "?"), "caught": numbers(fields.get("SigCgt", "")),
+            "ignored": numbers(fields.get("SigIgn", ""))}
+
+
 def hosts_file(pod: dict, pod_ip: str, services: list[tuple[str, str, str]]) -> str:
     """The pod's /etc/hosts: localhost, the pod's own names, then Service names.
 

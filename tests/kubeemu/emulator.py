@@ -461,15 +461,18 @@ class KubeEmulator:
         return netpol.allowed(policies, pods[source], pods[dest], port, protocol, namespaces)
 
     def wait_for(self, predicate: Callable[[], Any], timeout: float = 10.0,
-                 interval: float = 0.05, message: str = "condition") -> Any:
-        """Poll predicate() until truthy (returned) or raise TimeoutError naming `message`."""
+                 interval: float = 0.05, message: str = "condition",
+                 explain: Callable[[], str] | None = None) -> Any:
+        """Poll predicate() until truthy (returned) or raise TimeoutError naming `message`
+        (and what ``explain()`` then says, e.g. ``helpers.leftovers``)."""
         deadline = time.monotonic() + timeout
         while True:
             value = predicate()
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout}s waiting for {message}")
+                why = f"\n{explain()}" if explain is not None else ""
+                raise TimeoutError(f"timed out after {timeout}s waiting for {message}{why}")
             time.sleep(interval)
 
     async def async_wait_for(self, predicate: Callable[[], Any | Awaitable[Any]],

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from . import container as ctr
 from .emulator import KubeEmulator
 from .images import Image
 
@@ -33,6 +36,43 @@ def http(emu: KubeEmulator, method: str, path: str, body: Any = None,
         return code, json.loads(raw)
     except ValueError:
         return code, raw.decode()
+
+
+def leftovers(emu: KubeEmulator, namespace: str,
+              plurals: Sequence[str] = ("pods", "secrets", "configmaps")) -> str:
+    """What of ``plurals`` is still in ``namespace``, one line each, for a timed-out wait to say
+    why: deletion timestamp and grace, finalizers, owners (and whether they still exist); for a
+    pod, its phase, whether the kubelet is stopping it and when it kills it, and its container's
+    pid 1 (state, whether it handles SIGTERM: see ``container.signal_state``)."""
+    lines = []
+    for plural in plurals:
+        for obj in emu.list(plural, namespace):
+            meta = obj["metadata"]
+            if plural == "configmaps" and meta["name"] == "kube-root-ca.crt":
+                continue
+            owners = ", ".join(
+                f"{r.get('kind')}/{r.get('name')}"
+                f"{'' if emu.store.by_uid(r.get('uid', '')) is not None else ' (gone)'}"
+                for r in meta.get("ownerReferences") or []) or "none"
+            line = (f"{plural}/{meta['name']}: deletionTimestamp={meta.get('deletionTimestamp')}"
+                    f" grace={meta.get('deletionGracePeriodSeconds')}"
+                    f" finalizers={meta.get('finalizers') or []} owners={owners}")
+            if plural == "pods":
+                line += f" phase={(obj.get('status') or {}).get('phase')}"
+                rt = emu.kubelet.runtime_for(namespace, meta["name"])
+                if rt is None or rt.uid != meta["uid"]:
+                    line += "; no kubelet runtime"
+                else:
+                    kill_in = ("" if rt.kill_at is None
+                               else f", kills in {rt.kill_at - time.monotonic():.1f}s")
+                    line += f"; kubelet: stopping={rt.terminating.is_set()}{kill_in}"
+                    state = ctr.signal_state(rt.pid1) if rt.pid1 else None
+                    if state is not None:
+                        term = ("handles" if signal.SIGTERM in state["caught"] else "ignores"
+                                if signal.SIGTERM in state["ignored"] else "has no handler for")
+                        line += f"; pid 1 (host pid {rt.pid1}) {state['state']}, {term} SIGTERM"
+            lines.append(line)
+    return "\n".join(lines) or f"nothing of {', '.join(plurals)} is left in {namespace}"
 
 
 def pod(name: str, command: list[str] | None = None, **spec: Any) -> dict:

@@ -675,9 +675,17 @@ class PodRuntime:
             self.kubelet.pgids.discard(pgid)
             return
         # SIGTERM to the container's pid 1 only (through the runtime), as a runtime does
+        loop = asyncio.get_running_loop()
+        state = ctr.signal_state(pid1) if pid1 else None
+        if state is not None and signal.SIGTERM not in state["caught"]:
+            # as on a node, the kernel drops it (container.signal_state): say so, for whoever
+            # wonders why the pod takes its whole grace period to go
+            log.warning("pod %s/%s: its container's pid 1 (host pid %s, %s) has no SIGTERM "
+                        "handler (yet) and does not get the SIGTERM; it is killed when its grace "
+                        "period ends, in %.1fs", self.ns, self.name, pid1, state["state"],
+                        max(0.0, (self.kill_at or loop.time()) - loop.time()))
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pgid, signal.SIGTERM)
-        loop = asyncio.get_running_loop()
         while proc.returncode is None:
             remaining = (self.kill_at or loop.time()) - loop.time()
             if remaining <= 0:

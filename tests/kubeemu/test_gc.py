@@ -7,7 +7,7 @@ import time
 import kubernetes
 import pytest
 
-from tests.kubeemu.helpers import pod, py
+from tests.kubeemu.helpers import leftovers, pod, py
 
 
 @pytest.fixture(scope="module")
@@ -25,18 +25,25 @@ def _owner_ref(obj) -> dict:
 def test_deleting_a_server_pod_collects_its_kernel_pods_and_secrets(kube_emulator, core,
                                                                     kube_namespace):
     ns = kube_namespace
-    server = core.create_namespaced_pod(ns, pod("server", py("import time; time.sleep(60)")))
+    # "up" once the program handles SIGTERM: a container's pid 1 gets no SIGTERM it has no
+    # handler for (container.signal_state), and Running comes before the interpreter has
+    # started; the kernel pod, deleted with the default 30 s grace, would outlast the wait
+    up = py("print('up', flush=True); import time; time.sleep(60)")
+    server = core.create_namespaced_pod(ns, pod("server", up))
     ref = _owner_ref(server)
-    kernel = pod("kernel", py("import time; time.sleep(60)"))
+    kernel = pod("kernel", up)
     kernel["metadata"]["ownerReferences"] = [ref]
     core.create_namespaced_pod(ns, kernel)
     core.create_namespaced_secret(ns, {"metadata": {"name": "conn", "ownerReferences": [ref]},
                                        "stringData": {"key": "x"}})
     kube_emulator.wait_for_pod_phase("kernel", "Running", ns)
+    kube_emulator.wait_for(lambda: all("up" in kube_emulator.pod_log(p, ns)
+                                       for p in ("server", "kernel")),
+                           message="both programs to handle SIGTERM")
     core.delete_namespaced_pod("server", ns, grace_period_seconds=1)
     kube_emulator.wait_for(
         lambda: not kube_emulator.list("pods", ns) and not kube_emulator.list("secrets", ns),
-        message="server, kernel and secret to be gone")
+        message="server, kernel and secret to be gone", explain=lambda: leftovers(kube_emulator, ns))
 
 
 def test_orphan_propagation_keeps_dependents_and_drops_the_reference(kube_emulator, core,

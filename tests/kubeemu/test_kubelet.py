@@ -168,7 +168,7 @@ def test_graceful_delete_sends_sigterm_and_pod_disappears(kube_emulator, core, k
     assert "Killing" in reasons
 
 
-def test_sigkill_after_the_grace_period(kube_emulator, core, kube_namespace):
+def test_sigkill_after_the_grace_period(kube_emulator, core, kube_namespace, caplog):
     code = ("import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
             "print('up', flush=True)\ntime.sleep(60)\n")
     core.create_namespaced_pod(kube_namespace, pod("stubborn", py(code)))
@@ -181,6 +181,9 @@ def test_sigkill_after_the_grace_period(kube_emulator, core, kube_namespace):
                            timeout=10, message="pod removal")
     assert 0.9 < time.monotonic() - t0 < 5
     assert not _runs(pid), "the container's process must be dead once its pod is gone"
+    # the log says why the pod took its whole grace period (its pid 1 never got the SIGTERM)
+    assert (f"pod {kube_namespace}/stubborn: its container's pid 1 (host pid {pid}, "
+            in caplog.text and "has no SIGTERM handler" in caplog.text), caplog.text
 
 
 def _runs(pid: int) -> bool:
