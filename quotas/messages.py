@@ -215,6 +215,15 @@ def claims_full(uuid: str, hubs: str, memory_mib: int, cap_mib: int, cores: int,
     )
 
 
+def claim_lapsed(allocation_id: str, ttl_seconds: float, why: str) -> str:
+    """Why a hub gives up a grant: it did not renew its claim in time, and the room is gone."""
+    return (
+        f"GPU slice {allocation_id} was given up: this hub did not renew its claim for over "
+        f"claims_ttl_seconds ({ttl_seconds:.0f} s; the hub was overloaded or could not reach the "
+        f"Kubernetes API), so other hubs took it for gone and gave its room out. {why}"
+    )
+
+
 _RESOURCE_WORDS = {"memory_mib": "GPU memory", "cores_percent": "GPU compute", "gpus": "vGPU"}
 
 

@@ -34,7 +34,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from logging import Logger
 from typing import Any
 from uuid import uuid4
@@ -42,11 +42,10 @@ from uuid import uuid4
 from kubernetes_asyncio.client.rest import ApiException
 
 from libvgpu import contract as C
-from quotas import GPU, Node
-from quotas.messages import claims_full
-from quotas.placement import capacity
+from quotas import GPU
 
 from ..backends import ClaimConflict
+from .claimroom import Claim, lapsed_out, overbooked
 from .hubpod import entry_pods, own_pod, why_gone
 from .rest import call_json
 
@@ -57,27 +56,6 @@ HUB_KEY = "hub."
 #: seconds between two reads of the pod of another live instance of this hub id
 POD_RECHECK_SECONDS = 2.0
 _HUB_ID = re.compile(r"^[-._a-zA-Z0-9]{1,200}$")
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One allocation's hold on cards of one node (memory and cores per card)."""
-
-    hub: str
-    allocation_id: str
-    node: str
-    gpu_uuids: tuple[str, ...]
-    memory_mib: int
-    cores_percent: int
-    whole: bool
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "gpus": list(self.gpu_uuids),
-            "memory_mib": self.memory_mib,
-            "cores_percent": self.cores_percent,
-            "whole": self.whole,
-        }
 
 
 def valid_hub_id(hub_id: str) -> bool:
@@ -146,29 +124,6 @@ def parse(obj: Mapping[str, Any] | None, node: str) -> dict[str, tuple[float, li
     return hubs
 
 
-def overbooked(gpus: Mapping[str, GPU], claims: list[Claim], new: Claim) -> str | None:
-    """A sentence naming the first card of claim ``new`` that ``claims`` (``new`` among them)
-    together overbook; None if all fit."""
-    for uuid in new.gpu_uuids:
-        on = [c for c in claims if uuid in c.gpu_uuids]
-        whole = [c for c in on if c.whole and c != new]
-        if whole:
-            holders = ", ".join(sorted({c.hub for c in whole}))
-            return f"GPU {uuid} is held whole by hub {holders}."
-        if new.whole and len(on) > 1:
-            holders = ", ".join(sorted({c.hub for c in on if c != new}))
-            return f"GPU {uuid} holds slices of hub {holders}, so it cannot be given out whole."
-        gpu = gpus.get(uuid)
-        if gpu is None:
-            continue
-        memory, cores = sum(c.memory_mib for c in on), sum(c.cores_percent for c in on)
-        cap_m, cap_c = capacity(gpu.memory_mib * gpu.memory_oversub), capacity(100 * gpu.cores_oversub)
-        if memory > cap_m or cores > cap_c:
-            hubs = ", ".join(sorted({c.hub for c in on}))
-            return claims_full(uuid, hubs, memory, cap_m, cores, cap_c)
-    return None
-
-
 class ClaimsLedger:
     """This hub's side of the cluster-wide ledger (see the module docstring). Not thread-safe;
     one asyncio loop."""
@@ -223,6 +178,11 @@ class ClaimsLedger:
         self._gone: set[str] = set()
         #: instance -> when its pod was last read and found running
         self._pod_checked: dict[str, float] = {}
+        #: the cards' capacities (set by the pool from its inventory): what a lapsed claim is checked against
+        self.gpus: Mapping[str, GPU] = {}
+        #: allocation id -> why: grants whose claims lapsed and no longer fit (:func:`.claimroom.lapsed_out`);
+        #: the pool deletes their pods and releases them
+        self.lost: dict[str, str] = {}
 
     # ---- reading ------------------------------------------------------------------------
 
@@ -337,8 +297,10 @@ class ClaimsLedger:
         """Other hubs' entries that still hold: renewed within the TTL; or, for a hub that went
         silent, what its pods on ``node`` that still run hold (``running``; ``where`` names each
         hub's namespace), renewed on its behalf: the pods are the truth, and a dead hub's running
-        notebooks still use the cards, even those it had not yet claimed when it died."""
-        live = {}
+        notebooks still use the cards. A pod its entry does not claim (a grant that lapsed while
+        that hub stalled, whose pod came late) is added only where it fits beside every other
+        claim: its room went to others, and that hub gives it up when it wakes."""
+        live, unclaimed = {}, {}
         for hub, (renewed_at, claims) in hubs.items():
             if hub == self.hub_id:
                 continue
@@ -350,16 +312,26 @@ class ClaimsLedger:
                 live[hub] = (renewed_at, claims)
             elif self.running is not None:
                 if where.get(hub):
-                    kept = [
+                    pods = [
                         replace(claim, hub=hub)
                         for namespace, claim in self.running.values()
                         if namespace == where[hub] and claim.node == node
                     ]
                 else:  # an entry that does not name its namespace: keep what still has a pod
-                    kept = [c for c in claims if c.allocation_id in self.running]
-                if kept:
-                    live[hub] = (now, sorted(kept, key=lambda c: c.allocation_id))
-        return live
+                    pods = [replace(c, hub=hub) for c in claims if c.allocation_id in self.running]
+                held = {c.allocation_id for c in claims}
+                live[hub] = (now, [c for c in pods if c.allocation_id in held])
+                unclaimed[hub] = [c for c in pods if c.allocation_id not in held]
+        for hub, pods in sorted(unclaimed.items()):
+            others = [c for _, claims in live.values() for c in claims]
+            others += [c for c in self.mine.values() if c.node == node]
+            left_out = lapsed_out(self.gpus, others, pods, (), self.ttl)
+            live[hub][1].extend(c for c in pods if c.allocation_id not in left_out)
+        return {
+            hub: (renewed_at, sorted(claims, key=lambda c: c.allocation_id))
+            for hub, (renewed_at, claims) in live.items()
+            if claims
+        }
 
     def silent_hubs(self, now: float | None = None) -> set[str]:
         """Other hubs whose entries (as last read) were not renewed within the TTL."""
@@ -415,10 +387,14 @@ class ClaimsLedger:
         }
         return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
 
-    async def _swap(self, node: str, check: Callable[[list[Claim]], None] | None = None, force: bool = False) -> bool:
+    async def _swap(
+        self, node: str, check: Callable[[list[Claim]], None] | None = None, force: bool = False, taking: str = ""
+    ) -> bool:
         """Write this hub's claims on ``node`` (and drop expired hubs) by compare-and-swap; ``check``
-        sees every live claim after the change and raises ClaimConflict to refuse it. Returns
-        whether it wrote."""
+        sees every live claim after the change and raises ClaimConflict to refuse it (``taking``:
+        the allocation id of the claim it checks). A claim of this hub that the object does not
+        hold (it lapsed) is written back only where it still fits (:func:`.claimroom.lapsed_out`).
+        Returns whether it wrote."""
         for attempt in range(50):
             obj = self._objects.get(node)
             cached = obj is not None
@@ -442,9 +418,21 @@ class ClaimsLedger:
             if self.hub_id in hubs and instances(obj).get(self.hub_id, "") != self.instance:
                 self._adopt(hubs[self.hub_id][1])
             mine = [c for c in self.mine.values() if c.node == node]
+            held = {c.allocation_id for c in hubs.get(self.hub_id, (0.0, []))[1]} | {taking}
+            others = [c for _, claims in live.values() for c in claims]
+            lost = lapsed_out(self.gpus, others, mine, held, self.ttl)
+            if lost and cached:
+                self._objects.pop(node, None)  # decided on what we last saw: read it fresh first
+                continue
+            for allocation_id, why in lost.items():
+                self.mine.pop(allocation_id, None)
+                self.adopted.discard(allocation_id)
+                self.lost[allocation_id] = why
+                self.log.warning("%s", why)
+            mine = [c for c in mine if c.allocation_id not in lost]
             if check is not None:
                 try:
-                    check([c for _, claims in live.values() for c in claims] + mine)
+                    check(others + mine)
                 except ClaimConflict:
                     if not cached:
                         self.stats["refused"] += 1
@@ -513,9 +501,10 @@ class ClaimsLedger:
             if self.rival is not None:  # on any node: this process's view of its hub's claims is not its own
                 self.stats["refused"] += 1
                 raise HubIdInUse(self.rival_message(self.rival))
+            self.gpus = gpus
             self.mine[claim.allocation_id] = claim
             try:
-                await self._swap(claim.node, check, force=True)
+                await self._swap(claim.node, check, force=True, taking=claim.allocation_id)
             except BaseException:
                 self.mine.pop(claim.allocation_id, None)
                 raise
@@ -562,29 +551,3 @@ class ClaimsLedger:
                 except (ApiException, ClaimConflict, asyncio.TimeoutError) as e:
                     self.log.warning("Could not hand over the GPU claims of node %s: %s", node, e)
 
-
-def without(nodes: list[Node], others: list[Claim]) -> list[Node]:
-    """The nodes as this hub may use them: each card carries what other hubs hold of it
-    (``GPU.held_*``), so the admission core leaves that room alone without counting it against
-    any quota or offering it to preemption, and a request that fits the card still waits."""
-    held: dict[str, list[Claim]] = {}
-    for claim in others:
-        for uuid in claim.gpu_uuids:
-            held.setdefault(uuid, []).append(claim)
-    if not held:
-        return nodes
-    result = []
-    for node in nodes:
-        gpus = []
-        for gpu in node.gpus:
-            claims = held.get(gpu.uuid)
-            if claims:
-                gpu = replace(
-                    gpu,
-                    held_whole=any(c.whole for c in claims),
-                    held_memory_mib=sum(c.memory_mib for c in claims if not c.whole),
-                    held_cores_percent=sum(c.cores_percent for c in claims if not c.whole),
-                )
-            gpus.append(gpu)
-        result.append(replace(node, gpus=tuple(gpus)))
-    return result

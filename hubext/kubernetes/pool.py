@@ -29,7 +29,8 @@ from quotas import GPU, Allocation, ConfigError, GPURequest, Node, Pool, load_po
 
 from ..backends import GoneCallback, PoolBackend, ReleaseCause
 from .cardhealth import CardHealth
-from .claims import Claim, ClaimsLedger, valid_hub_id, without
+from .claimroom import Claim, without
+from .claims import ClaimsLedger, valid_hub_id
 from .launcher import KubernetesKernelLauncher
 from .quantities import cpu_and_memory
 from .rest import call_json
@@ -162,6 +163,8 @@ class KubernetesPool(PoolBackend):
             self.namespace = self._default_namespace()
         self.reflector: ManagedPodReflector | None = None
         self._seen: set[str] = set()
+        #: lapsed grants this hub gave up (the allocator was told; see _give_up_lapsed)
+        self._lapsed_told: set[str] = set()
         self._task: asyncio.Task | None = None
         self._on_gone: GoneCallback | None = None
         #: the cluster-wide claims ledger (None when claims_namespace is empty)
@@ -280,6 +283,7 @@ class KubernetesPool(PoolBackend):
         self._physical = {gpu.uuid: gpu for node in nodes for gpu in node.gpus}
         self._physical_nodes = nodes
         if self.claims is not None:
+            self.claims.gpus = self._physical
             await self.claims.refresh()
             held = self.claims.others()
             self._others_seen = frozenset(held)
@@ -368,7 +372,7 @@ class KubernetesPool(PoolBackend):
             if C.swapped_out(meta.get("annotations")):
                 continue  # a kernel swapped out holds no slice until its resume
             allocation = C.allocation_from_metadata(meta.get("labels"), meta.get("annotations"))
-            if allocation is not None:
+            if allocation is not None and not (self.claims and allocation.id in self.claims.lost):
                 # the node CPU and memory it holds: what its pod asks of the node
                 cpu, memory = pod_requests(pod)
                 live[allocation.id] = replace(allocation, cpu_millicores=cpu, host_memory_mib=memory)
@@ -382,6 +386,7 @@ class KubernetesPool(PoolBackend):
             self.claims.mine = {a.id: self._claim(a) for a in live.values()}
             await self.claims.sync()
             self._claims_adopted = True
+            live = self._live()  # less what could not be claimed again (deleted by the next reconcile)
         return list(live.values())
 
     def _claim(self, allocation: Allocation) -> Claim:
@@ -467,22 +472,44 @@ class KubernetesPool(PoolBackend):
             if self.capacity_changed is not None:
                 await self.capacity_changed()
 
+    async def _give_up_lapsed(self) -> None:
+        """Grants whose claims lapsed while this hub did not renew them and that no longer fit
+        (``ClaimsLedger.lost``): the allocator releases them (once), their pods are deleted (also
+        one its launcher creates later) with an event that says why."""
+        if self.claims is None:
+            return
+        for allocation_id, why in sorted(self.claims.lost.items()):
+            if allocation_id not in self._lapsed_told:
+                self._lapsed_told.add(allocation_id)
+                self._seen.discard(allocation_id)
+                if self._on_gone:
+                    await self._on_gone(allocation_id, why)
+            for pod in list((self.reflector.resources if self.reflector else {}).values()):
+                meta = pod.get("metadata", {})
+                if (meta.get("annotations") or {}).get(C.ALLOCATION_ID) == allocation_id and not meta.get(
+                    "deletionTimestamp"
+                ):
+                    await self._delete(meta, "GPUClaimLapsed", why)
+
     async def evict(self, allocation: Allocation, reason: str) -> None:
-        for key, pod in list((self.reflector.resources if self.reflector else {}).items()):
+        for pod in list((self.reflector.resources if self.reflector else {}).values()):
             meta = pod.get("metadata", {})
-            if (meta.get("annotations") or {}).get(C.ALLOCATION_ID) != allocation.id:
-                continue
-            name, namespace = meta["name"], meta["namespace"]
-            await self._event(namespace, name, meta.get("uid"), "Preempted", reason)
-            try:
-                await asyncio.wait_for(
-                    self.api.delete_namespaced_pod(name, namespace, grace_period_seconds=5),
-                    self.k8s_api_request_timeout,
-                )
-                self.log.warning("Preempted pod %s: %s", key, reason)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
+            if (meta.get("annotations") or {}).get(C.ALLOCATION_ID) == allocation.id:
+                await self._delete(meta, "Preempted", reason)
+
+    async def _delete(self, meta: Mapping[str, Any], reason: str, message: str) -> None:
+        """Delete a GPU pod (5 s grace) with a Warning event ``reason``: ``message``."""
+        name, namespace = meta["name"], meta["namespace"]
+        await self._event(namespace, name, meta.get("uid"), reason, message)
+        try:
+            await asyncio.wait_for(
+                self.api.delete_namespaced_pod(name, namespace, grace_period_seconds=5),
+                self.k8s_api_request_timeout,
+            )
+            self.log.warning("Deleted pod %s/%s (%s): %s", namespace, name, reason, message)
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
     async def _event(self, namespace: str, name: str, uid: str | None, reason: str, message: str) -> None:
         now = datetime.now(timezone.utc)
@@ -517,5 +544,6 @@ class KubernetesPool(PoolBackend):
                         self.claims.adopted.discard(allocation_id)  # another process's grant, taken over
                         await self.claims.drop(allocation_id)
                 await self._sync_claims()
+                await self._give_up_lapsed()
             except Exception:
                 self.log.exception("GPU ledger reconciliation failed; retrying")

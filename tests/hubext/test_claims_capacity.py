@@ -7,7 +7,8 @@ import logging
 
 import pytest
 
-from hubext.kubernetes.claims import Claim, ClaimsLedger, overbooked, parse, valid_hub_id, without
+from hubext.kubernetes.claimroom import Claim, overbooked, without
+from hubext.kubernetes.claims import ClaimsLedger, parse, valid_hub_id
 from hubext.kubernetes.pool import KubernetesPool
 from quotas import ConfigError, PoolFull
 from tests.quotas.builders import GIB, alloc, node, pool, req, state

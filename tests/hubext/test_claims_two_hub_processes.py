@@ -163,6 +163,45 @@ def two_hubs(tmp_path_factory):
         emu.stop()
 
 
+def _ledger(emu) -> dict[str, object]:
+    """Every hub's entry in the claims objects, as stored."""
+    return {
+        f"{cm['metadata']['name']}/{key}": json.loads(raw)
+        for cm in emu.list("configmaps", NS_CLAIMS)
+        for key, raw in (cm.get("data") or {}).items()
+    }
+
+
+def _pods(emu) -> list[tuple[str, str, str | None, str | None]]:
+    """(namespace, allocation id, phase, deletionTimestamp) of every GPU pod."""
+    return [
+        (
+            p["metadata"]["namespace"],
+            (p["metadata"].get("annotations") or {}).get(C.ALLOCATION_ID, ""),
+            (p.get("status") or {}).get("phase"),
+            p["metadata"].get("deletionTimestamp"),
+        )
+        for p in emu.list("pods", None, label_selector=f"{C.MANAGED}=true")
+    ]
+
+
+def _story(problems: list[str], first: dict[str, object], marks: list[tuple[float, str]], hubs: dict) -> str:
+    """What a failure needs to be understood: the first overbooking, when it was seen against B's
+    kill and restart, what the ledger and the pods held then, and the hubs' claims log lines."""
+    at = float(first.get("at", 0.0))  # type: ignore[arg-type]
+    when = ", ".join(f"{what} {t - at:+.2f} s" for t, what in marks)
+    logs = "\n".join(
+        f"{ns}: {line}"
+        for ns, hub in hubs.items()
+        for line in hub.log_tail(4000).splitlines()
+        if "claim" in line.lower() or "hub id" in line.lower()
+    )
+    return (
+        f"{len(problems)} samples overbooked, first: {problems[0]}\nrelative to it: {when}\n"
+        f"ledger: {json.dumps(first.get('ledger'), indent=1)}\npods: {first.get('pods')}\nlogs:\n{logs}"
+    )
+
+
 def test_two_hub_processes_share_one_node_without_overbooking_and_a_killed_hub_leaves_no_claim(two_hubs):
     emu, hubs, tokens = two_hubs
     hub_a, hub_b = hubs[NS_A], hubs[NS_B]
@@ -182,10 +221,15 @@ def test_two_hub_processes_share_one_node_without_overbooking_and_a_killed_hub_l
     b_finished = 0
     lock = threading.Lock()
 
+    marks: list[tuple[float, str]] = []  # when B was killed and came back (for a failure's story)
+    first: dict[str, object] = {}  # what the ledger and the pods held when a card was first overbooked
+
     def watch() -> None:
         nonlocal samples
         while not done.is_set():
             found, shared = _over(emu, [NS_A, NS_B], NS_CLAIMS)
+            if found and not first:
+                first.update(at=time.monotonic(), ledger=_ledger(emu), pods=_pods(emu))
             problems.extend(found)
             shared_seen.update(shared)
             samples += 1
@@ -227,6 +271,7 @@ def test_two_hub_processes_share_one_node_without_overbooking_and_a_killed_hub_l
                 b_finished += 1
                 if b_finished == 40:
                     b_killed.set()
+                    marks.append((time.monotonic(), "B killed"))
                     hub_b.kill()  # mid-run: no release, no more renewal, its requests in flight lost
 
     def b_pods() -> set[str]:
@@ -252,7 +297,9 @@ def test_two_hub_processes_share_one_node_without_overbooking_and_a_killed_hub_l
             recovery.append(f"claims without pods {claimed - running}, pods without claims {running - claimed}")
         # B comes back: it claims again what its pods hold, and its reconcile drops what is gone;
         # it shuts down the kernels it left, which lets A's waiting requests in
+        marks.append((time.monotonic(), "B restarting"))
         hub_b.start()
+        marks.append((time.monotonic(), "B restarted"))
         status, listed = hub_b.api("GET", "/gpu/kernels")
         if status != 200:
             recovery.append(f"B's kernels after its restart: {status} {listed}")
@@ -273,7 +320,7 @@ def test_two_hub_processes_share_one_node_without_overbooking_and_a_killed_hub_l
     assert not comeback.is_alive() and recovery == [], recovery
     done.set()
     watcher.join()
-    assert problems == [], problems[:5]
+    assert problems == [], _story(problems, first, marks, hubs)
     assert samples > 50 and shared_seen, "both hubs should have shared a card at some moment"
     assert len(results[NS_A]) == 100 and set(results[NS_A]) <= {"ok", "own-only"}, sorted(set(results[NS_A]))
     assert 40 <= results[NS_B].count("ok") < 100, results[NS_B]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 import uuid
 
 import pytest
@@ -547,3 +548,87 @@ def test_the_hub_pod_is_hostname_and_pod_namespace_in_a_pod_and_none_outside(mon
     assert (pool.hub_pod_name, pool.hub_pod_namespace) == ("hub-7d9f-abcde", "jhub")
     monkeypatch.delenv("POD_NAMESPACE")
     assert KubernetesPool(namespace="users").hub_pod_namespace == "users"
+
+
+async def test_a_hub_that_stalled_past_the_ttl_does_not_write_back_a_claim_another_hub_gave_out(
+    kube_emulator,  # noqa: F811
+):
+    """A live hub whose event loop stalls longer than the TTL (a loaded machine) renews nothing;
+    another hub drops its claims that no pod backs yet (as if it had died) and gives that room out.
+    When the stalled hub wakes, its launcher creates the pod for its grant and its next renewal
+    wrote the lapsed claim back unchecked: the card's claims overbooked (seen in a CI run of
+    test_claims_two_hub_processes.py: five claims, 56 GiB of 40 GiB). A lapsed claim is a new claim:
+    checked like one, and where it no longer fits, the grant is lost: its pod is deleted with an
+    event that says why and the allocator releases it."""
+    emu, tag = kube_emulator, uuid.uuid4().hex[:6]
+    node, uuids = _node(emu, tag)
+    ns_a, ns_b, ns_claims = _namespace(emu, "hub-a"), _namespace(emu, "hub-b"), _namespace(emu, "claims")
+    hub_a, hub_b = _hub(ns_a, ns_claims, tag, ttl=1.5), _hub(ns_b, ns_claims, tag, ttl=1.5)
+    loop = asyncio.get_running_loop()
+
+    async def until(what: str, done, seconds: float = 15.0) -> None:
+        deadline = loop.time() + seconds
+        while not done():
+            assert loop.time() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
+
+    try:
+        await asyncio.gather(hub_a.ensure_started(), hub_b.ensure_started())
+        # B runs a small kernel (its pod backs its claim) and is granted a large one
+        small = await hub_b.allocate(GPURequest(owner=Owner("b"), memory_mib=4096, cores_percent=10), queue=False)
+        _pod(emu, small, ns_b)
+        lapsed = await hub_b.allocate(GPURequest(owner=Owner("b"), memory_mib=20480, cores_percent=50), queue=False)
+        # B stalls: its reconcile (which renews its claims) does not run
+        hub_b.backend._task.cancel()
+        await until("A to rebuild B's claims from its pods", lambda: _claims_of(emu, ns_claims, ns_b) == {small.id})
+        taken = []
+        while True:  # A gives out every card, the room B's lapsed claim held among it
+            try:
+                taken.append(
+                    await hub_a.allocate(GPURequest(owner=Owner("a"), memory_mib=20480, cores_percent=50), queue=False)
+                )
+            except PoolFull:
+                break
+        assert len(taken) == 3, taken
+        problems: list[str] = []
+
+        def watch() -> None:
+            found, _ = _over(emu, [ns_a, ns_b], ns_claims)
+            problems.extend(p for p in found if p.startswith("claims"))
+
+        # B's launcher creates the pod of its lapsed grant while B's claims are still A's to rebuild:
+        # A lists it among B's pods, and leaves it out (its room is A's now)
+        pod = _pod(emu, lapsed, ns_b)
+        created = time.time()
+        ledger_a = hub_a.backend.claims
+
+        listed: list[float] = []
+
+        def listed_again() -> bool:  # A listed the late pod, and synced once more after that
+            watch()
+            if lapsed.id in (ledger_a.running or {}) and ledger_a.running_at > created:
+                listed.append(ledger_a.running_at)
+            return bool(listed) and ledger_a.running_at > listed[0]
+
+        await until("A to list B's pods again since the late pod", listed_again)
+        assert _claims_of(emu, ns_claims, ns_b) == {small.id} and problems == [], problems[:2]
+        hub_b.backend._task = asyncio.ensure_future(hub_b.backend._reconcile_forever())
+
+        def settled() -> bool:
+            watch()
+            gone = emu.get("pods", pod, ns_b)
+            return hub_b.get(lapsed.id) is None and (gone is None or bool(gone["metadata"].get("deletionTimestamp")))
+
+        try:
+            await until("B to give its lapsed grant up and delete its pod", settled)
+        except AssertionError as e:
+            raise AssertionError(f"{e}; the claims meanwhile: {problems[:2]}") from None
+        for _ in range(10):  # and B never writes the claim back afterwards
+            settled()
+            await asyncio.sleep(0.1)
+        assert problems == [], problems[:3]
+        assert _claims_of(emu, ns_claims, ns_b) == {small.id} and hub_b.get(small.id) is not None
+        events = [e for e in emu.list("events", ns_b) if e.get("involvedObject", {}).get("name") == pod]
+        assert any("claims_ttl_seconds" in e.get("message", "") for e in events), events
+    finally:
+        await _tear_down(emu, node, (ns_a, ns_b, ns_claims), hub_a, hub_b)
