@@ -503,10 +503,11 @@ def write_priority_table(
     """Write ``<node_region_dir>/priorities``: one ``<allocation name> <priority> [<GPU uuid>,...]``
     line each (``gpus``: the cards each allocation holds; none listed: any card).
 
-    The node region is writable by every container, so the shim does not believe the priority
-    a container writes into its entry: it holds launches only for an entry whose name and
-    priority this table confirms, on a card the allocation holds. Written by the hub (single machine) or the node agent
-    (Kubernetes), mode 0644 in the node-region directory (sticky, or the agent's), replaced atomically, so a
+    A container states its own entry's priority (in its container region, relayed, or in the
+    node region where it may write it), so the shim does not believe the priority it states: it
+    holds launches only for an entry whose name and priority this table confirms, on a card the
+    allocation holds. Written by the hub (single machine) or the node agent (Kubernetes), mode
+    0644 in the node-region directory (the hub's or the agent's), replaced atomically, so a
     container can neither change nor remove it. Returns whether the file changed.
     """
     root = Path(directory)

@@ -29,6 +29,7 @@ from typing import Any
 from traitlets import Bool, Float, Instance, Unicode
 
 from libvgpu import contract as C
+from libvgpu.agent.relay import Relay
 from libvgpu.backstop import Backstop
 from libvgpu.elastic import pending_reclaims
 from libvgpu.regions import (
@@ -45,6 +46,7 @@ from .backstop import LocalBackstop
 from .inventory import detect_nvml_gpus, machine_resources, nvml_activity, shim_library
 from .launcher import LocalKernelLauncher
 from .ledger import LEDGER_FILE, Ledger
+from .noderegions import prepare_node_dir
 from .processes import process_alive, process_start_time, process_uid, signal_all, slice_processes, stop_slice
 
 
@@ -109,6 +111,17 @@ class LocalPool(PoolBackend):
         help="""Path of the NVML library to load for the inventory and the backstop instead of
         the driver's libnvidia-ml.so.1. Default: '' (the driver's).""",
     )
+    relay_interval_seconds = Float(
+        0.05,
+        config=True,
+        help="""Seconds between two copies of each slice's own entry (priority, memory in use,
+        launches, bursts, reclaims: written by its shim into its container region) into the
+        card's node region, which only the hub writes (a user's code can neither rewrite another
+        slice's entry nor replace the file). The shims see the other slices at most this late.
+        Not done on simulated GPUs (no shim uses them). 0 turns the copy off: then only holders
+        of the hub's own account, which write their entries themselves, see each other.
+        Default: 0.05.""",
+    )
     backstop_policy = Instance(Backstop, allow_none=True, help="The backstop's policy (set at start).")
 
     def __init__(self, **kwargs: Any) -> None:
@@ -121,6 +134,7 @@ class LocalPool(PoolBackend):
         self._evicted: set[str] = set()
         self._kill_tasks: dict[str, asyncio.Task] = {}  # allocation id -> the stop of its processes
         self._backstop_task: asyncio.Task | None = None
+        self._relay_task: asyncio.Task | None = None
         self._server_accounts: dict[int, set[str]] = {}  # uid -> hub users whose servers ran as it
         self._aliases: dict[str, str] = {}  # a swapped-out allocation id -> the one its kernel resumed in
 
@@ -161,10 +175,11 @@ class LocalPool(PoolBackend):
             directory.mkdir(exist_ok=True)
             os.chmod(directory, mode)
         node_regions = self.regions_dir / "node"
-        node_regions.mkdir(exist_ok=True)
-        os.chmod(node_regions, 0o1777)  # shared by every holder on the node, like /tmp
         self.ledger = Ledger(self.ledger_path)
         self._pool = self._detect()
+        cards = [g.uuid for n in self._pool.nodes for g in n.gpus]
+        shim = bool(self.preload_shim and shim_library()) and not self.simulated  # no shim sees a simulated card
+        prepare_node_dir(node_regions, cards, self.log, shim)  # the hub's, read-only to users
         self.ledger.save_inventory(self._pool, self.simulated)
         self._drop_stale()
         held = set(self.ledger.holders())
@@ -174,6 +189,9 @@ class LocalPool(PoolBackend):
                 self.server_running(int(holder), allocation.owner.user)
         self._set_priorities({k: v for k, v in read_priority_table(node_regions).items() if k in held})
         self._task = asyncio.ensure_future(self._watch())
+        if shim and cards and self.relay_interval_seconds > 0:
+            self._relay_task = asyncio.ensure_future(Relay(node_regions).run(
+                lambda: cards, self.relay_interval_seconds, self.log, containers=self._container_regions))
         if self.backstop and not self.simulated and any(n.gpus for n in self._pool.nodes):
             self._start_backstop()
 
@@ -297,13 +315,14 @@ class LocalPool(PoolBackend):
         if self._backstop_task is not None:
             self._backstop_task.cancel()
             self._backstop_task = None
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._task = None
+        for task in (self._relay_task, self._task):  # the relay closes its files as it ends
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):
+                    pass
+        self._relay_task = self._task = None
         if self.ledger is not None:
             self.ledger.close()
 
@@ -405,6 +424,10 @@ class LocalPool(PoolBackend):
         return self.ledger.events(limit) if self.ledger else []
 
     # ---- internals ---------------------------------------------------------------------------
+
+    def _container_regions(self) -> dict[str, Path]:
+        """Each held slice's container region, whose entries the relay copies into the node regions."""
+        return {a: self.region_dir(a) / "container.region" for a in self.ledger.holders()}
 
     def _set_priorities(self, priorities: dict[str, int], new: Allocation | None = None) -> None:
         """The node regions' priority table (the shim believes a priority only if it is here, on

@@ -19,6 +19,11 @@ root, never the host's), opened read-only, without blocking (a FIFO) and without
 final symlink, and accepted only as a regular file of a container region's size with a valid
 header. The agent reads it with ``pread`` (never a mapping: the pod may truncate its file).
 
+In single-machine mode the hub's local pool (:class:`hubext.local.pool.LocalPool`) runs the same
+relay over the node regions it owns (``regions/node``, 0755 and 0644, written by the hub only):
+it knows each slice's container region (a file in a directory of the hub's), so it names them
+(:meth:`Relay.follow`) instead of looking for pods.
+
 An entry lives while some process of its container does (the container region's per-process
 OFD locks); the agent holds an OFD read lock on the entry's liveness byte meanwhile, so that
 the shims and :func:`libvgpu.regions.read_node_region` see it alive exactly as an entry a shim
@@ -273,6 +278,19 @@ class Relay:
                 except OSError:
                     continue
 
+    def follow(self, regions: Mapping[str, str | os.PathLike[str]]) -> None:
+        """Relay exactly these container regions (a key per container -> its path on this host),
+        for a relay that knows its containers (the single-machine pool) instead of discovering
+        pods: opens the new ones (one not made yet is tried again next time), closes the others."""
+        for key in [k for k in self.pods if k not in regions]:
+            os.close(self.pods.pop(key))
+        for key, path in regions.items():
+            if key not in self.pods:
+                try:
+                    self.pods[key] = open_in_root("/", os.fspath(path))
+                except OSError:
+                    continue
+
     def _card(self, uuid: str) -> CardRegion | None:
         card = self.cards.get(uuid)
         if card is None:
@@ -299,16 +317,21 @@ class Relay:
         return by_card
 
     async def run(self, cards: Callable[[], Iterable[str]], interval_seconds: float, log: logging.Logger,
-                  discover_seconds: float = 0.25) -> None:
-        """Relay every ``interval_seconds``, looking for new pods every ``discover_seconds``,
-        until cancelled."""
+                  discover_seconds: float = 0.25,
+                  containers: Callable[[], Mapping[str, str | os.PathLike[str]]] | None = None) -> None:
+        """Relay every ``interval_seconds``, looking for new pods every ``discover_seconds`` (or,
+        with ``containers``, following the container regions it names: :meth:`follow`), until
+        cancelled."""
         next_discovery = 0.0
         warned: dict[str, str] = {}
         try:
             while True:
                 try:
                     if time.monotonic() >= next_discovery:
-                        await asyncio.to_thread(self.discover)
+                        if containers is None:
+                            await asyncio.to_thread(self.discover)
+                        else:
+                            await asyncio.to_thread(self.follow, dict(containers()))
                         next_discovery = time.monotonic() + discover_seconds
                     await asyncio.to_thread(self.relay, list(cards()))
                 except OSError as e:
