@@ -458,15 +458,11 @@ class GPUAllocator(SingletonConfigurable):
 
         A grant the pool's shared ledger refuses (``ClaimConflict``: another hub claimed the
         capacity first) is taken back and its request stays in line; the pool is then re-read
-        and the queue decided again, as long as re-reading changed what this hub may use."""
+        in the same hold of the lock (so no other pass decides on the view just refused) and the
+        queue decided again, as long as re-reading changed what this hub may use."""
         for _ in range(5):
             if not await self._pump_once():
                 return
-            async with self._lock:
-                before = self.state.pool
-                self.state.set_pool(await self.backend.claimed_inventory() or await self.backend.inventory())
-                if self.state.pool == before:
-                    return
 
     def _wake_when_overdue(self) -> None:
         """Pass over the queue again when the next waiting request reaches
@@ -488,7 +484,8 @@ class GPUAllocator(SingletonConfigurable):
             self._queue.move_failed(entry, allocation_id)
 
     async def _pump_once(self) -> bool:
-        """One pass over the queue; True when a grant was refused by the pool's shared ledger."""
+        """One pass over the queue; True when a grant was refused by the pool's shared ledger and
+        the pool, re-read, changed (then the queue is decided again)."""
         conflicted = False
         async with self._lock:
             for waiter in list(self._waiters):
@@ -504,6 +501,11 @@ class GPUAllocator(SingletonConfigurable):
                     self._moving.add(task)
                     task.add_done_callback(self._moving.discard)
                 waiter, decision = step.waiting.extra["waiter"], step.decision
+                if decision.granted and conflicted and not decision.victims:
+                    # decided on the view the ledger just refused: decided again on the re-read pool
+                    self.state.remove(decision.allocation.id)
+                    self._queue.requeue(step.waiting)
+                    continue
                 if decision.granted:
                     for victim in decision.victims:
                         reason = (
@@ -556,4 +558,8 @@ class GPUAllocator(SingletonConfigurable):
                     if waiter.progress:
                         waiter.progress(reason, ahead)
             self._wake_when_overdue()
-        return conflicted
+            if not conflicted:
+                return False
+            before = self.state.pool
+            self.state.set_pool(await self.backend.claimed_inventory() or await self.backend.inventory())
+            return self.state.pool != before

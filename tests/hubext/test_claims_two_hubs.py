@@ -632,3 +632,38 @@ async def test_a_hub_that_stalled_past_the_ttl_does_not_write_back_a_claim_anoth
         assert any("claims_ttl_seconds" in e.get("message", "") for e in events), events
     finally:
         await _tear_down(emu, node, (ns_a, ns_b, ns_claims), hub_a, hub_b)
+
+
+async def test_a_grant_the_ledger_refuses_is_not_offered_again_on_the_view_it_was_refused_on(
+    kube_emulator,  # noqa: F811
+):
+    """Hub B has not yet seen that hub A holds both cards whole. Ten of B's requests arrive at
+    once: the first pass over B's queue grants two of them on what B last read, and the ledger
+    refuses both. The pool was re-read only after the pass had let go of the allocator's lock, so
+    every other caller's pass came first and was refused again on the same stale view (seen in the
+    two-hub-process test: one grant taken back 50 times in 0.4 s, a GET of the claims each).
+    Re-read under the same lock, only the first pass meets the refusals."""
+    emu, tag = kube_emulator, uuid.uuid4().hex[:6]
+    node, uuids = _node(emu, tag)
+    ns_a, ns_b, ns_claims = _namespace(emu, "hub-a"), _namespace(emu, "hub-b"), _namespace(emu, "claims")
+    hub_a, hub_b = _hub(ns_a, ns_claims, tag), _hub(ns_b, ns_claims, tag)
+    hub_b.backend.reconcile_interval_seconds = 60  # B reads the others' claims only when refused
+    try:
+        await asyncio.gather(hub_a.ensure_started(), hub_b.ensure_started())
+        for _ in uuids:
+            await hub_a.allocate(GPURequest(owner=Owner("a"), memory_mib=CARD_MIB, cores_percent=100, whole=True))
+        # ten requests arrive while a pass holds B's allocator (as under load: many callers queue on it)
+        async with hub_b._lock:
+            calls = [
+                asyncio.ensure_future(
+                    hub_b.allocate(GPURequest(owner=Owner(f"b{i}"), memory_mib=4096, cores_percent=10), timeout=2)
+                )
+                for i in range(10)
+            ]
+            await asyncio.sleep(0.1)
+        results = await asyncio.gather(*calls, return_exceptions=True)
+        assert all(isinstance(r, PoolFull) for r in results), results
+        refused = hub_b.backend.claims.stats["refused"]
+        assert refused <= 2, f"{refused} grants refused by the ledger, on a view known to be stale after the first"
+    finally:
+        await _tear_down(emu, node, (ns_a, ns_b, ns_claims), hub_a, hub_b)
