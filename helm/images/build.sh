@@ -9,6 +9,9 @@
 # JUPYTERHUB_VERSION build argument, on JupyterHub 6 (--jupyterhub6, default 6.1.1; '' skips
 # it); the end-to-end test runs with each.
 #
+# The builds run side by side (the stand-ins, then the images after the wheel stage they share;
+# mostly downloads and unpacking): each says its seconds as it ends.
+#
 # Engine: the one DOCKER_HOST names, else a dockerd of Debian's docker.io (apt-get install
 # docker.io) started here under its own data root and stopped at the end. It runs without
 # networking of its own (no bridge, no iptables): builds and checks use the host's network.
@@ -33,7 +36,7 @@ while [ $# -gt 0 ]; do
     --no-check) CHECK=0; shift ;;
     --jupyterhub6) JUPYTERHUB6=${2?--jupyterhub6 needs a value}; shift 2 ;;
     --jupyterhub6=*) JUPYTERHUB6=${1#--jupyterhub6=}; shift ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "./dev images: unknown option '$1' (options: --registry REGISTRY, --no-check, --jupyterhub6 VERSION)" >&2; exit 2 ;;
   esac
 done
@@ -131,57 +134,105 @@ standin_debian() {
   fi
   echo "$image"
 }
-STANDIN_CONTEXT=""
+JOBS_DIR=$(mktemp -d)
+JOBS_CLEANUP=("$JOBS_DIR")  # removed at exit, whatever the outcome
+cleanup() { rm -rf "${JOBS_CLEANUP[@]}"; stop_engine; }
+trap cleanup EXIT
+# side by side: builds of independent images are mostly downloads and unpacking (pip, apt,
+# debootstrap's packages). The engine's BuildKit does a step several builds share (a stand-in's
+# python stage, the wheel stage) once: the others wait for it and take its result.
+JOB_PIDS=()
+JOB_NAMES=()
+job() {  # job NAME COMMAND...: run it in the background; wait_jobs waits for all of them
+  JOB_NAMES+=("$1")
+  shift
+  "$@" &
+  JOB_PIDS+=($!)
+}
+wait_jobs() {  # wait_jobs WHAT: wait for the jobs started; fail naming those that failed
+  local i failed=()
+  for i in "${!JOB_PIDS[@]}"; do wait "${JOB_PIDS[$i]}" || failed+=("${JOB_NAMES[$i]}"); done
+  JOB_PIDS=()
+  JOB_NAMES=()
+  [ ${#failed[@]} -eq 0 ] || die "$1 failed: ${failed[*]} (logs above)"
+}
+STANDIN_CONTEXT=$JOBS_DIR/standin-context
 standin() {
-  # standin TARGET: build helm/images/standins/Dockerfile's TARGET, print its tag
-  local target=$1 debian
-  debian=$(standin_debian)
-  if [ -z "$STANDIN_CONTEXT" ]; then
-    STANDIN_CONTEXT=$(mktemp -d)
-    cp "$STANDIN_DIR"/Dockerfile "$STANDIN_DIR"/z2jh-hub-pins.txt "$STANDIN_CONTEXT"/
-    cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$STANDIN_CONTEXT"/ca-certificates.crt
-  fi
-  "${BUILD[@]}" -q --network host --build-arg DEBIAN_IMAGE="$debian" --target "$target" \
-    -t "elastic-gpu-standin/$target:local" "$STANDIN_CONTEXT" >/dev/null \
-    || die "building the stand-in '$target' failed"
-  echo "elastic-gpu-standin/$target:local"
+  # standin TARGET: build helm/images/standins/Dockerfile's TARGET (on the imported Debian
+  # $STANDIN_DEBIAN), write its tag to $JOBS_DIR/base-TARGET
+  local target=$1 t=$SECONDS log=$CACHE/standin-$1.log
+  "${BUILD[@]}" --network host --build-arg DEBIAN_IMAGE="$STANDIN_DEBIAN" --target "$target" \
+    --progress plain -t "elastic-gpu-standin/$target:local" "$STANDIN_CONTEXT" >"$log" 2>&1 \
+    || { tail -40 "$log" >&2; echo "./dev images: building the stand-in '$target' failed (log: $log)" >&2; return 1; }
+  say "built the stand-in elastic-gpu-standin/$target in $((SECONDS - t)) s"
+  echo "elastic-gpu-standin/$target:local" >"$JOBS_DIR/base-$target"
 }
+STANDINS=()
 base() {
-  # base UPSTREAM STANDIN_TARGET: the upstream image if the engine has or can pull it, else a stand-in
+  # base UPSTREAM STANDIN_TARGET: the upstream image if the engine has or can pull it (its tag in
+  # $JOBS_DIR/base-TARGET), else the stand-in TARGET is to be built (added to STANDINS)
   local upstream=$1 target=$2 why
-  if "$DOCKER" image inspect "$upstream" >/dev/null 2>&1; then echo "$upstream"; return; fi
-  if why=$(timeout 300 "$DOCKER" pull -q "$upstream" 2>&1); then echo "$upstream"; return; fi
+  if "$DOCKER" image inspect "$upstream" >/dev/null 2>&1 || why=$(timeout 300 "$DOCKER" pull -q "$upstream" 2>&1); then
+    echo "$upstream" >"$JOBS_DIR/base-$target"
+    return
+  fi
   echo "==> $upstream cannot be pulled ($(echo "$why" | tail -1)): building the local stand-in elastic-gpu-standin/$target (helm/images/standins/Dockerfile)" >&2
-  standin "$target"
+  STANDINS+=("$target")
 }
-HUB_BASE=$(base "$(DOCKERFILE_ARG HUB_IMAGE)" k8s-hub)
-WHEEL_BASE=$(base "$(DOCKERFILE_ARG WHEEL_IMAGE)" manylinux2014)
-PYTHON_BASE=$(base "$(DOCKERFILE_ARG PYTHON_IMAGE)" python)
-CUDA_BASE=$(base "$(DOCKERFILE_ARG CUDA_IMAGE)" cuda)
+base "$(DOCKERFILE_ARG HUB_IMAGE)" k8s-hub
+base "$(DOCKERFILE_ARG WHEEL_IMAGE)" manylinux2014
+base "$(DOCKERFILE_ARG PYTHON_IMAGE)" python
+base "$(DOCKERFILE_ARG CUDA_IMAGE)" cuda
+if [ ${#STANDINS[@]} -gt 0 ]; then
+  t=$SECONDS
+  STANDIN_DEBIAN=$(standin_debian)
+  say "Debian for the stand-ins: $STANDIN_DEBIAN ($((SECONDS - t)) s)"
+  mkdir "$STANDIN_CONTEXT"
+  cp "$STANDIN_DIR"/Dockerfile "$STANDIN_DIR"/z2jh-hub-pins.txt "$STANDIN_CONTEXT"/
+  cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$STANDIN_CONTEXT"/ca-certificates.crt
+  say "building the stand-ins side by side: ${STANDINS[*]}"
+  for target in "${STANDINS[@]}"; do job "the stand-in $target" standin "$target"; done
+  wait_jobs "building the stand-ins"
+fi
+HUB_BASE=$(cat "$JOBS_DIR/base-k8s-hub")
+WHEEL_BASE=$(cat "$JOBS_DIR/base-manylinux2014")
+PYTHON_BASE=$(cat "$JOBS_DIR/base-python")
+CUDA_BASE=$(cat "$JOBS_DIR/base-cuda")
 WHEEL_ARGS=()
 if [ "$WHEEL_BASE" != "$(DOCKERFILE_ARG WHEEL_IMAGE)" ]; then
   WHEEL_ARGS=(--build-arg WHEEL_PYTHON=python)
 fi
-[ -n "$STANDIN_CONTEXT" ] && rm -rf "$STANDIN_CONTEXT"
 say "bases ready ($((SECONDS - t0)) s)"
 
 # ---- the images -------------------------------------------------------------------------------
 IMAGES="hub=$HUB_TAG agent=$AGENT_TAG kernel=$KERNEL_TAG notebook=$NOTEBOOK_TAG"
 [ -z "$JUPYTERHUB6" ] || IMAGES="$IMAGES hub-jupyterhub6=$HUB6_TAG"
-for image in $IMAGES; do
-  name=${image%%=*} tag=${image#*=} target=${image%%[=-]*} jupyterhub=""
-  [ "$name" != hub-jupyterhub6 ] || jupyterhub=$JUPYTERHUB6
-  say "building $tag (--target $target${jupyterhub:+, JupyterHub $jupyterhub})"
-  t=$SECONDS
+build_image() {  # build_image NAME TAG TARGET JUPYTERHUB_VERSION
+  local name=$1 tag=$2 target=$3 jupyterhub=$4 t=$SECONDS
   "${BUILD[@]}" --network host -f helm/images/Dockerfile --target "$target" \
     --build-arg JUPYTERHUB_VERSION="$jupyterhub" \
     --build-arg Z2JH_VERSION="$Z2JH_VERSION" --build-arg HUB_IMAGE="$HUB_BASE" \
     --build-arg WHEEL_IMAGE="$WHEEL_BASE" --build-arg PYTHON_IMAGE="$PYTHON_BASE" \
     --build-arg CUDA_IMAGE="$CUDA_BASE" "${WHEEL_ARGS[@]}" \
     --progress plain -t "$tag" . >"$CACHE/build-$name.log" 2>&1 \
-    || { tail -40 "$CACHE/build-$name.log"; die "building the $name image failed (log: $CACHE/build-$name.log)"; }
+    || { tail -40 "$CACHE/build-$name.log" >&2; echo "./dev images: building the $name image failed (log: $CACHE/build-$name.log)" >&2; return 1; }
   say "built $tag in $((SECONDS - t)) s"
+}
+# The wheel stage first, alone: the shim's glibc 2.17 build computes more than it downloads, and
+# every image but the kernel's waits for it (built beside four pip installs on two loaded cores
+# it took 244 s; first, in the hub image's build, 39 s for that whole image). Then the images
+# side by side, each taking the wheel from the engine's cache.
+t=$SECONDS
+say "building the wheel stage (libvgpu.so for glibc 2.17, auditwheel repair)"
+build_image wheel elastic-gpu-build/wheel:local wheel "" || die "building the wheel stage failed"
+for image in $IMAGES; do
+  name=${image%%=*} tag=${image#*=} target=${image%%[=-]*} jupyterhub=""
+  [ "$name" != hub-jupyterhub6 ] || jupyterhub=$JUPYTERHUB6
+  say "building $tag (--target $target${jupyterhub:+, JupyterHub $jupyterhub})"
+  job "the $name image" build_image "$name" "$tag" "$target" "$jupyterhub"
 done
+wait_jobs "building the images"
+say "the wheel and the images built in $((SECONDS - t)) s"
 say "images (built in $((SECONDS - t0)) s):"
 "$DOCKER" image ls --format '    {{.Repository}}:{{.Tag}}  {{.Size}}' \
   | grep -F -e "$HUB_TAG" -e "$AGENT_TAG" -e "$KERNEL_TAG" -e "$NOTEBOOK_TAG" -e "$HUB6_TAG" -e "standin/" || true
@@ -191,11 +242,24 @@ if [ "$CHECK" = 1 ]; then
   PY=$ROOT/.venv/bin/python
   [ -x "$PY" ] || die "the checks need the test venv: run ./dev install first (or pass --no-check)"
   say "running the images (tests/helm/test_images_run.py, test_z2jh_e2e.py)"
+  t=$SECONDS
   CHECK_TMP=$(mktemp -d /var/tmp/elastic-gpu-images-check.XXXXXX)
-  ELASTIC_GPU_IMAGES="$IMAGES" ELASTIC_GPU_DOCKER="$DOCKER" \
+  # Each image's filesystem is unpacked once for all the tests that run pods of it (the
+  # `unpacked` fixture, tests/helm/conftest.py): in memory where /dev/shm has room for them
+  # (~2 GB), as deleting them from a disk mounted with `discard` took minutes.
+  UNPACK_DIR=""
+  if [ "$(df --output=avail -B1G /dev/shm 2>/dev/null | tail -1 | tr -d ' ')" -ge 6 ] 2>/dev/null; then
+    UNPACK_DIR=$(mktemp -d /dev/shm/elastic-gpu-images.XXXXXX)
+    JOBS_CLEANUP+=("$UNPACK_DIR")
+    say "unpacking the images for the emulator's pods in $UNPACK_DIR (in memory)"
+  fi
+  ELASTIC_GPU_IMAGES="$IMAGES" ELASTIC_GPU_DOCKER="$DOCKER" ELASTIC_GPU_UNPACK_DIR="$UNPACK_DIR" \
     "$PY" -m pytest -q -s -p no:cacheprovider tests/helm/test_images_run.py tests/helm/test_z2jh_e2e.py \
-      --basetemp="$CHECK_TMP" -rs \
+      --basetemp="$CHECK_TMP" -rs --durations=20 \
     || die "the image checks failed (their files: $CHECK_TMP)"
-  rm -rf "$CHECK_TMP"
+  say "image checks passed in $((SECONDS - t)) s"
+  t=$SECONDS
+  rm -rf "$CHECK_TMP" ${UNPACK_DIR:+"$UNPACK_DIR"}
+  say "removed their files in $((SECONDS - t)) s"
 fi
 say "done in $((SECONDS - t0)) s"

@@ -147,15 +147,6 @@ def z2jh_hub(namespace: str, config: str, values: str, image: str = "") -> list[
     ]
 
 
-def create_all(emu: Any, manifests: list[dict]) -> None:
-    """``kubectl create`` of ``manifests``: each in its namespace, by its apiVersion and kind."""
-    for m in manifests:
-        ns = m["metadata"].get("namespace")
-        if m["kind"] == "ServiceAccount" and emu.get("serviceaccounts", m["metadata"]["name"], ns) is not None:
-            continue  # our chart made it
-        emu.create(m)
-
-
 def ready_pod(emu: Any, namespace: str, selector: str, timeout: float = 240, exclude: tuple[str, ...] = ()) -> dict:
     """The first Ready pod of ``selector`` (not one named in ``exclude``); on a timeout, or a pod
     that ended, the logs of the namespace's pods."""

@@ -2,9 +2,10 @@
 shape and serves behind configurable-http-proxy, the agent image installs its shim that caps a
 container of the kernel image, the kernel image runs the launcher's kernel command. Each image
 carries only what it needs. In the Kubernetes emulator, pods of the built images run from the
-images' own filesystems (tests/kubeemu/images.py from_engine): a pod of the agent image, and a
-z2jh-shaped hub Deployment of the hub image beside our chart installed by `helm install`, and
-the chart's node-agent DaemonSet of the agent image on a GPU node with the CUDA/NVML doubles.
+images' own filesystems (tests/kubeemu/images.py from_engine, each image unpacked once for the
+run: the ``unpacked`` fixture): a pod of the agent image here; the z2jh-shaped hub Deployment of
+the hub image beside our chart installed by `helm install`, and the chart's node-agent DaemonSet
+of the agent image on a GPU node with the CUDA/NVML doubles, in tests/helm/test_z2jh_e2e.py.
 
 `./dev images` builds the images, then runs this file with ``ELASTIC_GPU_IMAGES`` naming them
 (``hub=... agent=... kernel=...``) and ``DOCKER_HOST`` its engine. Without that variable (the main
@@ -31,20 +32,12 @@ import yaml
 
 from tests.helm import tools
 from tests.helm.images_stack import (
-    DOCKER,
     IMAGES,
     SKIP_REASON,
     Z2JH_CONFIG,
-    add_nvidia_runtime_class,
-    create_all,
     docker,
     free_port,
-    gpu_node_driver,
-    helm_chart,
-    image_sets,
-    ready_pod,
     shared_dir,
-    z2jh_hub,
 )
 
 pytestmark = pytest.mark.skipif(not IMAGES, reason=SKIP_REASON)
@@ -141,18 +134,17 @@ configure_hub(c, mode="local", admission_config_file={str(tmp_path / "admission.
         assert spec["resource_dir"].startswith("/home/jovyan/"), spec  # the user's own (--user)
 
 
-def test_a_pod_of_the_agent_image_runs_the_images_contents_in_the_kubernetes_emulator(tmp_path):
+def test_a_pod_of_the_agent_image_runs_the_images_contents_in_the_kubernetes_emulator(unpacked):
     """The emulator's kubelet runs a pod of an image this engine holds from that image's own
     filesystem (tests/kubeemu/images.py from_engine): the pod's python is the image's, which has
     our package and neither JupyterLab nor KubeSpawner (this test's own environment has both), and
     the in-cluster configuration the kubelet mounts works from inside the image."""
     from tests.kubeemu import KubeEmulator
-    from tests.kubeemu.images import from_engine
 
     emu = KubeEmulator(namespaces=["jhub"])
     emu.start()
     try:
-        emu.images[IMAGES["agent"]] = from_engine(IMAGES["agent"], tmp_path / "agent", DOCKER)
+        emu.images[IMAGES["agent"]] = unpacked("agent")
         code = (MISSING % (["jupyterlab", "kubespawner", "libvgpu"],)) + INCLUSTER
         emu.create({"metadata": {"name": "probe"}, "spec": {"restartPolicy": "Never", "containers": [
             {"name": "main", "image": IMAGES["agent"], "command": ["python", "-c", code]}]}}, "pods", "jhub")
@@ -314,85 +306,6 @@ c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"
         docker("rm", "-f", name, check=False)
         proxy.terminate()
         proxy.wait(10)
-        emu.stop()
-
-
-def test_a_z2jh_shaped_hub_deployment_of_the_hub_image_comes_up_beside_our_chart_in_the_emulator(tmp_path):
-    """`helm install` of our chart (the documented z2jh values) into the Kubernetes emulator, and a
-    hub Deployment shaped like z2jh's: the hub image, its `hub` ServiceAccount with z2jh's Role,
-    the config as a ConfigMap (jupyterhub_config.py by subPath), our admission ConfigMap mounted,
-    POD_NAMESPACE from the downward API, a readiness probe on /hub/health, a `hub` Service. The
-    pod runs from the hub image's own filesystem, talks to the API with its service account's
-    token (RBAC as bound by z2jh's Role and our chart's), and becomes Ready."""
-    import urllib.error
-    import urllib.request
-
-    from tests.kubeemu import KubeEmulator
-    from tests.kubeemu.images import from_engine
-
-    ns, api_port = "jhub", free_port()
-    emu = KubeEmulator(namespaces=[ns])
-    emu.start()
-    chp = tools.REPO / "node_modules" / ".bin" / "configurable-http-proxy"
-    proxy = subprocess.Popen(  # z2jh's proxy pod; its image is not built here
-        [str(chp), "--ip", "127.0.0.1", "--port", str(free_port()), "--api-ip", "127.0.0.1",
-         "--api-port", str(api_port)],
-        env={**os.environ, "CONFIGPROXY_AUTH_TOKEN": "proxy-token"},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        emu.images[IMAGES["hub"]] = from_engine(IMAGES["hub"], tmp_path / "hub", DOCKER)
-        helm_chart(emu, "install", ns, "culler.enabled=false", "nodeAgent.enabled=false")
-        config = Z2JH_CONFIG + f'c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{api_port}"\n'
-        create_all(emu, z2jh_hub(ns, config, (tools.Z2JH_EXAMPLES / "values.yaml").read_text()))
-        pod = ready_pod(emu, ns, "component=hub")
-        name = pod["metadata"]["name"]
-        with urllib.request.urlopen(f"http://{pod['status']['podIP']}:8081/hub/health", timeout=10) as r:
-            assert r.status == 200
-        log = emu.pod_log(name, ns)
-        assert "Traceback" not in log and "Forbidden" not in log, log[-4000:]
-    finally:
-        proxy.terminate()
-        proxy.wait(10)
-        emu.stop()
-
-
-def test_the_charts_node_agent_daemonset_runs_the_agent_image_on_a_gpu_node_in_the_emulator(tmp_path):
-    """`helm install` of our chart (the documented values, the agent image's name) into the
-    emulator with one GPU node (the NVIDIA GPU operator's label and RuntimeClass; the CUDA/NVML
-    doubles as its driver): the DaemonSet's pod runs from the agent image's own filesystem, with
-    the chart's service account, RBAC and config, and publishes the node's GPU inventory."""
-    from libvgpu import contract as L
-    from tests.kubeemu import KubeEmulator, NodeSpec
-    from tests.kubeemu.images import from_engine
-
-    root = shared_dir(tmp_path / "gpu-node")
-    driver_env = gpu_node_driver(root)
-    node = "gpu-1"
-    emu = KubeEmulator(nodes=[NodeSpec(node, labels={"nvidia.com/gpu.present": "true"})], namespaces=["jhub"],
-                       pod_env=driver_env, node_mounts=[str(root)])  # what the NVIDIA runtime gives a pod
-    emu.start()
-    try:
-        add_nvidia_runtime_class(emu)
-        emu.images[IMAGES["agent"]] = from_engine(IMAGES["agent"], tmp_path / "agent", DOCKER)
-        helm_chart(emu, "install", "jhub", "culler.enabled=false", *image_sets(IMAGES["agent"]))
-
-        def published() -> str | None:
-            return emu.get("nodes", node)["metadata"].get("annotations", {}).get(L.NODE_GPUS_ANNOTATION)
-
-        try:
-            inventory = emu.wait_for(published, timeout=180, message="the node's GPU inventory")
-        except Exception:
-            pods = emu.list("pods", label_selector="app.kubernetes.io/component=node-agent")
-            raise AssertionError("\n".join(
-                f"{p['metadata']['name']}: {json.dumps(p.get('status', {}).get('containerStatuses'))}\n"
-                f"{emu.pod_log(p['metadata']['name'], p['metadata']['namespace'])[-3000:]}" for p in pods)) from None
-        [card] = json.loads(inventory)  # the double's one H100, as the agent's NVML saw it
-        assert (card["model"], card["memory_mib"]) == ("H100-80GB", 81559), inventory
-        [pod] = emu.list("pods", label_selector="app.kubernetes.io/component=node-agent")
-        assert pod["spec"]["nodeName"] == node
-        log = emu.pod_log(pod["metadata"]["name"], pod["metadata"]["namespace"])
-        assert "Traceback" not in log and "Forbidden" not in log, log[-3000:]
-    finally:
         emu.stop()
 
 

@@ -157,21 +157,6 @@ class Browser:
 HUBS = {name: major for name, major in (("hub", 5), ("hub-jupyterhub6", 6)) if name in stack.IMAGES}
 
 
-@pytest.fixture(scope="module")
-def unpacked(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    """The images' filesystems, unpacked once for both hubs' runs: ``unpacked(name) -> Image``."""
-    from tests.kubeemu.images import from_engine
-
-    root, done = tmp_path_factory.mktemp("images"), {}
-
-    def get(name: str) -> Any:
-        if name not in done:
-            done[name] = from_engine(stack.IMAGES[name], root / name, stack.DOCKER)
-        return done[name]
-
-    return get
-
-
 @pytest.mark.parametrize("hub", sorted(HUBS))
 def test_our_chart_and_a_z2jh_hub_from_the_built_images_serve_a_gpu_kernel_capped_by_the_shim(hub, tmp_path,
                                                                                               unpacked):
@@ -211,6 +196,14 @@ def test_our_chart_and_a_z2jh_hub_from_the_built_images_serve_a_gpu_kernel_cappe
         # the agent on the GPU node: the node's inventory published, the shim installed
         emu.wait_for(lambda: L.NODE_GPUS_ANNOTATION in emu.get("nodes", NODE)["metadata"].get("annotations", {})
                      and (host_lib_dir / "ld.so.preload").is_file(), timeout=180, message="the node agent's inventory")
+        # the DaemonSet's pod, on the GPU node with the chart's service account, RBAC and config,
+        # published the double's one H100 as the agent's NVML saw it
+        [card] = json.loads(emu.get("nodes", NODE)["metadata"]["annotations"][L.NODE_GPUS_ANNOTATION])
+        assert (card["model"], card["memory_mib"]) == ("H100-80GB", 81559), card
+        [agent_pod] = emu.list("pods", label_selector="app.kubernetes.io/component=node-agent")
+        assert agent_pod["spec"]["nodeName"] == NODE
+        log = emu.pod_log(agent_pod["metadata"]["name"], agent_pod["metadata"]["namespace"])
+        assert "Traceback" not in log and "Forbidden" not in log, log[-3000:]
         hub_pod = stack.ready_pod(emu, NS, "component=hub")
         proxy_pod = stack.ready_pod(emu, NS, "component=proxy")
         print(f"hub and proxy ready: {time.monotonic() - t0:.1f} s")
@@ -218,6 +211,9 @@ def test_our_chart_and_a_z2jh_hub_from_the_built_images_serve_a_gpu_kernel_cappe
         # the proxy reaches the hub by its Service's name once the name has a ready endpoint
         emu.wait_for(lambda: browser.call("GET", "/hub/health", timeout=10)[0] == 200, timeout=60, interval=0.5,
                      message="the hub through the proxy")
+        # the hub's pod talked to the API with its service account's token (z2jh's Role, our chart's)
+        log = emu.pod_log(hub_pod["metadata"]["name"], NS)
+        assert "Traceback" not in log and "Forbidden" not in log, log[-4000:]
         status, info = browser.call("GET", "/hub/api/")
         assert status == 200 and int(info["version"].split(".")[0]) == HUBS[hub], info
 
@@ -278,9 +274,11 @@ def test_our_chart_and_a_z2jh_hub_from_the_built_images_serve_a_gpu_kernel_cappe
         proc = tools.helm("uninstall", "elastic-gpu", "-n", NS, "--kubeconfig", emu.tls_kubeconfig_path,
                           "--wait", timeout=240)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
+        print(f"our chart uninstalled: {time.monotonic() - t0:.1f} s")
         emu.wait_for(lambda: not release_objects(emu, "elastic-gpu", NS), timeout=60,
                      message=f"the release's objects to go (left: {release_objects(emu, 'elastic-gpu', NS)})")
         assert not list(host_lib_dir.iterdir()), "the uninstall hook left files on the node"
+        print(f"its objects gone: {time.monotonic() - t0:.1f} s")
     finally:
         print("\n".join(podstart.report(list(emu.kubelet.timelines.values()))))
         print(f"end-to-end: {time.monotonic() - t0:.1f} s")
