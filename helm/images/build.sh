@@ -138,9 +138,9 @@ JOBS_DIR=$(mktemp -d)
 JOBS_CLEANUP=("$JOBS_DIR")  # removed at exit, whatever the outcome
 cleanup() { rm -rf "${JOBS_CLEANUP[@]}"; stop_engine; }
 trap cleanup EXIT
-# side by side: builds of independent images are mostly downloads and unpacking (pip, apt,
-# debootstrap's packages). The engine's BuildKit does a step several builds share (a stand-in's
-# python stage, the wheel stage) once: the others wait for it and take its result.
+# side by side: builds of independent images are mostly downloads and unpacking (pip, apt). The
+# engine's BuildKit runs a step that builds running together share once (the stand-ins' python
+# stage; in a cold run beside the images, the wheel stage was built in one of their logs only).
 JOB_PIDS=()
 JOB_NAMES=()
 job() {  # job NAME COMMAND...: run it in the background; wait_jobs waits for all of them
