@@ -184,7 +184,19 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
     if (!n && !saturated) return;
     uint64_t cost;
     uint64_t bound = window_ns / (n ? n : 1);
-    if (saturated) {
+    /* the first window after a launch timed with events: that launch waited behind the work
+     * queued on the card (three bursting neighbours' kernels: 2 ms measured as 3.5-117 ms), so its
+     * time is an upper bound, and what NVML says the launches ran replaces it at once, busy
+     * card or not (halving per window, and never on a busy card, held a newcomer under its
+     * floor for seconds). NVML rounds to 1 %: under 3 % the estimate is too coarse to be told
+     * from its error, so the most the launches can have cost stands, still an upper bound,
+     * until a window says more. Then the rules below. */
+    int fine = permille >= 30, probed = n && atomic_load(&c->probed);
+    uint64_t first = n ? (fine ? busy : busy + window_ns / 200) / n : 0;
+    if (probed && (fine || first >= old)) atomic_store(&c->probed, 0);
+    if (probed && first < old) {
+        cost = first;
+    } else if (saturated) {
         /* busy all window although limited: queued work hides the real cost. The debt above
          * already stops the feeding; raise the estimate at most twofold per window. */
         cost = old ? (bound > 2 * old ? 2 * old : bound > old ? bound : old) : bound;
@@ -279,8 +291,10 @@ static __attribute__((noinline)) void probe_finish(CUresult launched) {
         REAL(cuEventElapsedTime)(&ms, probe_start, probe_end) == CUDA_SUCCESS && ms > 0) {
         struct vgpu_compute *c = &vgpu.reg->compute[dev];
         uint64_t ns = (uint64_t)((double)ms * 1e6), unknown = 0;
-        if (atomic_compare_exchange_strong(&c->cost_ns, &unknown, ns ? ns : 1))
+        if (atomic_compare_exchange_strong(&c->cost_ns, &unknown, ns ? ns : 1)) {
+            atomic_store(&c->probed, 1);
             vgpu_debug("gpu %d: a launch measured %.3f ms", dev, (double)ms);
+        }
         /* not charged: a launch is paid for before it runs (the next one sleeps for its own
          * cost), and this one ran at once as the bucket's first burst */
         uint64_t never = 0;

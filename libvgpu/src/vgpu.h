@@ -65,7 +65,7 @@ struct vgpu_compute {
     _Atomic uint64_t sample_ns;  /* CLOCK_MONOTONIC of the last utilisation sample */
     _Atomic uint64_t sample_us;  /* NVML timestamp of the last sample (lastSeenTimeStamp) */
     _Atomic uint32_t util_permille; /* the container's measured utilisation, last window */
-    uint32_t pad0;
+    _Atomic uint32_t probed;     /* cost_ns is a launch timed with events (its wait included) */
     _Atomic uint64_t gate_ns;    /* CLOCK_MONOTONIC of a recent launch (1 ms resolution) */
     _Atomic uint64_t admit_ns;   /* CLOCK_MONOTONIC when the last launch was let through */
     _Atomic uint64_t total;      /* launches let through, ever */

@@ -203,3 +203,52 @@ def test_an_owner_whose_burst_is_not_given_back_in_time_gets_out_of_memory_with_
     assert r.rcs("alloc") == [OOM]
     assert "held by other slices' bursts; waiting up to 300 ms" in r.stderr
     assert "the bursts were not given back within 300 ms; the allocation fails" in r.stderr
+
+
+def _bursting(boxes, before: list[float]):
+    """A check that each box ran above its compute request (per its limiter) since ``before``."""
+    from libvgpu.regions import read_activity
+
+    return lambda: all(read_activity(b.activity).compute_burst_seconds > s + 0.05
+                       for b, s in zip(boxes, before, strict=True))
+
+
+def test_a_newcomers_floor_comes_back_at_the_first_nvml_window_while_three_slices_burst(node):
+    """Issue 27: when other slices of the card become busy each gets at least its request within
+    1 s. Three elastic slices (25 % guaranteed, up to 100 %) burst over the whole card; newcomers
+    (25 % guaranteed, 2 ms kernels), one after another, start launching. A newcomer's limiter
+    starts by timing one launch with events, and on a card full of the bursters' queued work
+    that launch waits behind it (2 ms measured as 3.5-117 ms): the limiter must set its rate from the
+    first windows of NVML samples it reads (the double samples as a driver does, every 167 ms) to
+    within 5 points of the request, busy card or not: by the second window it reads (about 0.6 s
+    after the first launch; the first one, where a slow start leaves too few launches to tell
+    from NVML's 1 % rounding, at most sets the upper bound of their cost).
+    Asserted on the limiter's decisions (its LIBVGPU_DEBUG lines), not on wall time: on a loaded
+    2-core machine a starved process misses its share for reasons no limiter can mend;
+    ``bench/elastic.py`` measures the floor's return in seconds (``floor_back_p95_s``)."""
+    import re
+
+    from libvgpu.regions import read_activity
+
+    elastic = "cores_percent=25\ncores_limit_percent=100"
+    bursters = [_elastic(node, f"b{i}", elastic) for i in range(3)]
+    procs = [b.start("init", "ctx", "ready", "util:0:30:2000:kernel", wait_for="ready") for b in bursters]
+    firsts, backs = [], []
+    for i in range(3):
+        # the bursters hold the card: each one's limiter has read NVML windows where it ran above
+        # its request since the last newcomer left
+        _wait_for(_bursting(bursters, [read_activity(b.activity).compute_burst_seconds for b in bursters]))
+        r = _elastic(node, f"new{i}", elastic).run("init", "ctx", "floorback:2:2000:20", timeout=60,
+                                                    env={"LIBVGPU_DEBUG": "1"})
+        assert r.rcs("floorback") == [0], r.stderr
+        estimates = [float(m) for m in re.findall(r"launches: ([0-9.]+) us per launch", r.stderr)]
+        assert estimates, r.stderr
+        firsts.append((re.search(r"a launch measured ([0-9.]+) ms", r.stderr).group(1), estimates[:2]))
+        backs.append(r.num("floorback", "back_ms"))
+    for proc in procs:
+        proc.kill()
+    print("timed launch (ms), first NVML estimates (us):", firsts, "floor back (ms):", backs)
+    # the rate an estimate sets: 25 % x 2 ms / estimate; never above 30 %, and from the second
+    # window on within 5 points of 25 %
+    assert all(25 * 2000 / est <= 30 for _, ests in firsts for est in ests), firsts
+    assert all(20 <= 25 * 2000 / ests[-1] <= 30 for _, ests in firsts), firsts
