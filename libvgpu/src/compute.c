@@ -128,11 +128,21 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
     }
     uint64_t window_ns = ts > since ? (ts - since) * 1000 : 0;
     if (src == 2 && window_ns < MAX_WINDOW_NS) return; /* no new samples: keep the window open */
-    uint64_t old = atomic_load(&c->cost_ns);
+    /* a launch timed with events while no one else used the card waited for nothing: its time
+     * is the cost (the rules for one that waited, below, are for a card others keep busy) */
+    if (src == 0 && gpu_permille < permille + 50 && atomic_load(&c->probed))
+        atomic_store(&c->probed, 0);
+    uint64_t old = atomic_load(&c->cost_ns), guard = old;
+    if (old && atomic_load(&c->probed)) { /* old is a timed launch, its wait included: a launch
+                                           * costs at most what NVML says this window's ran */
+        uint64_t so_far = atomic_load(&c->total) - atomic_load(&c->window_total);
+        uint64_t most = (uint64_t)((permille + 5) / 1000.0 * (double)window_ns);
+        if (most / (so_far ? so_far : 1) < guard) guard = most / (so_far ? so_far : 1);
+    }
     /* NVML samples whole periods (1/6 s to 1 s) and the launches counted here are not aligned
      * with them: a window must hold several launches to tell what one costs, so it stays open
      * up to COST_WINDOW_NS while it is shorter than COST_LAUNCHES launches */
-    if (src == 0 && window_ns < COST_LAUNCHES * old && window_ns < COST_WINDOW_NS) return;
+    if (src == 0 && window_ns < COST_LAUNCHES * guard && window_ns < COST_WINDOW_NS) return;
     if (!window_ns) window_ns = now - last;
     if (src == 0 && (!atomic_exchange(&c->aligned, 1) || window_ns > COST_WINDOW_NS)) {
         /* the first samples (their period began before the window) or a window longer than
@@ -178,7 +188,7 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
     /* fewer than COST_LAUNCHES launches' time in the window (long launches): the part of a
      * launch that falls in it is too large a share of it, so it says too little of the cost;
      * the measured cost stands (the bucket was corrected above) */
-    if (old && window_ns < COST_LAUNCHES * old) return;
+    if (old && window_ns < COST_LAUNCHES * guard) return;
     /* (a window of a few launches is busy throughout whenever they fall in it together) */
     int saturated = permille >= SATURATED_PERMILLE && pct <= 90 && window_ns >= 16 * old;
     if (!n && !saturated) return;
