@@ -488,11 +488,12 @@ class ClaimsLedger:
                 self.mine[claim.allocation_id] = claim
                 self.adopted.add(claim.allocation_id)
 
-    async def take(self, claim: Claim, gpus: Mapping[str, GPU]) -> None:
-        """Add ``claim`` to the cluster ledger, or raise ClaimConflict (nothing written)."""
+    async def take(self, claim: Claim) -> None:
+        """Add ``claim`` to the cluster ledger (checked against :attr:`gpus`), or raise
+        ClaimConflict (nothing written)."""
 
         def check(claims: list[Claim]) -> None:
-            why = overbooked(gpus, claims, claim)
+            why = overbooked(self.gpus, claims, claim)
             if why:
                 raise ClaimConflict(why)
 
@@ -501,7 +502,6 @@ class ClaimsLedger:
             if self.rival is not None:  # on any node: this process's view of its hub's claims is not its own
                 self.stats["refused"] += 1
                 raise HubIdInUse(self.rival_message(self.rival))
-            self.gpus = gpus
             self.mine[claim.allocation_id] = claim
             try:
                 await self._swap(claim.node, check, force=True, taking=claim.allocation_id)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
@@ -163,8 +164,9 @@ class KubernetesPool(PoolBackend):
             self.namespace = self._default_namespace()
         self.reflector: ManagedPodReflector | None = None
         self._seen: set[str] = set()
-        #: lapsed grants this hub gave up (the allocator was told; see _give_up_lapsed)
-        self._lapsed_told: set[str] = set()
+        #: lapsed grants this hub gave up (the allocator was told; see _give_up_lapsed) -> when a pod
+        #: of it was last seen (monotonic)
+        self._lapsed_told: dict[str, float] = {}
         self._task: asyncio.Task | None = None
         self._on_gone: GoneCallback | None = None
         #: the cluster-wide claims ledger (None when claims_namespace is empty)
@@ -404,7 +406,7 @@ class KubernetesPool(PoolBackend):
         """Claim the slice in the cluster-wide ledger (raises ClaimConflict when another hub holds
         it); nothing else to write: the pod's labels and annotations will be the record."""
         if self.claims is not None:
-            await self.claims.take(self._claim(allocation), self._physical)
+            await self.claims.take(self._claim(allocation))
 
     async def bind(self, allocation_id: str, holder: str) -> None:
         """Nothing to write: the holder pod carries the allocation id."""
@@ -475,27 +477,37 @@ class KubernetesPool(PoolBackend):
     async def _give_up_lapsed(self) -> None:
         """Grants whose claims lapsed while this hub did not renew them and that no longer fit
         (``ClaimsLedger.lost``): the allocator releases them (once), their pods are deleted (also
-        one its launcher creates later) with an event that says why."""
-        if self.claims is None:
+        one its launcher creates later) with an event that says why. One claims TTL after the
+        last pod of such a grant was seen, the hub forgets it: a launcher's create call in flight
+        has ended by then."""
+        if self.claims is None or not self.claims.lost:
             return
-        for allocation_id, why in sorted(self.claims.lost.items()):
+        lost, now = self.claims.lost, time.monotonic()
+        for allocation_id, why in sorted(lost.items()):
             if allocation_id not in self._lapsed_told:
-                self._lapsed_told.add(allocation_id)
+                self._lapsed_told[allocation_id] = now
                 self._seen.discard(allocation_id)
                 if self._on_gone:
                     await self._on_gone(allocation_id, why)
-            for pod in list((self.reflector.resources if self.reflector else {}).values()):
-                meta = pod.get("metadata", {})
-                if (meta.get("annotations") or {}).get(C.ALLOCATION_ID) == allocation_id and not meta.get(
-                    "deletionTimestamp"
-                ):
-                    await self._delete(meta, "GPUClaimLapsed", why)
+        for meta in self._pods_of(lost):
+            allocation_id = meta["annotations"][C.ALLOCATION_ID]
+            self._lapsed_told[allocation_id] = now
+            if not meta.get("deletionTimestamp"):
+                await self._delete(meta, "GPUClaimLapsed", lost[allocation_id])
+        for allocation_id, seen in list(self._lapsed_told.items()):
+            if now - seen > self.claims.ttl:
+                del self._lapsed_told[allocation_id]
+                lost.pop(allocation_id, None)
+
+    def _pods_of(self, allocation_ids: Container[str]) -> list[Mapping[str, Any]]:
+        """The metadata of the pods (being deleted too) whose allocation is in ``allocation_ids``."""
+        pods = list(self.reflector.resources.values()) if self.reflector else []
+        metas = (pod.get("metadata", {}) for pod in pods)
+        return [meta for meta in metas if (meta.get("annotations") or {}).get(C.ALLOCATION_ID) in allocation_ids]
 
     async def evict(self, allocation: Allocation, reason: str) -> None:
-        for pod in list((self.reflector.resources if self.reflector else {}).values()):
-            meta = pod.get("metadata", {})
-            if (meta.get("annotations") or {}).get(C.ALLOCATION_ID) == allocation.id:
-                await self._delete(meta, "Preempted", reason)
+        for meta in self._pods_of({allocation.id}):
+            await self._delete(meta, "Preempted", reason)
 
     async def _delete(self, meta: Mapping[str, Any], reason: str, message: str) -> None:
         """Delete a GPU pod (5 s grace) with a Warning event ``reason``: ``message``."""
