@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -350,8 +350,12 @@ class NodeAgent(Application):
         self.log.info("Checkpoints (swapping kernel pods out): %s", swap.probe_line(self._checkpoint_text))
         await self._publish()
         await self._refresh()
+        self._inventory_wake = asyncio.Event()
         tasks = [
-            asyncio.ensure_future(self._every(self.inventory_interval_seconds, self._rediscover, "inventory")),
+            asyncio.ensure_future(
+                self._every(self.inventory_interval_seconds, self._rediscover, "inventory", self._inventory_wake)
+            ),
+            asyncio.ensure_future(self._watch_uninstall()),
             asyncio.ensure_future(self._every(self.refresh_interval_seconds, self._refresh, "metrics refresh")),
             asyncio.ensure_future(self._every(self.backstop.interval_seconds, self._check, "backstop")),
             asyncio.ensure_future(
@@ -539,6 +543,37 @@ class NodeAgent(Application):
             self.metrics.declare_gpus(gpus, REASONS)
         await self._publish()  # also repairs an annotation someone else changed
 
+    async def _watch_uninstall(self) -> None:
+        """Wake the inventory publication (which withdraws) as soon as the uninstall hook
+        annotates this node: `helm uninstall` waits for the answer. A broken watch only slows it
+        down to the inventory read every inventory_interval_seconds."""
+
+        def asked(node: Any) -> bool:
+            value = (node.metadata.annotations or {}).get(L.NODE_UNINSTALL_ANNOTATION, "")
+            return bool(value) and not value.startswith("done") and self.publish_inventory
+
+        await self._wake_on(
+            self.kube.watch_node, asked, self._inventory_wake,
+            f"Watch of node {self.node_name} broke (%s); the uninstall annotation is read every "
+            f"{self.inventory_interval_seconds:g} s meanwhile",
+            min(30.0, self.inventory_interval_seconds),
+        )  # fmt: skip
+
+    async def _wake_on(self, watch: Callable[[], AsyncIterator[Any]], wanted: Callable[[Any], bool],
+                       wake: asyncio.Event, broke: str, retry_seconds: float) -> None:
+        """Set ``wake`` whenever ``watch()`` yields an object ``wanted`` accepts; a broken watch is
+        logged (``broke``, with the error for its %s) and started again after ``retry_seconds``."""
+        while True:
+            try:
+                async for obj in watch():
+                    if wanted(obj):
+                        wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.log.warning(broke, e)
+                await asyncio.sleep(retry_seconds)
+
     # ---- pods and processes --------------------------------------------------------------
 
     async def _node_pods(self, *, force: bool = False) -> dict[str, PodInfo]:
@@ -678,19 +713,14 @@ class NodeAgent(Application):
 
     async def _watch_swaps(self, namespace: str) -> None:
         """Wake the swap loop when a pod of this node carries a request not answered yet."""
-        while True:
-            try:
-                async for pod in self.kube.watch_node_pods(namespace):
-                    if swap.pending(pod_info(pod).annotations) is not None:
-                        self._swap_wake.set()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                self.log.warning(
-                    "Watch of this node's pods%s broke (%s); swap requests are looked for every %g s meanwhile",
-                    f" in {namespace}" if namespace else "", e, self.swap_interval_seconds,
-                )  # fmt: skip
-                await asyncio.sleep(min(30.0, 5 * self.swap_interval_seconds))
+        await self._wake_on(
+            lambda: self.kube.watch_node_pods(namespace),
+            lambda pod: swap.pending(pod_info(pod).annotations) is not None,
+            self._swap_wake,
+            f"Watch of this node's pods{f' in {namespace}' if namespace else ''} broke (%s); swap requests are "
+            f"looked for every {self.swap_interval_seconds:g} s meanwhile",
+            min(30.0, 5 * self.swap_interval_seconds),
+        )  # fmt: skip
 
     async def _swap(self) -> None:
         pods = list((await self._node_pods(force=True)).values())

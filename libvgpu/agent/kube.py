@@ -1,8 +1,9 @@
 """The agent's few Kubernetes calls (kubernetes_asyncio): its Node, the pods on it, Events.
 
-RBAC the agent needs: nodes get/patch (cluster), pods list and patch (the pods' namespace, or
-cluster-wide when ``NodeAgent.pod_namespace`` is empty), events create (the pods' namespace, and the namespace
-of Node events, ``default`` unless configured). Optional: pods list cluster-wide, to name the pod
+RBAC the agent needs: nodes get/list/watch/patch (cluster; the watch only of its own Node), pods
+list and patch (the pods' namespace, or cluster-wide when ``NodeAgent.pod_namespace`` is empty),
+events create (the pods' namespace, and the namespace of Node events, ``default`` unless
+configured). Optional: pods list cluster-wide, to name the pod
 of another workload whose process uses a managed card (else it is named by its uid).
 """
 
@@ -118,6 +119,15 @@ class Kube:
         """Set (None: remove) one annotation of the node."""
         body = {"metadata": {"annotations": {key: value}}}
         await self._call(f"patch node {self.node_name}", self.core.patch_node(self.node_name, body))
+
+    async def watch_node(self, timeout_seconds: int = 300) -> AsyncIterator[Any]:
+        """This node as it changes (a watch of the node list narrowed to its name, which the API
+        server ends after ``timeout_seconds``): the node as it is first, then at each change."""
+        kw = {"field_selector": f"metadata.name={self.node_name}", "timeout_seconds": timeout_seconds}
+        async with watch.Watch() as w:
+            async for event in w.stream(self.core.list_node, **kw):
+                if isinstance(event, dict) and event.get("type") in ("ADDED", "MODIFIED"):
+                    yield event["object"]
 
     async def publish_checkpoint(self, text: str) -> bool:
         """Annotate the node with its checkpoint capability (JSON) unless it says so already or

@@ -2,8 +2,9 @@
 
 ``python -m libvgpu.agent.uninstall --release R`` (the hook, a Job that runs before Helm deletes
 anything, so every agent and its rights still exist) annotates each GPU node
-``elastic-gpu.jupyter.org/uninstall=R``. Each node's agent sees it at its next inventory read
-(``NodeAgent.inventory_interval_seconds``) and :func:`withdraw`\\ s: it removes its host files
+``elastic-gpu.jupyter.org/uninstall=R``. Each node's agent sees it at once through its watch of
+its Node (else at its next inventory read, ``NodeAgent.inventory_interval_seconds``) and
+:func:`withdraw`\\ s: it removes its host files
 (``lib/``, ``ld.so.preload``, ``regions/`` of ``--host-lib-dir``) unless GPU pods still run there
 (a new process in them would then start without the shim, unlimited: the files stay and the
 answer says so), removes the node's label and inventory annotation, stops publishing, and answers
@@ -30,7 +31,8 @@ from .install import remove_shim
 
 async def withdraw(agent: Any) -> None:
     """The agent's part (called from its inventory publication when the node carries the
-    uninstall annotation): host files, then the node's label and inventory, then the answer."""
+    uninstall annotation; its watch of the Node wakes that publication at once): host files, then
+    the node's label and inventory, then the answer."""
     pods = [
         p
         for p in await agent.kube.node_pods(agent.pod_namespace)

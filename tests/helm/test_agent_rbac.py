@@ -32,6 +32,8 @@ def _called() -> set[tuple[str, str]]:
     called = {METHODS[n] for n in names}
     if "watch.Watch()" in source and "list_namespaced_pod" in names:
         called.add(("pods", "watch"))  # a watch of the pod list
+    if "watch.Watch()" in source and "list_node" in names:
+        called.add(("nodes", "watch"))  # a watch of its Node (the node list narrowed to its name)
     return called
 
 

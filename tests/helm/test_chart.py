@@ -254,10 +254,13 @@ def test_hub_rights_follow_the_user_namespace(rendered):
 
 
 def test_node_agent_may_only_patch_nodes_read_user_pods_and_create_events(default):
-    # pods patch: the agent's gpu-activity annotation on the GPU pods (the culler's signal)
+    # pods patch: the agent's gpu-activity annotation on the GPU pods (the culler's signal);
+    # nodes list/watch: its watch of its own Node (the uninstall hook's annotation)
     grants = _grants(default, f"{tools.RELEASE}-elastic-gpu-node-agent", tools.AGENT_NAMESPACE)
     assert grants == {
         ("cluster", "", "nodes", "get"),
+        ("cluster", "", "nodes", "list"),
+        ("cluster", "", "nodes", "watch"),
         ("cluster", "", "nodes", "patch"),
         (tools.NAMESPACE, "", "pods", "list"),
         (tools.NAMESPACE, "", "pods", "watch"),

@@ -1,6 +1,8 @@
 """helm uninstall: the chart's pre-delete hook (``python -m libvgpu.agent.uninstall``, run as
 the Job would) and a real node agent clean a GPU node — host files, label, inventory — and a
-node whose agent does not answer is cleaned of its label and named."""
+node whose agent does not answer is cleaned of its label and named. The agent answers as soon as
+its watch of the Node sees the hook's annotation, not at its next inventory read (60 s by
+default): `helm uninstall` waits for that answer."""
 
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ NodeAgent:
 Backstop:
   interval_seconds: 3600
 """
+# the chart's agent: its inventory read every 60 s (the default), the uninstall seen by its watch
+CHART_CONFIG = CONFIG.replace("  inventory_interval_seconds: 1\n", "")
 
 
 
@@ -111,9 +115,10 @@ def test_uninstall_keeps_host_files_under_running_gpu_pods_then_removes_them(uno
     n.emu.delete("pods", "still-running", NS, grace_period_seconds=0)
     wait_for(lambda: n.emu.get("pods", "still-running", NS) is None, 20, "the pod to be gone")
     stop_agent(n)
-    start_agent(n, CONFIG)
+    start_agent(n, CHART_CONFIG)
     wait_for(lambda: published(n), 15, "the inventory on the node again")
-    out = hook(n, timeout_s=30)
+    # the agent's next inventory read is a minute away: it answers on its watch of the Node
+    out = hook(n, timeout_s=20)
     assert out.strip() == f"node {NODE}: done: removed ld.so.preload, lib, regions from {n.host_dir}", out
     assert not n.host_dir.exists()
     labels, annotations = node_meta(n)
