@@ -56,6 +56,10 @@ class KernelRecord:
     #: the culler's warning: {action: swap|stop, deadline: seconds since the epoch} ({}: not warned)
     idle: dict[str, Any] = field(default_factory=dict)
     resume_url: str = ""  # where the kernel asks for its resume (the hub's API)
+    #: the hub's last stop of this kernel that a restart followed (jupyter-server's restarter starts a
+    #: stopped kernel afresh within seconds): {at, reason}, so its user's page still says why the
+    #: variables are gone ({}: none since its last swap-out or clean restart)
+    last_stop: dict[str, Any] = field(default_factory=dict)
 
     def model(self) -> dict[str, Any]:
         """The REST model (``GET /hub/api/gpu/kernels/<id>``)."""
@@ -93,6 +97,7 @@ class KernelRecord:
             **({"swap": {k: v for k, v in self.swap.items() if k != "processes"}} if self.swap else {}),
             **({"queue": dict(self.queue)} if self.queue else {}),
             **(self.idle_fields() if self.idle and not self.swap else {}),
+            **({"last_stop": dict(self.last_stop)} if self.last_stop else {}),
         }
 
     def idle_fields(self) -> dict[str, str]:

@@ -59,6 +59,7 @@ RELAYED = (
     "queue",
     "idle_action",
     "idle_deadline",
+    "last_stop",
 )
 #: a culler's deadline this far past is stale (the kernel was swapped out and back, or the culler is gone)
 IDLE_STALE_SECONDS = 30
@@ -182,6 +183,21 @@ def describe(view: dict[str, Any], now: float) -> dict[str, str]:
             "level": "warning",
         }
     idle = idle_in(view, now)
+    stop = view.get("last_stop") if isinstance(view.get("last_stop"), dict) else {}
+    if stop.get("reason"):  # stopped by the hub and started afresh by jupyter-server's restarter
+        why = str(stop["reason"]).removeprefix("stopped: ")
+        return {
+            "status": slice_text(view) + idle,
+            "detail": f"Your GPU kernel was stopped and started afresh ({why}). Its variables were lost; run "
+            "your cells again.",
+            "event": f"restarted:{stop.get('at')}",
+            "notice": short(
+                "Your GPU kernel was stopped and started afresh ({}).",
+                why,
+                " Its variables were lost; run your cells again.",
+            ),
+            "level": "warning",
+        }
     return {
         "status": slice_text(view) + idle,
         "detail": f"Your GPU kernel's slice: {slice_text(view)}."

@@ -409,6 +409,8 @@ class GPUBroker(AdmitMixin, SizesMixin, SwapMixin, ReclaimMixin, SingletonConfig
                     raise BrokerError(e.message, e.status) from None
                 if record.server_identity and server.identity and server.identity != record.server_identity:
                     raise BrokerError("This GPU kernel belongs to a server that no longer runs.", 409)
+            # stopped by the hub (a preemption, a burst it could not swap out): the user's page says so
+            record.last_stop = {"at": time.time(), "reason": record.reason} if record.state == "failed" else {}
             if record.swap:  # swapped out: its process (and the files it kept) go, a fresh one takes a slice
                 await self.allocator.backend.forget(record.allocation_id)
                 self._swap_ended(record, "restarted while swapped out")

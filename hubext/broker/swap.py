@@ -192,6 +192,7 @@ class SwapMixin(Configurable):
                 record.state, record.reason = "failed", stuck
                 asyncio.ensure_future(self.delete(record, stuck))
                 raise BrokerError(f"The GPU kernel was stopped: {stuck}.", 409) from None
+            record.last_stop = {}  # what the page says now is the swap-out
             record.swap = {
                 "state": "swapped",
                 "since": time.time(),

@@ -143,3 +143,24 @@ def test_a_whole_gpu_kernel_reads_as_whole_gpus_not_as_a_slice_with_all_the_comp
     assert view["started"] == "Your GPU kernel has its GPU and started (1 whole GPU, 16 GiB).", view["started"]
     two = slice_view({**whole, "gpu_count": 2, "activity": {"memory_used_mib": 1024}}, NOW)
     assert two["status"] == "2 whole GPUs, 1 GiB / 16 GiB each", two["status"]
+
+
+def test_a_kernel_the_hub_stopped_and_jupyter_server_restarted_tells_why_its_variables_are_gone():
+    """jupyter-server's restarter starts a kernel the hub stopped afresh within seconds (a burster
+    whose card cannot swap it out, a preempted kernel); the page polls every 2 s and may never see
+    it stopped. The broker keeps the stop (``last_stop``) and the page tells it once restarted."""
+    sentence = "stopped: it held 7 GiB of GPU memory above its 1 GiB guarantee on GPU 0, which another kernel needed"
+    restarted = {**RUNNING, "last_stop": {"at": NOW - 5, "reason": sentence}}
+    view = slice_view(restarted, NOW)
+    assert view["event"] == f"restarted:{NOW - 5}" and view["level"] == "warning", view
+    assert view["notice"].startswith("Your GPU kernel was stopped and started afresh (it held 7 GiB"), view
+    assert (
+        view["notice"].endswith("Its variables were lost; run your cells again.")
+        and len(view["notice"]) <= NOTICE_CHARS
+    )
+    assert sentence[len("stopped: ") :] in view["detail"] and view["status"] == "GPU 10 GiB, 50% compute"
+    # swapped out later: the swap is what the page says, not the old stop
+    assert (
+        slice_view({**restarted, "swap": {"state": "swapped", "host_mib": 1, "reason": "idle"}}, NOW)["event"]
+        == "swapped"
+    )
