@@ -267,14 +267,16 @@ def _cstr(buf: bytes, off: int, n: int) -> str:
     return buf[off : off + n].split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
-def _load(path: str | os.PathLike[str], kind: int, size: int, what: str) -> tuple[bytes, int]:
-    """The file's bytes and an fd kept open for lock probes (the caller closes it)."""
+def _load(path: str | os.PathLike[str], kind: int, size: int, what: str, fd: int | None = None) -> tuple[bytes, int]:
+    """The file's bytes and an fd kept open for lock probes (the caller closes it); ``fd``: the
+    file opened already (e.g. inside a pod's root: :func:`libvgpu.agent.relay.open_in_root`), which
+    this takes over, ``path`` then only names it."""
     name = os.fspath(path)
     # never block (a FIFO planted where a region is expected would hang an event loop) and
     # never follow a symlink (any container can write the directories regions live in)
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW
     try:
-        fd = os.open(name, flags)
+        fd = os.open(name, flags) if fd is None else fd
     except FileNotFoundError as exc:  # not created yet: no process of it initialised CUDA
         raise FileNotFoundError(exc.errno, f"no {what} yet", name) from exc
     except OSError as exc:
@@ -473,10 +475,10 @@ def read_node_regions(
     return found
 
 
-def read_activity(path: str | os.PathLike[str]) -> Activity:
+def read_activity(path: str | os.PathLike[str], fd: int | None = None) -> Activity:
     """The activity file (FileNotFoundError while no process of the container initialised
-    CUDA; :class:`RegionError` naming what is wrong otherwise)."""
-    buf, fd = _load(path, KIND_ACTIVITY, LAYOUT["activity.size"], "activity file")
+    CUDA; :class:`RegionError` naming what is wrong otherwise); ``fd``: as :func:`_load`'s."""
+    buf, fd = _load(path, KIND_ACTIVITY, LAYOUT["activity.size"], "activity file", fd)
     os.close(fd)
     L = LAYOUT
     return Activity(

@@ -5,11 +5,13 @@ the node regions on the host. In Kubernetes mode the hub cannot read those, so t
 publishes them on the pod as the annotation ``elastic-gpu.jupyter.org/gpu-activity``
 (:data:`libvgpu.contract.A_GPU_ACTIVITY`)::
 
-    {"last_launch": 1718000000.123, "memory_used_mib": 300, "updated_at": 1718000004.5}
+    {"compute_burst_seconds": 0.0, "last_launch": 1718000000.123, "memory_used_mib": 300, "updated_at": 1718000004.5}
 
 ``last_launch`` is the latest launch over the pod's GPUs (null: no process of the pod launched
 a kernel yet), ``memory_used_mib`` the memory in use summed over its GPUs, ``updated_at`` when
-the agent wrote it. The broker copies the first two into its kernel records.
+the agent wrote it; ``compute_burst_seconds`` the GPU-seconds the pod ran above its compute
+request so far (its activity file, for metering; absent while unread). The broker copies them
+into its kernel records.
 
 A pod gets the annotation only when the agent knows: the native backend, and the shim's entry
 of the pod was found on one of its GPUs, or that GPU's node region exists (so a missing entry
@@ -27,7 +29,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from libvgpu.regions import NodeGPU
 
@@ -41,14 +43,18 @@ class PodActivity:
 
     last_launch: float | None  # unix seconds
     memory_used_mib: int
+    #: GPU-seconds the pod ran above its compute request so far (its activity file; None: unread)
+    compute_burst_seconds: float | None = None
 
     def annotation(self, now: float) -> str:
         """The annotation value: compact JSON, keys sorted."""
+        burst = {} if self.compute_burst_seconds is None else {"compute_burst_seconds": self.compute_burst_seconds}
         return json.dumps(
             {
                 "last_launch": None if self.last_launch is None else round(self.last_launch, 3),
                 "memory_used_mib": self.memory_used_mib,
                 "updated_at": round(now, 3),
+                **burst,
             },
             sort_keys=True,
             separators=(",", ":"),
@@ -56,9 +62,13 @@ class PodActivity:
 
 
 def pod_activity(
-    pods: Sequence[PodInfo], usage: Sequence[AllocationUsage], regions: Mapping[str, NodeGPU]
+    pods: Sequence[PodInfo],
+    usage: Sequence[AllocationUsage],
+    regions: Mapping[str, NodeGPU],
+    compute_burst: Mapping[str, float] | None = None,
 ) -> dict[str, tuple[PodInfo, PodActivity]]:
-    """Pod uid -> (pod, its activity) for the live GPU pods whose activity is known."""
+    """Pod uid -> (pod, its activity) for the live GPU pods whose activity is known;
+    ``compute_burst``: pod uid -> the GPU-seconds its activity file counts above its request."""
     by_allocation = {p.allocation.id: p for p in live_allocations(pods)}  # type: ignore[union-attr]
     rows: dict[str, list[AllocationUsage]] = {}
     for u in usage:
@@ -75,6 +85,7 @@ def pod_activity(
             PodActivity(
                 last_launch=max(launches) if launches else None,
                 memory_used_mib=sum(u.used_bytes for u in us) // MIB,
+                compute_burst_seconds=(compute_burst or {}).get(pod.uid),
             ),
         )
     return out
@@ -136,7 +147,7 @@ class ActivityPublisher:
             if before is not None and before.activity.last_launch is not None:
                 # a launch the shim no longer shows (its process exited) still happened
                 last = max(before.activity.last_launch, activity.last_launch or 0.0)
-                activity = PodActivity(last_launch=last, memory_used_mib=activity.memory_used_mib)
+                activity = replace(activity, last_launch=last)
             now = time.monotonic()
             if uid in self.failing and now - self.failing[uid] < self.interval_seconds:
                 continue  # a failing pod is retried once per interval

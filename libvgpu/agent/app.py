@@ -335,6 +335,7 @@ class NodeAgent(Application):
         self._pods_lock = asyncio.Lock()
         self._warned_pod_names = False
         self._regions: dict[str, NodeGPU] = {}
+        self._relay: Relay | None = None  # the node regions' writer (native backend, relay on)
         self.activity = ActivityPublisher(
             self._annotate_activity, self.log,
             interval_seconds=self.activity_interval_seconds, memory_step_mib=self.activity_memory_step_mib,
@@ -363,7 +364,7 @@ class NodeAgent(Application):
             ),
         ]
         if self.backend == "native" and self.relay_interval_seconds > 0:
-            relay = Relay(Path(self.host_lib_dir) / "regions", self.proc_root)
+            relay = self._relay = Relay(Path(self.host_lib_dir) / "regions", self.proc_root)
             cards = [g.uuid for g in self.gpus if not g.mig_enabled]
             tasks.append(asyncio.ensure_future(relay.run(lambda: cards, self.relay_interval_seconds, self.log)))
         if self.checkpoint is not None:
@@ -683,9 +684,20 @@ class NodeAgent(Application):
             )
         )
         if self.publish_activity and self.backend == "native":
-            await self.activity.publish(pod_activity(pods, usage, self._regions))
+            burst = await asyncio.to_thread(self._compute_burst, pods)
+            await self.activity.publish(pod_activity(pods, usage, self._regions, burst))
         if self.backend == "native":
             await self.reclaims.publish(pods, reclaims_in(self._regions))
+
+    def _compute_burst(self, pods: list[PodInfo]) -> dict[str, float]:
+        """Pod uid -> GPU-seconds run above its compute request, from the activity files the relay
+        reaches (none without the relay)."""
+        found: dict[str, float] = {}
+        for pod in pods:
+            activity = self._relay.activity(pod.uid) if self._relay is not None else None
+            if activity is not None:
+                found[pod.uid] = round(activity.compute_burst_seconds, 3)
+        return found
 
     async def _annotate_activity(self, namespace: str, name: str, value: str) -> None:
         await self.kube.annotate_pod(namespace, name, L.A_GPU_ACTIVITY, value)

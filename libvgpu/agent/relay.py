@@ -57,6 +57,9 @@ from libvgpu.regions import (
     MAX_PROCS,
     NODE_ENTRIES,
     REGION_VERSION,
+    Activity,
+    RegionError,
+    read_activity,
 )
 
 from .pods import process_cgroup
@@ -64,6 +67,8 @@ from .pods import process_cgroup
 #: the container region's path inside a 'native' GPU pod (hubext.kubernetes.objects writes it
 #: into the limits file: ``container_region=``)
 POD_CONTAINER_REGION = "/var/run/libvgpu/container.region"
+#: its activity file (``activity_file=``): the shim's launches, memory and compute burst
+POD_ACTIVITY = "/var/run/libvgpu/activity"
 
 _ENTRIES = 256  # the node region's entries[] (vgpu.h)
 _HEADER = 4096  # the container region's header: totals, limits, card[]; the slots follow
@@ -94,10 +99,10 @@ class _OpenHow(ctypes.Structure):
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def open_in_root(root: str | os.PathLike[str], path: str) -> int:
+def open_in_root(root: str | os.PathLike[str], path: str, size: int = LAYOUT["container.size"]) -> int:
     """A read-only fd of ``path`` resolved inside the directory ``root`` (a pod's
     ``/proc/<pid>/root``) as if it were ``/``: OSError if it cannot be, or is not a regular file
-    of a container region's size."""
+    of ``size`` bytes (a container region's by default)."""
     dirfd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         how = _OpenHow(os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0,
@@ -110,9 +115,9 @@ def open_in_root(root: str | os.PathLike[str], path: str) -> int:
     finally:
         os.close(dirfd)
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_size != LAYOUT["container.size"]:
+    if not stat.S_ISREG(st.st_mode) or st.st_size != size:
         os.close(fd)
-        raise OSError(errno.EINVAL, "not a container region", path)
+        raise OSError(errno.EINVAL, f"not a regular file of {size} bytes", path)
     return fd
 
 
@@ -242,6 +247,7 @@ class Relay:
         self.proc_root = Path(proc_root)
         self.pod_path = pod_path
         self.pods: dict[str, int] = {}  # pod uid -> fd of its container region
+        self.roots: dict[str, int] = {}  # pod uid -> the host pid through whose root it was opened
         self.known: dict[int, str | None] = {}  # host pid -> its pod's uid (None: no pod's)
         self.cards: dict[str, CardRegion] = {}
         self.problems: dict[str, str] = {}  # card uuid -> why its region is not written
@@ -268,15 +274,29 @@ class Relay:
                 seen.setdefault(uid, []).append(pid)
         for uid in [u for u in self.pods if u not in seen]:
             os.close(self.pods.pop(uid))
+            self.roots.pop(uid, None)
         for uid, pids in seen.items():
             if uid in self.pods:
                 continue
             for pid in pids:
                 try:
                     self.pods[uid] = open_in_root(self.proc_root / str(pid) / "root", self.pod_path)
+                    self.roots[uid] = pid
                     break
                 except OSError:
                     continue
+
+    def activity(self, uid: str) -> Activity | None:
+        """Pod ``uid``'s activity file (:data:`POD_ACTIVITY`), read through the root of the process
+        its container region was found through, as safely (None: unknown, or not a valid file)."""
+        pid = self.roots.get(uid)
+        if pid is None:
+            return None
+        try:
+            fd = open_in_root(self.proc_root / str(pid) / "root", POD_ACTIVITY, LAYOUT["activity.size"])
+            return read_activity(f"pod {uid}: {POD_ACTIVITY}", fd)
+        except (OSError, RegionError):
+            return None
 
     def follow(self, regions: Mapping[str, str | os.PathLike[str]]) -> None:
         """Relay exactly these container regions (a key per container -> its path on this host),

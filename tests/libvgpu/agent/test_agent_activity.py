@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import struct
 import time
 from collections.abc import Iterator
 
@@ -22,7 +24,7 @@ import pytest
 from libvgpu import contract as L
 from libvgpu.agent.activity import ActivityPublisher, PodActivity, needs_patch
 from libvgpu.agent.pods import PodInfo
-from libvgpu.regions import read_node_regions
+from libvgpu.regions import LAYOUT, read_node_regions
 from tests.kubeemu import KubeEmulator, NodeSpec
 from tests.kubeemu.helpers import create_host_claim
 from tests.kubeemu.images import Image
@@ -98,7 +100,8 @@ Backstop:
 def test_agent_publishes_the_shims_activity_on_the_pod(anode):
     value = wait_for(lambda: (lambda a: a if a and a["last_launch"] and a["memory_used_mib"] == 300 else None)(
         activity_of(anode, "act-a")), 20, "act-a's gpu-activity annotation")
-    assert set(value) == {"last_launch", "memory_used_mib", "updated_at"}
+    assert set(value) == {"last_launch", "memory_used_mib", "updated_at", "compute_burst_seconds"}
+    assert value["compute_burst_seconds"] == 0  # a fixed slice never runs above its request
     # the same figures as the shim's entry of allocation a-act in GPU 0's node region
     gpu = read_node_regions(anode.host_dir / "regions")[GPU0]
     [entry] = [e for e in gpu.containers if e.name == "a-act"]
@@ -127,6 +130,44 @@ def test_a_pod_that_never_launched_reads_as_idle_and_its_first_launch_is_publish
                         8, "act-b's first launch in its annotation")
     assert go - 1 <= launched["last_launch"] <= time.time()
     assert launched["memory_used_mib"] == 100
+
+
+def in_root(root: str, path: str) -> str:
+    """``path`` as the pod sees it, on this host (the image's /var/run is a link to /run, which
+    resolves against the pod's root, not the host's)."""
+    at = "/"
+    for part in path.strip("/").split("/"):
+        here = os.path.join(root, at.lstrip("/"), part)
+        target = os.readlink(here) if os.path.islink(here) else part
+        at = os.path.normpath(target if target.startswith("/") else os.path.join(at, target))
+    return os.path.join(root, at.lstrip("/"))
+
+
+def test_an_elastic_pods_compute_burst_is_published_for_metering(anode):
+    """The GPU time a pod's slice ran above its compute request (the shim's running count in the
+    pod's activity file, ``compute_burst_ns``) reaches the annotation, so metering on Kubernetes
+    records compute burst apart as it does on one machine. The agent reads the file through the
+    pod's process root, as it reads its container region (never a path the pod could redirect)."""
+    wait_for(lambda: (activity_of(anode, "act-a") or {}).get("memory_used_mib") == 300, 20, "act-a's annotation")
+    # the count as the shim keeps it (act-a's slice is fixed, so the shim's count is 0: the test
+    # writes what an elastic slice's shim writes, 2.5 card-seconds over two cards)
+    with open(in_root(f"/proc/{anode.pids['act-a']}/root", "/var/run/libvgpu/activity"), "r+b") as f:
+        f.seek(LAYOUT["activity.compute_burst_ns"])
+        f.write(struct.pack("<2Q", 2_000_000_000, 500_000_000))
+    published = wait_for(
+        lambda: (lambda a: a if a and a.get("compute_burst_seconds") == 2.5 else None)(activity_of(anode, "act-a")),
+        60, "act-a's compute burst in its gpu-activity annotation (small changes wait for the 30 s interval)",
+    )
+    assert published["memory_used_mib"] == 300
+    # what the hub reads of it (the broker's record, metering's samples)
+    assert L.gpu_activity(json.dumps(published))["compute_burst_seconds"] == 2.5
+
+
+def test_a_compute_burst_figure_the_agent_did_not_write_is_ignored():
+    base = {"last_launch": 1.0, "memory_used_mib": 2}
+    assert L.gpu_activity(json.dumps({**base, "compute_burst_seconds": 1.5}))["compute_burst_seconds"] == 1.5
+    for bad in (-1, True, "3", float("nan"), None):
+        assert "compute_burst_seconds" not in L.gpu_activity({**base, "compute_burst_seconds": bad}), bad
 
 
 # ---- the publisher's rules, without a node -----------------------------------------------------------
