@@ -13,10 +13,14 @@ of these happened since:
   a quota level no eviction can give it room in (``QuotaExceeded.quota_bound``: its class does
   not borrow, and evicting all it may evict in the level falls short), which room cannot help;
 - an allocation of its workspace left while one of its quota levels was short for it (for a
-  quota-bound wait: one that counts against a level that was short), or one arrived that
+  quota-bound wait: one that counts against a level that was short, unless others still hold
+  allocations in those levels and it was borrowed, which gives back no quota, or the request's
+  class does not preempt and the same levels are still short for it), or one arrived that
   leaves its quota levels short of another resource than before (it may wait for its quota
-  now: another sentence), or that its class may evict while it was short of quota, or any
-  for a whole-card request (its charge depends on the cards found);
+  now: another sentence; for a whole-card request, short for cards of the pool's largest size),
+  or that its class may evict while it was short of quota (a class that does not preempt may
+  evict only borrowed allocations, which no quota counts), or any for a whole-card request
+  short of quota then (its charge depends on the cards found);
 - room kept for a swapped-out kernel (``quotas/reserve.py``) on such a node was given up (that
   room counts as free for "could run": placement takes it where nothing else fits);
 - the inventory changed, or too many changes passed to tell (``AdmissionState.changes_since``).
@@ -149,9 +153,12 @@ class PassMemo:
         for sign, a, elig in changes:
             if a.owner.workspace == seen.workspace:
                 if sign < 0 and seen.short is not None and (not seen.bound or _within(a, seen.short)):
-                    return False  # its quota levels may have room now
+                    if not (seen.bound and self._still_bound(seen, a) and self._others_hold(seen)):
+                        return False  # its quota levels may have room now
                 if sign > 0:
-                    if seen.shape[3] or (seen.short is not None and elig[seen.predicate]):
+                    # (a class that does not preempt may evict only borrowed allocations, which
+                    # no quota counts: never a victim for its quota)
+                    if seen.short is not None and (seen.shape[3] or (elig[seen.predicate] and seen.predicate)):
                         return False  # a whole card's charge varies; a victim for its quota
                     if deficits is None:
                         deficits = st.deficits(seen.owner, seen.asked)
@@ -174,6 +181,21 @@ class PassMemo:
             if ni is not None and self._could_run(ni, seen):
                 return False
         return True
+
+    def _still_bound(self, seen: Seen, released: Allocation) -> bool:
+        """Whether a quota-bound wait stays bound to the same levels after ``released`` left:
+        a borrowed allocation gives back no quota; and a class that may evict nothing its quota
+        counts (it does not preempt) waits as long as the same levels are short for it."""
+        if released.borrowed:
+            return True
+        return seen.predicate == 0 and self.state.deficits(seen.owner, seen.asked) == seen.deficits
+
+    def _others_hold(self, seen: Seen) -> bool:
+        """Whether others than its owner still hold allocations in each quota level short for
+        it: then a borrowed allocation's release (which gives back no quota) leaves a wait on
+        quota as it was, and its sentence still says that others hold the level."""
+        st = self.state
+        return all(st.others_hold(seen.owner, key) for key in seen.short or ())
 
     def _released(self, seen: Seen) -> set[str]:
         """Nodes of the stand-ins in place at its last turn that are not in place now."""

@@ -81,6 +81,8 @@ class NodeVictims:
 
     def _quota_candidates(self) -> list[Allocation]:
         """Eligible allocations of the widest level in deficit, in preference order."""
+        if self._quota_cands is None and not self.pc.preempt:
+            self._quota_cands = []  # it may evict only borrowed ones, which no quota counts
         if self._quota_cands is None:
             widest = max((lv for lv, _, _ in self.deficits), key=lambda lv: -len(lv.key))
             order = self.st._ws_order.get(widest.key[0], [])
@@ -110,6 +112,10 @@ class NodeVictims:
         many victims as its largest evictable charges take to make room there, where a victim
         holding several of the node's cards counts on each (the widest count first)."""
         ix, a = self.ix, self.ask
+        # the index's eligibility of each allocation for this class (what _may_evict answers:
+        # a queue's stand-ins are never eligible), and its evictable sums per card
+        elig, p = ix.elig, self.p
+        em, ec, en = ix.em[p], ix.ec[p], ix.en[p]
         needs: list[int] = []
         ready = 0
         for gi in (ix.wgpus if a.whole else ix.sgpus)[ni].get(a.group, ()):
@@ -117,7 +123,7 @@ class NodeVictims:
             if a.whole:
                 if not ix.nalloc[gi]:
                     ready += 1
-                elif len(on) == ix.nalloc[gi] and all(self._may_evict(aid) for aid in on):
+                elif en[gi] == ix.nalloc[gi]:  # every allocation on it may be evicted
                     needs.append(len(on))
                 continue
             need_m = a.m - ix.cap_m[gi] + ix.used_m[gi]
@@ -125,7 +131,9 @@ class NodeVictims:
             if need_m <= 0 and need_c <= 0:
                 ready += 1
                 continue
-            mine = [charge for aid, charge in on.items() if self._may_evict(aid)]
+            if em[gi] < need_m or ec[gi] < need_c:
+                continue  # even all it may evict here would not make room
+            mine = [charge for aid, charge in on.items() if elig[aid][p]]
             n = max(_fewest([cm for cm, _ in mine], need_m), _fewest([cc for _, cc in mine], need_c))
             if n < NEVER:
                 needs.append(n)
@@ -136,7 +144,7 @@ class NodeVictims:
             return NEVER
         needs.sort()
         cover = sum(needs[:short])
-        spans = sorted((len(v.gpu_uuids) for aid, v in ix.node_allocs[ni].items() if self._may_evict(aid)),
+        spans = sorted((len(v.gpu_uuids) for aid, v in ix.node_allocs[ni].items() if elig[aid][p]),
                        reverse=True)
         for n, span in enumerate(spans, 1):
             cover -= span

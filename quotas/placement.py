@@ -130,6 +130,8 @@ class CardIndex(FGDScoring, EvictableIndex):
         self.on: list[dict[str, tuple[int, int]]] = [{} for _ in range(n_gpus)]
         #: per node: allocations holding one of its cards
         self.node_allocs: list[dict[str, Allocation]] = [{} for _ in range(n_nodes)]
+        #: per node: the most cards one of those allocations holds (what one victim frees at most)
+        self.span_max = [0] * n_nodes
         # per-group node summaries
         groups = set(self.model_names) | {ANY}
         self.free_sum: dict[str, dict[int, int]] = {g: {} for g in groups}
@@ -280,6 +282,12 @@ class CardIndex(FGDScoring, EvictableIndex):
                 self.node_allocs[ni].pop(allocation.id, None)
         if sign < 0:
             self.elig.pop(allocation.id, None)
+        span = len(allocation.gpu_uuids)
+        for ni in nodes:
+            if sign > 0:
+                self.span_max[ni] = max(self.span_max[ni], span)
+            elif span >= self.span_max[ni]:
+                self.span_max[ni] = max((len(a.gpu_uuids) for a in self.node_allocs[ni].values()), default=0)
         if refresh:
             for ni in nodes:
                 self._refresh(ni)
@@ -505,13 +513,15 @@ class CardIndex(FGDScoring, EvictableIndex):
         """Nodes that pass the cheap filters (enough free memory in sum, a large enough card,
         CPU and host memory), tightest first (binpack) or emptiest first (spread)."""
         cpu_free, hmem_free = self.cpu_free, self.hmem_free
+        # walked by position, not by a copy of the order's tail (a copy costs the whole tail
+        # where the first few nodes answer)
         if whole:
             order = self.worder.get(group)
             if not order:
                 return
             start = bisect_left(order, (k, -1))
-            walk = order[start:] if tight_first else reversed(order[start:])
-            for _, ni in walk:
+            for i in range(start, len(order)) if tight_first else range(len(order) - 1, start - 1, -1):
+                ni = order[i][1]
                 if cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
                     yield ni
             return
@@ -520,8 +530,8 @@ class CardIndex(FGDScoring, EvictableIndex):
             return
         max_m, max_c = self.max_m[group], self.max_c[group]
         start = bisect_left(order, (m * k, -1))
-        walk = order[start:] if tight_first else reversed(order[start:])
-        for _, ni in walk:
+        for i in range(start, len(order)) if tight_first else range(len(order) - 1, start - 1, -1):
+            ni = order[i][1]
             if max_m[ni] >= m and max_c[ni] >= c and cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
                 yield ni
 

@@ -329,7 +329,8 @@ class VictimSearch(NodeVictims):
         """The best single victim after key ``after``, from the card index (no quota deficit,
         no room anywhere)."""
         a, keys, allocs = self.ask, self.st._key, self.st._allocs
-        ids = set(self.ix.single_victims(self.p, a.m, a.c, a.k, a.whole, a.group))
+        # (enough: those that cannot leave k cards usable on their node are skipped below anyway)
+        ids = set(self.ix.single_victims(self.p, a.m, a.c, a.k, a.whole, a.group, enough=True))
         ids.update(self._node_single_victims())
         if after is not None:
             ids = {i for i in ids if keys[i] > after}
@@ -342,6 +343,7 @@ class VictimSearch(NodeVictims):
             cards = self._feasible(ni, self._trial([first])) if ni is not None else None
             if cards is not None:
                 return Solution([first], ni, cards)
+        ix = self.ix
         for key in sorted(keys[i] for i in ids):
             v = allocs[key[3]]
             ni = self._node_of(v)
@@ -349,6 +351,9 @@ class VictimSearch(NodeVictims):
                 continue
             if a.k > 1 and self._ready_cards(ni) + len(v.gpu_uuids) < a.k:
                 continue
+            if (a.cpu or a.hmem) and (ix.cpu_free[ni] + v.cpu_millicores < a.cpu
+                                      or ix.hmem_free[ni] + v.host_memory_mib < a.hmem):
+                continue  # its node lacks the CPU or host memory even without it
             cards = self._feasible(ni, self._trial([v]))
             if cards is not None:
                 return Solution([v], ni, cards)

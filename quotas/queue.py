@@ -26,6 +26,7 @@ Pure like the rest of ``quotas``: the caller passes ``now`` and does the I/O for
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -375,8 +376,13 @@ def propose_moves(
     m, c, k, whole, cpu, hmem = request_shape(request)
     allocs = state.allocations
     options = []
-    ones = 0
+    # the TRIES best places (fewest moves, then node) are all that is tried: once TRIES are
+    # known, a node (later in order) whose cards need at least as many moves as the worst of
+    # them is not weighed (nor its slices walked)
+    best: list[int] = []  # moves of the TRIES best places so far, as a max-heap (negated)
     for ni, candidates in capable_cards(ix, request):
+        if len(best) >= TRIES and _fewest_moves(ix, candidates, m, c, k, whole) >= -best[0]:
+            continue
         cards = []
         for gi in candidates:
             if whole and len(ix.on[gi]) > up_to:
@@ -414,8 +420,10 @@ def propose_moves(
             free_cpu, free_hmem = free_cpu + a.cpu_millicores, free_hmem + a.host_memory_mib
         if moves and len(moves) <= up_to and free_cpu >= cpu and free_hmem >= hmem:
             options.append((len(moves), ni, [gi for _, _, gi, _ in chosen], moves))
-            ones += len(moves) == 1
-            if ones >= TRIES:
+            heapq.heappush(best, -len(moves))
+            if len(best) > TRIES:
+                heapq.heappop(best)
+            if len(best) >= TRIES and -best[0] == 1:
                 break  # enough places that one move clears (none clears with fewer)
     options.sort(key=lambda o: o[:2])
     for _, ni, cards, moves in options[:TRIES]:
@@ -423,6 +431,17 @@ def propose_moves(
         if found is not None:
             return MoveProposal(ix.node_names[ni], tuple(ix.gpus[gi].uuid for gi in cards), found)
     return None
+
+
+def _fewest_moves(ix: CardIndex, cards: list[int], m: int, c: int, k: int, whole: bool) -> int:
+    """A lower bound on the slices :func:`propose_moves` moves to clear ``k`` of ``cards``:
+    each allocation on a card a whole request takes; one for each slice card without room."""
+    if whole:
+        on = ix.on
+        return sum(sorted(len(on[gi]) for gi in cards)[:k]) if len(cards) >= k else 1 << 30
+    cap_m, cap_c, used_m, used_c = ix.cap_m, ix.cap_c, ix.used_m, ix.used_c
+    ready = sum(1 for gi in cards if cap_m[gi] - used_m[gi] >= m and cap_c[gi] - used_c[gi] >= c)
+    return max(1, k - ready)
 
 
 def _try_moves(
@@ -457,7 +476,7 @@ def _tried(state: AdmissionState, request: GPURequest, now: float, hold: Allocat
                 a.owner, a.memory_mib, a.cores_percent, model=ix.gpus[ix.gi_of[a.gpu_uuids[0]]].model,
                 priority_class=a.priority_class or None, request_id=a.id, kind=a.kind,
                 cpu_millicores=a.cpu_millicores, host_memory_mib=a.host_memory_mib,
-            ), now=now)
+            ), now=now, preempt=False)  # only a grant will do: no victim search
             if d.kind != "grant":
                 ok = False
                 break
@@ -465,7 +484,7 @@ def _tried(state: AdmissionState, request: GPURequest, now: float, hold: Allocat
             state.add(to)
             placed.append(Move(a, to))
         ix.apply(hold, no, -1)
-        ok = ok and state.decide(request, now=now).kind == "grant"
+        ok = ok and state.decide(request, now=now, preempt=False).kind == "grant"
     finally:
         if ix.on[ix.gi_of[hold.gpu_uuids[0]]].get(hold.id) is not None:
             ix.apply(hold, no, -1)

@@ -263,8 +263,10 @@ class AdmissionState(RequestChecks, UsageReport):
 
     # ---- the decision ---------------------------------------------------------------------
 
-    def decide(self, request: GPURequest, now: float = 0.0) -> Decision:
-        """Grant, grant after preempting, wait or reject ``request``. Does not change the state."""
+    def decide(self, request: GPURequest, now: float = 0.0, *, preempt: bool = True) -> Decision:
+        """Grant, grant after preempting, wait or reject ``request``. Does not change the state.
+        ``preempt=False``: never look for victims (a caller that only asks whether it is granted
+        as things are: a grant is the same, a preemption is a wait)."""
         try:
             pc, group, levels = self._check(request)
         except InvalidRequest as e:
@@ -319,7 +321,7 @@ class AdmissionState(RequestChecks, UsageReport):
             )
         # a slice's quota charge is fixed: short of quota, only evictions could help it
         quota_bound = not whole
-        if self._has_candidates(pc) and not pinned:
+        if preempt and self._has_candidates(pc) and not pinned:
             # A whole card's quota charge is its size: when the quota refuses the card placement
             # found, evicting may free a smaller card, so the search weighs every node's cards
             # instead of that placement (it waited with a victim's smaller card in reach).
@@ -494,6 +496,12 @@ class AdmissionState(RequestChecks, UsageReport):
         if key is None and not others:  # cards held by claimants outside this ledger (other hubs)
             others = any(g.held_whole or g.held_memory_mib or g.held_cores_percent for g in self._index.gpus)
         return msg.holdings(kernels, notebooks), others
+
+    def others_hold(self, owner: Owner, key: tuple[str, ...]) -> bool:
+        """Whether anyone but ``owner`` holds allocations within quota level ``key`` (one of
+        ``owner``'s levels), as a wait's sentence counts them (:meth:`_holders`)."""
+        kinds = self._kinds.get((owner.workspace, owner.namespace, owner.user))
+        return self._ledger.usage(key).allocations > (sum(kinds.values()) if kinds else 0)
 
     def _asked_total(self, request: GPURequest, group: str, res: str) -> int:
         k = request.count

@@ -296,13 +296,13 @@ def plain_evictable_nodes(ix: CardIndex, p, m, c, k, whole, group) -> list[int]:
     return found
 
 
-def plain_single_victims(ix: CardIndex, p, m, c, k) -> set[str]:
+def plain_single_victims(ix: CardIndex, p, m, c, k, group: str = ANY) -> set[str]:
     """Slices: allocations ``p`` may evict whose removal alone makes their card hold (m, c), on
     nodes where the cards ready or made ready so are at least k."""
     found = set()
     for ni in range(len(ix.node_names)):
         ready, hits = 0, set()
-        for gi in cards_of(ix, ni, ANY, False):
+        for gi in cards_of(ix, ni, group, False):
             fm, fc = free(ix, gi)
             if fm >= m and fc >= c:
                 ready += 1
@@ -316,6 +316,15 @@ def plain_single_victims(ix: CardIndex, p, m, c, k) -> set[str]:
     return found
 
 
+def node_of(st: AdmissionState, aid: str) -> int:
+    ix = st.index
+    return ix.node_of_gpu[ix.gi_of[st.allocations[aid].gpu_uuids[0]]]
+
+
+def ready_cards(ix: CardIndex, ni: int, m: int, c: int, group: str) -> int:
+    return sum(1 for gi in cards_of(ix, ni, group, False) if free(ix, gi)[0] >= m and free(ix, gi)[1] >= c)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_where_preemption_looks_is_where_a_walk_finds_room(seed):
     for step, (st, rng) in enumerate(churned_states(seed, {"node": "fgd", "gpu": "binpack"}, 20, 240)):
@@ -326,9 +335,16 @@ def test_where_preemption_looks_is_where_a_walk_finds_room(seed):
             for _ in range(4):
                 m, c = rng.choice([2, 10, 20, 40, 60]) * GIB, rng.choice([5, 25, 50, 100])
                 k, whole = rng.choice([1, 2, 3, 4, 8]), rng.random() < 0.2
-                assert ix.evictable_nodes(p, m, c, k, whole, ANY) == plain_evictable_nodes(ix, p, m, c, k, whole, ANY)
+                group = rng.choice([ANY, ANY, *ix.model_names])
+                assert ix.evictable_nodes(p, m, c, k, whole, group) == \
+                    plain_evictable_nodes(ix, p, m, c, k, whole, group)
                 if not whole:
-                    assert set(ix.single_victims(p, m, c, k, False, ANY)) == plain_single_victims(ix, p, m, c, k)
+                    plain = plain_single_victims(ix, p, m, c, k, group)
+                    assert set(ix.single_victims(p, m, c, k, False, group)) == plain
+                    # enough: those whose node's cards usable now plus their own reach k
+                    assert set(ix.single_victims(p, m, c, k, False, group, enough=True)) == {
+                        aid for aid in plain if k == 1 or ready_cards(ix, node_of(st, aid), m, c, group)
+                        + len(st.allocations[aid].gpu_uuids) >= k}
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -200,3 +200,43 @@ def test_a_grant_in_its_workspace_that_leaves_every_quota_level_as_it_was_does_n
     assert steps["dave"].decision.granted and steps["bob"].decision is waited
     steps = {s.waiting.request.request_id: s for s in q.pump(st_, 3.0)}
     assert steps["bob"].decision is waited and bobs.position == 1
+
+
+def test_a_wait_on_quota_is_not_decided_again_when_a_release_leaves_the_same_quota_short():
+    # alice's class does not preempt and her workspace is at its 40 GiB quota: a borrowed slice
+    # leaving gives back no quota, and a slice leaving that still leaves the workspace short
+    # for her cannot end her wait either; only one that makes room in the quota does
+    workspaces = {"vision": {"limits": {"memory_mib": 40 * 1024}}, "other": {}}
+    st_ = state(pool(node("a", 2)), workspaces, allocations=[
+        alloc("v1", "a-gpu0", 20, user="alice", ws="vision"), alloc("c1", "a-gpu0", 15, user="carol", ws="vision"),
+        alloc("c2", "a-gpu0", 5, user="carol", ws="vision"),
+        alloc("b1", "a-gpu1", 10, user="bob", ws="vision", pc="low", borrowed=True)])
+    q = AdmissionQueue.from_policy(st_.config.policy)
+    q.push(req("erin", memory_gib=80, rid="head", ws="other", count=2), 100, 0.0)  # never fits here
+    mine = q.push(req("alice", memory_gib=10, rid="alice", ws="vision"), 100, 0.0)
+    waited = {s.waiting.request.request_id: s for s in q.pump(st_, 1.0)}["alice"].decision
+    assert waited.kind == "wait" and isinstance(waited.error, QuotaExceeded) and waited.error.quota_bound
+    st_.remove("b1")  # borrowed: the quota is as it was
+    assert {s.waiting.request.request_id: s for s in q.pump(st_, 2.0)}["alice"].decision is waited
+    st_.remove("c2")  # 35 of 40 GiB in use: still no room for 10
+    assert {s.waiting.request.request_id: s for s in q.pump(st_, 3.0)}["alice"].decision is waited
+    assert mine.position == 1
+    st_.remove("c1")  # 20 of 40 GiB: decided again, and granted
+    assert {s.waiting.request.request_id: s for s in q.pump(st_, 4.0)}["alice"].decision.granted
+
+
+def test_a_whole_card_wait_with_quota_to_spare_is_not_decided_again_when_its_workspace_takes_a_slice():
+    # bob waits for a whole card; his workspace has no quota limit, so no grant in it can change
+    # what his card would be charged against: a slice granted to a colleague only takes room
+    st_ = state(pool(node("a", 2)), allocations=[alloc("x", "a-gpu0", 10, user="erin"),
+                                                  alloc("y", "a-gpu1", 10, user="erin")])
+    q = AdmissionQueue.from_policy(st_.config.policy)
+    q.push(req("carol", memory_gib=80, rid="head", whole=True), 100, 0.0)
+    bobs = q.push(req("bob", memory_gib=80, rid="bob", whole=True), 100, 0.0)
+    waited = {s.waiting.request.request_id: s for s in q.pump(st_, 1.0)}["bob"].decision
+    assert waited.kind == "wait" and type(waited.error).__name__ == "PoolFull", waited.reason
+    q.push(req("dave", memory_gib=10, rid="dave"), 100, 2.0)
+    steps = {s.waiting.request.request_id: s for s in q.pump(st_, 2.0)}
+    assert steps["dave"].decision.granted and steps["bob"].decision is waited
+    assert {s.waiting.request.request_id: s for s in q.pump(st_, 3.0)}["bob"].decision is waited
+    assert bobs.position == 1

@@ -1,0 +1,77 @@
+"""Shortcuts that make decisions and move searches cheap at scale (issue 25) choose exactly what
+the plain paths choose, on random heterogeneous pools the admission core filled and churned."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from quotas import queue as queue_module
+from quotas.preemption import VictimSearch
+
+from .test_quotas_fast_placement import churned_states, random_request
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_indexed_single_victim_is_the_one_a_walk_in_preference_order_finds(seed, monkeypatch):
+    # the walk of every eligible allocation in preference order is the definition; the card
+    # index (with its filters of nodes and of CPU and host memory) must give the same decision
+    compared = preempted = 0
+    for st, rng in churned_states(seed, {"node": "fgd", "gpu": "binpack"}, 12, 200):
+        r = random_request(rng, 30_000, classes=("high",))
+        monkeypatch.setattr(VictimSearch, "scan_budget", 1 << 30)
+        walked = st.decide(r, now=1e6)
+        monkeypatch.setattr(VictimSearch, "scan_budget", 0)
+        indexed = st.decide(r, now=1e6)
+        assert (indexed.kind, indexed.allocation, indexed.victims) == \
+            (walked.kind, walked.allocation, walked.victims), r
+        compared += 1
+        preempted += walked.kind == "preempt" and len(walked.victims) == 1
+    assert compared == 200 and preempted > 10
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_decision_without_the_victim_search_is_the_same_grant_or_a_wait(seed):
+    compared = preempts = 0
+    for st, rng in churned_states(seed, {"node": "fgd", "gpu": "binpack"}, 12, 150):
+        r = random_request(rng, 40_000, classes=("high", "default", "low"))
+        full, plain = st.decide(r, now=1e6), st.decide(r, now=1e6, preempt=False)
+        if full.kind == "preempt":
+            preempts += 1
+            assert plain.kind == "wait" and plain.reason
+        else:
+            assert (plain.kind, plain.allocation, plain.reason) == (full.kind, full.allocation, full.reason)
+        compared += 1
+    assert compared == 150 and preempts > 5
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_move_search_skipping_places_by_a_bound_proposes_what_weighing_every_place_proposes(seed, monkeypatch):
+    # propose_moves tries the TRIES places with the fewest moves; it skips a node whose lower
+    # bound on moves cannot beat them. Never skipping must propose the same moves.
+    monkeypatch.setattr(queue_module, "TRIES", 2)  # small pools still have places past the cut
+    plain = queue_module._fewest_moves
+    bounds: list[int] = []
+
+    def bound(*args):
+        bounds.append(plain(*args))
+        return bounds[-1]
+
+    compared = proposed = 0
+    for step, (st, rng) in enumerate(churned_states(seed, {"node": "binpack", "gpu": "binpack"}, 16, 240)):
+        r = random_request(rng, 50_000 + step, classes=("default",))
+        if rng.random() < 0.4:
+            r = dataclasses.replace(r, whole=True)
+        if st.decide(r, now=1e6).kind != "wait":
+            continue
+        monkeypatch.setattr(queue_module, "_fewest_moves", lambda *args: 0)
+        every = queue_module.propose_moves(st, r, now=1e6)
+        monkeypatch.setattr(queue_module, "_fewest_moves", bound)
+        skipping = queue_module.propose_moves(st, r, now=1e6)
+        assert skipping == every, r
+        compared += 1
+        proposed += every is not None
+    assert compared > 40 and proposed > 3
+    assert any(b > 1 for b in bounds)  # the bound says something
+
