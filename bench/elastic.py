@@ -3,7 +3,7 @@
 doubles (the NVML double sampling every 167 ms, as a driver does), the same trace twice in one
 run: once with fixed slices (25 %), once with elastic slices (25 % guaranteed, up to 100 %).
 
-    python bench/elastic.py [--seconds 30] [--seed 7]
+    python bench/elastic.py [--seconds 30] [--seed 7] [--floor-repeats 5]
 
 The trace is shaped like notebook use: cells (GPU work of 0.1-3 s at the full card's speed,
 log-normal around 0.6 s) and think times between them (0.5-6 s); one notebook in three of its
@@ -32,8 +32,16 @@ Figures:
   allocations within a guarantee that waited for bursts to be given back (the burster's cell
   ending frees them here: no hub takes them back in this bench).
 
+Where the work goes: ``ideal_work_ratio``, the fluid model's work ratio on the same trace; the
+long-run ideal of the closed loop (4 notebooks, the card shared evenly among those in a cell) at
+the trace's cell:think, at the issue's, and at most at any; and for each run, by the number of
+notebooks in a cell at once (their probe lines stamp when each step began), how long that was,
+the card's share their steps got, and the card-seconds lost against ideal sharing of those
+moments (the whole card while any notebook is in a cell; k / 4 with fixed slices).
+
 Prints a table and one line:
-``elastic work_ratio=… slowdown_p50_fixed=… slowdown_p50_elastic=… floor_back_p95_s=… owner_ooms=…``
+``elastic work_ratio=… slowdown_p50_fixed=… slowdown_p50_elastic=… floor_back_p95_s=… owner_ooms=…
+ideal_work_ratio=…``
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -114,9 +122,12 @@ class Outcome:
     owner_ooms: int = 0
     burst_refused: int = 0
     reclaim_waits: int = 0  # owners' allocations that waited for bursts to be given back
+    steps: list[tuple[int, float, float]] = field(default_factory=list)  # notebook, began, ms (wall)
+    cells: list[tuple[int, float, float]] = field(default_factory=list)  # notebook, began, ended
+    span: tuple[float, float] = (0.0, 0.0)  # the run's start and end (unix seconds)
 
 
-def parse(cells: list[Cell], out: str, outcome: Outcome) -> None:
+def parse(nb: int, cells: list[Cell], out: str, outcome: Outcome) -> None:
     """Walks the probe's lines in the order of the steps (sleep and waitfile print nothing)."""
     lines = [ln.split() for ln in out.splitlines() if ln.split() and ln.split()[0] in ("alloc", "burst", "free")]
     it = iter(lines)
@@ -138,13 +149,20 @@ def parse(cells: list[Cell], out: str, outcome: Outcome) -> None:
             if words is None:
                 return
             outcome.burst_refused += rc(words) == 2
-        wall = 0.0
+        wall, began, ended = 0.0, -1.0, -1.0
         for _ in range(cell.steps):
             words = next(it, None)
             if words is None:
-                return
+                break
             outcome.work_ms += STEP_MS
-            wall += float(dict(w.split("=", 1) for w in words[1:])["ms"])
+            kv = dict(w.split("=", 1) for w in words[1:])
+            at, ms = float(kv["at_ms"]) / 1000, float(kv["ms"]) / 1000
+            outcome.steps.append((nb, at, ms))
+            began, ended, wall = at if began < 0 else began, at + ms, wall + ms * 1000
+        if began >= 0:  # in the cell from its first step to the end of its last one completed
+            outcome.cells.append((nb, began, ended))
+        if words is None:
+            return
         assert outcome.slowdowns is not None
         outcome.slowdowns.append(wall / (cell.steps * STEP_MS))
         for _ in range(1 + cell.heavy):
@@ -163,22 +181,23 @@ def run_mode(build, root: Path, traces: list[list[Cell]], elastic: bool, seconds
             box = node.container(f"nb{i}", limits, node_regions=True)
             procs.append(box.start(*steps_of(cells, go, late=i == NOTEBOOKS - 1), wait_for="ready"))
         go.touch()
+        began = time.time()
         time.sleep(seconds)  # the run's length: the notebooks work meanwhile
-        outcome = Outcome(slowdowns=[])
-        for proc, cells in zip(procs, traces, strict=True):
+        outcome = Outcome(slowdowns=[], span=(began, began + seconds))
+        for i, (proc, cells) in enumerate(zip(procs, traces, strict=True)):
             proc.kill()
             out, err = proc.communicate(timeout=30)
-            parse(cells, out, outcome)
+            parse(i, cells, out, outcome)
             outcome.reclaim_waits += err.count("held by other slices' bursts")
         return outcome
     finally:
         node.cleanup()
 
 
-def floor_back(build, root: Path) -> list[float]:
+def floor_back(build, root: Path, repeats: int) -> list[float]:
     """Seconds until a newcomer's floor holds, three elastic notebooks bursting meanwhile."""
     found = []
-    for rep in range(FLOOR_REPEATS):
+    for rep in range(repeats):
         node = Node(build, root / f"floor{rep}", CUDA_DOUBLE_MEMORY_MIB=CARD_MIB)
         try:
             elastic = f"cores_percent={100 // NOTEBOOKS}\ncores_limit_percent=100"
@@ -193,6 +212,45 @@ def floor_back(build, root: Path) -> list[float]:
         finally:
             node.cleanup()
     return found
+
+
+def by_cells_open(o: Outcome, bin_s: float = 0.001) -> dict[int, tuple[float, float]]:
+    """Where the card's time went: for each number k of notebooks in a cell at once, how long
+    that was (s) and the card's share the notebooks' steps got meanwhile (each step's work, 50 ms
+    at the full card, spread evenly over its wall time). Ideal work-conserving sharing gives the
+    card whole whenever k >= 1; fixed 25 % slices give k / 4."""
+    start, end = o.span
+    n = max(1, round((end - start) / bin_s))
+    open_, rate = [0] * n, [0.0] * n
+
+    def bins(a: float, b: float) -> range:
+        return range(max(0, round((a - start) / bin_s)), min(n, round((b - start) / bin_s)))
+
+    for _, a, b in o.cells:
+        for j in bins(a, b):
+            open_[j] += 1
+    for _, a, ms in o.steps:
+        r = STEP_MS / 1000 / ms if ms > 0 else 0.0
+        for j in bins(a, a + ms):
+            rate[j] += r
+    out: dict[int, tuple[float, float]] = {}
+    for k in range(NOTEBOOKS + 1):
+        js = [j for j in range(n) if open_[j] == k]
+        if js:
+            out[k] = (len(js) * bin_s, sum(rate[j] for j in js) / len(js))
+    return out
+
+
+def where_it_goes(name: str, o: Outcome, elastic: bool) -> str:
+    """One line: the card's share while k notebooks were in a cell, and the card-seconds lost
+    against ideal sharing of those same moments (the whole card; k / 4 with fixed slices)."""
+    parts, lost = [], 0.0
+    for k, (secs, share) in sorted(by_cells_open(o).items()):
+        if k:
+            ideal = 1.0 if elastic else k / NOTEBOOKS
+            lost += secs * max(0.0, ideal - share)
+        parts.append(f"{k} in a cell {secs:.1f} s busy {share:.2f}")
+    return f"{name:8} | " + ", ".join(parts) + f"; card-seconds lost against ideal sharing of these moments {lost:.2f}"
 
 
 def ideal_busy(traces: list[list[Cell]], elastic: bool, seconds: float, dt: float = 0.001) -> float:
@@ -245,6 +303,29 @@ def trace_shape(traces: list[list[Cell]]) -> str:
             f"(fixed 0.60, work-conserving 0.875) implies cell:think 0.375 (alone busy 0.27)")
 
 
+def steady_state(ratio: float) -> tuple[float, float]:
+    """The card's busy share in the long run at a cell:think ratio (mean cell at the full card
+    over mean think): fixed 25 % slices 4r / (4r + 1); ideal sharing (the card split evenly among
+    the notebooks in a cell, the next cell a think time after the last ended) is the closed
+    "machine repairman" queue with a processor-sharing server, busy 1 - P(no cell), P(n cells)
+    proportional to N! / (N - n)! r^n, whatever the lengths' distributions (the product form is
+    insensitive to them: BCMP, Baskett et al. 1975)."""
+    weights = [math.factorial(NOTEBOOKS) / math.factorial(NOTEBOOKS - n) * ratio**n for n in range(NOTEBOOKS + 1)]
+    return NOTEBOOKS * ratio / (NOTEBOOKS * ratio + 1), 1 - 1 / sum(weights)
+
+
+def steady_state_line(traces: list[list[Cell]]) -> str:
+    cells = [c.steps * STEP_MS / 1000 for t in traces for c in t]
+    r = statistics.mean(cells) / statistics.mean(c.think_ms / 1000 for t in traces for c in t)
+    fixed, ideal = steady_state(r)
+    best = max(steady_state(x / 1000)[1] / steady_state(x / 1000)[0] for x in range(10, 3000))
+    model_fixed, model_ideal = steady_state(0.375)
+    return (f"ideal sharing in the long run (closed queue, {NOTEBOOKS} notebooks): at this trace's cell:think {r:.3f} "
+            f"{fixed:.3f} fixed, {ideal:.3f} ideal (ratio {ideal / fixed:.2f}); at the issue's 0.375 {model_fixed:.3f} "
+            f"fixed, {model_ideal:.3f} ideal (ratio {model_ideal / model_fixed:.2f}); "
+            f"at any cell:think at most {best:.2f}")
+
+
 def p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
@@ -254,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="length of each run (30)")
     parser.add_argument("--seed", type=int, default=7, help="the trace's random seed (7)")
+    parser.add_argument("--floor-repeats", type=int, default=FLOOR_REPEATS,
+                        help=f"newcomers timed for floor_back_p95_s ({FLOOR_REPEATS}; 0: none)")
     args = parser.parse_args(argv)
     rng = random.Random(args.seed)
     plain = [trace(rng, args.seconds) for _ in range(NOTEBOOKS)]
@@ -262,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         build = build_all(Path(tmp) / "build")
         fixed = run_mode(build, Path(tmp) / "fixed", traces, False, args.seconds)
         elastic = run_mode(build, Path(tmp) / "elastic", traces, True, args.seconds)
-        floors = floor_back(build, Path(tmp))
+        floors = floor_back(build, Path(tmp), args.floor_repeats)
     assert fixed.slowdowns is not None and elastic.slowdowns is not None
     busy_fixed = fixed.work_ms / 1000 / args.seconds
     busy_elastic = elastic.work_ms / 1000 / args.seconds
@@ -280,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{model_elastic:.3f} ideal work-conserving (work ratio {model_elastic / model_fixed:.2f}); "
           f"measured over ideal: fixed {busy_fixed / model_fixed:.2f}, elastic {busy_elastic / model_elastic:.2f}")
     print(trace_shape(traces))
+    print(steady_state_line(traces))
     plain_fixed, plain_elastic = (ideal_busy(plain, e, args.seconds) for e in (False, True))
     rng = random.Random(args.seed)
     long_s = 10 * args.seconds
@@ -288,11 +372,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fluid model, where the ideal is capped: without the two 3 s heavy first cells {plain_fixed:.3f} fixed, "
           f"{plain_elastic:.3f} ideal (ratio {plain_elastic / plain_fixed:.2f}); the same generator over "
           f"{long_s:g} s {long_fixed:.3f} fixed, {long_elastic:.3f} ideal (ratio {long_elastic / long_fixed:.2f})")
+    print("where the card's time went, by the number of notebooks in a cell at once (measured):")
+    print(where_it_goes("fixed", fixed, False))
+    print(where_it_goes("elastic", elastic, True))
     print(f"floor back (s), {len(floors)} newcomers: " + " ".join(f"{f:.2f}" for f in floors))
     print(f"elastic work_ratio={busy_elastic / busy_fixed:.2f} "
           f"slowdown_p50_fixed={statistics.median(fixed.slowdowns):.2f} "
           f"slowdown_p50_elastic={statistics.median(elastic.slowdowns):.2f} "
-          f"floor_back_p95_s={p95(floors):.2f} owner_ooms={fixed.owner_ooms + elastic.owner_ooms}")
+          f"floor_back_p95_s={p95(floors) if floors else math.nan:.2f} "
+          f"owner_ooms={fixed.owner_ooms + elastic.owner_ooms} ideal_work_ratio={model_elastic / model_fixed:.2f}")
     return 0
 
 

@@ -17,7 +17,7 @@
  *   array3d:W:H:D | mipmap:W:H:LEVELS | free | freeall
  *   info | total[:dev] | nvml[:idx] | module | unload
  *   launch:N:US | launchex:N:US | coop:N:US | graph:N:NODES:US | sync
- *   burst:N:US                             N launches then a sync; prints the wall time
+ *   burst:N:US                             N launches then a sync; prints the wall time (and when it began)
  *   nvmlprocs | nvmlutil                   NVML's process list / device utilisation as seen here
  *   graphmem:N (a graph with an N-byte memory allocation node, launched) | graphtrim
  *   vmmmap:N (cuMemCreate, map it, release the handle while mapped) | unmap
@@ -620,7 +620,7 @@ static int step(char *arg) {
         uint64_t t0 = now_ns();
         for (int i = 0; i < count && !rc; i++) rc = launch_one("kernel", f, NULL);
         if (!rc) rc = D.cuCtxSynchronize();
-        printf("burst rc=%d ms=%.1f\n", rc, (now_ns() - t0) / 1e6);
+        printf("burst rc=%d ms=%.1f at_ms=%.1f\n", rc, (now_ns() - t0) / 1e6, t0 / 1e6);
     } else if (!strcmp(cmd, "sync")) {
         rc = D.cuCtxSynchronize();
         printf("sync rc=%d\n", rc);
