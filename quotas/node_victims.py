@@ -94,16 +94,16 @@ class NodeVictims:
 
     def _quota_fixable(self) -> bool:
         """Could evicting every eligible allocation of the levels in deficit fix them? (Only
-        the quota given back counts here: no trial of the cards they free.)"""
+        the quota given back counts here: no trial of the cards they free.) The quota's
+        candidates are those of the widest level in deficit that count against quotas and have
+        a lower priority value: each limited level gets back what they charge it, read from the
+        state's sums per level and value instead of walking them."""
         t = self._trial()
-        charges = self.st._charges
-        for a in self._quota_candidates():
-            charge = charges[a.id]
-            for i in self._members(a):
-                b = t.back[i]
-                b[0] += charge[0]
-                b[1] += charge[1]
-                b[2] += charge[2]
+        if self.pc.preempt:  # (a class that does not preempt has none: _quota_candidates)
+            widest = max((lv for lv, _, _ in self.deficits), key=lambda lv: -len(lv.key))
+            n = len(widest.key)
+            for i, lv in enumerate(self.levels):  # the requester's levels, nested in each other
+                t.back[i] = self.st.own_below(lv.key if len(lv.key) >= n else widest.key, self.pc.value)
         return self._quota_ok(t, self.low)
 
     def _victims_at_least(self, ni: int) -> int:

@@ -20,7 +20,7 @@ from .model import Allocation, Decision, GPURequest, Owner, Pool
 from .placement import CardIndex
 from .policy import AdmissionConfig, PriorityClass
 from .preemption import Ask, VictimKey, VictimSearch, victim_key
-from .tree import RESOURCES, Level, QuotaLedger
+from .tree import RESOURCES, Level, QuotaLedger, level_keys
 from .usage import UsageReport
 
 #: changes kept for :meth:`AdmissionState.changes_since` (the oldest half goes beyond it)
@@ -63,6 +63,9 @@ class AdmissionState(RequestChecks, UsageReport):
         #: the pool's memory and compute capacity (summed once per inventory)
         self._capacity = (sum(self._index.cap_m), sum(self._index.cap_c))
         self._ledger = QuotaLedger()
+        #: per quota level key: what its allocations that count against quotas (not borrowed)
+        #: charge, by priority value (what a preempting class could evict there for its quota)
+        self._own_by_value: dict[tuple[str, ...], dict[int, list[int]]] = {}
         self._charges: dict[str, tuple[int, int, int]] = {}
         self._eligible: dict[str, tuple[bool, ...]] = {}
         self._key: dict[str, VictimKey] = {}
@@ -124,6 +127,8 @@ class AdmissionState(RequestChecks, UsageReport):
         for group in self._groups(allocation):
             insort(self._group_order.setdefault(group, []), key)
         self._ledger.apply(allocation.id, allocation.owner, charge, allocation.borrowed, 1)
+        if not allocation.borrowed:
+            self._count_own(allocation.owner, value, charge, 1)
         o = allocation.owner
         self._kinds.setdefault((o.workspace, o.namespace, o.user), Counter())[allocation.kind] += 1
         self._index.apply(allocation, eligible, 1, refresh)
@@ -152,6 +157,8 @@ class AdmissionState(RequestChecks, UsageReport):
         charge = self._charges.pop(allocation_id)
         eligible = self._eligible.pop(allocation_id)
         self._ledger.apply(allocation_id, allocation.owner, charge, allocation.borrowed, -1)
+        if not allocation.borrowed:
+            self._count_own(allocation.owner, key[1], charge, -1)
         o = allocation.owner
         kinds = self._kinds[(o.workspace, o.namespace, o.user)]
         kinds[allocation.kind] -= 1
@@ -162,6 +169,22 @@ class AdmissionState(RequestChecks, UsageReport):
         self._index.apply(allocation, eligible, -1, refresh)
         self._changed(-1, allocation, eligible)
         return allocation
+
+    def _count_own(self, owner: Owner, value: int, charge: tuple[int, int, int], sign: int) -> None:
+        for key in level_keys(owner):
+            row = self._own_by_value.setdefault(key, {}).setdefault(value, [0, 0, 0])
+            for r in range(3):
+                row[r] += sign * charge[r]
+
+    def own_below(self, key: tuple[str, ...], value: int) -> list[int]:
+        """What allocations of a priority value below ``value`` charge quota level ``key``
+        (memory MiB, cores %, vGPUs; borrowed ones do not count against a quota)."""
+        total = [0, 0, 0]
+        for v, row in self._own_by_value.get(key, {}).items():
+            if v < value:
+                for r in range(3):
+                    total[r] += row[r]
+        return total
 
     def _changed(self, sign: int, allocation: Allocation, eligible: tuple[bool, ...]) -> None:
         self._changes.append((sign, allocation, eligible))

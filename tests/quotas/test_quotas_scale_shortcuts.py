@@ -4,13 +4,16 @@ the plain paths choose, on random heterogeneous pools the admission core filled 
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
+from quotas import AdmissionState, Owner, load_config
 from quotas import queue as queue_module
 from quotas.preemption import VictimSearch
 
-from .test_quotas_fast_placement import churned_states, random_request
+from .builders import CLASSES
+from .test_quotas_fast_placement import churned_states, random_pool, random_request
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -75,3 +78,46 @@ def test_move_search_skipping_places_by_a_bound_proposes_what_weighing_every_pla
     assert compared > 40 and proposed > 3
     assert any(b > 1 for b in bounds)  # the bound says something
 
+
+
+def plain_quota_fixable(search: VictimSearch) -> bool:
+    """The definition: evict every candidate of the widest level in deficit (walked one by one),
+    give each limited level back what they charge it, and ask the quota again."""
+    t = search._trial()
+    for a in search._quota_candidates():
+        for i in search._members(a):
+            for r in range(3):
+                t.back[i][r] += search.st._charges[a.id][r]
+    return search._quota_ok(t, search.low)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_whether_evictions_could_fix_a_quota_is_what_walking_the_candidates_says(seed, monkeypatch):
+    rng = random.Random(seed)
+    gib = 1024
+    workspaces = {f"ws{w}": {"limits": {"memory_mib": rng.choice([60, 120, 400]) * gib},
+                             "namespaces": {f"ns{n}": {"limits": {"memory_mib": rng.choice([40, 80, 200]) * gib},
+                                                       "user_limits": {"gpus": rng.choice([2, 4, 8])}}
+                                            for n in range(2)}}
+                  for w in range(3)}
+    st = AdmissionState(load_config({"priority_classes": CLASSES, "workspaces": workspaces}), random_pool(rng, 12))
+    fixable = VictimSearch._quota_fixable
+    answers = []
+
+    def checked(self):
+        got = fixable(self)
+        assert got == plain_quota_fixable(self)
+        answers.append(got)
+        return got
+
+    monkeypatch.setattr(VictimSearch, "_quota_fixable", checked)
+    for i in range(400):
+        r = random_request(rng, i, classes=("high", "default", "low", "lowest", "high"))
+        owner = Owner(f"u{rng.randrange(4)}", f"ns{rng.randrange(2)}", f"ws{rng.randrange(3)}")
+        r = dataclasses.replace(r, owner=owner)
+        d = st.decide(r, now=float(i))
+        if d.granted:
+            st.apply(d)
+        if st.allocations and rng.random() < 0.3:
+            st.remove(rng.choice(sorted(st.allocations)))
+    assert answers.count(True) > 10 and answers.count(False) > 10  # both answers occur
