@@ -10,6 +10,7 @@ import textwrap
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -97,8 +98,10 @@ def start_servers(hub: HubRunner, prefix: Path, users: tuple[str, ...] = ("alice
     """The GPU kernelspecs installed under ``prefix`` and ``users``' servers running; their Servers."""
     tokens = {name: hub.user_token(name) for name in users}
     install_kernelspecs(hub, tokens[users[0]], prefix)
-    for name, token in tokens.items():
-        start_server(hub, name, token)
+    # the servers start together, as users' do (the hub answers a start request only when the
+    # server is up or after its slow_spawn_timeout, 10 s: the requests go out side by side)
+    with ThreadPoolExecutor(len(users)) as pool:
+        list(pool.map(lambda name: start_server(hub, name, tokens[name]), users))
     return {name: Server(hub, name, token) for name, token in tokens.items()}
 
 
@@ -301,9 +304,9 @@ def doubles_stack(
     through NVML; GPU kernels run with the compiled shim preloaded): a hub with the broker and
     the servers of alice and bob. ``extra_config``: lines appended to jupyterhub_config.py;
     ``gpu_servers``: servers (of a GPU profile) find the doubles as kernels do."""
-    from tests.libvgpu.harness import build_all
+    from tests.libvgpu.harness import build_doubles
 
-    build = build_all(work / "build")
+    lib_dir = build_doubles(work / "build" / "lib")  # the kernels preload the installed shim
     double = {
         "CUDA_DOUBLE_STATE": str(work / "gpu.state"),
         "CUDA_DOUBLE_DEVICES": str(devices),
@@ -316,7 +319,7 @@ def doubles_stack(
     state.chmod(0o666)
     (work / "admission.yaml").write_text(yaml.safe_dump(admission))
     prefix = work / "jupyter-prefix"
-    server_env = {"LD_LIBRARY_PATH": str(build.lib_dir), **double} if gpu_servers else {}
+    server_env = {"LD_LIBRARY_PATH": str(lib_dir), **double} if gpu_servers else {}
     config = f"""
 from hubext.hubconfig import configure_hub
 configure_hub(c, mode="local", admission_config_file={str(work / "admission.yaml")!r},
@@ -326,7 +329,7 @@ c.HubUserGPUSpawner.home_dir_template = {str(work / "home" / "{username}")!r}
 c.Spawner.environment = {{"JUPYTER_PATH": {str(prefix / "share" / "jupyter")!r}, **{server_env!r}}}
 c.LocalKernelLauncher.environment = {double!r}
 """ + extra_config + _broker_config(sizes)
-    hub = HubRunner(work, config, env={"LD_LIBRARY_PATH": str(build.lib_dir), **double})
+    hub = HubRunner(work, config, env={"LD_LIBRARY_PATH": str(lib_dir), **double})
     try:
         hub.start()
         yield hub, start_servers(hub, prefix)

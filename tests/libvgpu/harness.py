@@ -72,17 +72,25 @@ class Build:
         return f"{libasan} {self.shim}"
 
 
+def build_doubles(lib_dir: Path) -> Path:
+    """The CUDA and NVML doubles alone (libcuda.so.1, libnvidia-ml.so.1) in ``lib_dir``: what a
+    hub on the doubles needs, whose kernels preload the installed shim; returns ``lib_dir``."""
+    lib_dir.mkdir(parents=True, exist_ok=True)
+    for src, soname in (("cuda_double.c", "libcuda.so.1"), ("nvml_double.c", "libnvidia-ml.so.1")):
+        cc(*CFLAGS, "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions",
+           f"-Wl,-soname,{soname}", "-o", lib_dir / soname, HERE / "double" / src)
+    return lib_dir
+
+
 def build_all(root: Path, *, asan: bool = False, defines: dict[str, str] | None = None) -> Build:
     b = Build(root, root / "shim", root / "lib", root / "bin", asan=asan)
     for d in (b.shim_dir, b.lib_dir, b.bin_dir):
         d.mkdir(parents=True, exist_ok=True)
     _build.build(b.shim_dir, asan=asan, defines=defines)
+    build_doubles(b.lib_dir)
     dbl = HERE / "double"
     progs = HERE / "progs"
     san = ["-O1", "-fsanitize=address", "-fno-omit-frame-pointer"] if asan else ["-O2"]
-    for src, soname in (("cuda_double.c", "libcuda.so.1"), ("nvml_double.c", "libnvidia-ml.so.1")):
-        cc(*CFLAGS, "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions",
-           f"-Wl,-soname,{soname}", "-o", b.lib_dir / soname, dbl / src)
     # a driver before 570: no checkpoint API (what suspend must refuse to half-do)
     (b.lib_dir / "old-driver").mkdir(exist_ok=True)
     cc(*CFLAGS, "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions", "-DDBL_NO_CHECKPOINT",
