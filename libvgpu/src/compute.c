@@ -39,13 +39,22 @@ static void stamp_slow(uint64_t now) {
     }
 }
 
+/* The counts are approximate (the region's contract): threads of a process, and processes of
+ * a container for the activity record's, may race and lose one. So they are plain loads and
+ * stores, not locked additions: a locked addition waits for every earlier store to reach the
+ * cache, and on the launch path that includes the driver's. */
 static inline void stamp_activity(void) {
     struct vgpu_slot *me = vgpu.me;
-    if (VGPU_LIKELY(me != NULL)) {
-        uint64_t n = atomic_load_explicit(&me->launches, memory_order_relaxed);
-        atomic_store_explicit(&me->launches, n + 1, memory_order_relaxed);
+    if (VGPU_LIKELY(me != NULL)) { /* the slot's count is stored, not read (vgpu.launches) */
+        uint64_t n = atomic_load_explicit(&vgpu.launches, memory_order_relaxed) + 1;
+        atomic_store_explicit(&vgpu.launches, n, memory_order_relaxed);
+        atomic_store_explicit(&me->launches, n, memory_order_relaxed);
     }
-    if (vgpu.act) atomic_fetch_add_explicit(&vgpu.act->launches, 1, memory_order_relaxed);
+    struct vgpu_activity *a = vgpu.act;
+    if (VGPU_LIKELY(a != NULL))
+        atomic_store_explicit(&a->launches,
+                              atomic_load_explicit(&a->launches, memory_order_relaxed) + 1,
+                              memory_order_relaxed);
     uint64_t now = vgpu_coarse_real_ns(); /* vDSO, ~1-4 ms resolution */
     if (VGPU_LIKELY(now == atomic_load_explicit(&stamp_ns, memory_order_relaxed))) return;
     atomic_store_explicit(&stamp_ns, now, memory_order_relaxed);

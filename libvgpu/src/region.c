@@ -539,6 +539,7 @@ int vgpu_region_claim_slot(void) {
         s->attached_ns = vgpu_real_ns();
         atomic_store(&s->last_launch_ns, 0);
         atomic_store(&s->launches, 0);
+        atomic_store(&vgpu.launches, 0);
         memset(s->comm, 0, sizeof(s->comm));
         snprintf(s->comm, sizeof(s->comm), "%s", program_invocation_short_name);
         atomic_store(&s->pid, (int32_t)getpid());

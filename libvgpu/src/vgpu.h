@@ -176,7 +176,7 @@ struct vgpu_activity {
     uint64_t created_ns;
     uint64_t container_id;    /* offset 32 */
     _Atomic uint64_t last_launch_ns; /* offset 40 */
-    _Atomic uint64_t launches;       /* offset 48, approximate */
+    _Atomic uint64_t launches;       /* offset 48, approximate (racing launches may lose one) */
     _Atomic uint64_t updated_ns;     /* offset 56 */
     _Atomic uint64_t used[VGPU_MAX_DEV]; /* offset 64: container usage per GPU */
     /* offset 192: elastic slices, for metering: GPU time (ns) the container ran above its
@@ -273,6 +273,9 @@ struct vgpu_proc {
     int reg_private;                 /* anonymous fallback: limits per process only */
     _Atomic int slot;                /* -1 until claimed */
     struct vgpu_slot *me;
+    /* me->launches, kept here too: a launch stores its slot's count without loading the slot's
+     * line, which the driver's own work between two launches evicts (0 when a slot is claimed) */
+    _Atomic uint64_t launches;
     struct vgpu_activity *act;
     _Atomic int ndev;                /* CUDA devices, known after cuInit (0 = not yet) */
     _Atomic int single_dev;          /* 1 when exactly one device is visible */
