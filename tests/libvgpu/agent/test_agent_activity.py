@@ -128,7 +128,11 @@ def test_a_pod_that_never_launched_reads_as_idle_and_its_first_launch_is_publish
     # well before the 30 s republish interval: a first launch is patched at once
     launched = wait_for(lambda: (lambda a: a if a and a["last_launch"] else None)(activity_of(anode, "act-b")),
                         8, "act-b's first launch in its annotation")
-    assert go - 1 <= launched["last_launch"] <= time.time()
+    # the launch's own stamp, not a stale one (it read None before). The shim stamps launches with
+    # CLOCK_REALTIME_COARSE, which the kernel moves on at its ticks: on a loaded VM whose vCPUs wait
+    # for the host (steal), a tick can come a second late and the stamp lags the clock that much
+    # (seen once in a whole-suite run at load 11: 1.036 s before `go`)
+    assert go - 5 <= launched["last_launch"] <= time.time()
     assert launched["memory_used_mib"] == 100
 
 
