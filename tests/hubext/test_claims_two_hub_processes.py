@@ -145,13 +145,8 @@ def two_hubs(tmp_path_factory):
             assert hub.proc is not None and hub.proc.poll() is None, hub.log_tail()
             for user in USERS[ns]:
                 tokens[user] = hub.user_token(user)
-        # the four servers start together (a POST waits for its server up to the hub's
-        # slow_spawn_timeout, 10 s: one after the other they added up to 40 s)
-        with ThreadPoolExecutor(4) as pool:
-            answers = list(pool.map(lambda nu: hubs[nu[0]].api("POST", f"/users/{nu[1]}/server"),
-                                    [(ns, user) for ns in hubs for user in USERS[ns]]))
-        for status, body in answers:
-            assert status in (201, 202), (status, body)
+                status, body = hub.api("POST", f"/users/{user}/server")
+                assert status in (201, 202), (status, body)
         for ns, hub in hubs.items():
             for user in USERS[ns]:
                 hub.wait_for(

@@ -14,7 +14,6 @@ import textwrap
 import threading
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -181,14 +180,6 @@ def spawn(hub: HubRunner, user: str, options: dict) -> tuple[int, object]:
     return status, body
 
 
-def spawn_together(hub: HubRunner, options: dict[str, dict]) -> dict[str, tuple[int, object]]:
-    """Several users' spawns at once, as users click at once (each POST waits for its server up to
-    the hub's slow_spawn_timeout, 10 s: one after the other they added up)."""
-    with ThreadPoolExecutor(len(options)) as pool:
-        futures = {user: pool.submit(spawn, hub, user, opts) for user, opts in options.items()}
-    return {user: f.result() for user, f in futures.items()}
-
-
 def server(hub: HubRunner, user: str) -> dict | None:
     status, model = hub.api("GET", f"/users/{user}")
     return (model.get("servers") or {}).get("") if status == 200 else None
@@ -201,8 +192,8 @@ def wait_ready(hub: HubRunner, user: str, timeout: float = 90) -> dict:
 
 
 def stop(hub: HubRunner, *users: str) -> None:
-    with ThreadPoolExecutor(len(users)) as pool:  # a DELETE waits up to slow_stop_timeout: side by side
-        list(pool.map(lambda user: hub.api("DELETE", f"/users/{user}/server"), users))
+    for user in users:
+        hub.api("DELETE", f"/users/{user}/server")
     for user in users:
         hub.wait_for(lambda u=user: server(hub, u) is None, 60, what=f"{user}'s server stopped")
 
@@ -232,8 +223,8 @@ def failure_message(hub: HubRunner, user: str, status: int, body: object) -> str
 
 def test_two_users_share_one_card_and_pods_carry_the_slice(cluster):
     hub, api = cluster
-    spawned = spawn_together(hub, {"alice": {"profile": "quarter"}, "bob": {"profile": "sized", "size": "quarter"}})
-    assert spawned["alice"][0] in (201, 202) and spawned["bob"][0] in (201, 202), spawned
+    assert spawn(hub, "alice", {"profile": "quarter"})[0] in (201, 202)
+    assert spawn(hub, "bob", {"profile": "sized", "size": "quarter"})[0] in (201, 202)
     wait_ready(hub, "alice")
     wait_ready(hub, "bob")
     pods = gpu_pods(api)
@@ -256,7 +247,8 @@ def test_two_users_share_one_card_and_pods_carry_the_slice(cluster):
 
 def test_waiting_spawn_shows_its_position_and_starts_when_the_card_frees(cluster):
     hub, api = cluster
-    spawn_together(hub, {"alice": {"profile": "half"}, "bob": {"profile": "half"}})
+    spawn(hub, "alice", {"profile": "half"})
+    spawn(hub, "bob", {"profile": "half"})
     wait_ready(hub, "alice")
     wait_ready(hub, "bob")
     status, _ = spawn(hub, "carol", {"profile": "quarter"})
@@ -278,7 +270,8 @@ def test_waiting_spawn_shows_its_position_and_starts_when_the_card_frees(cluster
 
 def test_wait_that_runs_out_fails_with_the_pool_full_message(cluster):
     hub, api = cluster
-    spawn_together(hub, {"alice": {"profile": "half"}, "bob": {"profile": "half"}})
+    spawn(hub, "alice", {"profile": "half"})
+    spawn(hub, "bob", {"profile": "half"})
     wait_ready(hub, "alice")
     wait_ready(hub, "bob")
     started = time.monotonic()
@@ -340,7 +333,8 @@ def test_forged_or_hidden_profile_options_are_refused(cluster):
 def test_high_priority_spawn_preempts_a_low_priority_one(cluster):
     hub, api = cluster
     started = time.time()
-    spawn_together(hub, {"grace": {"profile": "half-low"}, "bob": {"profile": "half"}})
+    spawn(hub, "grace", {"profile": "half-low"})
+    spawn(hub, "bob", {"profile": "half"})
     wait_ready(hub, "grace")
     wait_ready(hub, "bob")
     victim_pod = gpu_pods(api)["grace"].metadata.name
@@ -415,7 +409,8 @@ def test_a_card_out_of_service_is_on_the_admin_page_and_in_the_sentence_of_a_req
 
 def test_hub_restart_keeps_every_allocation(cluster):
     hub, api = cluster
-    spawn_together(hub, {"alice": {"profile": "quarter"}, "bob": {"profile": "half"}})
+    spawn(hub, "alice", {"profile": "quarter"})
+    spawn(hub, "bob", {"profile": "half"})
     wait_ready(hub, "alice")
     wait_ready(hub, "bob")
     before = pool_slices(hub)

@@ -16,7 +16,6 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
@@ -82,9 +81,8 @@ def swapped_out_behind_carol(stack) -> Iterator[tuple]:
         # bob's 75 GiB kernel goes to the empty card 1, not into alice's room on card 0 (binpack alone
         # would take card 0, the first of two empty cards); carol's then takes card 0: nothing else fits
         held = {}
-        with ThreadPoolExecutor(2) as pool:  # their servers start together (their kernels one by one)
-            list(pool.map(lambda name: start_server(hub, name, others[name].token), ("bob", "carol")))
         for name, card in (("bob", CARDS[1]), ("carol", CARDS[0])):
+            start_server(hub, name, others[name].token)
             status, started[name] = others[name].start_session("elastic-gpu-gpu-75g")
             assert status == 201, started[name]
             status, body = hub.api("GET", f"/gpu/kernels?user={name}")

@@ -44,9 +44,10 @@ from tests.kernelprovider.helpers import (
     kube_stack,
     start_server,
 )
-from tests.libvgpu.harness import build_doubles
+from tests.libvgpu.harness import CFLAGS, cc
 
 REPO = Path(__file__).resolve().parents[2]
+DOUBLE = REPO / "tests" / "libvgpu" / "double"
 HOST_PROC = "/run/host-proc"  # where pods see the host's /proc (the double knows host pids)
 SPEC = "elastic-gpu-gpu-10g"
 
@@ -73,7 +74,11 @@ def kube_swap_stack(
 ) -> Iterator[tuple]:
     """kube_stack with the node agent beside it and the CUDA double (``devices`` cards of one model)
     as the node's driver: (stack, proc_root, agent log, host dir, agent)."""
-    lib = build_doubles(work / "lib")
+    lib = work / "lib"
+    lib.mkdir()
+    for src, soname in (("cuda_double.c", "libcuda.so.1"), ("nvml_double.c", "libnvidia-ml.so.1")):
+        cc(*CFLAGS, "-O2", "-fPIC", "-shared", "-fvisibility=hidden", "-Wl,-Bsymbolic-functions",
+           f"-Wl,-soname,{soname}", "-o", lib / soname, DOUBLE / src)  # fmt: skip
     state = work / "gpu.state"  # the card, shared by the agent (root) and the kernel (jovyan)
     state.touch()
     state.chmod(0o666)
