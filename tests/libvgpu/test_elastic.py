@@ -69,13 +69,12 @@ def test_a_burster_takes_the_whole_card_back_soon_after_its_neighbours_cell_ends
 
     elastic = "cores_percent=25\ncores_limit_percent=100"
     burster = _elastic(node, "b", elastic)
-    proc = burster.start("init", "ctx", "ready", "util:0:60:2000:kernel", wait_for="ready",
+    proc = burster.start("init", "ctx", "ready", "util:0:6:2000:kernel", wait_for="ready",
                          env={"LIBVGPU_DEBUG": "1"})
     cells = ["burst:100:2000", "sleep:700"] * 3
     r = _elastic(node, "n", elastic).run("init", "ctx", "burst:10:2000", *cells, timeout=60)
-    proc.kill()  # 700 ms after the last cell ended: its decisions then are in its log
     out, err = proc.communicate(timeout=60)
-    assert r.rcs("burst") == [0] * 4 and "share 50%" in err, (err[-2000:], r.stderr)
+    assert proc.returncode == 0 and r.rcs("burst") == [0] * 4, (err[-2000:], r.stderr)
     shares = [(float(at), int(pct)) for pct, at in
               re.findall(r"compute share (\d+)% \(request 25%, limit 100%\) at ([0-9.]+) ms", err)]
     lags = []
