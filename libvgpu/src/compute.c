@@ -70,8 +70,6 @@ static inline void stamp_activity(void) {
 #define SATURATED_PERMILLE 970      /* a window this busy is "saturated" */
 #define COST_WINDOW_NS 1000000000ull /* the longest window kept open for a cost estimate */
 #define COST_LAUNCHES 8             /* launches' time a window needs to re-estimate the cost */
-#define LONG_LAUNCH_NS 10000000ull /* a launch this long keeps its container busy while it runs */
-#define PROBE_BUSY_NS 200000000ull /* a launch timed with events: busy while it waits (3.5-117 ms) */
 
 /* The container's launch count as this process saw it at recent times (NVML timestamps, us):
  * NVML's samples end in the past (a period of 1/6 s to 1 s, then the time to ask), so the
@@ -352,10 +350,7 @@ void vgpu_compute_gate(int dev, CUstream s) {
             vgpu_compute_will_launch(dev, wait);
             vgpu_sleep_ns(wait < MAX_SLEEP_NS ? wait : MAX_SLEEP_NS);
         }
-        if (probe_begin(dev, s)) { /* it waits behind the card's queued work: busy meanwhile */
-            vgpu_compute_will_launch(dev, PROBE_BUSY_NS);
-            return;
-        }
+        if (probe_begin(dev, s)) return;
         if (in_window > PROBE_LAUNCHES) {
             last = atomic_load(&c->sample_ns);
             uint64_t t2 = vgpu_mono_ns();
@@ -385,7 +380,6 @@ void vgpu_compute_gate(int dev, CUstream s) {
     atomic_fetch_add_explicit(&c->launches, 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&c->total, 1, memory_order_relaxed);
     atomic_store_explicit(&c->admit_ns, vgpu_mono_ns(), memory_order_relaxed);
-    if (cost >= LONG_LAUNCH_NS) vgpu_compute_will_launch(dev, cost); /* busy while it runs */
 }
 
 /* ---- the launch hooks ------------------------------------------------------------------ */

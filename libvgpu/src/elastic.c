@@ -18,10 +18,7 @@
  *   plus the part of the card no busy container's request claims (split in proportion to the
  *   busy containers' requests), up to its limit. A container is busy while it launched within
  *   BUSY_WINDOW_NS (a container sleeping off its limiter's debt stamps the time it will launch,
- *   and one let through a launch of 10 ms or more the time it will have run, so long kernels
- *   keep it busy; a launch timed with events, 200 ms); one held for a higher priority is not. The window is short (50 ms: a
- *   neighbour's queued work of a few ms, plus a sync) because it is the time a burster stays
- *   held at its shared rate after its neighbours' cells ended, on an idle card. The GPU time it
+ *   so long kernels keep it busy); one held for a higher priority is not. The GPU time it
  *   runs above its request is counted in its activity file (compute_burst_ns), for metering.
  *
  * All of it reads the card's node region (node_region_dir): without one a slice does not burst.
@@ -29,7 +26,7 @@
 #define _GNU_SOURCE
 #include "memory.h"
 
-#define BUSY_WINDOW_NS (50ull * 1000000ull)
+#define BUSY_WINDOW_NS (200ull * 1000000ull)
 #define SHARE_RECHECK_NS (2ull * 1000000ull)
 #define RECLAIM_STEP_NS (10ull * 1000000ull)
 #define RELAY_LAG_NS (150ull * 1000000ull) /* three periods of the node agent's relay (50 ms) */
@@ -172,13 +169,11 @@ uint32_t vgpu_compute_share(int dev) {
         share = (uint32_t)(s > lim ? lim : s);
     }
     if (share != atomic_exchange(&share_now[dev], share))
-        vgpu_debug("gpu %d: compute share %u%% (request %u%%, limit %u%%) at %.1f ms", dev, share,
-                   req, lim, now / 1e6);
+        vgpu_debug("gpu %d: compute share %u%% (request %u%%, limit %u%%)", dev, share, req, lim);
     return share;
 }
 
-/* A container sleeping off its limiter's debt will launch at wake, and one let through a long
- * launch has work on the card until it ran: it stays busy meanwhile. */
+/* A container sleeping off its limiter's debt will launch at wake: it stays busy meanwhile. */
 void vgpu_compute_will_launch(int dev, uint64_t wait_ns) {
     if (!(vgpu.features & VGPU_F_PRIORITY)) return;
     struct vgpu_node_attach *na = vgpu_node_get(dev);
