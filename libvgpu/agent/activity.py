@@ -66,6 +66,7 @@ def pod_activity(
     usage: Sequence[AllocationUsage],
     regions: Mapping[str, NodeGPU],
     compute_burst: Mapping[str, float] | None = None,
+    now: float | None = None,
 ) -> dict[str, tuple[PodInfo, PodActivity]]:
     """Pod uid -> (pod, its activity) for the live GPU pods whose activity is known;
     ``compute_burst``: pod uid -> the GPU-seconds its activity file counts above its request."""
@@ -83,7 +84,9 @@ def pod_activity(
         out[pod.uid] = (
             pod,
             PodActivity(
-                last_launch=max(launches) if launches else None,
+                # a shim stamps a launch it will make at wake (a limiter's sleep) ahead of time
+                # (vgpu_compute_will_launch): what is published happened, so never past now
+                last_launch=min(max(launches), now if now is not None else time.time()) if launches else None,
                 memory_used_mib=sum(u.used_bytes for u in us) // MIB,
                 compute_burst_seconds=(compute_burst or {}).get(pod.uid),
             ),
