@@ -298,7 +298,10 @@ class GPUBroker(AdmitMixin, SizesMixin, SwapMixin, ReclaimMixin, SingletonConfig
             raise BrokerError(
                 f"The server {label!r} is not running; GPU kernels belong to a running server. Start it first.", 409
             )
-        server: ServerRef = await self.launcher.server_ref(spawner)
+        try:
+            server: ServerRef = await self.launcher.server_ref(spawner)
+        except LaunchError as e:  # its pod gone, the API too slow: nothing was made yet
+            raise BrokerError(e.message, e.status) from None
         record = KernelRecord(
             id=uuid.uuid4().hex,
             user=user_name,

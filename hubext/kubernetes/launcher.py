@@ -45,7 +45,7 @@ from .objects import (
 )
 from .quantities import cpu_and_memory
 from .spawner import ElasticGPUSpawner
-from .status import api_message, apply_pod_status, notebook_status, record_from_pod, server_identity
+from .status import api_call, api_message, apply_pod_status, notebook_status, record_from_pod, server_identity
 from .swap import PodSwapMixin
 
 #: z2jh's tolerations of its dedicated user node pools (the key in both spellings z2jh uses)
@@ -260,7 +260,7 @@ class KubernetesKernelLauncher(PodSwapMixin, KernelLauncher):
         return pool_ns or os.environ.get("POD_NAMESPACE", "default")
 
     async def _call(self, coro: Any) -> Any:
-        return await asyncio.wait_for(coro, self.k8s_api_request_timeout)
+        return await api_call(coro, self.k8s_api_request_timeout)
 
     # ---- ledger ------------------------------------------------------------------------
 

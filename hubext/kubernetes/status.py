@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from jupyter_client.connect import port_names
 
 from libvgpu import contract as C
 
+from ..backends import LaunchError
 from ..kernels import KernelRecord
 
 #: container waiting reasons that will not resolve by waiting
@@ -172,3 +175,20 @@ def api_message(e: Exception) -> str:
         except (ValueError, AttributeError, TypeError):
             return str(body)[:300]
     return str(getattr(e, "reason", "") or e)
+
+
+class APITimeout(LaunchError, asyncio.TimeoutError):
+    """The Kubernetes API did not answer in time: a sentence for the user (503), and still a
+    ``TimeoutError`` for the callers that clean up or retry on one."""
+
+
+async def api_call(coro: Awaitable[Any], timeout: float) -> Any:
+    """``coro`` (a Kubernetes API call) within ``timeout`` seconds, or :class:`APITimeout`."""
+    try:
+        return await asyncio.wait_for(coro, timeout)
+    except asyncio.TimeoutError:
+        raise APITimeout(
+            f"The Kubernetes API did not answer within {timeout:g} s, so the hub could not do this; "
+            "try again in a moment (if it keeps happening, tell your hub's admin).",
+            503,
+        ) from None

@@ -168,6 +168,26 @@ def test_a_second_kernel_over_quota_is_refused_and_creates_no_pod(cluster):
         stop_session(alice, first)
 
 
+def test_a_kubernetes_api_that_answers_too_late_refuses_the_kernel_with_a_sentence_and_keeps_nothing(cluster):
+    """The API server answers the hub's read of alice's server pod after the hub's 10 s
+    (overloaded, or cut off): her kernel start is refused with a sentence, not a traceback, and
+    leaves no slice, record or pod behind; once the API answers again her kernel starts."""
+    hub, emulator, api, alice = cluster
+    path = f"/api/v1/namespaces/{NAMESPACE}/pods/{server_pod(api).metadata.name}"
+    emulator.stall("GET", path, 12)
+    status, body = alice.start_session(SPEC)
+    assert status >= 400, body
+    message = body["message"]
+    assert "The Kubernetes API did not answer within 10 s" in message and "try again" in message, message
+    assert "Traceback" not in message and "TimeoutError" not in message, message
+    assert broker_kernels(hub) == [] and kernel_slices(hub) == [] and kernel_pods(api) == []
+    hub.wait_for(lambda: emulator.stall_left("GET", path) == 0, timeout=30, what="the API to answer again")
+    status, session = alice.start_session(SPEC)
+    assert status == 201, session
+    stop_session(alice, session)
+    assert kernel_slices(hub) == []
+
+
 def test_a_restarted_hub_finds_its_kernel_pods_again(cluster):
     hub, _emulator, api, alice = cluster
     status, session = alice.start_session(SPEC)

@@ -158,6 +158,8 @@ class KubeEmulator:
                            cache_fresh_seconds=watch_cache_fresh_seconds)
         self.authorizer = Authorizer(self.store)
         self.requests: deque[tuple[str, str, str]] = deque(maxlen=10000)
+        #: (method, path, until): such requests arriving before ``until`` are answered then (:meth:`stall`)
+        self.stalls: list[tuple[str, str, float]] = []
         self.active_watches = 0
         self.port = 0
         self.data_dir = Path()
@@ -213,6 +215,15 @@ class KubeEmulator:
                 if e.code != 409:  # made meanwhile
                     raise
         return self.authorizer.issue(namespace, name)
+
+    def stall(self, method: str, path: str, seconds: float) -> None:
+        """Answer ``method path`` only ``seconds`` from now, as an API server slowed down by load
+        (or a partition) does: every such request arriving before then waits until then."""
+        self.stalls.append((method, path, time.monotonic() + seconds))
+
+    def stall_left(self, method: str, path: str) -> float:
+        now = time.monotonic()
+        return max([until - now for m, p, until in self.stalls if (m, p) == (method, path)] + [0.0])
 
     def kubeconfig_for(self, token: str, namespace: str = "default", tls: bool = False) -> str:
         """Write a kubeconfig that authenticates with ``token`` (over HTTPS with ``tls``);

@@ -42,9 +42,12 @@ class BaseHandler(tornado.web.RequestHandler):
     #: resource paths are authorized per request (ResourceHandler._route); others here
     non_resource = True
 
-    def prepare(self) -> None:
+    async def prepare(self) -> None:
         self.emu.requests.append((self.request.method, self.request.path,
                                   self.request.query))
+        stalled = self.emu.stall_left(self.request.method or "", self.request.path)
+        if stalled > 0:
+            await asyncio.sleep(stalled)
         if self.non_resource:
             try:
                 self.emu.authorizer.check_path(self.request.headers.get("Authorization"),
