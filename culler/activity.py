@@ -80,6 +80,8 @@ class GPUTimeCheck:
         nv = self._init()
         if nv is None or not self.uuids:
             return
+        from libvgpu.agent.nvml import process_utilization
+
         now = time.time()
         since = self._sampled_at or now - 1.0
         busy: set[int] = set()
@@ -90,7 +92,7 @@ class GPUTimeCheck:
                 self.uuids.discard(uuid)
                 continue
             try:
-                samples = _process_utilization(nv, handle, int(since * 1e6))
+                samples = process_utilization(nv, handle, int(since * 1e6))
             except nv.NVMLError_NotFound:
                 samples = []  # no process had a sample since then
             except nv.NVMLError:
@@ -111,25 +113,6 @@ class GPUTimeCheck:
             return None
         began = max(self.started_at[u] for u in uuids)
         return max(self.busy_at.get(allocation_id, began), began)
-
-
-def _process_utilization(nv: Any, handle: Any, since_us: int) -> list[Any]:
-    """``nvmlDeviceGetProcessUtilization`` into a buffer sized up front (as the shim calls it), so
-    the answer does not hang on how a driver answers a first call without a buffer."""
-    import ctypes
-
-    fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
-    size = 128
-    while True:
-        buf = (nv.c_nvmlProcessUtilizationSample_t * size)()
-        count = ctypes.c_uint(size)
-        ret = fn(handle, buf, ctypes.byref(count), ctypes.c_ulonglong(since_us))
-        if ret == nv.NVML_ERROR_INSUFFICIENT_SIZE and count.value > size:
-            size = count.value
-            continue
-        if ret != nv.NVML_SUCCESS:
-            raise nv.NVMLError(ret)
-        return list(buf[: count.value])
 
 
 def slice_ids(pids: set[int]) -> set[str]:

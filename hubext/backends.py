@@ -424,7 +424,10 @@ class PoolBackend(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         """Per allocation id, the GPU activity record of a running slice: ``{last_launch: unix s
         or None, memory_used_mib[, launches]}`` (``libvgpu.contract.gpu_activity``'s form). A
         slice with no record yet (no process of it initialised CUDA; a simulated pool without
-        the shim) is left out, so it is never counted idle on no evidence.
+        the shim) is left out, so it is never counted idle on no evidence. An elastic slice's
+        entry also has ``burst_gpu_seconds``, the running total of card-seconds above its request
+        that the mode measured from the driver (``libvgpu.burst``; never from the slice's own
+        files), alone when its record is unread.
 
         Called by the usage meter's sampler (``UsageMeter.sample``). Default: {} (the mode sees
         no activity of its slices)."""

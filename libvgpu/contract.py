@@ -322,7 +322,7 @@ def model_name(nvml_name: str, memory_mib: int) -> str:
 
 
 def gpu_activity(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
-    """``{last_launch, memory_used_mib[, compute_burst_seconds]}`` from a GPU activity record (the node agent's
+    """``{last_launch, memory_used_mib[, burst_gpu_seconds]}`` from a GPU activity record (the node agent's
     ``gpu-activity`` annotation, JSON text, or an already parsed mapping).
 
     ``{}`` (unknown to the culler) when there is none or it is not what the agent writes.
@@ -345,7 +345,7 @@ def gpu_activity(value: str | Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
     if isinstance(used, bool) or not isinstance(used, int) or used < 0:
         return {}
-    burst = data.get("compute_burst_seconds")  # GPU-seconds above the compute request, so far
+    burst = data.get("burst_gpu_seconds")  # card-seconds above the request so far, as the agent measured them
     if isinstance(burst, bool) or not isinstance(burst, number) or not math.isfinite(burst) or burst < 0:
         return {"last_launch": last, "memory_used_mib": used}
-    return {"last_launch": last, "memory_used_mib": used, "compute_burst_seconds": burst}
+    return {"last_launch": last, "memory_used_mib": used, "burst_gpu_seconds": burst}

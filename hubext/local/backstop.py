@@ -103,7 +103,7 @@ class LocalBackstop:
             except Exception as e:  # an NVML error on one card: the others are still checked
                 self.log.debug("Backstop: no process list for GPU %s: %s", uuid, e)
         pids = {p.pid for procs in on_card.values() for p in procs}
-        linked, claimed = self._link(pids, holders, aliases)
+        linked, claimed = link_pids(pids, holders, aliases)
         owner = {pid: a for pid, a in linked.items() if a in by_id}
         shimmed = {a: self._shimmed(a) for a in set(owner.values())}
         findings: list[Finding] = []
@@ -134,27 +134,6 @@ class LocalBackstop:
         return await self.backstop.act(findings, _Actions(self, by_id))
 
     @staticmethod
-    def _link(pids: set[int], holders: dict[str, int],
-              aliases: Mapping[str, str]) -> tuple[dict[int, str], set[int]]:
-        """pid -> the live allocation it belongs to, and the pids linked only by the id their
-        environment carries (believed only from the account the allocation's holder runs as)."""
-        traced = trace_allocations(pids, {pid: a for a, pid in holders.items()})
-        holder_uid: dict[str, int | None] = {}
-        linked: dict[int, str] = {}
-        claimed: set[int] = set()
-        for pid, (carried, by_ancestry) in traced.items():
-            a = aliases.get(carried, carried)
-            if not by_ancestry:
-                if a not in holder_uid:
-                    holder_uid[a] = process_uid(holders[a]) if a in holders else None
-                uid = process_uid(pid)
-                if uid is None or holder_uid[a] is None or uid != holder_uid[a]:
-                    continue
-                claimed.add(pid)
-            linked[pid] = a
-        return linked, claimed
-
-    @staticmethod
     def _sliceless(uuid: str, index: int, procs: Sequence[Any], accounts: Mapping[int, str]) -> list[Finding]:
         """One finding per process of a server account that belongs to no live slice."""
         out = []
@@ -165,6 +144,28 @@ class LocalBackstop:
                 out.append(Finding(UNREGISTERED, uuid, index, (view,), p.used_bytes, 0, "", "", "",
                                    accounts[uid]))
         return out
+
+
+def link_pids(pids: set[int], holders: Mapping[str, int],
+              aliases: Mapping[str, str]) -> tuple[dict[int, str], set[int]]:
+    """pid -> the live allocation it belongs to, and the pids linked only by the id their
+    environment carries (believed only from the account the allocation's holder runs as).
+    ``holders``: allocation id -> holder pid. The backstop and the burst meter (burst.py) ask it."""
+    traced = trace_allocations(pids, {pid: a for a, pid in holders.items()})
+    holder_uid: dict[str, int | None] = {}
+    linked: dict[int, str] = {}
+    claimed: set[int] = set()
+    for pid, (carried, by_ancestry) in traced.items():
+        a = aliases.get(carried, carried)
+        if not by_ancestry:
+            if a not in holder_uid:
+                holder_uid[a] = process_uid(holders[a]) if a in holders else None
+            uid = process_uid(pid)
+            if uid is None or holder_uid[a] is None or uid != holder_uid[a]:
+                continue
+            claimed.add(pid)
+        linked[pid] = a
+    return linked, claimed
 
 
 def _comm(pid: int) -> str:

@@ -21,6 +21,7 @@ import asyncio
 import os
 import shutil
 import signal
+import threading
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -43,6 +44,7 @@ from quotas import Allocation, ConfigError, Node, Pool, parse_simulated
 
 from ..backends import GoneCallback, PoolBackend, ReleaseCause
 from .backstop import LocalBackstop
+from .burst import LocalBurst, start_burst
 from .inventory import detect_nvml_gpus, machine_resources, nvml_activity, shim_library
 from .launcher import LocalKernelLauncher
 from .ledger import LEDGER_FILE, Ledger
@@ -122,6 +124,15 @@ class LocalPool(PoolBackend):
         of the hub's own account, which write their entries themselves, see each other.
         Default: 0.05.""",
     )
+    burst_sample_seconds = Float(
+        0.5,
+        config=True,
+        help="""Seconds between two looks at the real GPUs' per-process samples (NVML) that measure
+        what elastic slices use above their request, the burst metering bills (hubext/local/burst.py;
+        never the slice's own activity file). A driver keeps its samples about a second: keep it
+        under that. Looks are made only while an elastic slice is held. 0: burst is not metered.
+        Default: 0.5.""",
+    )
     backstop_policy = Instance(Backstop, allow_none=True, help="The backstop's policy (set at start).")
 
     def __init__(self, **kwargs: Any) -> None:
@@ -137,6 +148,9 @@ class LocalPool(PoolBackend):
         self._relay_task: asyncio.Task | None = None
         self._server_accounts: dict[int, set[str]] = {}  # uid -> hub users whose servers ran as it
         self._aliases: dict[str, str] = {}  # a swapped-out allocation id -> the one its kernel resumed in
+        self._elastic: set[str] = set()  # held elastic allocations (the burst meter looks while any is)
+        self._burst: LocalBurst | None = None
+        self._burst_stop: threading.Event | None = None
 
     # ---- paths ------------------------------------------------------------------------------
 
@@ -194,6 +208,9 @@ class LocalPool(PoolBackend):
                 lambda: cards, self.relay_interval_seconds, self.log, containers=self._container_regions))
         if self.backstop and not self.simulated and any(n.gpus for n in self._pool.nodes):
             self._start_backstop()
+        self._elastic = {a.id for a in self.ledger.allocations() if a.elastic}
+        if self.burst_sample_seconds > 0 and not self.simulated and cards:
+            self._start_burst()
 
     def _detect(self) -> Pool:
         if self.simulate_gpus:
@@ -243,6 +260,8 @@ class LocalPool(PoolBackend):
 
     async def record(self, allocation: Allocation) -> None:
         self.ledger.insert(allocation)
+        if allocation.elastic:
+            self._elastic.add(allocation.id)
 
     async def bind(self, allocation_id: str, holder: str) -> None:
         """Tie an allocation to a process id (the holder's process-group leader), as a decimal string."""
@@ -293,6 +312,7 @@ class LocalPool(PoolBackend):
         holder = self.ledger.holders().get(allocation_id) if self.ledger is not None else None
         if self.ledger is not None:
             self.ledger.delete(allocation_id)
+        self._elastic.discard(allocation_id)
         if cause is ReleaseCause.SWAPPED:
             return
         self._remove_files(allocation_id)
@@ -312,6 +332,8 @@ class LocalPool(PoolBackend):
         self._stop_slice(allocation.id, int(holder) if holder and holder.isdigit() else 0, self.evict_grace_seconds)
 
     async def stop(self) -> None:
+        if self._burst_stop is not None:
+            self._burst_stop.set()
         if self._backstop_task is not None:
             self._backstop_task.cancel()
             self._backstop_task = None
@@ -404,19 +426,20 @@ class LocalPool(PoolBackend):
         ]
 
     def slice_activity(self, allocation_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """The shim's activity file of each allocation (``activity_path``)."""
-        found = {}
-        for allocation_id in allocation_ids:
+        """The shim's activity file of each allocation (``activity_path``: last launch, memory, for
+        the busy time), and the burst the hub measured of each elastic one (``burst_gpu_seconds``,
+        NVML's samples: hubext/local/burst.py), which no file of the slice changes."""
+        wanted = list(allocation_ids)
+        burst = self._burst.look(*self._burst_state()) if self._burst is not None else {}
+        found: dict[str, dict[str, Any]] = {a: {"burst_gpu_seconds": burst[a]} for a in wanted if a in burst}
+        for allocation_id in wanted:
             try:
                 a = read_activity(self.activity_path(allocation_id))
             except (OSError, RegionError):  # none yet (no CUDA), or not a record the shim wrote
                 continue
-            found[allocation_id] = {
-                "last_launch": a.last_launch_at,
-                "memory_used_mib": a.memory_used_mib,
-                "launches": a.launches,
-                "compute_burst_seconds": a.compute_burst_seconds,
-            }
+            found.setdefault(allocation_id, {}).update(
+                last_launch=a.last_launch_at, memory_used_mib=a.memory_used_mib, launches=a.launches
+            )
         return found
 
     def events(self, limit: int = 20) -> list[dict[str, Any]]:
@@ -485,15 +508,26 @@ class LocalPool(PoolBackend):
 
     # ---- the backstop --------------------------------------------------------------------------
 
-    def _start_backstop(self) -> None:
+    def _nvml(self, off: str) -> Any:
+        """This machine's NVML, started (None, logged with ``off``, when it cannot be)."""
         from libvgpu.agent.nvml import NVML, NVMLUnavailable
 
-        self.backstop_policy = Backstop(parent=self)
         nvml = NVML(self.nvml_library)
         try:
             nvml.init()
         except NVMLUnavailable as e:
-            self.log.warning("GPU backstop off: %s", e)
+            self.log.warning("%s: %s", off, e)
+            return None
+        return nvml
+
+    def _holder_pids(self) -> dict[str, int]:
+        """allocation id -> its holder's pid (the slices bound to a process)."""
+        return {r["id"]: int(r["holder"]) for r in self.ledger.rows() if r["holder"] and r["holder"].isdigit()}
+
+    def _start_backstop(self) -> None:
+        self.backstop_policy = Backstop(parent=self)
+        nvml = self._nvml("GPU backstop off")
+        if nvml is None:
             return
         gpus = [(g.uuid, g.index) for n in self._pool.nodes for g in n.gpus]
         checker = LocalBackstop(self.backstop_policy, nvml.processes, lambda a: self.region_dir(a) / "container.region",
@@ -506,14 +540,27 @@ class LocalPool(PoolBackend):
             while True:
                 await asyncio.sleep(self.backstop_policy.interval_seconds)
                 try:
-                    rows = self.ledger.rows()
-                    holders = {r["id"]: int(r["holder"]) for r in rows if r["holder"] and r["holder"].isdigit()}
-                    await checker.check(gpus, self.ledger.allocations(), holders, accounts=self.server_accounts(),
+                    await checker.check(gpus, self.ledger.allocations(), self._holder_pids(),
+                                        accounts=self.server_accounts(),
                                         aliases=self._aliases, stopping=set(self._kill_tasks))
                 except Exception:
                     self.log.exception("GPU backstop: the check failed")
 
         self._backstop_task = asyncio.ensure_future(run())
+
+    def _start_burst(self) -> None:
+        nvml = self._nvml("GPU burst of elastic slices not metered")
+        if nvml is None:
+            return
+        cards = [(g.uuid, g.memory_mib) for n in self._pool.nodes for g in n.gpus]
+        self._burst, self._burst_stop = start_burst(nvml, cards, self.burst_sample_seconds, self._burst_state, self.log)
+
+    def _burst_state(self) -> tuple[list[Allocation], dict[str, int], dict[str, str]]:
+        """(held allocations, their holders' pids, aliases) for the burst meter; nothing while no
+        elastic slice is held (no look at the cards then)."""
+        if not self._elastic or self.ledger is None:
+            return [], {}, {}
+        return self.ledger.allocations(), self._holder_pids(), dict(self._aliases)
 
     async def check_holders(self) -> list[str]:
         """Report allocations whose bound process has exited (``on_gone``); return their ids."""

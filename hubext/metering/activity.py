@@ -12,6 +12,11 @@ exact to one sample interval. Memory used is sampled: peak and mean over the sam
 intervals are kept too, merged, as seconds from the grant (``busy_periods``, at most
 :data:`MAX_PERIODS`; beyond that the two closest are joined): capacity planning replays them as
 the session's bursts under another idle timeout.
+
+An elastic slice's burst (what it used above its request, billed apart) is not read from that
+record, which the slice's own processes can write: the pool measures it from the driver's
+per-process samples (``burst_gpu_seconds``, a running total: the hub's on one machine, the node
+agent's on Kubernetes; :mod:`libvgpu.burst`) and each sample adds what the total grew by.
 """
 
 from __future__ import annotations
@@ -43,12 +48,11 @@ class ActivityTotals:
     #: when the slice was granted (busy periods are seconds from then)
     granted_at: float = 0.0
     busy_periods: list[list[float]] = field(default_factory=list)
-    #: card-seconds used above the request (per interval the larger of the memory past the
-    #: request over one card's memory and the GPU time run past the compute request)
+    #: card-seconds used above the request, as the pool measured them (libvgpu.burst)
     burst_gpu_seconds: float = 0.0
-    #: the shim's count of GPU-seconds run above the compute request at the last sample (None:
-    #: not known since this process took the totals over, so the next sample only sets it)
-    compute_burst_seen: float | None = 0.0
+    #: the pool's running total of the slice's burst at the last sample (None: not known since
+    #: this process took the totals over, so the next sample only sets it)
+    burst_seen: float | None = 0.0
 
     @classmethod
     def at(cls, granted_at: float) -> ActivityTotals:
@@ -67,17 +71,16 @@ class ActivityTotals:
             granted_at=record.granted_at,
             busy_periods=[[float(x) for x in p.split("-")] for p in (record.busy_periods or "").split(",") if p],
             burst_gpu_seconds=record.burst_gpu_seconds or 0.0,
-            compute_burst_seen=None,
+            burst_seen=None,
         )
 
-    def add(self, activity: dict[str, Any], now: float, request_mib: int = 0, card_mib: int = 0) -> None:
-        """Count the interval since the last sample as busy or idle, and this sample's memory.
-
-        ``request_mib``: the memory the slice was guaranteed on all its cards; ``card_mib``: one
-        card's memory. With both, memory in use past the request counts as burst for the interval
-        (that memory over one card's, times the interval's seconds). So does the GPU time the
-        shim counted above the compute request in the interval (``compute_burst_seconds``, a
-        running total); the larger of the two is added to ``burst_gpu_seconds``."""
+    def add(self, activity: dict[str, Any], now: float) -> None:
+        """Count the interval since the last sample as busy or idle, this sample's memory, and the
+        burst the pool measured since the last sample (``burst_gpu_seconds``, its running total).
+        A sample with the burst alone (the slice's record unread) adds only that."""
+        self.burst_gpu_seconds += self._burst(activity.get("burst_gpu_seconds"))
+        if "memory_used_mib" not in activity:
+            return
         interval = max(0.0, now - self.last_sample_at)
         last_launch = activity.get("last_launch")
         launches = activity.get("launches")
@@ -89,22 +92,19 @@ class ActivityTotals:
             self.busy_seconds += interval
             self._busy(self.last_sample_at - self.granted_at, now - self.granted_at)
         used = int(activity.get("memory_used_mib") or 0)
-        memory_burst = 0.0
-        if request_mib and card_mib and used > request_mib:
-            memory_burst = (used - request_mib) / card_mib * interval
-        self.burst_gpu_seconds += max(memory_burst, self._compute_burst(activity.get("compute_burst_seconds")))
         self.memory_used_peak_mib = max(self.memory_used_peak_mib, used)
         self.memory_used_mean_mib = (self.memory_used_mean_mib * self.samples + used) / (self.samples + 1)
         self.samples += 1
         self.launches = launches
         self.last_sample_at = now
 
-    def _compute_burst(self, total: Any) -> float:
-        """The GPU-seconds above the compute request since the last sample, from the shim's
-        running total (a total lower than the last one is a new count: all of it is new)."""
+    def _burst(self, total: Any) -> float:
+        """The card-seconds of burst since the last sample, from the pool's running total (a total
+        lower than the last one is a new count, the hub's or node agent's after a restart: all of
+        it is new)."""
         if not isinstance(total, (int, float)) or isinstance(total, bool) or not total >= 0:
             return 0.0
-        seen, self.compute_burst_seen = self.compute_burst_seen, float(total)
+        seen, self.burst_seen = self.burst_seen, float(total)
         if seen is None:
             return 0.0
         return total - seen if total >= seen else float(total)

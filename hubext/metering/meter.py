@@ -179,15 +179,6 @@ class UsageMeter(SingletonConfigurable):
                 self.log.warning("GPU usage: cannot read the hub groups of %s: %s", allocation.owner.user, e)
         return UsageRecord.from_allocation(allocation, gpu_model=model, gpu_memory_mib=memory, at=at, hub_groups=groups)
 
-    def _burst_basis(self, allocation: Allocation) -> tuple[int, int]:
-        """(the memory ``allocation`` is guaranteed on all its cards, one card's memory) for
-        metering its burst; (0, 0) for a slice that cannot grow or a card the pool does not know."""
-        state = getattr(self.allocator, "state", None)
-        if not allocation.elastic or state is None or not allocation.gpu_uuids:
-            return 0, 0
-        gpu = state.pool.gpu(allocation.gpu_uuids[0])
-        return allocation.memory_mib * len(allocation.gpu_uuids), gpu.memory_mib if gpu is not None else 0
-
     def on_slice_event(self, event: SliceEvent) -> None:
         """Queue what happened to a slice for the store (never waits)."""
         if self.recorder is None:
@@ -212,7 +203,7 @@ class UsageMeter(SingletonConfigurable):
             self._count_held(allocation.id, now)
             self._held.pop(allocation.id, None)
             totals = self.totals.pop(allocation.id, None)
-            if totals is not None and totals.samples:
+            if totals is not None and (totals.samples or totals.burst_gpu_seconds):
                 self._submit(totals.event(allocation.id))
             self._submit(
                 {
@@ -285,8 +276,7 @@ class UsageMeter(SingletonConfigurable):
                 )
                 before = totals.busy_seconds
                 if allocation_id in activity:
-                    request, card = self._burst_basis(allocation)
-                    totals.add(activity[allocation_id], now, request, card)
+                    totals.add(activity[allocation_id], now)
                     self._submit(totals.event(allocation_id))
                 busy = totals.busy_seconds - before
             if allocation_id not in self._held:  # held since before this process (or missed)

@@ -5,13 +5,14 @@ the node regions on the host. In Kubernetes mode the hub cannot read those, so t
 publishes them on the pod as the annotation ``elastic-gpu.jupyter.org/gpu-activity``
 (:data:`libvgpu.contract.A_GPU_ACTIVITY`)::
 
-    {"compute_burst_seconds": 0.0, "last_launch": 1718000000.123, "memory_used_mib": 300, "updated_at": 1718000004.5}
+    {"burst_gpu_seconds": 0.0, "last_launch": 1718000000.123, "memory_used_mib": 300, "updated_at": 1718000004.5}
 
 ``last_launch`` is the latest launch over the pod's GPUs (null: no process of the pod launched
 a kernel yet), ``memory_used_mib`` the memory in use summed over its GPUs, ``updated_at`` when
-the agent wrote it; ``compute_burst_seconds`` the GPU-seconds the pod ran above its compute
-request so far (its activity file, for metering; absent while unread). The broker copies them
-into its kernel records.
+the agent wrote it; ``burst_gpu_seconds``, for an elastic slice only, the card-seconds it used
+above its request so far as the agent measured them from NVML's per-process samples
+(:mod:`libvgpu.burst`; never from the pod's own files), which metering bills. The broker copies
+them into its kernel records.
 
 A pod gets the annotation only when the agent knows: the native backend, and the shim's entry
 of the pod was found on one of its GPUs, or that GPU's node region exists (so a missing entry
@@ -43,12 +44,12 @@ class PodActivity:
 
     last_launch: float | None  # unix seconds
     memory_used_mib: int
-    #: GPU-seconds the pod ran above its compute request so far (its activity file; None: unread)
-    compute_burst_seconds: float | None = None
+    #: card-seconds an elastic slice used above its request so far, measured by the agent (None: not elastic)
+    burst_gpu_seconds: float | None = None
 
     def annotation(self, now: float) -> str:
         """The annotation value: compact JSON, keys sorted."""
-        burst = {} if self.compute_burst_seconds is None else {"compute_burst_seconds": self.compute_burst_seconds}
+        burst = {} if self.burst_gpu_seconds is None else {"burst_gpu_seconds": round(self.burst_gpu_seconds, 3)}
         return json.dumps(
             {
                 "last_launch": None if self.last_launch is None else round(self.last_launch, 3),
@@ -65,11 +66,11 @@ def pod_activity(
     pods: Sequence[PodInfo],
     usage: Sequence[AllocationUsage],
     regions: Mapping[str, NodeGPU],
-    compute_burst: Mapping[str, float] | None = None,
+    burst: Mapping[str, float] | None = None,
     now: float | None = None,
 ) -> dict[str, tuple[PodInfo, PodActivity]]:
     """Pod uid -> (pod, its activity) for the live GPU pods whose activity is known;
-    ``compute_burst``: pod uid -> the GPU-seconds its activity file counts above its request."""
+    ``burst``: allocation id -> the card-seconds the agent measured above its request."""
     by_allocation = {p.allocation.id: p for p in live_allocations(pods)}  # type: ignore[union-attr]
     rows: dict[str, list[AllocationUsage]] = {}
     for u in usage:
@@ -88,7 +89,7 @@ def pod_activity(
                 # (vgpu_compute_will_launch): what is published happened, so never past now
                 last_launch=min(max(launches), now if now is not None else time.time()) if launches else None,
                 memory_used_mib=sum(u.used_bytes for u in us) // MIB,
-                compute_burst_seconds=(compute_burst or {}).get(pod.uid),
+                burst_gpu_seconds=(burst or {}).get(alloc_id, 0.0) if pod.allocation.elastic else None,  # type: ignore[union-attr]
             ),
         )
     return out

@@ -29,6 +29,7 @@ from traitlets.config import Application, Config
 from libvgpu import ShimNotBuilt, health
 from libvgpu import contract as L
 from libvgpu.backstop import EVENT_REASONS, REASONS, Backstop, Finding, Proc, Slice, evaluate
+from libvgpu.burst import BurstCounter, Owners, Request, Sample
 from libvgpu.checkpoint import CudaCheckpoint
 from libvgpu.elastic import reclaims_in
 from libvgpu.regions import NodeGPU, read_node_regions, write_priority_table
@@ -45,7 +46,7 @@ from .pods import PodInfo, pod_info, process_cgroup, process_name
 from .reclaims import ReclaimPublisher
 from .relay import Relay
 from .uninstall import withdraw
-from .usage import RegionMatch, allocation_usage, match_regions
+from .usage import RegionMatch, allocation_usage, live_allocations, match_regions
 
 BACKENDS = ("native", "hami", "mig", "whole")
 CONFIG_SECTIONS = ("NodeAgent", "Backstop")
@@ -226,6 +227,17 @@ class NodeAgent(Application):
         published one, or memory moving by activity_memory_step_mib is patched at once, an unchanged
         value never. Default: 30.""",
     )
+    burst_sample_seconds = Float(
+        0.5,
+        min=0.0,
+        config=True,
+        help="""Seconds between two looks at NVML's per-process samples (SM time, memory held) on the
+        shared cards, which measure what each elastic slice uses above its request; the running
+        total is published in the pod's gpu-activity annotation (burst_gpu_seconds) and metering
+        bills it (never the pod's own activity file). A driver keeps its samples about a second:
+        keep it under that. Looks are made only while an elastic pod runs on the node (native
+        backend, publish_activity on). 0: burst is not metered. Default: 0.5.""",
+    )
     activity_memory_step_mib = Integer(
         256,
         min=1,
@@ -341,6 +353,7 @@ class NodeAgent(Application):
             interval_seconds=self.activity_interval_seconds, memory_step_mib=self.activity_memory_step_mib,
         )
         self.reclaims = ReclaimPublisher(self._annotate_reclaim, self.log)
+        self.burst, self._burst_owners = BurstCounter(), Owners()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -363,6 +376,8 @@ class NodeAgent(Application):
                 self._every(self.inventory_interval_seconds, self._publish_health, "card health", self._health_wake)
             ),
         ]
+        if self.backend == "native" and self.publish_activity and self.burst_sample_seconds > 0:
+            tasks.append(asyncio.ensure_future(self._every(self.burst_sample_seconds, self._sample_burst, "burst")))
         if self.backend == "native" and self.relay_interval_seconds > 0:
             relay = self._relay = Relay(Path(self.host_lib_dir) / "regions", self.proc_root)
             cards = [g.uuid for g in self.gpus if not g.mig_enabled]
@@ -684,20 +699,46 @@ class NodeAgent(Application):
             )
         )
         if self.publish_activity and self.backend == "native":
-            burst = await asyncio.to_thread(self._compute_burst, pods)
-            await self.activity.publish(pod_activity(pods, usage, self._regions, burst))
+            await self.activity.publish(pod_activity(pods, usage, self._regions, self.burst.totals))
         if self.backend == "native":
             await self.reclaims.publish(pods, reclaims_in(self._regions))
 
-    def _compute_burst(self, pods: list[PodInfo]) -> dict[str, float]:
-        """Pod uid -> GPU-seconds run above its compute request, from the activity files the relay
-        reaches (none without the relay)."""
-        found: dict[str, float] = {}
-        for pod in pods:
-            activity = self._relay.activity(pod.uid) if self._relay is not None else None
-            if activity is not None:
-                found[pod.uid] = round(activity.compute_burst_seconds, 3)
-        return found
+    async def _sample_burst(self) -> None:
+        """One look at the shared cards that hold elastic slices: NVML's samples and memory per
+        process, each process's pod from its cgroup (the kernel's word), into ``self.burst``."""
+        elastic = [p.allocation for p in live_allocations(list(self._pods.values()))
+                   if p.allocation.elastic and not p.allocation.whole]  # type: ignore[union-attr]
+        self.burst.forget(a.id for a in elastic)
+        cards = [g for g in self.gpus if not g.mig_enabled and any(g.uuid in a.gpu_uuids for a in elastic)]
+        if not cards:
+            return
+        looks = await asyncio.to_thread(self._burst_looks, cards)
+        pids = sorted({pid for samples, memory, _ in looks.values() for pid in (*(s.pid for s in samples), *memory)})
+        pod_of_pid = await self._pods_of(pids) if pids else {}
+        linked = {pid: pod.allocation.id for pid, pod in pod_of_pid.items() if pod is not None and pod.allocation}
+        alive = lambda pid: (Path(self.proc_root) / str(pid)).exists()  # noqa: E731
+        for g in cards:
+            if g.uuid not in looks:
+                continue
+            samples, memory, now = looks[g.uuid]
+            owner = self._burst_owners.resolve(linked, pids, alive, now)
+            requests = {a.id: Request(a.memory_mib, a.cores_percent, g.memory_mib) for a in elastic
+                        if g.uuid in a.gpu_uuids}
+            self.burst.observe(g.uuid, samples, memory, owner, requests, now)
+
+    def _burst_looks(self, cards: Sequence[GPUInfo]) -> dict[str, tuple[list[Sample], dict[int, int], float]]:
+        """Per card: NVML's per-process samples since the last look, memory per process, when."""
+        out = {}
+        for g in cards:
+            now = time.time()
+            try:
+                samples = self.nvml.process_utilization(g.uuid, self.burst.since_us(g.uuid, now))
+                memory = {p.pid: p.used_bytes for p in self.nvml.processes(g.uuid)}
+            except self.nvml.nv.NVMLError as e:
+                self.log.debug("GPU %s: no burst sample (%s)", g.uuid, e)
+                continue
+            out[g.uuid] = (samples, memory, now)
+        return out
 
     async def _annotate_activity(self, namespace: str, name: str, value: str) -> None:
         await self.kube.annotate_pod(namespace, name, L.A_GPU_ACTIVITY, value)

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from libvgpu.burst import Sample
 from libvgpu.contract import model_name
 from quotas.config import KNOWN_MODELS
 
@@ -280,6 +281,33 @@ class NVML:
             except nv.NVMLError_FunctionNotFound:  # older driver: _v3 missing, try _v2
                 continue
         return [GPUProcess(pid=int(p.pid), gpu_uuid=uuid, used_bytes=int(p.usedGpuMemory or 0)) for p in infos]
+
+    def process_utilization(self, uuid: str, since_us: int) -> list[Sample]:
+        """The driver's per-process SM samples on a GPU newer than ``since_us`` (host pids; [] when
+        no process had one); NVMLError when the driver keeps none (NOT_SUPPORTED)."""
+        nv = self.nv
+        try:
+            raw = process_utilization(nv, self.handle(uuid), since_us)
+        except nv.NVMLError_NotFound:
+            return []
+        return [Sample(int(s.pid), int(s.timeStamp), int(s.smUtil)) for s in raw]
+
+
+def process_utilization(nv: Any, handle: Any, since_us: int) -> list[Any]:
+    """``nvmlDeviceGetProcessUtilization`` into a buffer sized up front (as the shim calls it), so
+    the answer does not hang on how a driver answers a first call without a buffer. ``nv``: pynvml."""
+    fn = nv._nvmlGetFunctionPointer("nvmlDeviceGetProcessUtilization")
+    size = 128
+    while True:
+        buf = (nv.c_nvmlProcessUtilizationSample_t * size)()
+        count = ctypes.c_uint(size)
+        ret = fn(handle, buf, ctypes.byref(count), ctypes.c_ulonglong(since_us))
+        if ret == nv.NVML_ERROR_INSUFFICIENT_SIZE and count.value > size:
+            size = count.value
+            continue
+        if ret != nv.NVML_SUCCESS:
+            raise nv.NVMLError(ret)
+        return list(buf[: count.value])
 
 
 @dataclass

@@ -57,9 +57,6 @@ from libvgpu.regions import (
     MAX_PROCS,
     NODE_ENTRIES,
     REGION_VERSION,
-    Activity,
-    RegionError,
-    read_activity,
 )
 
 from .pods import process_cgroup
@@ -67,8 +64,6 @@ from .pods import process_cgroup
 #: the container region's path inside a 'native' GPU pod (hubext.kubernetes.objects writes it
 #: into the limits file: ``container_region=``)
 POD_CONTAINER_REGION = "/var/run/libvgpu/container.region"
-#: its activity file (``activity_file=``): the shim's launches, memory and compute burst
-POD_ACTIVITY = "/var/run/libvgpu/activity"
 
 _ENTRIES = 256  # the node region's entries[] (vgpu.h)
 _HEADER = 4096  # the container region's header: totals, limits, card[]; the slots follow
@@ -285,18 +280,6 @@ class Relay:
                     break
                 except OSError:
                     continue
-
-    def activity(self, uid: str) -> Activity | None:
-        """Pod ``uid``'s activity file (:data:`POD_ACTIVITY`), read through the root of the process
-        its container region was found through, as safely (None: unknown, or not a valid file)."""
-        pid = self.roots.get(uid)
-        if pid is None:
-            return None
-        try:
-            fd = open_in_root(self.proc_root / str(pid) / "root", POD_ACTIVITY, LAYOUT["activity.size"])
-            return read_activity(f"pod {uid}: {POD_ACTIVITY}", fd)
-        except (OSError, RegionError):
-            return None
 
     def follow(self, regions: Mapping[str, str | os.PathLike[str]]) -> None:
         """Relay exactly these container regions (a key per container -> its path on this host),

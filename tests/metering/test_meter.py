@@ -23,10 +23,14 @@ from quotas import GPURequest, Owner
 from tests.culler.shimrecord import write_activity
 
 
-def make(tmp_path) -> tuple[GPUAllocator, UsageMeter]:
+def make(tmp_path, **local_pool: object) -> tuple[GPUAllocator, UsageMeter]:
+    """A GPUAllocator on a LocalPool (one simulated H100 unless ``local_pool`` says otherwise:
+    LocalPool settings) and a UsageMeter attached to it."""
     c = Config()
     c.GPUAllocator.pool_backend_class = "local"
     c.LocalPool.simulate_gpus = "1xH100-80GB"
+    for name, value in local_pool.items():
+        setattr(c.LocalPool, name, value)
     c.LocalPool.data_dir = str(tmp_path / "data")
     c.LocalPool.check_interval_seconds = 0.1
     c.GPUAllocator.admission_config = {"workspaces": {"vision": {"namespaces": {"default": {}}}}}

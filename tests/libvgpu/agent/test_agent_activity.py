@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 import os
-import struct
+import threading
 import time
 from collections.abc import Iterator
 
@@ -25,6 +25,7 @@ from libvgpu import contract as L
 from libvgpu.agent.activity import ActivityPublisher, PodActivity, needs_patch
 from libvgpu.agent.pods import PodInfo
 from libvgpu.regions import LAYOUT, read_node_regions
+from quotas import Allocation, Owner
 from tests.kubeemu import KubeEmulator, NodeSpec
 from tests.kubeemu.helpers import create_host_claim
 from tests.kubeemu.images import Image
@@ -100,8 +101,7 @@ Backstop:
 def test_agent_publishes_the_shims_activity_on_the_pod(anode):
     value = wait_for(lambda: (lambda a: a if a and a["last_launch"] and a["memory_used_mib"] == 300 else None)(
         activity_of(anode, "act-a")), 20, "act-a's gpu-activity annotation")
-    assert set(value) == {"last_launch", "memory_used_mib", "updated_at", "compute_burst_seconds"}
-    assert value["compute_burst_seconds"] == 0  # a fixed slice never runs above its request
+    assert set(value) == {"last_launch", "memory_used_mib", "updated_at"}  # a fixed slice: no burst figure
     # the same figures as the shim's entry of allocation a-act in GPU 0's node region
     gpu = read_node_regions(anode.host_dir / "regions")[GPU0]
     [entry] = [e for e in gpu.containers if e.name == "a-act"]
@@ -143,31 +143,56 @@ def in_root(root: str, path: str) -> str:
     return os.path.join(root, at.lstrip("/"))
 
 
-def test_an_elastic_pods_compute_burst_is_published_for_metering(anode):
-    """The GPU time a pod's slice ran above its compute request (the shim's running count in the
-    pod's activity file, ``compute_burst_ns``) reaches the annotation, so metering on Kubernetes
-    records compute burst apart as it does on one machine. The agent reads the file through the
-    pod's process root, as it reads its container region (never a path the pod could redirect)."""
-    wait_for(lambda: (activity_of(anode, "act-a") or {}).get("memory_used_mib") == 300, 20, "act-a's annotation")
-    # the count as the shim keeps it (act-a's slice is fixed, so the shim's count is 0: the test
-    # writes what an elastic slice's shim writes, 2.5 card-seconds over two cards)
-    with open(in_root(f"/proc/{anode.pids['act-a']}/root", "/var/run/libvgpu/activity"), "r+b") as f:
-        f.seek(LAYOUT["activity.compute_burst_ns"])
-        f.write(struct.pack("<2Q", 2_000_000_000, 500_000_000))
-    published = wait_for(
-        lambda: (lambda a: a if a and a.get("compute_burst_seconds") == 2.5 else None)(activity_of(anode, "act-a")),
-        60, "act-a's compute burst in its gpu-activity annotation (small changes wait for the 30 s interval)",
-    )
-    assert published["memory_used_mib"] == 300
+def test_an_elastic_pods_burst_is_what_nvml_saw_however_the_pod_rewinds_its_activity_file(anode):
+    """Attack: an elastic pod (request 25 % and 1 GiB, limit the whole card) runs alone at full
+    speed, so most of its GPU time is burst, while its activity file's burst counters (the shim's
+    ``compute_burst_ns``, in a file the pod's processes write; written here through the pod's root)
+    are rewound to zero every few milliseconds. What the agent publishes for metering
+    (``burst_gpu_seconds``, what the hub bills) is measured from NVML's per-process samples of the
+    pod's processes, found by their cgroup: the rewinding changes nothing."""
+    elastic = Allocation(id="c-act", owner=Owner(user="mallory", namespace="default", workspace="vision"),
+                         node=NODE, gpu_uuids=(GPU0,), memory_mib=1024, cores_percent=25, memory_limit_mib=2048,
+                         cores_limit_percent=100, priority_class="default", kind="kernel", created_at=time.time())
+    began = time.time()
+    pid = run_pod(anode, "act-c", elastic, ["init", "ctx", "alloc:300M", "timeline:3:2000", "wait"],
+                  {"LD_PRELOAD": SHIM})
+    stop = threading.Event()
+
+    def rewind() -> None:  # what code in the pod can do to its own activity file
+        path = in_root(f"/proc/{pid}/root", "/var/run/libvgpu/activity")
+        while not stop.is_set():
+            try:
+                with open(path, "r+b") as f:
+                    while not stop.wait(0.005):
+                        f.seek(LAYOUT["activity.compute_burst_ns"])
+                        f.write(bytes(8 * 16))
+                        f.flush()
+            except OSError:  # not made yet (the shim makes it at CUDA initialisation)
+                stop.wait(0.01)
+
+    rewinder = threading.Thread(target=rewind, daemon=True)
+    rewinder.start()
+    try:
+        # 3 s at about the whole card, 25 % of it guaranteed: about 2.2 card-seconds of burst
+        published = wait_for(
+            lambda: (lambda a: a if a.get("burst_gpu_seconds", 0) >= 1.2 else None)(activity_of(anode, "act-c") or {}),
+            60, "act-c's burst in its gpu-activity annotation (small changes wait for the 30 s interval)",
+        )
+    finally:
+        stop.set()
+        rewinder.join(5)
+    assert published["burst_gpu_seconds"] <= 0.75 * (time.time() - began) * 1.05, published
     # what the hub reads of it (the broker's record, metering's samples)
-    assert L.gpu_activity(json.dumps(published))["compute_burst_seconds"] == 2.5
+    assert L.gpu_activity(json.dumps(published))["burst_gpu_seconds"] == published["burst_gpu_seconds"]
 
 
-def test_a_compute_burst_figure_the_agent_did_not_write_is_ignored():
+def test_a_burst_figure_the_agent_did_not_write_is_ignored():
     base = {"last_launch": 1.0, "memory_used_mib": 2}
-    assert L.gpu_activity(json.dumps({**base, "compute_burst_seconds": 1.5}))["compute_burst_seconds"] == 1.5
+    assert L.gpu_activity(json.dumps({**base, "burst_gpu_seconds": 1.5}))["burst_gpu_seconds"] == 1.5
     for bad in (-1, True, "3", float("nan"), None):
-        assert "compute_burst_seconds" not in L.gpu_activity({**base, "compute_burst_seconds": bad}), bad
+        assert "burst_gpu_seconds" not in L.gpu_activity({**base, "burst_gpu_seconds": bad}), bad
+    # the shim's own count, which older agents published, is not a figure the hub bills
+    assert "compute_burst_seconds" not in L.gpu_activity({**base, "compute_burst_seconds": 9.0})
 
 
 # ---- the publisher's rules, without a node -----------------------------------------------------------

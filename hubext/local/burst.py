@@ -1,0 +1,97 @@
+"""The burst of elastic slices on one machine, as the driver sees it (what metering bills).
+
+The local pool looks every ``LocalPool.burst_sample_seconds`` at each card through NVML (the
+per-process SM samples and the memory each process holds), finds each process's slice from the
+kernel as the backstop does (:func:`hubext.local.backstop.link_pids`: the holder's session, group
+or descendants; an allocation id in the environment only from the holder's account) and adds
+what each elastic slice used above its request to its running total
+(:class:`libvgpu.burst.BurstCounter`). :meth:`LocalPool.slice_activity` hands the totals to the
+usage meter as ``burst_gpu_seconds``. Nothing a slice's processes write (its activity file, its
+regions) is read. A driver keeps its samples for a short while only (a second or so): the looks
+must come more often than that, so they run on a thread of their own timer, not the meter's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from libvgpu.burst import BurstCounter, Owners, Request
+from quotas import Allocation
+
+from .backstop import link_pids
+
+
+class LocalBurst:
+    """The burst counter of this machine's cards (the pool calls :meth:`look`)."""
+
+    def __init__(self, nvml: Any, cards: Sequence[tuple[str, int]], log: Any) -> None:
+        """``nvml``: a started :class:`libvgpu.agent.nvml.NVML`; ``cards``: (uuid, memory MiB)."""
+        self.nvml = nvml
+        self.cards = dict(cards)
+        self.log = log
+        self.counter = BurstCounter()
+        self._lock = threading.Lock()
+        self.owners = Owners()
+        self._unsupported: set[str] = set()
+
+    def look(self, allocations: Sequence[Allocation], holders: Mapping[str, int],
+             aliases: Mapping[str, str]) -> dict[str, float]:
+        """One look at every card holding an elastic slice; returns the running totals
+        (allocation id -> burst card-seconds) of the elastic slices held now."""
+        elastic = [a for a in allocations if a.elastic and not a.whole]
+        with self._lock:
+            self.counter.forget(a.id for a in elastic)
+            if not elastic:
+                return {}
+            now = time.time()
+            for uuid in sorted({u for a in elastic for u in a.gpu_uuids} & set(self.cards) - self._unsupported):
+                self._look_at(uuid, [a for a in elastic if uuid in a.gpu_uuids], holders, aliases, now)
+            return {a.id: self.counter.totals.get(a.id, 0.0) for a in elastic}
+
+    def _look_at(self, uuid: str, elastic: list[Allocation], holders: Mapping[str, int],
+                 aliases: Mapping[str, str], now: float) -> None:
+        nv = self.nvml.nv
+        try:
+            samples = self.nvml.process_utilization(uuid, self.counter.since_us(uuid, now))
+            memory = {p.pid: p.used_bytes for p in self.nvml.processes(uuid)}
+        except nv.NVMLError as e:
+            if isinstance(e, nv.NVMLError_NotSupported):
+                self._unsupported.add(uuid)
+                self.log.warning("GPU %s keeps no per-process samples (%s): its slices' burst is not metered",
+                                 uuid, e)
+            else:
+                self.log.debug("GPU %s: no burst sample (%s)", uuid, e)
+            return
+        owner = self._owners({s.pid for s in samples} | set(memory), holders, aliases, now)
+        requests = {a.id: Request(a.memory_mib, a.cores_percent, self.cards[uuid]) for a in elastic}
+        self.counter.observe(uuid, samples, memory, owner, requests, now)
+
+    def _owners(self, pids: set[int], holders: Mapping[str, int], aliases: Mapping[str, str],
+                now: float) -> dict[int, str]:
+        """pid -> its slice, from the kernel (and, for a process that exited since, its last one)."""
+        linked, _ = link_pids(pids, dict(holders), aliases)
+        return self.owners.resolve(linked, pids, lambda pid: Path(f"/proc/{pid}").exists(), now)
+
+
+def start_burst(nvml: Any, cards: Sequence[tuple[str, int]], interval: float,
+                state: Callable[[], tuple[Sequence[Allocation], Mapping[str, int], Mapping[str, str]]],
+                log: Any) -> tuple[LocalBurst, threading.Event]:
+    """A :class:`LocalBurst` looked through every ``interval`` seconds on a daemon thread (the
+    event loop may be busy longer than the driver keeps its samples); set the event to stop it.
+    ``state()``: (held allocations, allocation id -> holder pid, aliases), read by the thread."""
+    burst = LocalBurst(nvml, cards, log)
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(interval):
+            try:
+                burst.look(*state())
+            except Exception:  # noqa: BLE001 - the next look tries again
+                log.exception("GPU burst metering: a look failed")
+
+    threading.Thread(target=run, name="gpu-burst", daemon=True).start()
+    return burst, stop
