@@ -87,8 +87,8 @@ class NodeVictims:
             widest = max((lv for lv, _, _ in self.deficits), key=lambda lv: -len(lv.key))
             order = self.st._ws_order.get(widest.key[0], [])
             self._quota_cands = [
-                a for a in self._eligible(order)
-                if not a.borrowed and self._belongs(a, widest.key)
+                a for a in self._eligible(order, owned=True)
+                if len(widest.key) == 1 or self._belongs(a, widest.key)
             ]
         return self._quota_cands
 

@@ -27,19 +27,24 @@ Search:
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from .model import Allocation
 from .node_victims import NodeVictims
 from .policy import PriorityClass
+from .reprieve import Reprieve
 from .tree import RESOURCES, Level
 
 if TYPE_CHECKING:  # pragma: no cover
     from .state import AdmissionState
 
 VictimKey = tuple[int, int, float, str]
+#: the first key of an allocation that is not borrowed (it counts against its quotas)
+OWNED = (1,)
 
 
 def victim_key(allocation: Allocation, value: int) -> VictimKey:
@@ -87,7 +92,7 @@ class Trial:
         return len(self.ids)
 
 
-class VictimSearch(NodeVictims):
+class VictimSearch(NodeVictims, Reprieve):
     #: single-victim search: allocations walked in preference order before switching to the
     #: card index (which finds the same answer; the walk is faster when answers abound)
     scan_budget = 256
@@ -134,10 +139,12 @@ class VictimSearch(NodeVictims):
 
     # ---- helpers --------------------------------------------------------------------------
 
-    def _eligible(self, order: Sequence[VictimKey]) -> Iterator[Allocation]:
+    def _eligible(self, order: Sequence[VictimKey], owned: bool = False) -> Iterator[Allocation]:
+        """Allocations of ``order`` the class may evict, in preference order; ``owned``: only
+        those that count against a quota (the borrowed ones, first in the order, skipped)."""
         allocs = self.st._allocs
         preempt, value = self.pc.preempt, self.pc.value
-        for key in order:
+        for key in islice(order, bisect_left(order, OWNED) if owned else 0, None):
             if key[0] == 1 and (not preempt or key[1] >= value):
                 return
             yield allocs[key[3]]
@@ -293,10 +300,16 @@ class VictimSearch(NodeVictims):
             narrowest = None
             group = self.ask.group
             order = self.st._group_order.get(group, []) if group else self.st._order
+        if narrowest is not None:
+            # the one victim must count against the narrowest level and give back each level's
+            # whole deficit: none there charges that much (or the class evicts none of them)
+            most = self.st.own_most_below(narrowest.key, self.pc.value) if self.pc.preempt else [0, 0, 0]
+            if any(most[r] < need for _, r, need in self.deficits):
+                return None
         charges = self.st._charges
         budget = None if narrowest is not None or self.base is not None else self.scan_budget
         last = None
-        for a in self._eligible(order):
+        for a in self._eligible(order, owned=narrowest is not None):  # (borrowed: no quota help)
             if budget is not None:
                 if budget == 0:
                     return self._single_indexed(last)
@@ -373,19 +386,6 @@ class VictimSearch(NodeVictims):
                 )
             self._ready[ni] = hit
         return hit
-
-    def _reprieve(self, ni: int | None, t: Trial) -> list[int]:
-        """Give back every victim the request can do without, the most valuable first."""
-        cards = self._feasible(ni, t)
-        assert cards is not None
-        for a in list(reversed(t.victims)):
-            self._change(t, a, -1)
-            got = self._feasible(ni, t)
-            if got is None:
-                self._change(t, a, 1)
-            else:
-                cards = got
-        return cards
 
     def _quota_only(self) -> list[Allocation] | None:
         """The fewest eligible allocations of the levels in deficit whose eviction fixes the

@@ -66,6 +66,8 @@ class AdmissionState(RequestChecks, UsageReport):
         #: per quota level key: what its allocations that count against quotas (not borrowed)
         #: charge, by priority value (what a preempting class could evict there for its quota)
         self._own_by_value: dict[tuple[str, ...], dict[int, list[int]]] = {}
+        #: ... and how many of them charge each amount, per resource (the most one charges)
+        self._own_amounts: dict[tuple[str, ...], dict[int, list[Counter[int]]]] = {}
         self._charges: dict[str, tuple[int, int, int]] = {}
         self._eligible: dict[str, tuple[bool, ...]] = {}
         self._key: dict[str, VictimKey] = {}
@@ -173,8 +175,13 @@ class AdmissionState(RequestChecks, UsageReport):
     def _count_own(self, owner: Owner, value: int, charge: tuple[int, int, int], sign: int) -> None:
         for key in level_keys(owner):
             row = self._own_by_value.setdefault(key, {}).setdefault(value, [0, 0, 0])
+            amounts = self._own_amounts.setdefault(key, {}).setdefault(
+                value, [Counter(), Counter(), Counter()])
             for r in range(3):
                 row[r] += sign * charge[r]
+                amounts[r][charge[r]] += sign
+                if not amounts[r][charge[r]]:
+                    del amounts[r][charge[r]]
 
     def own_below(self, key: tuple[str, ...], value: int) -> list[int]:
         """What allocations of a priority value below ``value`` charge quota level ``key``
@@ -185,6 +192,17 @@ class AdmissionState(RequestChecks, UsageReport):
                 for r in range(3):
                     total[r] += row[r]
         return total
+
+    def own_most_below(self, key: tuple[str, ...], value: int) -> list[int]:
+        """The most one allocation of a priority value below ``value`` charges quota level
+        ``key``, per resource (each resource on its own: an upper bound for one allocation)."""
+        most = [0, 0, 0]
+        for v, amounts in self._own_amounts.get(key, {}).items():
+            if v < value:
+                for r in range(3):
+                    if amounts[r]:
+                        most[r] = max(most[r], max(amounts[r]))
+        return most
 
     def _changed(self, sign: int, allocation: Allocation, eligible: tuple[bool, ...]) -> None:
         self._changes.append((sign, allocation, eligible))
