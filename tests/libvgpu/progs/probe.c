@@ -31,6 +31,8 @@
  *                                          and over (refusals at the limit counted apart); peak:
  *                                          the card's own count, the highest one seen
  *   bench:N                                N launches, then N alloc+free pairs: CPU ns per op
+ *   benchrounds:N                          prints benchready, then a round of bench:N ("round ...")
+ *                                          per line read on stdin, until end of input
  *   pairs:SECONDS                          4 KiB alloc+free pairs for SECONDS; how many, and how
  *                                          many NVML process lists this process asked for meanwhile
  *   capture:N:US                           a stream captured (global mode): N kernels of US into
@@ -410,6 +412,32 @@ static void *launch_elsewhere(void *p) { /* capturewhile: the other thread */
 static CUresult begin_capture(CUstream *s) {
     CUresult rc = D.cuStreamCreate(s, 0);
     return rc ? rc : D.cuStreamBeginCapture(*s, 0);
+}
+
+static double cpu_ns_since(const struct timespec *t0) {
+    struct timespec t1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    return (t1.tv_sec - t0->tv_sec) * 1e9 + (t1.tv_nsec - t0->tv_nsec);
+}
+
+/* bench: the calling thread's CPU ns per launch over COUNT launches, then per alloc+free pair
+ * over COUNT pairs (4 KiB each) */
+static CUresult bench_round(long count, double *launch, double *alloc) {
+    CUresult rc = CUDA_SUCCESS;
+    CUfunction f = kernel(0);
+    struct timespec t0;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    for (long i = 0; i < count && !rc; i++)
+        rc = D.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    *launch = cpu_ns_since(&t0) / count;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    for (long i = 0; i < count && !rc; i++) {
+        CUdeviceptr p = 0;
+        rc = D.cuMemAlloc(&p, 4096);
+        if (!rc) rc = D.cuMemFree(p);
+    }
+    *alloc = cpu_ns_since(&t0) / count;
+    return rc;
 }
 
 static int step(char *arg) {
@@ -821,23 +849,22 @@ static int step(char *arg) {
         printf("pairs rc=%d n=%ld elapsed_ms=%llu queries=%llu\n", rc, n,
                (unsigned long long)((t1 - t0) / 1000000), q);
     } else if (!strcmp(cmd, "bench")) { /* CPU ns per launch and per alloc+free pair */
-        long count = atol(a[1]);
-        CUfunction f = kernel(0);
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
-        for (long i = 0; i < count && !rc; i++)
-            rc = D.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
-        double launch = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / count;
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
-        for (long i = 0; i < count && !rc; i++) {
-            CUdeviceptr p = 0;
-            rc = D.cuMemAlloc(&p, 4096);
-            if (!rc) rc = D.cuMemFree(p);
-        }
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
-        double alloc = ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / count;
+        double launch, alloc;
+        rc = bench_round(atol(a[1]), &launch, &alloc);
         printf("bench rc=%d launch_ns=%.1f alloc_ns=%.1f\n", rc, launch, alloc);
+    } else if (!strcmp(cmd, "benchrounds")) { /* a round of bench:N per line read on stdin */
+        long count = atol(a[1]), rounds = 0;
+        char line[64];
+        printf("benchready\n");
+        fflush(stdout);
+        while (!rc && fgets(line, sizeof line, stdin)) {
+            double launch, alloc;
+            rc = bench_round(count, &launch, &alloc);
+            printf("round rc=%d launch_ns=%.1f alloc_ns=%.1f\n", rc, launch, alloc);
+            fflush(stdout);
+            rounds++;
+        }
+        printf("benchrounds rc=%d rounds=%ld\n", rc, rounds);
     } else if (!strcmp(cmd, "sleep")) {
         usleep((useconds_t)atoi(a[1]) * 1000);
     } else if (!strcmp(cmd, "waitfile")) { /* a barrier: wait until the file exists */
