@@ -18,11 +18,20 @@ emulator's share) gives the emulator's seconds from the create call to the conta
 Ready; the steps of the create -> process part are printed too: API server and scheduler until
 the kubelet takes the pod (``to_kubelet``), its volumes and hosts file (``volumes``), until it
 asks the runtime for the container (``to_runtime``: image, environment, mounts; init containers
-between), the runtime until the program runs (``runtime``; Timeline.split). All of it quiet, then again with
-``--hogs`` processes of ``yes >/dev/null`` on the CPUs (``busy``). Lines:
+between), the runtime until the program runs (``runtime``; Timeline.split); the runtime's part by
+its own steps (``runtime_steps``: the server forking it, its namespaces, pid 1's fork and the
+root's mounts, pid 1 until the exec, and of that how long pid 1 still joined its memory cgroup
+after the root was mounted; Timeline.runtime_split); and CPU against run-queue wait (``sched``:
+the kubelet's thread, the runtimes and pid 1s; Timeline.sched): a wait near the step's wall time
+says the machine's CPUs were taken, not that the emulator computed. All of it quiet, then again
+with ``--hogs`` processes of ``yes >/dev/null`` on the CPUs (``busy``; in this process's session,
+as a CI run's other test processes are in the test's). Lines:
 
     kubeemu_pod_start <host|image|init> <quiet|busy> create_to_process_p50_s=... p95_s=... max_s=...
         running_to_ready_max_s=... init_program_p50_s=... steps_p50_s=to_kubelet:...,volumes:...,...
+        runtime_steps_p50_s=server:...,namespaces:...,rootfs:...,pid1:...,cgroup_late:...
+        sched_p50_s=kubelet_cpu:...,kubelet_wait:...,runtime_cpu:...,runtime_wait:...
+      slowest: <that kind's slowest pod's own line, Timeline.line>
 
 and the ratios busy/quiet of the create -> process p50 of each kind.
 """
@@ -30,6 +39,7 @@ and the ratios busy/quiet of the create -> process p50 of each kind.
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import subprocess
 import sys
@@ -84,13 +94,20 @@ def report(kind: str, tag: str, timelines: list[Timeline]) -> float:
     emulator = [e for e, _ in parts]
     program = [prog for _, prog in parts]
     to_ready = [t.running_to_ready() for t in timelines]
-    splits = [t.split() for t in timelines]
-    steps = {k: [split[k] for split in splits] for k in splits[0]}
     p50 = statistics.median(emulator)
-    print(f"kubeemu_pod_start {kind} {tag} create_to_process_p50_s={p50:.3f} p95_s={p(emulator, 0.95):.3f} "
-          f"max_s={max(emulator):.3f} running_to_ready_max_s={max(to_ready):.3f} "
-          f"init_program_p50_s={statistics.median(program):.3f} steps_p50_s="
-          + ",".join(f"{k}:{statistics.median(v):.3f}" for k, v in steps.items()), flush=True)
+    line = (f"kubeemu_pod_start {kind} {tag} create_to_process_p50_s={p50:.3f} p95_s={p(emulator, 0.95):.3f} "
+            f"max_s={max(emulator):.3f} running_to_ready_max_s={max(to_ready):.3f} "
+            f"init_program_p50_s={statistics.median(program):.3f}")
+    for name, parts in (("steps", [t.split() for t in timelines]),
+                        ("runtime_steps", [t.runtime_split() for t in timelines]),
+                        ("sched", [t.sched() for t in timelines])):
+        parts = [x for x in parts if x is not None]
+        if parts:
+            line += f" {name}_p50_s=" + ",".join(
+                f"{k}:{statistics.median(x[k] for x in parts):.3f}" for k in parts[0])
+    print(line, flush=True)
+    slowest = max(timelines, key=lambda t: t.create_to_process()[0])
+    print(f"  slowest: {slowest.line()}", flush=True)
     return p50
 
 
@@ -99,6 +116,8 @@ def main() -> None:
     ap.add_argument("--pods", type=int, default=20)
     ap.add_argument("--hogs", type=int, default=2)
     args = ap.parse_args()
+    # grace 0 deletes: the kubelet's note that a pid 1 without a SIGTERM handler is killed is moot
+    logging.getLogger("kubeemu.kubelet").setLevel(logging.ERROR)
     p50s: dict[tuple[str, str], float] = {}
     with KubeEmulator() as emu, tempfile.TemporaryDirectory() as tmp:
         emu.images[TINY] = tiny_image(Path(tmp) / "rootfs", ("sh", "sleep", "true"))

@@ -287,20 +287,23 @@ async def start(server: RuntimeServer, spec: dict, spec_path: Path, log_path: Pa
         raise StartFailed(f"container runtime exited with {proc.returncode} before the "
                           "container started (see the pod log)")
     proc.started = state.get("started")
+    proc.marks = state.get("marks") or {}  # type: ignore[attr-defined]
+    proc.sched = state.get("sched") or {}  # type: ignore[attr-defined]
     proc.follow_task = asyncio.ensure_future(proc.follow())  # type: ignore[attr-defined]
     return proc, int(state["pid"])
 
 
 async def exec_process(pid1: int, argv: list[str], env: dict[str, str], uid: int, gid: int,
                        groups: list[int], cwd: str, cgroup: str | None, work: Path,
-                       stdin: bool = False, merge_stderr: bool = False
+                       stdin: bool = False, merge_stderr: bool = False, nice: int | None = None
                        ) -> asyncio.subprocess.Process:
-    """A command inside a running container (its namespaces, root, cgroup and user)."""
+    """A command inside a running container (its namespaces, root, cgroup and user), at the
+    niceness ``nice`` (the pods', where the caller's thread runs at another)."""
     work.mkdir(parents=True, exist_ok=True)
     fd, spec_path = tempfile.mkstemp(prefix="exec-", suffix=".json", dir=work)
     with os.fdopen(fd, "w") as f:
         json.dump({"pid": pid1, "argv": argv, "env": env, "uid": uid, "gid": gid,
-                   "groups": groups, "cwd": cwd, "cgroup": cgroup,
+                   "groups": groups, "cwd": cwd, "cgroup": cgroup, "nice": nice,
                    "state": spec_path + ".state"}, f)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-I", "-S", str(RUNTIME), "exec", spec_path,

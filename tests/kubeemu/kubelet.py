@@ -49,6 +49,7 @@ from .images import Image, lookup, pull_error
 from .podstart import Timeline, now
 from .quota import is_terminal
 from .resources import BY_KEY, ResourceType
+from .runtime import schedstat
 from .scheduler import insufficient, matches_node_selector, set_condition
 from .store import Event, rfc3339
 
@@ -292,6 +293,7 @@ class PodRuntime:
         if not self._admit(pod):
             return
         self.timeline.steps["kubelet"] = now()
+        self.timeline.loop_sched["kubelet"] = schedstat("thread-self")
         self.ip = self.kubelet.allocate_ip()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
@@ -464,7 +466,7 @@ class PodRuntime:
         return await ctr.exec_process(
             pid1, argv, ctx["env"], ctx["uid"], ctx["gid"], ctx["groups"], ctx["cwd"],
             str(self.cgroup.path) if self.cgroup else None, self.dir / "exec", stdin=stdin,
-            merge_stderr=merge_stderr)
+            merge_stderr=merge_stderr, nice=self.kubelet.pod_nice)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -634,8 +636,9 @@ class PodRuntime:
         logfile.parent.mkdir(parents=True, exist_ok=True)
         (logfile.parent / f"{container}-{self.runs[container] - 2}.log").unlink(missing_ok=True)
         spawned_at = now()
+        self.timeline.loop_sched.setdefault("spawn", schedstat("thread-self"))
         proc, pid1 = await ctr.start(self.kubelet.runtime_server, spec, cdir / "spec.json", logfile)
-        self.timeline.started(container, init, spawned_at, proc.started)
+        self.timeline.started(container, init, spawned_at, proc.started, proc.marks, proc.sched)
         self.kubelet.pgids.add(proc.pid)
         self.proc_pids = (proc.pid, pid1)
         self.run_ctx = run
@@ -1192,6 +1195,8 @@ class Kubelet:
         self._hosts_refresh: asyncio.TimerHandle | None = None
         self._created: dict[str, float] = {}  # pod uid -> the moment the store added it
         self.timelines: dict[str, Timeline] = {}  # pod uid -> its start (podstart.py), latest 5000
+        # the pods' niceness: this process's (the emulator's thread runs below it, emulator.py)
+        self.pod_nice = os.getpriority(os.PRIO_PROCESS, 0)
         self.runtime_server = ctr.RuntimeServer()
         self.store.subscribe(self._on_event)
 

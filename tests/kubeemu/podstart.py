@@ -45,13 +45,21 @@ class Timeline:
     probe: float | None = None
     ready: float | None = None
     steps: dict[str, float] = field(default_factory=dict)  # "kubelet", "volumes": the kubelet's steps
+    #: the kubelet's (the emulator's event loop thread's) (CPU, run-queue wait) seconds so far
+    #: (runtime.schedstat) when it took the pod, and when it asked for its first container
+    loop_sched: dict[str, tuple[float, float]] = field(default_factory=dict)
 
-    def started(self, container: str, init: bool, spawned: float, started: float | None) -> None:
+    def started(self, container: str, init: bool, spawned: float, started: float | None,
+                marks: dict[str, float] | None = None, sched: dict | None = None) -> None:
         """The runtime of ``container`` was asked for at ``spawned``; its program ran at ``started``
-        (kept until the pod's first container has started once)."""
+        (kept until the pod's first container has started once). ``marks``: the runtime's own
+        moments (``runtime``: forked by the runtime server, ``namespaces``: unshared, ``pid1``:
+        forked, ``rootfs``: mounted, and pid 1's ``cgroup``: joined, ``exec``: about to exec);
+        ``sched``: the runtime's and pid 1's (CPU, run-queue wait) seconds until ``started``."""
         if not any(not run["init"] for run in self.runs):
             self.runs.append({"container": container, "init": init, "spawned": spawned,
-                              "started": started or now(), "exited": None})
+                              "started": started or now(), "exited": None, "marks": marks or {},
+                              "sched": sched or {}})
 
     def ended(self, container: str, exited: float | None) -> None:
         """``container``'s program ended at ``exited``."""
@@ -102,6 +110,45 @@ class Timeline:
             "runtime": sum(r["started"] - r["spawned"] for r in runs),
         }
 
+    def runtime_split(self) -> dict[str, float] | None:
+        """:meth:`split`'s ``runtime`` by step, summed over the containers until the first one:
+        the runtime server until the container's runtime is forked (``server``), that runtime
+        until it has its namespaces (``namespaces``), until it has forked pid 1 and mounted the
+        container's root (``rootfs``), pid 1 until its program runs (``pid1``: its cgroup where
+        that ends after the root, its root, user and the exec); and ``cgroup_late``: how long
+        pid 1 still joined its cgroup after the root was mounted (part of ``pid1``). None where
+        the runtime did not say (:meth:`started`'s ``marks``)."""
+        runs = self._until_main()
+        keys = ("runtime", "namespaces", "pid1", "rootfs")
+        if self.create_to_process() is None or not all(set(keys) <= set(r.get("marks") or {}) for r in runs):
+            return None
+        out = dict.fromkeys(("server", "namespaces", "rootfs", "pid1", "cgroup_late"), 0.0)
+        for r in runs:
+            m = r["marks"]
+            out["server"] += m["runtime"] - r["spawned"]
+            out["namespaces"] += m["namespaces"] - m["runtime"]
+            out["rootfs"] += m["rootfs"] - m["namespaces"]
+            out["pid1"] += r["started"] - m["rootfs"]
+            out["cgroup_late"] += max(0.0, m.get("cgroup", m["rootfs"]) - m["rootfs"])
+        return out
+
+    def sched(self) -> dict[str, float] | None:
+        """CPU against run-queue wait, in seconds, of the emulator's share: ``kubelet_cpu`` and
+        ``kubelet_wait`` of the kubelet's thread from taking the pod to asking for its first
+        container (that thread also serves the API and other pods meanwhile), ``runtime_cpu`` and
+        ``runtime_wait`` of the containers' runtimes and pid 1s until each program ran (summed
+        over the containers until the first one; the runtime and its pid 1 run side by side).
+        A wait near the wall time says the machine's CPUs were busy, not that the step
+        computed. None where not measured."""
+        runs = self._until_main()
+        if (self.create_to_process() is None or not {"kubelet", "spawn"} <= set(self.loop_sched)
+                or not all({"runtime", "pid1"} <= set(r.get("sched") or {}) for r in runs)):
+            return None
+        (c0, w0), (c1, w1) = self.loop_sched["kubelet"], self.loop_sched["spawn"]
+        return {"kubelet_cpu": c1 - c0, "kubelet_wait": w1 - w0,
+                "runtime_cpu": sum(r["sched"]["runtime"][0] + r["sched"]["pid1"][0] for r in runs),
+                "runtime_wait": sum(r["sched"]["runtime"][1] + r["sched"]["pid1"][1] for r in runs)}
+
     def running_to_ready(self) -> float | None:
         """The emulator's seconds from Running to Ready (module docstring), or None."""
         if self.running is None or self.ready is None:
@@ -110,17 +157,23 @@ class Timeline:
 
     def line(self) -> str | None:
         """``kubeemu_pod_start NAME create_to_process_s=E init_program_s=P
-        running_to_ready_s=R steps_s=to_kubelet:..,volumes:..,to_runtime:..,runtime:..``
-        (R: '-' before Ready; the steps: :meth:`split`), or None before the process started."""
+        running_to_ready_s=R steps_s=to_kubelet:..,volumes:..,to_runtime:..,runtime:..
+        runtime_steps_s=server:..,... sched_s=kubelet_cpu:..,...`` (R: '-' before Ready; the
+        steps: :meth:`split`, :meth:`runtime_split` and :meth:`sched`, the last two where
+        measured), or None before the process started."""
         parts = self.create_to_process()
         split = self.split()
         if parts is None or split is None:
             return None
         ready = self.running_to_ready()
-        return (f"kubeemu_pod_start {self.name} create_to_process_s={parts[0]:.3f} "
+        line = (f"kubeemu_pod_start {self.name} create_to_process_s={parts[0]:.3f} "
                 f"init_program_s={parts[1]:.3f} "
                 f"running_to_ready_s={'-' if ready is None else f'{ready:.3f}'} steps_s="
                 + ",".join(f"{k}:{v:.3f}" for k, v in split.items()))
+        for name, values in (("runtime_steps_s", self.runtime_split()), ("sched_s", self.sched())):
+            if values is not None:
+                line += f" {name}=" + ",".join(f"{k}:{v:.3f}" for k, v in values.items())
+        return line
 
 
 def report(timelines: list[Timeline]) -> list[str]:

@@ -26,7 +26,7 @@ join its memory cgroup, not this one.
 start waits for an interpreter to start and import (on two busy cores that alone took longer
 than the rest of a pod's start). It accepts connections on the listening unix socket it
 inherits; on each, one JSON line ``{"spec": SPEC.json, "log": LOG}`` makes it fork a runtime
-that does what ``run`` does (in a session of its own, stdout and stderr to ``LOG``) and reports
+that does what ``run`` does (in a process group of its own, stdout and stderr to ``LOG``) and reports
 its states as JSON lines on that connection instead of the file; once the server has reaped
 that runtime it writes ``{"exit": status}`` (negative: the signal that killed it) and closes
 the connection. It exits when its stdin (a pipe from the kubelet) closes.
@@ -42,6 +42,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import sys
 import time
 import warnings  # noqa: F401 - os.execvpe imports it lazily, after the chroot into an image
@@ -219,7 +220,12 @@ def _private_dev(dev: str, gpu_minors: list[int]) -> None:
 
 
 #: the niceness of the container's processes: the server runs at RUNTIME_NICE below it, as a
-#: node's runtime runs with more CPU weight than its pods (its system slice)
+#: node's runtime runs with more CPU weight than its pods (its system slice). With the kernel's
+#: autogroups (sched_autogroup_enabled), niceness only ranks the threads of one session, and each
+#: session weighs the same: so the server also lowers its session's autogroup niceness, its
+#: runtimes stay in that session (a process group of their own each), and a container's pid 1
+#: starts a session of its own just before it executes the container's program (runc's init does
+#: so too). The runtimes' share of a busy machine is then the system slice's, not a pod's.
 POD_NICE: int | None = None
 RUNTIME_NICE = 10
 
@@ -232,9 +238,11 @@ def _become(spec: dict) -> None:
     os.setuid(spec.get("uid", 0))
 
 
-def _child(spec: dict, root: str | None, errw: int, mount_proc: bool, root_ready: int | None = None) -> None:
+def _child(spec: dict, root: str | None, errw: int, mount_proc: bool, root_ready: int | None = None,
+           marks_w: int | None = None) -> None:
     """In the forked child: finish the container's view, become its user, exec. With
-    ``root_ready``, first wait until the runtime has mounted ``root`` (a byte on that pipe)."""
+    ``root_ready``, first wait until the runtime has mounted ``root`` (a byte on that pipe); with
+    ``marks_w``, write there the moments it joined its cgroup and was about to exec (two doubles)."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
     argv = spec["argv"]
@@ -243,6 +251,7 @@ def _child(spec: dict, root: str | None, errw: int, mount_proc: bool, root_ready
         # can go) once the container's pid 1 has been reaped, while the runtime still exits.
         # Joining takes the kernel a while (cgroup v1): the runtime mounts the root meanwhile.
         _join_cgroup(spec.get("cgroup"))
+        joined = _clock()
         if root_ready is not None and os.read(root_ready, 1) != b"1":
             os._exit(128)  # the runtime could not mount the root: it reports why
         if root is not None:
@@ -258,6 +267,10 @@ def _child(spec: dict, root: str | None, errw: int, mount_proc: bool, root_ready
             os.write(errw, f'chdir to cwd ("{cwd}") set in config.json failed: '
                            f"{os.strerror(e.errno or 0).lower()}".encode())
             os._exit(128)
+        if marks_w is not None:
+            os.write(marks_w, struct.pack("dd", joined, _clock()))
+        if mount_proc:  # the container's pid 1: a session (and autogroup) of its own
+            os.setsid()
         try:
             os.execvpe(argv[0], argv, spec["env"])
         except OSError as e:
@@ -269,6 +282,21 @@ def _child(spec: dict, root: str | None, errw: int, mount_proc: bool, root_ready
     except BaseException as e:  # noqa: BLE001 - whatever failed must reach the kubelet
         os.write(errw, f"{type(e).__name__}: {e}".encode())
     os._exit(128)
+
+
+def _clock() -> float:
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def schedstat(pid: int | str = "self") -> tuple[float, float]:
+    """(seconds on a CPU, seconds waiting for one) of a process since it began (its main thread;
+    ``/proc/<pid>/schedstat``); zeros where the kernel does not say."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            run_ns, wait_ns = f.read().split()[:2]
+        return int(run_ns) / 1e9, int(wait_ns) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
 
 
 def _state_reporter(path: str | None):  # noqa: ANN202
@@ -284,8 +312,13 @@ def _state_reporter(path: str | None):  # noqa: ANN202
     return report
 
 
-def _supervise(report, pid: int, errr: int) -> int:  # noqa: ANN001
-    """Wait for the container's pid 1; pass termination signals on to it."""
+def _supervise(report, pid: int, errr: int, marks: dict | None = None,  # noqa: ANN001
+               marks_r: int | None = None) -> int:
+    """Wait for the container's pid 1; pass termination signals on to it. With ``marks`` (the
+    runtime's moments so far) and ``marks_r`` (pid 1's, see :func:`_child`), the started state
+    also carries ``marks`` and ``sched``: this runtime's and pid 1's (CPU, run-queue wait)
+    seconds so far (:func:`schedstat`), so that a slow start says whether it computed or waited
+    for a CPU."""
     chunks = []
     while True:
         data = os.read(errr, 65536)
@@ -293,9 +326,18 @@ def _supervise(report, pid: int, errr: int) -> int:  # noqa: ANN001
             break
         chunks.append(data)
     os.close(errr)  # at its end: the program was executed (or its error written)
-    started = time.clock_gettime(time.CLOCK_BOOTTIME)
+    started = _clock()
     error = b"".join(chunks).decode(errors="replace")
-    report({"error": error} if error else {"pid": pid, "started": started})
+    state: dict = {"error": error} if error else {"pid": pid, "started": started}
+    if marks_r is not None:
+        raw = os.read(marks_r, 16)
+        os.close(marks_r)
+        if not error and marks is not None:
+            if len(raw) == 16:
+                marks["cgroup"], marks["exec"] = struct.unpack("dd", raw)
+            state["marks"] = marks
+            state["sched"] = {"runtime": schedstat(), "pid1": schedstat(pid)}
+    report(state)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -326,38 +368,49 @@ def _forward_signals(get_pid) -> None:  # noqa: ANN001
         signal.signal(sig, forward)
 
 
-def run(spec: dict, report=None) -> int:  # noqa: ANN001
-    """The container of ``spec``; its states to ``report`` (default: the spec's state file)."""
+def run(spec: dict, report=None, began: float | None = None) -> int:  # noqa: ANN001
+    """The container of ``spec``; its states to ``report`` (default: the spec's state file);
+    ``began``: the moment this runtime was forked (default: now)."""
     report = report or _state_reporter(spec.get("state"))
+    marks = {"runtime": began if began is not None else _clock()}
     child_pid = 0
     _forward_signals(lambda: child_pid)
     unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID)
     sethostname(spec["hostname"])
+    marks["namespaces"] = _clock()
     # pid 1 is forked first (it shares this mount namespace): it joins the cgroup while this
     # process mounts its root, then goes on
     errr, errw = os.pipe()
     ready_r, ready_w = os.pipe()
+    marks_r, marks_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(errr)
         os.close(ready_w)
-        _child(spec, spec["rootfs"], errw, mount_proc=True, root_ready=ready_r)
+        os.close(marks_r)
+        _child(spec, spec["rootfs"], errw, mount_proc=True, root_ready=ready_r, marks_w=marks_w)
     os.close(errw)
     os.close(ready_r)
+    os.close(marks_w)
     child_pid = pid
+    marks["pid1"] = _clock()
     try:
         _setup_rootfs(spec)
     except BaseException:
         os.close(ready_w)  # pid 1 exits without running anything
+        os.close(marks_r)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, 0)
         raise
+    marks["rootfs"] = _clock()
     os.write(ready_w, b"1")
     os.close(ready_w)
-    return _supervise(report, pid, errr)
+    return _supervise(report, pid, errr, marks, marks_r)
 
 
 def exec_in(spec: dict) -> int:
+    global POD_NICE
+    POD_NICE = spec.get("nice")
     target = spec["pid"]
     report = _state_reporter(spec.get("state"))
     fds = {}
@@ -386,11 +439,12 @@ def exec_in(spec: dict) -> int:
 
 def _serve_one(conn: socket.socket, listener: socket.socket) -> int:
     """In a forked runtime of the server: one container, its states as lines on ``conn``."""
+    began = _clock()
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
     listener.close()
-    os.setsid()  # the kubelet signals the runtime's process group
+    os.setpgid(0, 0)  # the kubelet signals the runtime's process group
 
     def report(state: dict) -> None:
         with contextlib.suppress(OSError):
@@ -408,7 +462,7 @@ def _serve_one(conn: socket.socket, listener: socket.socket) -> int:
         os.close(out)
         with open(request["spec"]) as f:
             spec = json.load(f)
-        return run(spec, report)
+        return run(spec, report, began)
     except (OSError, ValueError, KeyError, TypeError) as e:
         msg = f"failed to create containerd task: OCI runtime create failed: {e}"
         report({"error": msg})
@@ -422,6 +476,8 @@ def serve(listener: socket.socket) -> int:
     POD_NICE = os.getpriority(os.PRIO_PROCESS, 0)
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, max(-20, POD_NICE - RUNTIME_NICE))
+    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
+        f.write(str(-RUNTIME_NICE))  # the session's (POD_NICE's comment)
     sel = selectors.DefaultSelector()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

@@ -257,6 +257,14 @@ def test_the_start_timeline_counts_an_init_containers_run_as_its_programs_time(k
     assert t.running_to_ready() == t.ready - t.probe
     split = t.split()
     assert sum(split.values()) == pytest.approx(emulator_s)  # its steps make up the emulator's share
+    # the runtime's own steps make up its part, for both containers; its CPU and run-queue wait
+    runtime = t.runtime_split()
+    assert sum(v for k, v in runtime.items() if k != "cgroup_late") == pytest.approx(split["runtime"])
+    assert all(v >= 0 for v in runtime.values()) and runtime["cgroup_late"] <= runtime["pid1"]
+    sched = t.sched()
+    assert set(sched) == {"kubelet_cpu", "kubelet_wait", "runtime_cpu", "runtime_wait"}
+    assert all(v >= 0 for v in sched.values()) and sched["runtime_cpu"] > 0
+    assert " runtime_steps_s=server:" in t.line() and " sched_s=kubelet_cpu:" in t.line()
     assert t.line().startswith(f"kubeemu_pod_start timed create_to_process_s={emulator_s:.3f} "
                                f"init_program_s={program_s:.3f} running_to_ready_s={t.ready - t.probe:.3f} "
                                f"steps_s=to_kubelet:{split['to_kubelet']:.3f},")
