@@ -1,6 +1,6 @@
 """The Kubernetes emulator's own share of a pod's start, quiet and with the CPUs busy.
 
-    python bench/kubeemu_pod_start.py [--pods 20] [--hogs 2]
+    python bench/kubeemu_pod_start.py [--pods 20] [--hogs 2] [--kinds host,image,init,gpu]
 
 Pods of three kinds, each started and stopped one after another, ``--pods`` of each:
 
@@ -10,7 +10,12 @@ Pods of three kinds, each started and stopped one after another, ``--pods`` of e
   machine's sh and sleep, tests/kubeemu/helpers.py tiny_image: the container's root is an overlay
   of that image), its ENTRYPOINT ``sh -c`` with ``exec sleep 600``;
 - ``init``: as ``image``, after an init container of the same image that runs ``true``, as our GPU
-  pods have one.
+  pods have one;
+- ``gpu``: as ``init``, shaped like the end-to-end test's kernel pod (tests/helm/test_z2jh_e2e.py):
+  the node's card by ``NVIDIA_VISIBLE_DEVICES`` (the emulator's NVIDIA runtime gives the container
+  a /dev of its own), a memory limit, uid 1000, a ConfigMap volume and the service account's
+  token, while a client process watches the namespace's pods and events as KubeSpawner's
+  reflectors do.
 
 For each pod the kubelet's timeline (tests/kubeemu/podstart.py, which defines what counts as the
 emulator's share) gives the emulator's seconds from the create call to the container's process
@@ -49,11 +54,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.kubeemu import KubeEmulator  # noqa: E402
-from tests.kubeemu.helpers import pod, tiny_image  # noqa: E402
+from tests.kubeemu.helpers import http, pod, tiny_image  # noqa: E402
 from tests.kubeemu.podstart import Timeline  # noqa: E402
 
 TINY = "registry.bench/tiny:1"
-KINDS = ("host", "image", "init")
+KINDS = ("host", "image", "init", "gpu")
+CARD = "GPU-00000000-0000-0000-0000-00000000be7c"
 
 
 def manifest(kind: str, name: str) -> dict:
@@ -61,25 +67,73 @@ def manifest(kind: str, name: str) -> dict:
         return pod(name, ["sleep", "600"])
     m = pod(name)
     m["spec"]["containers"][0] = {"name": "main", "image": TINY, "args": ["exec sleep 600"]}
-    if kind == "init":
+    if kind in ("init", "gpu"):
         m["spec"]["initContainers"] = [{"name": "prepare", "image": TINY, "args": ["true"]}]
+    if kind == "gpu":
+        m["spec"]["securityContext"] = {"runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100}
+        m["spec"]["volumes"] = [{"name": "settings", "configMap": {"name": "settings"}}]
+        m["spec"]["containers"][0].update({
+            "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": CARD},
+                    {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+            "resources": {"limits": {"memory": "1Gi"}},
+            "volumeMounts": [{"name": "settings", "mountPath": "/etc/settings"}]})
     return m
 
 
+#: a client process (as the hub) watching the namespace's pods and events, as KubeSpawner's reflectors
+WATCHER = """
+import sys, threading, kubernetes
+api = kubernetes.config.new_client_from_config(sys.argv[1])
+core = kubernetes.client.CoreV1Api(api)
+
+def watch(list_fn):
+    while True:
+        for _ in kubernetes.watch.Watch().stream(list_fn, "default", timeout_seconds=30):
+            pass
+
+for fn in (core.list_namespaced_pod, core.list_namespaced_event):
+    threading.Thread(target=watch, args=(fn,), daemon=True).start()
+print("watching", flush=True)
+threading.Event().wait()
+"""
+
+
+def watchers(emu: KubeEmulator) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", WATCHER, emu.kubeconfig_path], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "watching"
+    return proc
+
+
 def measure(emu: KubeEmulator, kind: str, count: int, tag: str) -> list[Timeline]:
+    emu.gpu_uuids = (CARD,) if kind == "gpu" else ()  # the node's NVIDIA runtime, for that kind
+    client = watchers(emu) if kind == "gpu" else None
+    try:
+        return _measure(emu, kind, count, tag)
+    finally:
+        if client is not None:
+            client.kill()
+            client.wait()
+
+
+def _measure(emu: KubeEmulator, kind: str, count: int, tag: str) -> list[Timeline]:
+    """Each pod created and deleted through the API server (as a client process would: the
+    emulator's thread does the work, not this one, which holds no lock and no GIL meanwhile)."""
     out = []
+    pods = "/api/v1/namespaces/default/pods"
     for i in range(count):
         name = f"{kind}-{tag}-{i}"
-        created = emu.create(manifest(kind, name))
+        code, created = http(emu, "POST", pods, manifest(kind, name))
+        assert code == 201, (code, created)
         uid = created["metadata"]["uid"]
 
         def ready(uid: str = uid) -> Timeline | None:
             t = emu.kubelet.timelines.get(uid)
             return t if t is not None and t.ready is not None else None
 
-        out.append(emu.wait_for(ready, timeout=60, interval=0.01, message=f"{name} to be ready"))
-        emu.delete("pods", name, grace_period_seconds=0)
-        emu.wait_for(lambda n=name: emu.get("pods", n) is None, timeout=60, interval=0.01,
+        out.append(emu.wait_for(ready, timeout=60, interval=0.05, message=f"{name} to be ready"))
+        code, _ = http(emu, "DELETE", f"{pods}/{name}", {"gracePeriodSeconds": 0})
+        assert code == 200, code
+        emu.wait_for(lambda n=name: http(emu, "GET", f"{pods}/{n}")[0] == 404, timeout=60, interval=0.05,
                      message=f"{name} to go")
     return out
 
@@ -115,25 +169,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pods", type=int, default=20)
     ap.add_argument("--hogs", type=int, default=2)
+    ap.add_argument("--kinds", default=",".join(KINDS), help="of " + ", ".join(KINDS))
     args = ap.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k]
+    if not kinds or set(kinds) - set(KINDS):
+        ap.error(f"--kinds: a comma-separated list of {', '.join(KINDS)}")
     # grace 0 deletes: the kubelet's note that a pid 1 without a SIGTERM handler is killed is moot
     logging.getLogger("kubeemu.kubelet").setLevel(logging.ERROR)
     p50s: dict[tuple[str, str], float] = {}
     with KubeEmulator() as emu, tempfile.TemporaryDirectory() as tmp:
         emu.images[TINY] = tiny_image(Path(tmp) / "rootfs", ("sh", "sleep", "true"))
-        for kind in KINDS:
+        emu.create({"metadata": {"name": "settings"}, "data": {"limit": "5Gi"}}, "configmaps")
+        for kind in kinds:
             measure(emu, kind, 1, "warm")  # the netshim build, first imports, the image's pages
-        for kind in KINDS:
+        for kind in kinds:
             p50s[kind, "quiet"] = report(kind, "quiet", measure(emu, kind, args.pods, "quiet"))
         hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL) for _ in range(args.hogs)]
         try:
-            for kind in KINDS:
+            for kind in kinds:
                 p50s[kind, "busy"] = report(kind, "busy", measure(emu, kind, args.pods, "busy"))
         finally:
             for h in hogs:
                 h.kill()
                 h.wait()
-    for kind in KINDS:
+    for kind in kinds:
         ratio = p50s[kind, "busy"] / p50s[kind, "quiet"]
         print(f"kubeemu_pod_start {kind} busy/quiet create_to_process_p50={ratio:.2f}")
 

@@ -7,6 +7,7 @@ listen on this port; run this command inside it).
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import hashlib
@@ -195,14 +196,29 @@ class RuntimeServer:
     interpreter to start and import."""
 
     def __init__(self) -> None:
-        self.path = f"\0kubeemu-runtime-{os.getpid()}-{os.urandom(6).hex()}"  # an abstract socket: no file
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(self.path)
-        self.listener.listen(128)
-        fd = self.listener.fileno()
+        # requests go in one message each, with the container's channel (runtime.py's docstring)
+        self.control, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        fd = theirs.fileno()
         self.proc = subprocess.Popen(
             [sys.executable, "-I", "-S", str(RUNTIME), "serve", str(fd)], stdin=subprocess.PIPE,
             pass_fds=(fd,), start_new_session=True)
+        theirs.close()
+
+    def request(self, spec: dict, log_path: Path) -> socket.socket:
+        """Ask for the container of ``spec`` (its output to ``log_path``): one message, sent
+        now; the channel its runtime reports on (this end, non-blocking)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            data = json.dumps({"spec": spec, "log": str(log_path)}).encode()
+            self.control.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
+                                           array.array("i", [theirs.fileno()]).tobytes())])
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        return ours
 
     def stop(self) -> None:
         """Stop the server (the runtimes it started are the kubelet's to kill)."""
@@ -215,7 +231,7 @@ class RuntimeServer:
                 self.proc.wait(5)
         with contextlib.suppress(OSError):
             self.proc.stdin.close()  # type: ignore[union-attr]
-        self.listener.close()
+        self.control.close()
 
 
 class RuntimeProcess:
@@ -269,10 +285,12 @@ class RuntimeProcess:
 async def start(server: RuntimeServer, spec: dict, spec_path: Path, log_path: Path,
                 timeout: float = 30.0) -> tuple[RuntimeProcess, int]:
     """Start a container through the runtime server; (its runtime, host pid of its pid 1)."""
-    spec_path.write_text(json.dumps(spec))
-    reader, writer = await asyncio.open_unix_connection(server.path)
-    writer.write(json.dumps({"spec": str(spec_path), "log": str(log_path)}).encode() + b"\n")
-    await writer.drain()
+    spec_path.write_text(json.dumps(spec))  # the container's bundle, as runc's config.json
+    try:
+        sock = server.request(spec, log_path)
+    except OSError as e:
+        raise StartFailed(f"container runtime did not take the container ({e!r})") from None
+    reader, writer = await asyncio.open_unix_connection(sock=sock)
     proc = RuntimeProcess(reader, writer)
     try:
         state = await asyncio.wait_for(proc.next_state(), timeout)

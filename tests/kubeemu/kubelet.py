@@ -51,7 +51,7 @@ from .quota import is_terminal
 from .resources import BY_KEY, ResourceType
 from .runtime import schedstat
 from .scheduler import insufficient, matches_node_selector, set_condition
-from .store import Event, rfc3339
+from .store import Event, clone, rfc3339
 
 if TYPE_CHECKING:
     from .emulator import KubeEmulator
@@ -213,8 +213,8 @@ class PodRuntime:
         if once and self._last_event.get(reason) == message:
             return
         self._last_event[reason] = message
-        pod = self.pod()
-        if pod is not None:
+        pod = self.emu.store.raw_object("pods", self.ns, self.name)  # read only: no copy
+        if pod is not None and pod["metadata"]["uid"] == self.uid:
             self.emu.record_event(pod, reason, message, type=type, component="kubelet",
                                   host=self.node,
                                   field_path=f"spec.containers{{{container}}}" if container
@@ -257,7 +257,7 @@ class PodRuntime:
             st["conditions"].sort(key=lambda c: order.index(c["type"])
                                   if c["type"] in order else len(order))
 
-        self.emu.store.mutate(PODS, self.ns, self.name, fn, uid=self.uid)
+        self.emu.store.mutate(PODS, self.ns, self.name, fn, uid=self.uid, result=False)
         if self.phase == "Running":
             t = self.timeline
             t.running = t.running or now()
@@ -293,7 +293,7 @@ class PodRuntime:
         if not self._admit(pod):
             return
         self.timeline.steps["kubelet"] = now()
-        self.timeline.loop_sched["kubelet"] = schedstat("thread-self")
+        self.timeline.loop_mark("begin", schedstat("thread-self"))
         self.ip = self.kubelet.allocate_ip()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
@@ -509,6 +509,7 @@ class PodRuntime:
                         await self._kill_group(force=False)
                         return False
                     code = waiter.result()
+                    self.timeline.loop_mark("begin", schedstat("thread-self"))
                     self.timeline.ended(name, proc.exited)
                     self._end_container()
             st = self.init_status[name]
@@ -636,7 +637,7 @@ class PodRuntime:
         logfile.parent.mkdir(parents=True, exist_ok=True)
         (logfile.parent / f"{container}-{self.runs[container] - 2}.log").unlink(missing_ok=True)
         spawned_at = now()
-        self.timeline.loop_sched.setdefault("spawn", schedstat("thread-self"))
+        self.timeline.loop_mark("spawn", schedstat("thread-self"))
         proc, pid1 = await ctr.start(self.kubelet.runtime_server, spec, cdir / "spec.json", logfile)
         self.timeline.started(container, init, spawned_at, proc.started, proc.marks, proc.sched)
         self.kubelet.pgids.add(proc.pid)
@@ -1283,12 +1284,12 @@ class Kubelet:
         """
         out = []
         with self.store.lock:
-            services = [copy.deepcopy(s) for s in self.store.raw_objects("services")]
+            services = self.store.raw_objects("services")  # read only (never edited in place)
             pods = [p for p in self.store.raw_objects("pods")]
             ready = [p for p in pods if (p.get("status") or {}).get("podIP") and any(
                 c.get("type") == "Ready" and c.get("status") == "True"
                 for c in (p.get("status") or {}).get("conditions") or [])]
-            endpoints = {(e["metadata"]["namespace"], e["metadata"]["name"]): copy.deepcopy(e)
+            endpoints = {(e["metadata"]["namespace"], e["metadata"]["name"]): e
                          for e in self.store.raw_objects("endpoints")}
         for svc in services:
             ns, name = svc["metadata"]["namespace"], svc["metadata"]["name"]
@@ -1345,7 +1346,7 @@ class Kubelet:
             if self.stopping:
                 return
             with self.store.lock:
-                pod = copy.deepcopy(self.store.by_uid(uid))
+                pod = clone(self.store.by_uid(uid))
             if pod is None or uid in self.runtimes:
                 return
             if pod["metadata"].get("deletionTimestamp"):

@@ -46,8 +46,16 @@ class Timeline:
     ready: float | None = None
     steps: dict[str, float] = field(default_factory=dict)  # "kubelet", "volumes": the kubelet's steps
     #: the kubelet's (the emulator's event loop thread's) (CPU, run-queue wait) seconds so far
-    #: (runtime.schedstat) when it took the pod, and when it asked for its first container
-    loop_sched: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: (runtime.schedstat) at the starts and ends of its share: (what, cpu, wait), ``what``
+    #: "begin" when it took the pod or saw an init container end, "spawn" when it asked the
+    #: runtime for the next container (:meth:`loop_mark`)
+    loop_sched: list[tuple[str, float, float]] = field(default_factory=list)
+
+    def loop_mark(self, what: str, sched: tuple[float, float]) -> None:
+        """The kubelet's thread's ``sched`` (runtime.schedstat) at ``what`` ("begin", "spawn"),
+        kept until the pod's first container has started once."""
+        if not any(not run["init"] for run in self.runs):
+            self.loop_sched.append((what, *sched))
 
     def started(self, container: str, init: bool, spawned: float, started: float | None,
                 marks: dict[str, float] | None = None, sched: dict | None = None) -> None:
@@ -114,38 +122,48 @@ class Timeline:
         """:meth:`split`'s ``runtime`` by step, summed over the containers until the first one:
         the runtime server until the container's runtime is forked (``server``), that runtime
         until it has its namespaces (``namespaces``), until it has forked pid 1 and mounted the
-        container's root (``rootfs``), pid 1 until its program runs (``pid1``: its cgroup where
-        that ends after the root, its root, user and the exec); and ``cgroup_late``: how long
-        pid 1 still joined its cgroup after the root was mounted (part of ``pid1``). None where
-        the runtime did not say (:meth:`started`'s ``marks``)."""
+        container's root (``rootfs``), pid 1 until it calls exec (``pid1``: its cgroup where that
+        ends after the root, its root and user), its exec until the runtime sees it done
+        (``exec``); and ``cgroup_late``: how long pid 1 still joined its cgroup after the root
+        was mounted (part of ``pid1``). None where the runtime did not say (:meth:`started`'s
+        ``marks``)."""
         runs = self._until_main()
         keys = ("runtime", "namespaces", "pid1", "rootfs")
         if self.create_to_process() is None or not all(set(keys) <= set(r.get("marks") or {}) for r in runs):
             return None
-        out = dict.fromkeys(("server", "namespaces", "rootfs", "pid1", "cgroup_late"), 0.0)
+        out = dict.fromkeys(("server", "namespaces", "rootfs", "pid1", "exec", "cgroup_late"), 0.0)
         for r in runs:
             m = r["marks"]
             out["server"] += m["runtime"] - r["spawned"]
             out["namespaces"] += m["namespaces"] - m["runtime"]
             out["rootfs"] += m["rootfs"] - m["namespaces"]
-            out["pid1"] += r["started"] - m["rootfs"]
+            execs = min(max(m.get("exec", r["started"]), m["rootfs"]), r["started"])
+            out["pid1"] += execs - m["rootfs"]
+            out["exec"] += r["started"] - execs
             out["cgroup_late"] += max(0.0, m.get("cgroup", m["rootfs"]) - m["rootfs"])
         return out
 
     def sched(self) -> dict[str, float] | None:
         """CPU against run-queue wait, in seconds, of the emulator's share: ``kubelet_cpu`` and
         ``kubelet_wait`` of the kubelet's thread from taking the pod to asking for its first
-        container (that thread also serves the API and other pods meanwhile), ``runtime_cpu`` and
+        container, and from each init container's end to asking for the next (that thread also
+        serves the API and other pods meanwhile), ``runtime_cpu`` and
         ``runtime_wait`` of the containers' runtimes and pid 1s until each program ran (summed
         over the containers until the first one; the runtime and its pid 1 run side by side).
         A wait near the wall time says the machine's CPUs were busy, not that the step
         computed. None where not measured."""
         runs = self._until_main()
-        if (self.create_to_process() is None or not {"kubelet", "spawn"} <= set(self.loop_sched)
+        if (self.create_to_process() is None or not self.loop_sched
                 or not all({"runtime", "pid1"} <= set(r.get("sched") or {}) for r in runs)):
             return None
-        (c0, w0), (c1, w1) = self.loop_sched["kubelet"], self.loop_sched["spawn"]
-        return {"kubelet_cpu": c1 - c0, "kubelet_wait": w1 - w0,
+        cpu = wait = 0.0
+        begun = None
+        for what, c, w in self.loop_sched:
+            if what == "begin":
+                begun = (c, w)
+            elif begun is not None:
+                cpu, wait, begun = cpu + c - begun[0], wait + w - begun[1], None
+        return {"kubelet_cpu": cpu, "kubelet_wait": wait,
                 "runtime_cpu": sum(r["sched"]["runtime"][0] + r["sched"]["pid1"][0] for r in runs),
                 "runtime_wait": sum(r["sched"]["runtime"][1] + r["sched"]["pid1"][1] for r in runs)}
 

@@ -24,16 +24,20 @@ join its memory cgroup, not this one.
 
 ``serve SOCKET_FD``: the kubelet's runtime server, started once per kubelet so that no container
 start waits for an interpreter to start and import (on two busy cores that alone took longer
-than the rest of a pod's start). It accepts connections on the listening unix socket it
-inherits; on each, one JSON line ``{"spec": SPEC.json, "log": LOG}`` makes it fork a runtime
-that does what ``run`` does (in a process group of its own, stdout and stderr to ``LOG``) and reports
-its states as JSON lines on that connection instead of the file; once the server has reaped
-that runtime it writes ``{"exit": status}`` (negative: the signal that killed it) and closes
-the connection. It exits when its stdin (a pipe from the kubelet) closes.
+than the rest of a pod's start). It reads requests on the unix SOCK_SEQPACKET socket it inherits
+(the kubelet holds its other end): each one message, the JSON ``{"spec": {...}, "log": LOG}``
+with one file descriptor attached (SCM_RIGHTS), the container's channel (a stream socket whose
+other end the kubelet reads). One message and one system call: the kubelet's request is whole
+when it wakes the server, however long the kubelet's thread then waits for a CPU. On each, the
+server forks a runtime that does what ``run`` does (in a process group of its own, stdout and
+stderr to ``LOG``) and reports its states as JSON lines on the channel instead of the file; once
+the server has reaped that runtime it writes ``{"exit": status}`` (negative: the signal that
+killed it) and closes the channel. It exits when its stdin (a pipe from the kubelet) closes.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import ctypes
 import errno
@@ -437,13 +441,18 @@ def exec_in(spec: dict) -> int:
     return _supervise(report, pid, errr)
 
 
-def _serve_one(conn: socket.socket, listener: socket.socket) -> int:
-    """In a forked runtime of the server: one container, its states as lines on ``conn``."""
+#: the most a request may hold (its spec inline): the server's receive buffer
+REQUEST_MAX = 1 << 20
+
+
+def _serve_one(conn: socket.socket, control: socket.socket, request: dict) -> int:
+    """In a forked runtime of the server: the container of ``request``, its states as lines on
+    ``conn``."""
     began = _clock()
     signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
-    listener.close()
+    control.close()
     os.setpgid(0, 0)  # the kubelet signals the runtime's process group
 
     def report(state: dict) -> None:
@@ -451,8 +460,7 @@ def _serve_one(conn: socket.socket, listener: socket.socket) -> int:
             conn.sendall(json.dumps({**state, "runtime": os.getpid()}).encode() + b"\n")
 
     try:
-        conn.settimeout(30)
-        request = json.loads(conn.makefile("rb").readline() or b"null")
+        conn.setblocking(True)
         devnull = os.open(os.devnull, os.O_RDONLY)
         out = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.dup2(devnull, 0, inheritable=True)
@@ -460,9 +468,7 @@ def _serve_one(conn: socket.socket, listener: socket.socket) -> int:
         os.dup2(out, 2, inheritable=True)
         os.close(devnull)
         os.close(out)
-        with open(request["spec"]) as f:
-            spec = json.load(f)
-        return run(spec, report, began)
+        return run(request["spec"], report, began)
     except (OSError, ValueError, KeyError, TypeError) as e:
         msg = f"failed to create containerd task: OCI runtime create failed: {e}"
         report({"error": msg})
@@ -470,8 +476,25 @@ def _serve_one(conn: socket.socket, listener: socket.socket) -> int:
         return 128
 
 
-def serve(listener: socket.socket) -> int:
-    """The runtime server (module docstring): fork a runtime per connection, report its exit."""
+def _receive(control: socket.socket) -> tuple[dict, socket.socket] | None:
+    """The next request on ``control`` and its channel; None when the kubelet closed its end."""
+    size = socket.CMSG_SPACE(array.array("i", [0]).itemsize)
+    data, ancillary, _, _ = control.recvmsg(REQUEST_MAX, size, socket.MSG_CMSG_CLOEXEC)  # no exec inherits it
+    fds = array.array("i")
+    for level, kind, raw in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(raw[:len(raw) - len(raw) % fds.itemsize])
+    if not data and not fds:
+        return None
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise ValueError(f"a request carries one channel, not {len(fds)}")
+    return json.loads(data), socket.socket(fileno=fds[0])
+
+
+def serve(control: socket.socket) -> int:
+    """The runtime server (module docstring): fork a runtime per request, report its exit."""
     global POD_NICE
     POD_NICE = os.getpriority(os.PRIO_PROCESS, 0)
     with contextlib.suppress(OSError):
@@ -483,7 +506,7 @@ def serve(listener: socket.socket) -> int:
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(control, selectors.EVENT_READ, "request")
     sel.register(wake_r, selectors.EVENT_READ, "child")
     sel.register(sys.stdin.fileno(), selectors.EVENT_READ, "kubelet")
     runtimes: dict[int, socket.socket] = {}
@@ -491,17 +514,25 @@ def serve(listener: socket.socket) -> int:
         for key, _ in sel.select():
             if key.data == "kubelet" and not os.read(sys.stdin.fileno(), 4096):
                 return 0  # the kubelet is gone (its runtimes live on until it kills them)
-            if key.data == "accept":
-                with contextlib.suppress(BlockingIOError, InterruptedError):
-                    conn, _ = listener.accept()
-                    pid = os.fork()
-                    if pid == 0:
-                        code = 128
-                        try:
-                            code = _serve_one(conn, listener)
-                        finally:
-                            os._exit(code)
-                    runtimes[pid] = conn
+            if key.data == "request":
+                try:
+                    received = _receive(control)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except (OSError, ValueError) as e:  # a request we cannot read: say so, go on
+                    print(f"kubeemu runtime server: unreadable request: {e}", file=sys.stderr)
+                    continue
+                if received is None:
+                    return 0  # the kubelet closed its end
+                request, conn = received
+                pid = os.fork()
+                if pid == 0:
+                    code = 128
+                    try:
+                        code = _serve_one(conn, control, request)
+                    finally:
+                        os._exit(code)
+                runtimes[pid] = conn
             if key.data == "child":
                 with contextlib.suppress(BlockingIOError):
                     os.read(wake_r, 4096)
@@ -522,9 +553,9 @@ def serve(listener: socket.socket) -> int:
 
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "serve":
-        listener = socket.socket(fileno=int(sys.argv[2]))
-        listener.setblocking(False)
-        return serve(listener)
+        control = socket.socket(fileno=int(sys.argv[2]))
+        control.setblocking(False)
+        return serve(control)
     if len(sys.argv) != 3 or sys.argv[1] not in ("run", "exec"):
         print("usage: runtime.py run|exec SPEC.json | runtime.py serve SOCKET_FD", file=sys.stderr)
         return 2

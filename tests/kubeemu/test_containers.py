@@ -50,11 +50,13 @@ def _state(emu, name: str, ns: str) -> dict:
 def test_pod_is_pid_1_in_its_own_namespaces_with_the_pod_name_as_hostname(
         kube_emulator, core, kube_namespace):
     code = ("import json, os, socket\n"
+            "fds = sorted(int(f) for f in os.listdir('/proc/self/fd'))\n"
             "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
             "print(json.dumps({'pid': os.getpid(), 'pids': pids, 'host': socket.gethostname(),"
-            " 'etc_hostname': open('/etc/hostname').read().strip()}))\n")
+            " 'etc_hostname': open('/etc/hostname').read().strip(), 'fds': fds}))\n")
     core.create_namespaced_pod(kube_namespace, pod("whoami", py(code), restartPolicy="Never"))
     report = _report(kube_emulator, "whoami", kube_namespace)
+    assert report["fds"] == [0, 1, 2, 3]  # stdin, stdout, stderr (and the listing's): nothing of the runtime's
     assert report["pid"] == 1
     assert report["pids"] == [1]  # its /proc shows its own processes only
     assert report["host"] == "whoami" and report["etc_hostname"] == "whoami"
