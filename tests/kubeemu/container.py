@@ -313,15 +313,14 @@ async def start(server: RuntimeServer, spec: dict, spec_path: Path, log_path: Pa
 
 async def exec_process(pid1: int, argv: list[str], env: dict[str, str], uid: int, gid: int,
                        groups: list[int], cwd: str, cgroup: str | None, work: Path,
-                       stdin: bool = False, merge_stderr: bool = False, nice: int | None = None
+                       stdin: bool = False, merge_stderr: bool = False
                        ) -> asyncio.subprocess.Process:
-    """A command inside a running container (its namespaces, root, cgroup and user), at the
-    niceness ``nice`` (the pods', where the caller's thread runs at another)."""
+    """A command inside a running container (its namespaces, root, cgroup and user)."""
     work.mkdir(parents=True, exist_ok=True)
     fd, spec_path = tempfile.mkstemp(prefix="exec-", suffix=".json", dir=work)
     with os.fdopen(fd, "w") as f:
         json.dump({"pid": pid1, "argv": argv, "env": env, "uid": uid, "gid": gid,
-                   "groups": groups, "cwd": cwd, "cgroup": cgroup, "nice": nice,
+                   "groups": groups, "cwd": cwd, "cgroup": cgroup,
                    "state": spec_path + ".state"}, f)
     proc = await asyncio.create_subprocess_exec(
         sys.executable, "-I", "-S", str(RUNTIME), "exec", spec_path,

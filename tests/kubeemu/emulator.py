@@ -8,7 +8,6 @@ import contextlib
 import copy
 import gc
 import logging
-import os
 import shutil
 import socket
 import tempfile
@@ -31,7 +30,6 @@ from .images import DEFAULT_IMAGES, Image
 from .kubelet import Kubelet
 from .rbac import Authorizer
 from .resources import BY_KEY, ResourceType, by_plural
-from .runtime import RUNTIME_NICE
 from .scheduler import Scheduler, set_condition
 from .store import SYSTEM_NAMESPACES, Store, micro_time, rfc3339
 from .taints import TaintEviction
@@ -263,13 +261,10 @@ class KubeEmulator:
 
         def run() -> None:
             # this thread is the control plane (API server, scheduler, controllers, kubelet): it
-            # runs RUNTIME_NICE below this process, as a node's kubelet and runtime have CPU of
-            # their own (kube-reserved, the system slice) and the API server a machine of its own,
-            # so a busy machine does not delay a pod's start by what its other processes compute
-            # (bench/kubeemu_pod_start.py). Linux niceness is per thread: only this one.
-            with contextlib.suppress(OSError):
-                tid = threading.get_native_id()
-                os.setpriority(os.PRIO_PROCESS, tid, max(-20, os.getpriority(os.PRIO_PROCESS, tid) - RUNTIME_NICE))
+            # runs at this process's niceness, no higher. On one machine it shares the CPUs with
+            # the processes it hosts (a hub, its users' servers): a control plane that outweighed
+            # them would stall their event loops when the machine is busy; it is kept fast by
+            # doing little per start instead (bench/kubeemu_pod_start.py).
             loop = asyncio.new_event_loop()
             asyncio.set_event_loop(loop)
             self.loop = loop

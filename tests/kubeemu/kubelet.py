@@ -466,7 +466,7 @@ class PodRuntime:
         return await ctr.exec_process(
             pid1, argv, ctx["env"], ctx["uid"], ctx["gid"], ctx["groups"], ctx["cwd"],
             str(self.cgroup.path) if self.cgroup else None, self.dir / "exec", stdin=stdin,
-            merge_stderr=merge_stderr, nice=self.kubelet.pod_nice)
+            merge_stderr=merge_stderr)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(asyncio.TimeoutError):
@@ -1196,8 +1196,6 @@ class Kubelet:
         self._hosts_refresh: asyncio.TimerHandle | None = None
         self._created: dict[str, float] = {}  # pod uid -> the moment the store added it
         self.timelines: dict[str, Timeline] = {}  # pod uid -> its start (podstart.py), latest 5000
-        # the pods' niceness: this process's (the emulator's thread runs below it, emulator.py)
-        self.pod_nice = os.getpriority(os.PRIO_PROCESS, 0)
         self.runtime_server = ctr.RuntimeServer()
         self.store.subscribe(self._on_event)
 

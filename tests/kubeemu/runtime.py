@@ -223,13 +223,12 @@ def _private_dev(dev: str, gpu_minors: list[int]) -> None:
         os.chmod(path, 0o666)
 
 
-#: the niceness of the container's processes: the server runs at RUNTIME_NICE below it, as a
-#: node's runtime runs with more CPU weight than its pods (its system slice). With the kernel's
-#: autogroups (sched_autogroup_enabled), niceness only ranks the threads of one session, and each
-#: session weighs the same: so the server also lowers its session's autogroup niceness, its
-#: runtimes stay in that session (a process group of their own each), and a container's pid 1
-#: starts a session of its own just before it executes the container's program (runc's init does
-#: so too). The runtimes' share of a busy machine is then the system slice's, not a pod's.
+#: the niceness of the container's processes: the server and its runtimes run at RUNTIME_NICE
+#: below it. With the kernel's autogroups (sched_autogroup_enabled) niceness only ranks the
+#: threads of one session: the runtimes stay in the server's session (a process group of their
+#: own each), whose autogroup keeps the default weight (the emulator takes no CPU weight from the
+#: processes it hosts), and a container's pid 1 starts a session of its own just before it
+#: executes the container's program, as runc's init does.
 POD_NICE: int | None = None
 RUNTIME_NICE = 10
 
@@ -413,8 +412,6 @@ def run(spec: dict, report=None, began: float | None = None) -> int:  # noqa: AN
 
 
 def exec_in(spec: dict) -> int:
-    global POD_NICE
-    POD_NICE = spec.get("nice")
     target = spec["pid"]
     report = _state_reporter(spec.get("state"))
     fds = {}
@@ -499,8 +496,6 @@ def serve(control: socket.socket) -> int:
     POD_NICE = os.getpriority(os.PRIO_PROCESS, 0)
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, max(-20, POD_NICE - RUNTIME_NICE))
-    with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as f:
-        f.write(str(-RUNTIME_NICE))  # the session's (POD_NICE's comment)
     sel = selectors.DefaultSelector()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
