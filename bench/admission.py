@@ -4,6 +4,7 @@ allocations.
     python bench/admission.py [--nodes 1000] [--allocations 20000] [--decisions 2000] [--seed 42] [--placement fgd]
                               [--waiting 50] [--fill-placement binpack|direct] [--no-queue]
                               [--events 20] [--event-waiting 1000] [--queue-memo both|on|off] [--no-passes]
+                              [--preempt-tries 1]
 
 The pool mixes H100-80GB, A100-40GB and oversubscribed L40S-48GB nodes plus some whole-card
 nodes; 24 workspaces with quotas; priority classes high (preempts), default, low (borrows) and
@@ -345,6 +346,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="queue per event lines: events timed (default 20; 0 leaves them out)")
     parser.add_argument("--event-waiting", type=int, default=1000,
                         help="queue per event lines: requests kept waiting (default 1000)")
+    parser.add_argument("--preempt-tries", type=int, default=1,
+                        help="decide each preemption this many times (the state unchanged) and print the "
+                             "least CPU time of each too: a figure a shared machine's load inflates less")
     parser.add_argument("--queue-memo", choices=["both", "on", "off"], default="both",
                         help="queue per event lines: the incremental pass on, off, or both side by side")
     args = parser.parse_args(argv)
@@ -384,6 +388,7 @@ def main(argv: list[str] | None = None) -> None:
     by_kind: dict[str, list[float]] = {}
     cpu_by_kind: dict[str, list[float]] = {}
     kinds: Counter[str] = Counter()
+    preempt_least: list[float] = []
     victims = 0
     live_ids = [a.id for a in sorted(state.allocations.values(), key=lambda a: a.created_at)]
     now = float(tries)
@@ -395,6 +400,13 @@ def main(argv: list[str] | None = None) -> None:
         d = state.decide(request, now=now)
         dt = time.perf_counter() - t
         cpu_times.append(time.process_time() - c)
+        if d.kind == "preempt":
+            least = cpu_times[-1]
+            for _ in range(args.preempt_tries - 1):
+                c = time.process_time()
+                state.decide(request, now=now)
+                least = min(least, time.process_time() - c)
+            preempt_least.append(least)
         cpu_by_kind.setdefault(d.kind, []).append(cpu_times[-1])
         latencies.append(dt)
         by_kind.setdefault(d.kind, []).append(dt)
@@ -429,6 +441,11 @@ def main(argv: list[str] | None = None) -> None:
     cpu_p99 = percentile(cpu_times, 99) * 1000
     print(f"CPU time per decision (excludes waiting for a core on a shared machine): "
           f"p50 {percentile(cpu_times, 50) * 1000:.3f} ms, p99 {cpu_p99:.3f} ms")
+    if args.preempt_tries > 1 and preempt_least:
+        preempt_least.sort()
+        print(f"preemption CPU, the least of {args.preempt_tries} tries each: "
+              f"p50 {percentile(preempt_least, 50) * 1000:.3f} ms, p99 {percentile(preempt_least, 99) * 1000:.3f} ms "
+              f"over {len(preempt_least)} preemptions")
     # issue 25: every decision, preemption included, p99 <= 5 ms of CPU at 1,000 nodes x 8 GPUs
     # and <= 25 ms at 5,000 (between them, the bound of the nearer scale)
     target = 5.0 if args.nodes <= 1000 else 25.0
