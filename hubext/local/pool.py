@@ -204,8 +204,11 @@ class LocalPool(PoolBackend):
         self._set_priorities({k: v for k, v in read_priority_table(node_regions).items() if k in held})
         self._task = asyncio.ensure_future(self._watch())
         if shim and cards and self.relay_interval_seconds > 0:
-            self._relay_task = asyncio.ensure_future(Relay(node_regions).run(
-                lambda: cards, self.relay_interval_seconds, self.log, containers=self._container_regions))
+            self._relay_task = asyncio.ensure_future(
+                Relay(node_regions).run(
+                    lambda: cards, self.relay_interval_seconds, self.log, containers=self._container_regions
+                )
+            )
         if self.backstop and not self.simulated and any(n.gpus for n in self._pool.nodes):
             self._start_backstop()
         self._elastic = {a.id for a in self.ledger.allocations() if a.elastic}
@@ -310,6 +313,8 @@ class LocalPool(PoolBackend):
         """The slice is gone: no process of it may run on (a holder's ``setsid`` child included),
         unless it was swapped out: its kernel lives on and keeps its files for the resume."""
         holder = self.ledger.holders().get(allocation_id) if self.ledger is not None else None
+        if self._burst is not None and allocation_id in self._elastic:  # bill its burst up to now
+            await asyncio.to_thread(self._burst.look, *self._burst_state())
         if self.ledger is not None:
             self.ledger.delete(allocation_id)
         self._elastic.discard(allocation_id)
@@ -386,8 +391,9 @@ class LocalPool(PoolBackend):
             node_region_dir=str(self.regions_dir / "node"),
             activity_file=self.activity_path(allocation.id),
         )
-        self._set_priorities({**read_priority_table(self.regions_dir / "node"), allocation.id: priority_value},
-                             allocation)
+        self._set_priorities(
+            {**read_priority_table(self.regions_dir / "node"), allocation.id: priority_value}, allocation
+        )
         tmp = limits.with_suffix(".tmp")
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -428,9 +434,10 @@ class LocalPool(PoolBackend):
     def slice_activity(self, allocation_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """The shim's activity file of each allocation (``activity_path``: last launch, memory, for
         the busy time), and the burst the hub measured of each elastic one (``burst_gpu_seconds``,
-        NVML's samples: hubext/local/burst.py), which no file of the slice changes."""
+        NVML's samples as of the burst thread's last look: hubext/local/burst.py), which no file
+        of the slice changes."""
         wanted = list(allocation_ids)
-        burst = self._burst.look(*self._burst_state()) if self._burst is not None else {}
+        burst = self._burst.totals(wanted, self._elastic) if self._burst is not None else {}
         found: dict[str, dict[str, Any]] = {a: {"burst_gpu_seconds": burst[a]} for a in wanted if a in burst}
         for allocation_id in wanted:
             try:
@@ -525,24 +532,29 @@ class LocalPool(PoolBackend):
         return {r["id"]: int(r["holder"]) for r in self.ledger.rows() if r["holder"] and r["holder"].isdigit()}
 
     def _start_backstop(self) -> None:
-        self.backstop_policy = Backstop(parent=self)
+        policy = self.backstop_policy = Backstop(parent=self)
         nvml = self._nvml("GPU backstop off")
         if nvml is None:
             return
         gpus = [(g.uuid, g.index) for n in self._pool.nodes for g in n.gpus]
-        checker = LocalBackstop(self.backstop_policy, nvml.processes, lambda a: self.region_dir(a) / "container.region",
-                                lambda a, user, message: self.ledger.add_event_for(a, user, "backstop", message),
-                                self.log)
-        self.log.info("GPU backstop on: %d GPU(s) checked every %.1f s, action '%s'", len(gpus),
-                      self.backstop_policy.interval_seconds, self.backstop_policy.action)
+        region = lambda a: self.region_dir(a) / "container.region"  # noqa: E731
+        record = lambda a, user, message: self.ledger.add_event_for(a, user, "backstop", message)  # noqa: E731
+        checker = LocalBackstop(policy, nvml.processes, region, record, self.log)
+        on = "GPU backstop on: %d GPU(s) checked every %.1f s, action '%s'"
+        self.log.info(on, len(gpus), policy.interval_seconds, policy.action)
 
         async def run() -> None:
             while True:
-                await asyncio.sleep(self.backstop_policy.interval_seconds)
+                await asyncio.sleep(policy.interval_seconds)
                 try:
-                    await checker.check(gpus, self.ledger.allocations(), self._holder_pids(),
-                                        accounts=self.server_accounts(),
-                                        aliases=self._aliases, stopping=set(self._kill_tasks))
+                    await checker.check(
+                        gpus,
+                        self.ledger.allocations(),
+                        self._holder_pids(),
+                        accounts=self.server_accounts(),
+                        aliases=self._aliases,
+                        stopping=set(self._kill_tasks),
+                    )
                 except Exception:
                     self.log.exception("GPU backstop: the check failed")
 

@@ -203,6 +203,8 @@ class UsageMeter(SingletonConfigurable):
             self._count_held(allocation.id, now)
             self._held.pop(allocation.id, None)
             totals = self.totals.pop(allocation.id, None)
+            if totals is not None:  # the burst since the last sample, up to the release (the pool's last look)
+                totals.add({"burst_gpu_seconds": self._final_burst(allocation.id)}, now)
             if totals is not None and (totals.samples or totals.burst_gpu_seconds):
                 self._submit(totals.event(allocation.id))
             self._submit(
@@ -214,6 +216,18 @@ class UsageMeter(SingletonConfigurable):
                     "why": why,
                 }
             )
+
+    def _final_burst(self, allocation_id: str) -> float | None:
+        """The pool's burst total of a slice it just released (None: not an elastic slice the pool
+        measured, or it cannot say). Read from what the pool holds, no driver call."""
+        backend = self.allocator.backend if self.allocator is not None else None
+        if backend is None:
+            return None
+        try:
+            return backend.slice_activity([allocation_id]).get(allocation_id, {}).get("burst_gpu_seconds")
+        except Exception as e:  # the release is recorded whatever the pool says
+            self.log.warning("GPU usage: no final burst of %s (%s)", allocation_id, e)
+            return None
 
     def resumed(self, allocation_id: str, previous_id: str) -> None:
         """Say that ``allocation_id`` resumes a kernel swapped out of ``previous_id`` (released with

@@ -57,8 +57,9 @@ async def hub(build, make_node, tmp_path, monkeypatch):
     async def start(allocation, *steps: str) -> tuple[subprocess.Popen, dict[str, str]]:
         env = node.env(allocator.backend.holder_env(allocation, priority_value=0))
         env["LD_PRELOAD"] = build.preload()
-        proc = subprocess.Popen([str(build.probe), *steps], env=env, stdout=subprocess.PIPE, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [str(build.probe), *steps], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
         procs.append(proc)
         await allocator.backend.bind(allocation.id, str(proc.pid))  # the holder, as the broker binds it
         assert "ready" in await asyncio.to_thread(_line, proc, "ready")
@@ -78,8 +79,9 @@ async def hub(build, make_node, tmp_path, monkeypatch):
 
 
 def elastic(user: str, rid: str, **limits: int) -> GPURequest:
-    return GPURequest(owner=Owner(user=user, workspace="vision"), memory_mib=1024, cores_percent=25, request_id=rid,
-                      **limits)
+    return GPURequest(
+        owner=Owner(user=user, workspace="vision"), memory_mib=1024, cores_percent=25, request_id=rid, **limits
+    )
 
 
 async def test_a_slice_that_rewinds_its_activity_files_burst_counters_is_billed_the_burst_nvml_saw(hub):
@@ -87,8 +89,9 @@ async def test_a_slice_that_rewinds_its_activity_files_burst_counters_is_billed_
     a = await allocator.allocate(elastic("mallory", "b", memory_limit_mib=2048, cores_limit_percent=100))
     measure = 4.0
     slice_, env = await start(a, "init", "ctx", "alloc:512M", "ready", f"util:0.5:{measure}:2000:kernel", "wait")
-    rewinder = subprocess.Popen([sys.executable, "-c", REWIND], env=env, stdout=subprocess.PIPE, text=True,
-                                start_new_session=True)
+    rewinder = subprocess.Popen(
+        [sys.executable, "-c", REWIND], env=env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     procs.append(rewinder)
     assert "rewinding" in await asyncio.to_thread(rewinder.stdout.readline)
     await meter.sample()  # the slice's first sample, before it launches anything
@@ -143,3 +146,25 @@ def _line(proc: subprocess.Popen, word: str) -> str:
         if line.startswith(word):
             return line
     return ""
+
+
+async def test_a_burst_released_before_the_meters_next_sample_is_billed(hub):
+    """A slice holds memory above its request and is released before the meter samples again (a
+    short cell, then the kernel stops): the burst the pool measured up to the release is billed,
+    not lost with the slice. Request 1 GiB, 3 GiB held: half of the 4 GiB card is burst."""
+    allocator, meter, start, _ = hub
+    a = await allocator.allocate(elastic("carol", "r", memory_limit_mib=4096))
+    began = time.time()
+    await start(a, "init", "ctx", "alloc:3072M", "ready", "wait")
+    await meter.sample()  # the meter's last sample: before the burst was measured
+    measured = 0.0
+    for _ in range(200):  # until the pool measured a quarter card-second of burst
+        measured = allocator.backend.slice_activity([a.id]).get(a.id, {}).get("burst_gpu_seconds", 0.0)
+        if measured >= 0.25:
+            break
+        await asyncio.sleep(0.05)
+    await allocator.release(a.id, "kernel stopped")
+    ended = time.time()
+    assert meter.recorder.flush()
+    (record,) = meter.store.records()
+    assert measured <= record.burst_gpu_seconds <= (ended - began) / 2 * 1.05, (record.burst_gpu_seconds, measured)
