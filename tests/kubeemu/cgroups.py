@@ -1,6 +1,6 @@
 """Memory cgroups for the emulated containers (cgroup v1 or v2), as the kubelet sets them.
 
-Each container gets ``<our own memory cgroup>/kubeemu-<pid>-<emulator>/<id>`` with
+Each container with a memory limit gets ``<our own memory cgroup>/kubeemu-<pid>-<emulator>/<id>`` with
 ``resources.limits.memory`` as its hard limit (swap included); when the kernel's OOM killer
 acts in it, the container's exit is reported ``OOMKilled``.
 """

@@ -624,7 +624,8 @@ class PodRuntime:
         limit = run.pop("memory_limit", None)
         self.cgroup = None
         base = self.kubelet.cgroup_base
-        if base is not None:
+        if base is not None and limit:  # without a limit, nothing to enforce nor to report:
+            # no cgroup to make, join (cgroup v1 waits for an RCU grace period) and remove
             self.cgroup = MemoryCgroup(base / f"{self.uid[:8]}-{self.attempt}", limit)
         elif limit:
             log.warning("pod %s/%s: no memory cgroup available; its limit is not enforced",

@@ -123,7 +123,8 @@ class Timeline:
         the runtime server until the container's runtime is forked (``server``), that runtime
         until it has its namespaces (``namespaces``), until it has forked pid 1 and mounted the
         container's root (``rootfs``), pid 1 until it calls exec (``pid1``: its cgroup where that
-        ends after the root, its root and user), its exec until the runtime sees it done
+        ends after the root, its root and user; a container without a memory cgroup gets its root
+        first, and pid 1's fork counts here), its exec until the runtime sees it done
         (``exec``); and ``cgroup_late``: how long pid 1 still joined its cgroup after the root
         was mounted (part of ``pid1``). None where the runtime did not say (:meth:`started`'s
         ``marks``)."""

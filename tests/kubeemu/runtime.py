@@ -135,8 +135,7 @@ def _mkpoint(root: str, path: str, is_file: bool) -> str:
     real = resolve_in(root, path, create_dirs=True)
     if not os.path.lexists(real):
         if is_file:
-            with open(real, "a"):
-                pass
+            os.close(os.open(real, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
         else:
             os.mkdir(real, 0o755)
     return real
@@ -204,14 +203,16 @@ NVIDIA_MAJOR, CONTROL_MINOR = 195, 255  # devices.py
 
 def _private_dev(dev: str, gpu_minors: list[int]) -> None:
     """A /dev of the container's own (a root-owned tmpfs), as runc makes one: the usual devices
-    bound from the host, and the NVIDIA runtime's device nodes of the cards the container was
-    given (``devices.py``): ``nvidiactl`` and ``nvidia<minor>`` (character devices 195:n)."""
+    made anew (mknod, as runc does outside a user namespace: one call each, where a bind mount of
+    the host's node took a file, a mount, and an unmount when the container ends) with the host's
+    numbers and modes, and the NVIDIA runtime's device nodes of the cards the container was given
+    (``devices.py``): ``nvidiactl`` and ``nvidia<minor>`` (character devices 195:n)."""
     mount("kubeemu-dev", dev, "tmpfs", MS_NOSUID, "mode=755")
     for name in DEV_FILES:
+        host = os.stat(os.path.join("/dev", name))
         target = os.path.join(dev, name)
-        with open(target, "a"):
-            pass
-        mount(os.path.join("/dev", name), target, None, MS_BIND)
+        os.mknod(target, host.st_mode, host.st_rdev)
+        os.chmod(target, host.st_mode & 0o7777)  # the umask took its share
     for name in ("pts", "shm", "mqueue"):
         os.mkdir(os.path.join(dev, name), 0o755)
     mount("/dev/pts", os.path.join(dev, "pts"), None, MS_BIND | MS_REC)
@@ -245,7 +246,8 @@ def _child(spec: dict, root: str | None, errw: int, mount_proc: bool, root_ready
            marks_w: int | None = None) -> None:
     """In the forked child: finish the container's view, become its user, exec. With
     ``root_ready``, first wait until the runtime has mounted ``root`` (a byte on that pipe); with
-    ``marks_w``, write there the moments it joined its cgroup and was about to exec (two doubles)."""
+    ``marks_w``, write there the moments it joined its cgroup (0 without one) and was about to
+    exec (two doubles)."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
     argv = spec["argv"]
@@ -254,7 +256,7 @@ def _child(spec: dict, root: str | None, errw: int, mount_proc: bool, root_ready
         # can go) once the container's pid 1 has been reaped, while the runtime still exits.
         # Joining takes the kernel a while (cgroup v1): the runtime mounts the root meanwhile.
         _join_cgroup(spec.get("cgroup"))
-        joined = _clock()
+        joined = _clock() if spec.get("cgroup") else 0.0
         if root_ready is not None and os.read(root_ready, 1) != b"1":
             os._exit(128)  # the runtime could not mount the root: it reports why
         if root is not None:
@@ -337,7 +339,9 @@ def _supervise(report, pid: int, errr: int, marks: dict | None = None,  # noqa: 
         os.close(marks_r)
         if not error and marks is not None:
             if len(raw) == 16:
-                marks["cgroup"], marks["exec"] = struct.unpack("dd", raw)
+                joined, marks["exec"] = struct.unpack("dd", raw)
+                if joined:  # (a container without a cgroup joins none)
+                    marks["cgroup"] = joined
             state["marks"] = marks
             state["sched"] = {"runtime": schedstat(), "pid1": schedstat(pid)}
     report(state)
@@ -381,33 +385,44 @@ def run(spec: dict, report=None, began: float | None = None) -> int:  # noqa: AN
     unshare(CLONE_NEWNS | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWPID)
     sethostname(spec["hostname"])
     marks["namespaces"] = _clock()
-    # pid 1 is forked first (it shares this mount namespace): it joins the cgroup while this
-    # process mounts its root, then goes on
     errr, errw = os.pipe()
-    ready_r, ready_w = os.pipe()
     marks_r, marks_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(errr)
+    if not spec.get("cgroup"):  # the root first, then pid 1 goes straight on to its program
+        _setup_rootfs(spec)
+        marks["rootfs"] = _clock()
+        pid = os.fork()
+        if pid == 0:
+            os.close(errr)
+            os.close(marks_r)
+            _child(spec, spec["rootfs"], errw, mount_proc=True, marks_w=marks_w)
+        marks["pid1"] = _clock()
+    else:  # pid 1 is forked first (it shares this mount namespace): it joins the cgroup while
+        # this process mounts its root, then goes on
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(errr)
+            os.close(ready_w)
+            os.close(marks_r)
+            _child(spec, spec["rootfs"], errw, mount_proc=True, root_ready=ready_r, marks_w=marks_w)
+        os.close(ready_r)
+        child_pid = pid
+        marks["pid1"] = _clock()
+        try:
+            _setup_rootfs(spec)
+        except BaseException:
+            os.close(ready_w)  # pid 1 exits without running anything
+            os.close(marks_r)
+            os.close(errw)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+            raise
+        marks["rootfs"] = _clock()
+        os.write(ready_w, b"1")
         os.close(ready_w)
-        os.close(marks_r)
-        _child(spec, spec["rootfs"], errw, mount_proc=True, root_ready=ready_r, marks_w=marks_w)
     os.close(errw)
-    os.close(ready_r)
     os.close(marks_w)
     child_pid = pid
-    marks["pid1"] = _clock()
-    try:
-        _setup_rootfs(spec)
-    except BaseException:
-        os.close(ready_w)  # pid 1 exits without running anything
-        os.close(marks_r)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)
-        raise
-    marks["rootfs"] = _clock()
-    os.write(ready_w, b"1")
-    os.close(ready_w)
     return _supervise(report, pid, errr, marks, marks_r)
 
 

@@ -40,6 +40,11 @@ for i in range(n.value):
     out["uuids"].append(u.raw.hex())
 ctx = ctypes.c_void_p()
 out["ctx_past_them"] = cu.cuCtxCreate_v2(ctypes.byref(ctx), 0, n.value)
+# the usual devices, as its user uses them; runc makes them in the container's /dev (no mounts)
+with open("/dev/null", "w") as f, open("/dev/zero", "rb") as z, open("/dev/urandom", "rb") as u:
+    out["dev"] = [f.write("x"), len(z.read(4)), len(u.read(4))]
+out["dev_mounts"] = [line.split()[4] for line in open("/proc/self/mountinfo")
+                     if line.split()[4] in ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/tty")]
 print(json.dumps(out))
 """
 
@@ -85,6 +90,9 @@ def test_a_pod_uses_only_the_card_its_container_was_given(emu):
     assert out["ctx_past_them"] != 0, out  # CUDA_ERROR_INVALID_VALUE: there is no device 1
     # its own environment and /dev give it nothing more
     assert out["mknod0"] != "made" and out["mknod1"] != "made", out
+    # /dev's usual devices work for its user, and are nodes of the container's /dev as runc makes
+    # them, not mounts of the node's (one call each at the start, nothing to unmount at the end)
+    assert out["dev"] == [1, 4, 4] and out["dev_mounts"] == [], out
 
 
 def test_a_pod_never_given_a_card_cannot_use_one(emu):
