@@ -3,6 +3,7 @@ that takes further victims on a node when only its CPU or host memory is short."
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import TYPE_CHECKING
 
 from .model import Allocation
@@ -22,7 +23,7 @@ def _fewest(charges: list[int], need: int) -> int:
     return NEVER
 
 if TYPE_CHECKING:
-    from .preemption import Trial
+    from .preemption import Trial, VictimKey
 
 
 class NodeVictims:
@@ -85,12 +86,18 @@ class NodeVictims:
             self._quota_cands = []  # it may evict only borrowed ones, which no quota counts
         if self._quota_cands is None:
             widest = max((lv for lv, _, _ in self.deficits), key=lambda lv: -len(lv.key))
-            order = self.st._ws_order.get(widest.key[0], [])
-            self._quota_cands = [
-                a for a in self._eligible(order, owned=True)
-                if len(widest.key) == 1 or self._belongs(a, widest.key)
-            ]
+            allocs = self.st._allocs
+            self._quota_cands = [allocs[k[3]] for k in self._owned_eligible(widest.key)]
         return self._quota_cands
+
+    def _owned_eligible(self, level: tuple[str, ...]) -> list[VictimKey]:
+        """Victim keys of the allocations that count against quota level ``level`` (not
+        borrowed) and have a lower priority value than the class (which must preempt), in
+        preference order: one slice of the level's order."""
+        if not self.pc.preempt:
+            return []
+        order = self.st._level_order.get(level, [])
+        return order[bisect_left(order, (1,)):bisect_left(order, (1, self.pc.value))]
 
     def _quota_fixable(self) -> bool:
         """Could evicting every eligible allocation of the levels in deficit fix them? (Only

@@ -27,8 +27,7 @@ Search:
 
 from __future__ import annotations
 
-from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 from typing import TYPE_CHECKING
@@ -43,8 +42,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from .state import AdmissionState
 
 VictimKey = tuple[int, int, float, str]
-#: the first key of an allocation that is not borrowed (it counts against its quotas)
-OWNED = (1,)
 
 
 def victim_key(allocation: Allocation, value: int) -> VictimKey:
@@ -139,12 +136,11 @@ class VictimSearch(NodeVictims, Reprieve):
 
     # ---- helpers --------------------------------------------------------------------------
 
-    def _eligible(self, order: Sequence[VictimKey], owned: bool = False) -> Iterator[Allocation]:
-        """Allocations of ``order`` the class may evict, in preference order; ``owned``: only
-        those that count against a quota (the borrowed ones, first in the order, skipped)."""
+    def _eligible(self, order: Sequence[VictimKey]) -> Iterator[Allocation]:
+        """Allocations of ``order`` the class may evict, in preference order."""
         allocs = self.st._allocs
         preempt, value = self.pc.preempt, self.pc.value
-        for key in islice(order, bisect_left(order, OWNED) if owned else 0, None):
+        for key in order:
             if key[0] == 1 and (not preempt or key[1] >= value):
                 return
             yield allocs[key[3]]
@@ -293,34 +289,32 @@ class VictimSearch(NodeVictims, Reprieve):
         return self._single() or self._several()
 
     def _single(self) -> Solution | None:
+        candidates: Iterable[Allocation]
         if self.deficits:
             narrowest = min((lv for lv, _, _ in self.deficits), key=lambda lv: -len(lv.key))
-            order = self.st._ws_order.get(narrowest.key[0], [])
-        else:
-            narrowest = None
-            group = self.ask.group
-            order = self.st._group_order.get(group, []) if group else self.st._order
-        if narrowest is not None:
             # the one victim must count against the narrowest level and give back each level's
             # whole deficit: none there charges that much (or the class evicts none of them)
             most = self.st.own_most_below(narrowest.key, self.pc.value) if self.pc.preempt else [0, 0, 0]
             if any(most[r] < need for _, r, need in self.deficits):
                 return None
-        charges = self.st._charges
-        budget = None if narrowest is not None or self.base is not None else self.scan_budget
+            # those that do, in preference order (few: a deficit is mostly more than one charges)
+            charges, keys = self.st._charges, self._owned_eligible(narrowest.key)
+            for _, r, need in self.deficits:
+                keys = [k for k in keys if charges[k[3]][r] >= need]
+            candidates = [self.st._allocs[k[3]] for k in keys]
+            budget = None
+        else:
+            group = self.ask.group
+            candidates = self._eligible(
+                self.st._group_order.get(group, []) if group else self.st._order)
+            budget = None if self.base is not None else self.scan_budget
         last = None
-        for a in self._eligible(order, owned=narrowest is not None):  # (borrowed: no quota help)
+        for a in candidates:
             if budget is not None:
                 if budget == 0:
                     return self._single_indexed(last)
                 budget -= 1
                 last = self.st._key[a.id]
-            if narrowest is not None:
-                if a.borrowed or not self._belongs(a, narrowest.key):
-                    continue
-                charge = charges[a.id]
-                if any(charge[r] < need for _, r, need in self.deficits):
-                    continue
             if self.base is not None:
                 cards = self._feasible(None, self._trial([a]))
                 if cards is not None:
@@ -414,11 +408,9 @@ class VictimSearch(NodeVictims, Reprieve):
                 return None
             return Solution(quota, self.base[0], self._reprieve(None, t))
         a = self.ask
-        nodes = self.ix.evictable_nodes(self.p, a.m, a.c, a.k, a.whole, a.group)
-        if not nodes:
-            return None
-        nodes.sort(key=lambda ni: self.ix.node_rank(ni, a.group, a.whole))
-        nodes = nodes[: max(1, self.st.config.policy.max_preemption_nodes)]
+        # in placement order, found as the loop reaches them
+        nodes = islice(self.ix.evictable_nodes(self.p, a.m, a.c, a.k, a.whole, a.group),
+                       max(1, self.st.config.policy.max_preemption_nodes))
         keys = self.st._key
         widest = (
             max((lv for lv, _, _ in self.deficits), key=lambda lv: -len(lv.key))

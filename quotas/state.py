@@ -74,7 +74,8 @@ class AdmissionState(RequestChecks, UsageReport):
         #: per owner (workspace, namespace, user): allocations by kind (for wait sentences)
         self._kinds: dict[tuple[str, str, str], Counter[str]] = {}
         self._order: list[VictimKey] = []
-        self._ws_order: dict[str, list[VictimKey]] = {}
+        #: victim order per quota level key (workspace, namespace and user) of the allocation's owner
+        self._level_order: dict[tuple[str, ...], list[VictimKey]] = {}
         #: victim order per GPU model (lower case) of the cards an allocation holds
         self._group_order: dict[str, list[VictimKey]] = {}
 
@@ -125,7 +126,8 @@ class AdmissionState(RequestChecks, UsageReport):
         self._eligible[allocation.id] = eligible
         self._key[allocation.id] = key
         insort(self._order, key)
-        insort(self._ws_order.setdefault(allocation.owner.workspace, []), key)
+        for level in level_keys(allocation.owner):
+            insort(self._level_order.setdefault(level, []), key)
         for group in self._groups(allocation):
             insort(self._group_order.setdefault(group, []), key)
         self._ledger.apply(allocation.id, allocation.owner, charge, allocation.borrowed, 1)
@@ -152,7 +154,7 @@ class AdmissionState(RequestChecks, UsageReport):
         if allocation is None:
             return None
         key = self._key.pop(allocation_id)
-        orders = [self._order, self._ws_order[allocation.owner.workspace]]
+        orders = [self._order, *(self._level_order[level] for level in level_keys(allocation.owner))]
         orders.extend(self._group_order[g] for g in self._groups(allocation))
         for order in orders:
             del order[bisect_left(order, key)]

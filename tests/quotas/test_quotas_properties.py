@@ -321,7 +321,7 @@ def index_snapshot(state: AdmissionState) -> dict:
     snap = {name: getattr(ix, name) for name in names}
     snap["node_allocs"] = [sorted(d) for d in ix.node_allocs]
     snap["victim_order"] = state._order
-    snap["ws_order"] = {k: v for k, v in state._ws_order.items() if v}
+    snap["level_order"] = {k: v for k, v in state._level_order.items() if v}
     snap["group_order"] = {k: v for k, v in state._group_order.items() if v}
     return snap
 

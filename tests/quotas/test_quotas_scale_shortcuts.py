@@ -121,3 +121,43 @@ def test_whether_evictions_could_fix_a_quota_is_what_walking_the_candidates_says
         if st.allocations and rng.random() < 0.3:
             st.remove(rng.choice(sorted(st.allocations)))
     assert answers.count(True) > 10 and answers.count(False) > 10  # both answers occur
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_levels_own_victims_are_those_a_walk_of_every_allocation_finds(seed, monkeypatch):
+    # the single victim for a short quota and the quota's candidates are read from a slice of
+    # the level's own victim order (kept per workspace, namespace and user); the definition:
+    # every allocation that counts against the level, of a lower priority value, by victim key
+    rng = random.Random(seed)
+    workspaces = {f"ws{w}": {"limits": {"memory_mib": rng.choice([60, 120, 400]) * 1024},
+                             "namespaces": {f"ns{n}": {"limits": {"memory_mib": rng.choice([40, 80, 200]) * 1024},
+                                                       "user_limits": {"gpus": rng.choice([2, 4, 8])}}
+                                            for n in range(2)}}
+                  for w in range(3)}
+    st = AdmissionState(load_config({"priority_classes": CLASSES, "workspaces": workspaces}), random_pool(rng, 12))
+    sliced = VictimSearch._owned_eligible
+    found: list[int] = []
+
+    def checked(self, level):
+        got = sliced(self, level)
+        plain = sorted(
+            st._key[a.id] for a in st.allocations.values()
+            if not a.borrowed and VictimSearch._belongs(a, level)
+            and self.pc.preempt and st._key[a.id][1] < self.pc.value
+        )
+        assert got == plain, level
+        found.append(len(got))
+        return got
+
+    monkeypatch.setattr(VictimSearch, "_owned_eligible", checked)
+    kinds = set()
+    for i in range(400):
+        r = random_request(rng, i, classes=("high", "default", "low", "lowest", "high"))
+        owner = Owner(f"u{rng.randrange(4)}", f"ns{rng.randrange(2)}", f"ws{rng.randrange(3)}")
+        d = st.decide(dataclasses.replace(r, owner=owner), now=float(i))
+        kinds.add(d.kind)
+        if d.granted:
+            st.apply(d)
+        if st.allocations and rng.random() < 0.3:
+            st.remove(rng.choice(sorted(st.allocations)))
+    assert sum(1 for n in found if n) > 20 and "preempt" in kinds  # levels with victims were asked
