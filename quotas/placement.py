@@ -545,6 +545,8 @@ class CardIndex(FGDScoring, EvictableIndex):
     def _find_whole_within(
         self, k: int, group: str, max_memory: int, cpu: int, hmem: int
     ) -> tuple[int, list[int]] | None:
+        if self.min_whole_memory(group, k, cpu, hmem) > max_memory:
+            return None  # no node's k smallest cards are that small (fit_node takes those first)
         for ni in self._candidates(0, 0, k, True, group, cpu, hmem, self.binpack_nodes):
             cards = self.fit_node(ni, 0, 0, k, True, group, None, cpu, hmem)
             if cards and sum(self.gpus[gi].memory_mib for gi in cards) <= max_memory:

@@ -380,3 +380,30 @@ def test_preemption_skipping_nodes_by_a_bound_chooses_what_weighing_every_node_c
             preempted += every.kind == "preempt" and len(every.victims) > 1
     assert compared == 400 and preempted > 5
     assert sum(1 for b in bounds if b > 1) >= 10  # the bound says something
+
+
+def plain_find_whole_within(ix: CardIndex, k, group, max_memory, cpu, hmem):
+    """The first node in placement order whose k cards a whole request takes add up to at most
+    ``max_memory`` of GPU memory (the quota's headroom)."""
+    for ni in candidates(ix, 0, 0, k, True, group, cpu, hmem, ix.binpack_nodes):
+        cards = plain_fit(ix, ni, 0, 0, k, True, group, cpu, hmem)
+        if cards and sum(ix.gpus[gi].memory_mib for gi in cards) <= max_memory:
+            return ni, cards
+    return None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_whole_cards_within_a_quotas_headroom_are_those_a_walk_finds(seed):
+    # the walk is skipped when no node's smallest cards are small enough; it must find the same
+    found = compared = 0
+    for st, rng in churned_states(seed, {"node": "binpack", "gpu": "binpack"}, 16, 160):
+        ix = st.index
+        for _ in range(3):
+            k, group = rng.choice([1, 1, 2, 3, 8]), rng.choice([ANY, ANY, *ix.model_names])
+            headroom = rng.choice([0, 8, 16, 24, 40, 48, 80, 96, 160, 400]) * GIB
+            cpu, hmem = rng.choice([0, 16_000, 130_000]), rng.choice([0, 64 * GIB])
+            got = ix.find_whole_within(k, group, headroom, cpu, hmem)
+            assert got == plain_find_whole_within(ix, k, group, headroom, cpu, hmem), (k, group, headroom)
+            compared += 1
+            found += got is not None
+    assert compared == 480 and found > 30
