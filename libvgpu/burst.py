@@ -27,6 +27,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from quotas import Allocation
 
 MIB = 1 << 20
 
@@ -101,8 +105,9 @@ class BurstCounter:
                 self.totals[allocation_id] += burst
         card.at = now
 
-    def _compute(self, card: _Card, samples: list[Sample], owner: Mapping[int, str],
-                 requests: Mapping[str, Request]) -> dict[str, float]:
+    def _compute(
+        self, card: _Card, samples: list[Sample], owner: Mapping[int, str], requests: Mapping[str, Request]
+    ) -> dict[str, float]:
         """Card-seconds above each slice's compute request in ``samples`` (and move the card on)."""
         if not samples:
             return {}
@@ -135,6 +140,26 @@ class BurstCounter:
             del self.totals[allocation_id]
 
 
+def elastic_slices(allocations: Iterable[Allocation]) -> list[Allocation]:
+    """Those of ``allocations`` that can burst (elastic, not whole cards): the ones metered."""
+    return [a for a in allocations if a.elastic and not a.whole]
+
+
+def requests_on(uuid: str, allocations: Iterable[Allocation], card_mib: int) -> dict[str, Request]:
+    """Allocation id -> its :class:`Request` on card ``uuid`` (``card_mib`` of memory), for the
+    elastic slices of ``allocations`` on that card."""
+    return {
+        a.id: Request(a.memory_mib, a.cores_percent, card_mib)
+        for a in elastic_slices(allocations)
+        if uuid in a.gpu_uuids
+    }
+
+
+def pids_seen(looks: Iterable[tuple[Iterable[Sample], Mapping[int, int]]]) -> set[int]:
+    """The processes named in looks' (samples, memory): those whose slice the caller must find."""
+    return {pid for samples, memory in looks for pid in (*(s.pid for s in samples), *memory)}
+
+
 @dataclass
 class Owners:
     """Which slice each process belongs to, remembered a while after the process exits: a
@@ -143,8 +168,9 @@ class Owners:
     keep_seconds: float = 10.0
     _seen: dict[int, tuple[str, float]] = field(default_factory=dict)  # pid -> (its slice, when last linked)
 
-    def resolve(self, linked: Mapping[int, str], pids: Iterable[int], alive: Callable[[int], bool],
-                now: float) -> dict[int, str]:
+    def resolve(
+        self, linked: Mapping[int, str], pids: Iterable[int], alive: Callable[[int], bool], now: float
+    ) -> dict[int, str]:
         """``linked`` (pid -> slice, from the kernel now) and, for those of ``pids`` not in it that
         exited (not ``alive``), the slice they were last linked to."""
         out = dict(linked)

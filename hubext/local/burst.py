@@ -22,7 +22,8 @@ from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from libvgpu.burst import BurstCounter, Owners, Request
+from libvgpu.agent.nvml import BurstLooks
+from libvgpu.burst import BurstCounter, Owners, elastic_slices, pids_seen, requests_on
 from quotas import Allocation
 
 from .backstop import link_pids
@@ -43,7 +44,7 @@ class LocalBurst:
         self.counter = BurstCounter()
         self._lock = threading.Lock()
         self.owners = Owners()
-        self._unsupported: set[str] = set()
+        self.looks = BurstLooks(nvml, log)
         self._held: set[str] = set()  # the elastic slices of the last look
         self._released: dict[str, tuple[float, float]] = {}  # id -> (its final total, when released)
 
@@ -52,15 +53,19 @@ class LocalBurst:
     ) -> dict[str, float]:
         """One look at every card holding an elastic slice; returns the running totals
         (allocation id -> burst card-seconds) of the elastic slices held now."""
-        elastic = [a for a in allocations if a.elastic and not a.whole]
+        elastic = elastic_slices(allocations)
         with self._lock:
             now = time.time()
             self._keep_released({a.id for a in elastic}, now)
             self.counter.forget(a.id for a in elastic)
             if not elastic:
                 return {}
-            for uuid in sorted({u for a in elastic for u in a.gpu_uuids} & set(self.cards) - self._unsupported):
-                self._look_at(uuid, [a for a in elastic if uuid in a.gpu_uuids], holders, aliases, now)
+            cards = sorted({u for a in elastic for u in a.gpu_uuids} & set(self.cards))
+            looks = {u: seen for u in cards if (seen := self.looks.look(u, self.counter.since_us(u, now)))}
+            pids = pids_seen(looks.values())
+            owner = self.owners.resolve(link_pids(pids, dict(holders), aliases)[0], pids, _alive, now)
+            for uuid, (samples, memory) in looks.items():
+                self.counter.observe(uuid, samples, memory, owner, requests_on(uuid, elastic, self.cards[uuid]), now)
             return {a.id: self.counter.totals.get(a.id, 0.0) for a in elastic}
 
     def totals(self, allocation_ids: Iterable[str], held: Container[str] = ()) -> dict[str, float]:
@@ -86,30 +91,9 @@ class LocalBurst:
                 del self._released[allocation_id]
         self._held = elastic
 
-    def _look_at(
-        self, uuid: str, elastic: list[Allocation], holders: Mapping[str, int], aliases: Mapping[str, str], now: float
-    ) -> None:
-        nv = self.nvml.nv
-        try:
-            samples = self.nvml.process_utilization(uuid, self.counter.since_us(uuid, now))
-            memory = {p.pid: p.used_bytes for p in self.nvml.processes(uuid)}
-        except nv.NVMLError as e:
-            if isinstance(e, nv.NVMLError_NotSupported):
-                self._unsupported.add(uuid)
-                self.log.warning("GPU %s keeps no per-process samples (%s): its slices' burst is not metered", uuid, e)
-            else:
-                self.log.debug("GPU %s: no burst sample (%s)", uuid, e)
-            return
-        owner = self._owners({s.pid for s in samples} | set(memory), holders, aliases, now)
-        requests = {a.id: Request(a.memory_mib, a.cores_percent, self.cards[uuid]) for a in elastic}
-        self.counter.observe(uuid, samples, memory, owner, requests, now)
 
-    def _owners(
-        self, pids: set[int], holders: Mapping[str, int], aliases: Mapping[str, str], now: float
-    ) -> dict[int, str]:
-        """pid -> its slice, from the kernel (and, for a process that exited since, its last one)."""
-        linked, _ = link_pids(pids, dict(holders), aliases)
-        return self.owners.resolve(linked, pids, lambda pid: Path(f"/proc/{pid}").exists(), now)
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
 
 
 def start_burst(

@@ -29,7 +29,7 @@ from traitlets.config import Application, Config
 from libvgpu import ShimNotBuilt, health
 from libvgpu import contract as L
 from libvgpu.backstop import EVENT_REASONS, REASONS, Backstop, Finding, Proc, Slice, evaluate
-from libvgpu.burst import BurstCounter, Owners, Request, Sample
+from libvgpu.burst import BurstCounter, Owners, Sample, elastic_slices, pids_seen, requests_on
 from libvgpu.checkpoint import CudaCheckpoint
 from libvgpu.elastic import reclaims_in
 from libvgpu.regions import NodeGPU, read_node_regions, write_priority_table
@@ -41,7 +41,7 @@ from .cards import CardAccess
 from .install import install_shim
 from .kube import Kube, KubeError, ObjectRef, dump_gpus
 from .metrics import AgentMetrics, Snapshot
-from .nvml import NVML, GPUInfo, GPUProcess, NVMLUnavailable, XidWatcher
+from .nvml import NVML, BurstLooks, GPUInfo, GPUProcess, NVMLUnavailable, XidWatcher
 from .pods import PodInfo, pod_info, process_cgroup, process_name
 from .reclaims import ReclaimPublisher
 from .relay import Relay
@@ -304,7 +304,10 @@ class NodeAgent(Application):
         self.gpus: list[GPUInfo] = self.nvml.discover()
         driver = self.nvml.driver_version()
         self.log.info(
-            "Node %s: %d GPU(s)%s: %s", self.node_name, len(self.gpus), f" (driver {driver})" if driver else "",
+            "Node %s: %d GPU(s)%s: %s",
+            self.node_name,
+            len(self.gpus),
+            f" (driver {driver})" if driver else "",
             ", ".join(f"{g.index}={g.model} {g.uuid}{' MIG' if g.mig_enabled else ''}" for g in self.gpus) or "none",
         )
         self.metrics = AgentMetrics(self.node_name, self.backend, driver)
@@ -320,12 +323,16 @@ class NodeAgent(Application):
                     "writable (the chart's host-lib hostPath)"
                 ) from e
             self.log.info(
-                "libvgpu in %s (%s); ld.so.preload -> %s/libvgpu.so", done.lib_dir,
-                "updated " + ", ".join(done.changed) if done.changed else "already current", self.container_lib_dir,
+                "libvgpu in %s (%s); ld.so.preload -> %s/libvgpu.so",
+                done.lib_dir,
+                "updated " + ", ".join(done.changed) if done.changed else "already current",
+                self.container_lib_dir,
             )
             for problem in done.region_problems:
-                self.log.warning("Node region not made (GPU pods on that card hold no priority, see no "
-                                 "bursts of others): %s", problem)
+                self.log.warning(
+                    "Node region not made (GPU pods on that card hold no priority, see no bursts of others): %s",
+                    problem,
+                )
         self.kube = Kube(self.node_name, self.k8s_api_request_timeout)
         try:
             await self.kube.connect()
@@ -349,11 +356,13 @@ class NodeAgent(Application):
         self._regions: dict[str, NodeGPU] = {}
         self._relay: Relay | None = None  # the node regions' writer (native backend, relay on)
         self.activity = ActivityPublisher(
-            self._annotate_activity, self.log,
-            interval_seconds=self.activity_interval_seconds, memory_step_mib=self.activity_memory_step_mib,
+            self._annotate_activity,
+            self.log,
+            interval_seconds=self.activity_interval_seconds,
+            memory_step_mib=self.activity_memory_step_mib,
         )
         self.reclaims = ReclaimPublisher(self._annotate_reclaim, self.log)
-        self.burst, self._burst_owners = BurstCounter(), Owners()
+        self._start_burst()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -448,16 +457,26 @@ class NodeAgent(Application):
             self._fatal[uuid] = health.OutOfService(xid, time.time(), gpu.index)
             self.log.error(
                 "GPU %d (%s) out of service: Xid %d (%s): no new slices on it until it recovers or an admin clears it "
-                "(annotation %s of node %s)", gpu.index, uuid, xid, health.FATAL_XIDS[xid],
-                L.NODE_GPU_HEALTH_ANNOTATION, self.node_name,
+                "(annotation %s of node %s)",
+                gpu.index,
+                uuid,
+                xid,
+                health.FATAL_XIDS[xid],
+                L.NODE_GPU_HEALTH_ANNOTATION,
+                self.node_name,
             )
             self._loop.call_soon_threadsafe(self._health_wake.set)
 
     def _fatal_while_out(self, uuid: str, xid: int) -> None:
         if uuid in self._out_of_service and self._recovery.fatal(uuid):
-            self.log.warning("GPU %d (%s) stays out of service: Xid %d (%s) restarts its %g s hold-down",
-                             self._out_of_service[uuid].index, uuid, xid, health.FATAL_XIDS[xid],
-                             self.recovery_hold_down_seconds)
+            self.log.warning(
+                "GPU %d (%s) stays out of service: Xid %d (%s) restarts its %g s hold-down",
+                self._out_of_service[uuid].index,
+                uuid,
+                xid,
+                health.FATAL_XIDS[xid],
+                self.recovery_hold_down_seconds,
+            )
 
     async def _publish_health(self) -> None:
         """Add the cards with a new fatal Xid to the node's health annotation and take off those
@@ -467,8 +486,12 @@ class NodeAgent(Application):
         try:
             shown = health.parse(text)
         except ValueError as e:
-            self.log.warning("Node %s: annotation %s is not the agent's (%s): rewriting it",
-                             self.node_name, L.NODE_GPU_HEALTH_ANNOTATION, e)
+            self.log.warning(
+                "Node %s: annotation %s is not the agent's (%s): rewriting it",
+                self.node_name,
+                L.NODE_GPU_HEALTH_ANNOTATION,
+                e,
+            )
             shown = {}
         pending = dict(self._fatal)
         recovered = await self._probe_out_of_service({u: c for u, c in shown.items() if u not in pending})
@@ -488,16 +511,34 @@ class NodeAgent(Application):
             step = self._recovery.probed(uuid, await asyncio.to_thread(self.nvml.answers, uuid), time.time())
             hold = self.recovery_hold_down_seconds
             if step == "lost":
-                self.log.warning("GPU %d (%s) answers NVML nothing (lost after %s): it comes back in service "
-                                 "once it answers again, reset, for %g s", card.index, uuid, card.meaning(), hold)
+                self.log.warning(
+                    "GPU %d (%s) answers NVML nothing (lost after %s): it comes back in service "
+                    "once it answers again, reset, for %g s",
+                    card.index,
+                    uuid,
+                    card.meaning(),
+                    hold,
+                )
             elif step == "answering":
-                self.log.info("GPU %d (%s) answers NVML again (reset after %s): back in service after %g s "
-                              "without a fatal Xid", card.index, uuid, card.meaning(), hold)
+                self.log.info(
+                    "GPU %d (%s) answers NVML again (reset after %s): back in service after %g s without a fatal Xid",
+                    card.index,
+                    uuid,
+                    card.meaning(),
+                    hold,
+                )
             elif step == "recovered":
                 recovered.add(uuid)
-                self.log.warning("GPU %d (%s) back in service: it was reset after %s and answered NVML for %g s "
-                                 "without a fatal Xid (annotation %s of node %s)", card.index, uuid,
-                                 card.meaning(), hold, L.NODE_GPU_HEALTH_ANNOTATION, self.node_name)
+                self.log.warning(
+                    "GPU %d (%s) back in service: it was reset after %s and answered NVML for %g s "
+                    "without a fatal Xid (annotation %s of node %s)",
+                    card.index,
+                    uuid,
+                    card.meaning(),
+                    hold,
+                    L.NODE_GPU_HEALTH_ANNOTATION,
+                    self.node_name,
+                )
         return recovered
 
     # ---- inventory -----------------------------------------------------------------------
@@ -575,8 +616,14 @@ class NodeAgent(Application):
             min(30.0, self.inventory_interval_seconds),
         )  # fmt: skip
 
-    async def _wake_on(self, watch: Callable[[], AsyncIterator[Any]], wanted: Callable[[Any], bool],
-                       wake: asyncio.Event, broke: str, retry_seconds: float) -> None:
+    async def _wake_on(
+        self,
+        watch: Callable[[], AsyncIterator[Any]],
+        wanted: Callable[[Any], bool],
+        wake: asyncio.Event,
+        broke: str,
+        retry_seconds: float,
+    ) -> None:
         """Set ``wake`` whenever ``watch()`` yields an object ``wanted`` accepts; a broken watch is
         logged (``broke``, with the error for its %s) and started again after ``retry_seconds``."""
         while True:
@@ -635,8 +682,10 @@ class NodeAgent(Application):
         return {pid: names.get(uid, f"uid {uid}") for pid, uid in foreign.items()}
 
     def _shared_cards(self) -> list[GPUInfo]:
-        modes = {o["uuid"]: o["mode"] for o in inventory.gpu_objects(
-            self.gpus, default_mode=self.default_mode, overrides=self.gpu_overrides)}
+        modes = {
+            o["uuid"]: o["mode"]
+            for o in inventory.gpu_objects(self.gpus, default_mode=self.default_mode, overrides=self.gpu_overrides)
+        }
         return [g for g in self.gpus if modes.get(g.uuid) == "shared"]
 
     def _processes(self, gpus: Sequence[GPUInfo]) -> dict[str, list[GPUProcess]]:
@@ -655,8 +704,11 @@ class NodeAgent(Application):
         this table (which containers cannot write) gives its allocation the same."""
         if self.backend != "native":
             return
-        running = [p for p in pods
-                   if p.allocation is not None and p.priority is not None and p.phase not in ("Succeeded", "Failed")]
+        running = [
+            p
+            for p in pods
+            if p.allocation is not None and p.priority is not None and p.phase not in ("Succeeded", "Failed")
+        ]
         table = {p.allocation.id: p.priority for p in running}
         gpus = {p.allocation.id: p.allocation.gpu_uuids for p in running}
         try:
@@ -703,41 +755,37 @@ class NodeAgent(Application):
         if self.backend == "native":
             await self.reclaims.publish(pods, reclaims_in(self._regions))
 
+    def _start_burst(self) -> None:
+        """Counting burst from zero: the running totals, the pids' last slices, the cards' looks."""
+        self.burst, self._burst_owners, self._burst_nvml = BurstCounter(), Owners(), BurstLooks(self.nvml, self.log)
+
     async def _sample_burst(self) -> None:
         """One look at the shared cards that hold elastic slices: NVML's samples and memory per
         process, each process's pod from its cgroup (the kernel's word), into ``self.burst``."""
-        elastic = [p.allocation for p in live_allocations(list(self._pods.values()))
-                   if p.allocation.elastic and not p.allocation.whole]  # type: ignore[union-attr]
+        elastic = elastic_slices(p.allocation for p in live_allocations(list(self._pods.values())))  # type: ignore[misc]
         self.burst.forget(a.id for a in elastic)
         cards = [g for g in self.gpus if not g.mig_enabled and any(g.uuid in a.gpu_uuids for a in elastic)]
         if not cards:
             return
         looks = await asyncio.to_thread(self._burst_looks, cards)
-        pids = sorted({pid for samples, memory, _ in looks.values() for pid in (*(s.pid for s in samples), *memory)})
+        pids = sorted(pids_seen((samples, memory) for samples, memory, _ in looks.values()))
         pod_of_pid = await self._pods_of(pids) if pids else {}
         linked = {pid: pod.allocation.id for pid, pod in pod_of_pid.items() if pod is not None and pod.allocation}
         alive = lambda pid: (Path(self.proc_root) / str(pid)).exists()  # noqa: E731
+        owner = self._burst_owners.resolve(linked, pids, alive, time.time())
         for g in cards:
-            if g.uuid not in looks:
-                continue
-            samples, memory, now = looks[g.uuid]
-            owner = self._burst_owners.resolve(linked, pids, alive, now)
-            requests = {a.id: Request(a.memory_mib, a.cores_percent, g.memory_mib) for a in elastic
-                        if g.uuid in a.gpu_uuids}
-            self.burst.observe(g.uuid, samples, memory, owner, requests, now)
+            if g.uuid in looks:
+                samples, memory, now = looks[g.uuid]
+                self.burst.observe(g.uuid, samples, memory, owner, requests_on(g.uuid, elastic, g.memory_mib), now)
 
     def _burst_looks(self, cards: Sequence[GPUInfo]) -> dict[str, tuple[list[Sample], dict[int, int], float]]:
         """Per card: NVML's per-process samples since the last look, memory per process, when."""
         out = {}
         for g in cards:
             now = time.time()
-            try:
-                samples = self.nvml.process_utilization(g.uuid, self.burst.since_us(g.uuid, now))
-                memory = {p.pid: p.used_bytes for p in self.nvml.processes(g.uuid)}
-            except self.nvml.nv.NVMLError as e:
-                self.log.debug("GPU %s: no burst sample (%s)", g.uuid, e)
-                continue
-            out[g.uuid] = (samples, memory, now)
+            seen = self._burst_nvml.look(g.uuid, self.burst.since_us(g.uuid, now))
+            if seen is not None:
+                out[g.uuid] = (*seen, now)
         return out
 
     async def _annotate_activity(self, namespace: str, name: str, value: str) -> None:
@@ -802,8 +850,15 @@ class NodeAgent(Application):
                         await asyncio.to_thread(swap.set_marker, regions, kernel, True)
                     minors = {g.uuid: g.index if g.minor is None else g.minor for g in self.gpus}
                     status = await asyncio.to_thread(
-                        swap.perform, request, pids, self.checkpoint, self._used_mib, elsewhere, swap.node_memory_mib(),
-                        self.cards, minors,
+                        swap.perform,
+                        request,
+                        pids,
+                        self.checkpoint,
+                        self._used_mib,
+                        elsewhere,
+                        swap.node_memory_mib(),
+                        self.cards,
+                        minors,
                     )
                     if status["ok"] == (request.action == "resume"):
                         await asyncio.to_thread(swap.set_marker, regions, kernel, False)
@@ -872,7 +927,10 @@ class NodeAgent(Application):
                     )
                 )
             findings += evaluate(
-                g.uuid, g.index, views, slices,
+                g.uuid,
+                g.index,
+                views,
+                slices,
                 tolerance_bytes=self.backstop.tolerance_bytes,
                 check_unregistered=self.backstop.check_unregistered,
                 check_shim=check_shim,

@@ -1,4 +1,5 @@
-"""The node's GPUs through NVML (``pynvml`` from nvidia-ml-py): inventory, samples, processes, Xid.
+"""The node's GPUs through NVML (``pynvml`` from nvidia-ml-py): inventory, samples, processes, Xid,
+and the looks burst metering makes at a card (the hub's on one machine and the agent's).
 
 Everything here is a thin, typed layer over pynvml so the rest of the agent never sees its
 handles or exceptions. Calls that a driver may not support (temperature on some boards, SM count
@@ -77,6 +78,7 @@ class GPUProcess:
 
 
 # ---- model names and SM counts ------------------------------------------------------------
+
 
 def sm_count_for(model: str) -> int:
     """Streaming multiprocessors of a model from the table in ``quotas`` (0 if unknown)."""
@@ -291,6 +293,36 @@ class NVML:
         except nv.NVMLError_NotFound:
             return []
         return [Sample(int(s.pid), int(s.timeStamp), int(s.smUtil)) for s in raw]
+
+
+class BurstLooks:
+    """What burst metering (:mod:`libvgpu.burst`) reads of a card at each look, for the hub on one
+    machine (:mod:`hubext.local.burst`) and the node agent alike: NVML's per-process SM samples
+    newer than ``since_us`` and the memory the driver charges each process. A card whose driver
+    keeps no per-process samples (NOT_SUPPORTED) is warned about once and not asked again; any
+    other error skips this look only (logged at debug)."""
+
+    def __init__(self, nvml: NVML, log: Any) -> None:
+        self.nvml = nvml
+        self.log = log
+        self.unsupported: set[str] = set()
+
+    def look(self, uuid: str, since_us: int) -> tuple[list[Sample], dict[int, int]] | None:
+        """(samples, pid -> bytes held) of card ``uuid``; None when it gave none this time."""
+        if uuid in self.unsupported:
+            return None
+        nv = self.nvml.nv
+        try:
+            samples = self.nvml.process_utilization(uuid, since_us)
+            memory = {p.pid: p.used_bytes for p in self.nvml.processes(uuid)}
+        except nv.NVMLError as e:
+            if isinstance(e, nv.NVMLError_NotSupported):
+                self.unsupported.add(uuid)
+                self.log.warning("GPU %s keeps no per-process samples (%s): its slices' burst is not metered", uuid, e)
+            else:
+                self.log.debug("GPU %s: no burst sample (%s)", uuid, e)
+            return None
+        return samples, memory
 
 
 def process_utilization(nv: Any, handle: Any, since_us: int) -> list[Any]:
