@@ -22,7 +22,7 @@ from kubernetes_asyncio.client import models as k8s
 from kubernetes_asyncio.client.rest import ApiException
 from kubespawner.clients import load_config, shared_client
 from kubespawner.reflector import ResourceReflector
-from traitlets import Bool, Float, List, Unicode, default
+from traitlets import Bool, Dict, Float, List, Unicode, default, validate
 
 from libvgpu import contract as C
 from libvgpu.elastic import pod_reclaims
@@ -53,11 +53,41 @@ def pod_requests(pod: Mapping[str, Any]) -> tuple[int, int]:
     return total[0], total[1]
 
 
+#: how long a deleted pod's last gpu-activity annotation is still answered (metering's late burst)
+DELETED_ACTIVITY_SECONDS = 300.0
+
+
+class _PodsKeepingLastActivity(dict):
+    """The reflector's pods; a pod the watch deletes leaves its node agent's last gpu-activity
+    annotation in ``gone`` (allocation id -> (annotation, monotonic time)): the agent publishes it
+    when it sees the deletion, often after the hub heard the release (issue 27)."""
+
+    def __init__(self, pods: Mapping[str, Any], gone: dict[str, tuple[str, float]]) -> None:
+        super().__init__(pods)
+        self.gone = gone
+
+    def pop(self, key: str, *default: Any) -> Any:
+        pod = super().pop(key, *default)
+        annotations = ((pod or {}).get("metadata") or {}).get("annotations") or {} if isinstance(pod, dict) else {}
+        now = time.monotonic()
+        for allocation_id in [k for k, (_, at) in self.gone.items() if now - at > DELETED_ACTIVITY_SECONDS]:
+            del self.gone[allocation_id]
+        if annotations.get(C.ALLOCATION_ID) and annotations.get(C.A_GPU_ACTIVITY):
+            self.gone[annotations[C.ALLOCATION_ID]] = (annotations[C.A_GPU_ACTIVITY], now)
+        return pod
+
+
 class ManagedPodReflector(ResourceReflector):
     """Pods labelled as holders of an allocation (notebooks and kernels)."""
 
     kind = "pods"
     labels = {C.MANAGED: "true"}
+    #: deleted pods' last gpu-activity annotation (_PodsKeepingLastActivity)
+    gone_activity = Dict()
+
+    @validate("resources")
+    def _keep_last_activity(self, proposal: Any) -> dict:
+        return _PodsKeepingLastActivity(proposal["value"], self.gone_activity)
 
 
 class KubernetesPool(PoolBackend):
@@ -357,6 +387,12 @@ class KubernetesPool(PoolBackend):
                 activity = C.gpu_activity(annotations.get(C.A_GPU_ACTIVITY))
                 if activity:
                     found[allocation_id] = activity
+        gone = self.reflector.gone_activity if self.reflector else {}
+        for allocation_id in wanted - set(found):  # deleted: its agent's last word (issue 27)
+            kept = gone.get(allocation_id)
+            activity = C.gpu_activity(kept[0]) if kept else None
+            if activity:
+                found[allocation_id] = activity
         return found
 
     def pending_reclaims(self) -> list[Any]:

@@ -98,6 +98,17 @@ class ActivityTotals:
         self.launches = launches
         self.last_sample_at = now
 
+    def add_late_burst(self, total: Any) -> bool:
+        """Add what the pool's running total grew by after the slice's release (its record is
+        closed: a lower total is no new count, only a higher one adds). Whether it added."""
+        if not isinstance(total, (int, float)) or isinstance(total, bool) or not total >= 0:
+            return False
+        if self.burst_seen is None or not total > self.burst_seen:
+            return False
+        self.burst_gpu_seconds += total - self.burst_seen
+        self.burst_seen = float(total)
+        return True
+
     def _burst(self, total: Any) -> float:
         """The card-seconds of burst since the last sample, from the pool's running total (a total
         lower than the last one is a new count, the hub's or node agent's after a restart: all of

@@ -37,6 +37,10 @@ from .recorder import UsageRecorder
 from .store import UsageStore
 
 SPOOL_NAME = "elastic-gpu-usage.spool"
+#: seconds after a release during which a slice's burst total that grew is still billed to its
+#: record: on Kubernetes the hub hears the release before the pod has finished terminating, and
+#: the node agent publishes the pod's last total when it sees the deletion (issue 27)
+LATE_BURST_SECONDS = 120.0
 
 
 class UsageMeter(SingletonConfigurable):
@@ -94,6 +98,8 @@ class UsageMeter(SingletonConfigurable):
         self.metrics: UsageMetrics | None = None
         #: per held allocation: (its record's namespace, workspace, GPU share x count, counted up to)
         self._held: dict[str, list] = {}
+        #: per allocation released in the last LATE_BURST_SECONDS: its totals, billed until when
+        self._closing: dict[str, tuple[ActivityTotals, float]] = {}
         self._restored = False
         self._task: asyncio.Task | None = None
         #: a user's JupyterHub group names (start_with_hub: from the hub's users); None: not recorded
@@ -207,6 +213,8 @@ class UsageMeter(SingletonConfigurable):
                 totals.add({"burst_gpu_seconds": self._final_burst(allocation.id)}, now)
             if totals is not None and (totals.samples or totals.burst_gpu_seconds):
                 self._submit(totals.event(allocation.id))
+            if totals is not None:
+                self._closing[allocation.id] = (totals, now + LATE_BURST_SECONDS)
             self._submit(
                 {
                     "event": "released",
@@ -301,9 +309,27 @@ class UsageMeter(SingletonConfigurable):
             del self.totals[gone]
         for gone in set(self._held) - set(live):
             del self._held[gone]
+        self._late_bursts(now, live)
         self._submit(
             {"event": "reconcile", "at": now, "live": [self.record_of(a, now).to_dict() for a in live.values()]}
         )
+
+    def _late_bursts(self, now: float, live: dict[str, Allocation]) -> None:
+        """Bill to a record closed in the last LATE_BURST_SECONDS what its slice's burst total grew
+        by since (the agent's last annotation of a deleted pod); only ever more, only its own."""
+        for allocation_id, (_, until) in list(self._closing.items()):
+            if now > until or allocation_id in live:
+                del self._closing[allocation_id]
+        if not self._closing:
+            return
+        try:
+            activity = self.allocator.backend.slice_activity(list(self._closing))
+        except Exception as e:  # retried at the next sample
+            self.log.warning("GPU usage: no late burst of released slices (%s)", e)
+            return
+        for allocation_id, (totals, _) in self._closing.items():
+            if totals.add_late_burst(activity.get(allocation_id, {}).get("burst_gpu_seconds")):
+                self._submit(totals.event(allocation_id))
 
     async def run_sampler(self) -> None:
         while True:

@@ -9,6 +9,11 @@ with simulated GPUs and the usage store, and the running totals' arithmetic (pur
 
 from __future__ import annotations
 
+import json
+import time
+
+import pytest
+
 from hubext.metering.activity import ActivityTotals
 from quotas import GPURequest, Owner
 from tests.culler.shimrecord import write_activity
@@ -22,10 +27,16 @@ async def test_the_burst_a_slices_own_activity_record_claims_is_not_billed(tmp_p
     time and memory are still recorded from it."""
     allocator, meter = make(tmp_path)
     try:
-        a = await allocator.allocate(GPURequest(
-            owner=Owner(user="alice", workspace="vision"), memory_mib=20480, cores_percent=25, request_id="el",
-            memory_limit_mib=61440, cores_limit_percent=100,
-        ))
+        a = await allocator.allocate(
+            GPURequest(
+                owner=Owner(user="alice", workspace="vision"),
+                memory_mib=20480,
+                cores_percent=25,
+                request_id="el",
+                memory_limit_mib=61440,
+                cores_limit_percent=100,
+            )
+        )
         allocator.backend.holder_env(a, priority_value=0)
         t0, path = a.created_at, allocator.backend.activity_path(a.id)
         write_activity(path, last_launch=t0 + 5, used_mib=(61440,), launches=1, compute_burst_s=(600.0,))
@@ -71,3 +82,66 @@ def test_after_a_hub_restart_the_first_total_only_sets_where_counting_resumes():
     totals.add({"burst_gpu_seconds": 700.0}, 1030.0)
     totals.add({"burst_gpu_seconds": 710.0}, 1060.0)
     assert totals.burst_gpu_seconds == 50.0
+
+
+async def test_the_burst_a_deleted_pods_agent_publishes_after_the_release_is_billed_to_that_record_only(tmp_path):
+    """Kubernetes: the hub hears the release before the pod has finished terminating, and the node
+    agent publishes the pod's last burst total (its gpu-activity annotation) after it. The meter
+    bills that late total to the record it just closed, only what it grew by, within
+    LATE_BURST_SECONDS of the release; a lower total (the agent restarted), a total past the window
+    and a total of another allocation bill nothing."""
+    from hubext.metering.meter import LATE_BURST_SECONDS
+    from tests.metering.test_meter import request
+
+    allocator, meter = make(tmp_path)
+    annotations: dict[str, dict] = {}  # allocation id -> the agent's gpu-activity, as the pod shows it
+    allocator.backend.slice_activity = lambda ids: {i: annotations[i] for i in ids if i in annotations}
+    try:
+        a = await allocator.allocate(request("alice", 20, "a"))
+        b = await allocator.allocate(request("bob", 20, "b"))
+        annotations[a.id] = {"burst_gpu_seconds": 10.0}
+        t0 = time.time()
+        await meter.sample(t0)
+        await allocator.release(a.id, "server stopped")  # the pod is terminating; the hub hears it first
+        annotations[a.id] = {"burst_gpu_seconds": 14.0}  # the agent's last annotation of the pod
+        await meter.sample(t0 + 1)
+        annotations[a.id] = {"burst_gpu_seconds": 3.0}  # not a new count for a closed record
+        await meter.sample(t0 + 2)
+        annotations[a.id] = {"burst_gpu_seconds": 99.0}
+        await meter.sample(t0 + 3 + LATE_BURST_SECONDS)  # too late: not billed
+        annotations[b.id] = {"burst_gpu_seconds": 0.0}
+        await meter.sample(t0 + 4 + LATE_BURST_SECONDS)
+        assert meter.recorder.flush()
+        records = {r.user: r for r in meter.store.records()}
+        assert records["alice"].released_at is not None
+        assert records["alice"].burst_gpu_seconds == pytest.approx(14.0)
+        assert not records["bob"].burst_gpu_seconds
+    finally:
+        meter.close()
+        await allocator.backend.stop()
+
+
+async def test_the_kubernetes_pool_still_answers_a_deleted_pods_last_activity():
+    """The agent's last gpu-activity annotation of a pod arrives (a watch MODIFIED) just before the
+    pod is deleted (DELETED): the pool still answers it for that allocation, so the meter's late
+    look bills it; a pod of another allocation answers nothing for this one."""
+    from hubext.kubernetes.pool import KubernetesPool, ManagedPodReflector
+    from libvgpu import contract as C
+
+    pool = KubernetesPool(namespace="jhub")
+    pool.reflector = reflector = ManagedPodReflector(parent=pool, namespace="jhub")
+
+    def pod(name: str, allocation_id: str, burst: float) -> dict:
+        activity = json.dumps(
+            {"burst_gpu_seconds": burst, "last_launch": None, "memory_used_mib": 0, "updated_at": 1.0}
+        )
+        annotations = {C.ALLOCATION_ID: allocation_id, C.A_GPU_ACTIVITY: activity}
+        return {"metadata": {"name": name, "namespace": "jhub", "annotations": annotations}}
+
+    reflector.resources = {"jhub/a": pod("a", "alloc-a", 10.0), "jhub/b": pod("b", "alloc-b", 1.0)}  # a (re)list
+    reflector.resources["jhub/a"] = pod("a", "alloc-a", 14.0)  # the agent's last annotation of it
+    reflector.resources.pop("jhub/a", None)  # the watch's DELETED, as kubespawner applies it
+    assert pool.slice_activity(["alloc-a", "alloc-b", "alloc-c"]) == {
+        "alloc-a": {"burst_gpu_seconds": 14.0, "last_launch": None, "memory_used_mib": 0},
+        "alloc-b": {"burst_gpu_seconds": 1.0, "last_launch": None, "memory_used_mib": 0},
+    }
