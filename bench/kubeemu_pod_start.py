@@ -33,17 +33,22 @@ with ``--hogs`` processes of ``yes >/dev/null`` on the CPUs (``busy``; in this p
 as a CI run's other test processes are in the test's). Lines:
 
     kubeemu_pod_start <host|image|init> <quiet|busy> create_to_process_p50_s=... p95_s=... max_s=...
-        running_to_ready_max_s=... init_program_p50_s=... steps_p50_s=to_kubelet:...,volumes:...,...
+        running_to_ready_max_s=... init_program_p50_s=... full_collections_in_starts=N/M
+        steps_p50_s=to_kubelet:...,volumes:...,...
         runtime_steps_p50_s=server:...,namespaces:...,rootfs:...,pid1:...,cgroup_late:...
         sched_p50_s=kubelet_cpu:...,kubelet_wait:...,runtime_cpu:...,runtime_wait:...
       slowest: <that kind's slowest pod's own line, Timeline.line>
 
-and the ratios busy/quiet of the create -> process p50 of each kind.
+and the ratios busy/quiet of the create -> process p50 of each kind. ``full_collections_in_starts``:
+of the M full collections of the interpreter's cyclic garbage collector while that kind's pods
+ran (this process's, which the emulator shares), the N that began inside a pod's create ->
+process (each stops the kubelet's thread while it walks every object).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import statistics
 import subprocess
@@ -55,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.kubeemu import KubeEmulator  # noqa: E402
 from tests.kubeemu.helpers import http, pod, tiny_image  # noqa: E402
-from tests.kubeemu.podstart import Timeline  # noqa: E402
+from tests.kubeemu.podstart import Timeline, now  # noqa: E402
 
 TINY = "registry.bench/tiny:1"
 KINDS = ("host", "image", "init", "gpu")
@@ -96,6 +101,25 @@ for fn in (core.list_namespaced_pod, core.list_namespaced_event):
 print("watching", flush=True)
 threading.Event().wait()
 """
+
+
+#: the interpreter's full collections (CLOCK_BOOTTIME moments each began): the emulator shares
+#: this process, and one walks all its objects with the kubelet's thread stopped
+FULL_COLLECTIONS: list[float] = []
+
+
+def _on_collection(phase: str, info: dict) -> None:
+    if phase == "start" and info["generation"] == 2:
+        FULL_COLLECTIONS.append(now())
+
+
+def full_collections(timelines: list[Timeline]) -> tuple[int, int]:
+    """(full collections that began inside a pod's create -> process, all of them) while
+    ``timelines``' pods ran."""
+    windows = [(t.created, t.created + sum(t.create_to_process())) for t in timelines]
+    during = [c for c in FULL_COLLECTIONS if windows[0][0] <= c <= timelines[-1].ready]
+    inside = [c for c in during if any(a <= c <= b for a, b in windows)]
+    return len(inside), len(during)
 
 
 def watchers(emu: KubeEmulator) -> subprocess.Popen:
@@ -151,7 +175,8 @@ def report(kind: str, tag: str, timelines: list[Timeline]) -> float:
     p50 = statistics.median(emulator)
     line = (f"kubeemu_pod_start {kind} {tag} create_to_process_p50_s={p50:.3f} p95_s={p(emulator, 0.95):.3f} "
             f"max_s={max(emulator):.3f} running_to_ready_max_s={max(to_ready):.3f} "
-            f"init_program_p50_s={statistics.median(program):.3f}")
+            f"init_program_p50_s={statistics.median(program):.3f} "
+            "full_collections_in_starts={}/{}".format(*full_collections(timelines)))
     for name, parts in (("steps", [t.split() for t in timelines]),
                         ("runtime_steps", [t.runtime_split() for t in timelines]),
                         ("sched", [t.sched() for t in timelines])):
@@ -176,6 +201,7 @@ def main() -> None:
         ap.error(f"--kinds: a comma-separated list of {', '.join(KINDS)}")
     # grace 0 deletes: the kubelet's note that a pid 1 without a SIGTERM handler is killed is moot
     logging.getLogger("kubeemu.kubelet").setLevel(logging.ERROR)
+    gc.callbacks.append(_on_collection)
     p50s: dict[tuple[str, str], float] = {}
     with KubeEmulator() as emu, tempfile.TemporaryDirectory() as tmp:
         emu.images[TINY] = tiny_image(Path(tmp) / "rootfs", ("sh", "sleep", "true"))

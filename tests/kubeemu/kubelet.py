@@ -23,6 +23,7 @@ import asyncio
 import base64
 import contextlib
 import copy
+import gc
 import ipaddress
 import json
 import logging
@@ -284,6 +285,7 @@ class PodRuntime:
                 with contextlib.suppress(ApiError):
                     self.emu.store.delete(PODS, self.ns, self.name, 0,
                                           preconditions={"uid": self.uid})
+            self.kubelet.start_done(self.uid)
             self.kubelet.runtime_done(self)
 
     async def _run(self) -> None:
@@ -294,6 +296,7 @@ class PodRuntime:
             return
         self.timeline.steps["kubelet"] = now()
         self.timeline.loop_mark("begin", schedstat("thread-self"))
+        self.kubelet.starting.add(self.uid)
         self.ip = self.kubelet.allocate_ip()
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "logs").mkdir(exist_ok=True)
@@ -641,6 +644,8 @@ class PodRuntime:
         self.timeline.loop_mark("spawn", schedstat("thread-self"))
         proc, pid1 = await ctr.start(self.kubelet.runtime_server, spec, cdir / "spec.json", logfile)
         self.timeline.started(container, init, spawned_at, proc.started, proc.marks, proc.sched)
+        if not init:
+            self.kubelet.start_done(self.uid)
         self.kubelet.pgids.add(proc.pid)
         self.proc_pids = (proc.pid, pid1)
         self.run_ctx = run
@@ -1199,6 +1204,37 @@ class Kubelet:
         self.timelines: dict[str, Timeline] = {}  # pod uid -> its start (podstart.py), latest 5000
         self.runtime_server = ctr.RuntimeServer()
         self.store.subscribe(self._on_event)
+        self.starting: set[str] = set()  # uids of the pods between taken and their process started
+        self.full_collections = 0  # the interpreter's full collections made between starts
+
+    # ------------------------------------------------------------ the garbage collector
+
+    def start_done(self, uid: str) -> None:
+        """The pod ``uid``'s process started (or its run ended). Where no pod is starting and
+        the interpreter's cyclic garbage collector has a full collection due (its oldest
+        generation's count at its threshold), that collection is made now, once the pod's status
+        is written, rather than inside the next pod's start: it walks every object the emulator
+        (and its test) made since the start (40 ms of CPU for 56,000 objects, after 120 pods'
+        starts; many times that on a busy machine), with the kubelet's thread stopped."""
+        self.starting.discard(uid)
+        if self._between_starts():
+            with contextlib.suppress(RuntimeError):  # no loop running here: nothing to put off
+                asyncio.get_running_loop().call_soon(self._collect_between_starts)
+
+    def starting_now(self) -> set[str]:
+        """The uids of the pods starting: created and not yet taken, or taken and their process
+        not yet started."""
+        return self.starting | set(self._created)
+
+    def _between_starts(self) -> bool:
+        """No pod is starting, and a full collection is due."""
+        return (not self.starting and not self._created and gc.isenabled()
+                and gc.get_count()[2] >= gc.get_threshold()[2])
+
+    def _collect_between_starts(self) -> None:
+        if self._between_starts():
+            gc.collect()
+            self.full_collections += 1
 
     # ------------------------------------------------------------ addresses
 
