@@ -16,6 +16,8 @@ def _fewest(charges: list[int], need: int) -> int:
     """The fewest of ``charges`` that add up to ``need`` (the largest first); NEVER if all cannot."""
     if need <= 0:
         return 0
+    if charges and max(charges) >= need:
+        return 1  # (the common case: no sort)
     for n, charge in enumerate(sorted(charges, reverse=True), 1):
         need -= charge
         if need <= 0:
@@ -69,9 +71,10 @@ class NodeVictims:
             room = ix.empty.get(a.group, {})
         else:
             max_m, max_c = ix.max_m.get(a.group, {}), ix.max_c.get(a.group, {})
+        cpu_free, hmem_free = ix.cpu_free, ix.hmem_free
         for ni in range(len(ix.node_names)):
-            if ix.node_fits(ni, a.cpu, a.hmem):
-                continue
+            if cpu_free[ni] >= a.cpu and hmem_free[ni] >= a.hmem:
+                continue  # (what node_fits says: the node has room)
             # only where the cards already fit: there CPU or memory is all that is short
             if (room.get(ni, 0) < a.k) if a.whole else (max_m.get(ni, 0) < a.m or max_c.get(ni, 0) < a.c):
                 continue

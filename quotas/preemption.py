@@ -297,11 +297,7 @@ class VictimSearch(NodeVictims, Reprieve):
             most = self.st.own_most_below(narrowest.key, self.pc.value) if self.pc.preempt else [0, 0, 0]
             if any(most[r] < need for _, r, need in self.deficits):
                 return None
-            # those that do, in preference order (few: a deficit is mostly more than one charges)
-            charges, keys = self.st._charges, self._owned_eligible(narrowest.key)
-            for _, r, need in self.deficits:
-                keys = [k for k in keys if charges[k[3]][r] >= need]
-            candidates = [self.st._allocs[k[3]] for k in keys]
+            candidates = self._charging(self._owned_eligible(narrowest.key))
             budget = None
         else:
             group = self.ask.group
@@ -331,6 +327,20 @@ class VictimSearch(NodeVictims, Reprieve):
             if cards is not None:
                 return Solution([a], ni, cards)
         return None
+
+    def _charging(self, keys: list[VictimKey]) -> Iterator[Allocation]:
+        """The allocations of ``keys`` that charge every deficit in full, in their order:
+        filtered in chunks that double in size (the first often answers; where a deficit is
+        more than most charge, the long walk runs at a list comprehension's pace)."""
+        charges, allocs = self.st._charges, self.st._allocs
+        start, size = 0, 16
+        while start < len(keys):
+            chunk = keys[start:start + size]
+            for _, r, need in self.deficits:
+                chunk = [k for k in chunk if charges[k[3]][r] >= need]
+            for k in chunk:
+                yield allocs[k[3]]
+            start, size = start + size, size * 2
 
     def _single_indexed(self, after: VictimKey | None) -> Solution | None:
         """The best single victim after key ``after``, from the card index (no quota deficit,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from types import SimpleNamespace
 
 import pytest
 
@@ -124,16 +125,18 @@ def test_whether_evictions_could_fix_a_quota_is_what_walking_the_candidates_says
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_a_levels_own_victims_are_those_a_walk_of_every_allocation_finds(seed, monkeypatch):
+@pytest.mark.parametrize("nested", [True, False])
+def test_a_levels_own_victims_are_those_a_walk_of_every_allocation_finds(seed, nested, monkeypatch):
     # the single victim for a short quota and the quota's candidates are read from a slice of
     # the level's own victim order (kept per workspace, namespace and user); the definition:
-    # every allocation that counts against the level, of a lower priority value, by victim key
+    # every allocation that counts against the level, of a lower priority value, by victim key.
+    # (nested: namespace and user limits too; else only workspace limits: long walks)
     rng = random.Random(seed)
-    workspaces = {f"ws{w}": {"limits": {"memory_mib": rng.choice([60, 120, 400]) * 1024},
+    workspaces = {f"ws{w}": {"limits": {"memory_mib": rng.choice([60, 120, 400] if nested else [300, 500]) * 1024},
                              "namespaces": {f"ns{n}": {"limits": {"memory_mib": rng.choice([40, 80, 200]) * 1024},
                                                        "user_limits": {"gpus": rng.choice([2, 4, 8])}}
-                                            for n in range(2)}}
-                  for w in range(3)}
+                                            if nested else {} for n in range(2)}}
+                  for w in range(3 if nested else 1)}
     st = AdmissionState(load_config({"priority_classes": CLASSES, "workspaces": workspaces}), random_pool(rng, 12))
     sliced = VictimSearch._owned_eligible
     found: list[int] = []
@@ -149,15 +152,40 @@ def test_a_levels_own_victims_are_those_a_walk_of_every_allocation_finds(seed, m
         found.append(len(got))
         return got
 
+    chunked = VictimSearch._charging
+
+    def charging(self, keys):
+        # the chunked filter yields what one filter of every key yields, in the same order
+        got = list(chunked(self, keys))
+        plain = [st.allocations[k[3]] for k in keys
+                 if all(st._charges[k[3]][r] >= need for _, r, need in self.deficits)]
+        assert got == plain
+        return iter(got)
+
     monkeypatch.setattr(VictimSearch, "_owned_eligible", checked)
+    monkeypatch.setattr(VictimSearch, "_charging", charging)
     kinds = set()
     for i in range(400):
         r = random_request(rng, i, classes=("high", "default", "low", "lowest", "high"))
-        owner = Owner(f"u{rng.randrange(4)}", f"ns{rng.randrange(2)}", f"ws{rng.randrange(3)}")
+        owner = Owner(f"u{rng.randrange(4)}", f"ns{rng.randrange(2)}", f"ws{rng.randrange(3 if nested else 1)}")
         d = st.decide(dataclasses.replace(r, owner=owner), now=float(i))
         kinds.add(d.kind)
         if d.granted:
             st.apply(d)
         if st.allocations and rng.random() < 0.3:
             st.remove(rng.choice(sorted(st.allocations)))
-    assert sum(1 for n in found if n) > 20 and "preempt" in kinds  # levels with victims were asked
+    assert sum(1 for n in found if n) > (20 if nested else 3) and "preempt" in kinds  # levels with victims asked
+
+
+def test_the_chunked_filter_of_a_long_level_order_keeps_what_charges_every_deficit_in_order():
+    # the walks above are short (small pools); here orders of up to 600 keys, past many chunks
+    rng = random.Random(7)
+    for _ in range(200):
+        n = rng.randrange(600)
+        keys = sorted((1, rng.randrange(5), -float(i), f"a{i}") for i in range(n))
+        charges = {k[3]: (rng.randrange(100), rng.randrange(100), rng.randrange(1, 9)) for k in keys}
+        deficits = [(None, r, rng.randrange(1, 100)) for r in rng.sample(range(3), rng.randint(1, 2))]
+        search = SimpleNamespace(st=SimpleNamespace(_charges=charges, _allocs={k[3]: k[3] for k in keys}),
+                                 deficits=deficits)
+        got = list(VictimSearch._charging(search, keys))
+        assert got == [k[3] for k in keys if all(charges[k[3]][r] >= need for _, r, need in deficits)]
