@@ -22,6 +22,8 @@ So that the API server is not hammered, a pod is patched at once only when its v
 meaningfully (first value, a first launch, a launch more than ``interval`` after the published
 one, memory moved by ``memory_step_mib`` or to/from zero); smaller changes wait until
 ``interval`` seconds have passed since the pod's last patch. Unchanged values are not patched.
+A pod being deleted (``deletionTimestamp``) gets a changed value at once: its annotation is the
+last word on its burst, which metering bills after the hub heard the release (issue 27).
 """
 
 from __future__ import annotations
@@ -130,8 +132,14 @@ class _Published:
 class ActivityPublisher:
     """Keeps what was published per pod, patches what needs it, logs a failing pod once."""
 
-    def __init__(self, patch: Patch, log: logging.Logger | logging.LoggerAdapter, *,
-                 interval_seconds: float = 30.0, memory_step_mib: int = 256) -> None:
+    def __init__(
+        self,
+        patch: Patch,
+        log: logging.Logger | logging.LoggerAdapter,
+        *,
+        interval_seconds: float = 30.0,
+        memory_step_mib: int = 256,
+    ) -> None:
         self.patch = patch
         self.log = log
         self.interval_seconds = interval_seconds
@@ -158,7 +166,8 @@ class ActivityPublisher:
             if not needs_patch(
                 before.activity if before else None,
                 activity,
-                now - before.at if before else float("inf"),
+                # a pod being deleted: its last value now, the annotation cannot change after it
+                now - before.at if before and not pod.deleting else float("inf"),
                 interval_seconds=self.interval_seconds,
                 memory_step_mib=self.memory_step_mib,
             ):

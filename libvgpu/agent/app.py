@@ -387,6 +387,11 @@ class NodeAgent(Application):
         ]
         if self.backend == "native" and self.publish_activity and self.burst_sample_seconds > 0:
             tasks.append(asyncio.ensure_future(self._every(self.burst_sample_seconds, self._sample_burst, "burst")))
+        namespaces = dict.fromkeys([self.pod_namespace, *self.extra_pod_namespaces]) if self.pod_namespace else [""]
+        if self.backend == "native" and self.publish_activity:
+            self._deletion_wake = asyncio.Event()
+            tasks.append(asyncio.ensure_future(self._publish_deletions()))
+            tasks += [asyncio.ensure_future(self._watch_deletions(ns)) for ns in namespaces]
         if self.backend == "native" and self.relay_interval_seconds > 0:
             relay = self._relay = Relay(Path(self.host_lib_dir) / "regions", self.proc_root)
             cards = [g.uuid for g in self.gpus if not g.mig_enabled]
@@ -394,7 +399,6 @@ class NodeAgent(Application):
         if self.checkpoint is not None:
             self._swap_wake = asyncio.Event()
             tasks.append(asyncio.ensure_future(self._swap_loop()))
-            namespaces = dict.fromkeys([self.pod_namespace, *self.extra_pod_namespaces]) if self.pod_namespace else [""]
             tasks += [asyncio.ensure_future(self._watch_swaps(ns)) for ns in namespaces]
         try:
             await stop.wait()
@@ -787,6 +791,38 @@ class NodeAgent(Application):
             if seen is not None:
                 out[g.uuid] = (*seen, now)
         return out
+
+    async def _watch_deletions(self, namespace: str) -> None:
+        """Wake ``_publish_deletions`` when an elastic pod of this node gets a deletionTimestamp."""
+
+        def deleting_elastic(pod: Any) -> bool:
+            info = pod_info(pod)
+            return info.deleting and info.allocation is not None and info.allocation.elastic
+
+        await self._wake_on(
+            lambda: self.kube.watch_node_pods(namespace),
+            deleting_elastic,
+            self._deletion_wake,
+            f"Watch of this node's pods{f' in {namespace}' if namespace else ''} broke (%s); a deleted elastic "
+            f"pod's last burst is published at the next pod list ({self.pod_refresh_seconds:g} s)",
+            30.0,
+        )
+
+    async def _publish_deletions(self) -> None:
+        """An elastic pod being deleted: list the pods, look at the cards, publish its activity now
+        (its annotation is the burst metering bills, and cannot change once the pod is gone)."""
+        while True:
+            await self._deletion_wake.wait()
+            self._deletion_wake.clear()
+            try:
+                await self._node_pods(force=True)
+                if self.burst_sample_seconds > 0:
+                    await self._sample_burst()
+                await self._refresh()
+            except KubeError as e:
+                self.log.warning("last activity of deleted pods: %s", e)
+            except Exception:
+                self.log.exception("last activity of deleted pods failed")
 
     async def _annotate_activity(self, namespace: str, name: str, value: str) -> None:
         await self.kube.annotate_pod(namespace, name, L.A_GPU_ACTIVITY, value)

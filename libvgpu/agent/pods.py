@@ -23,9 +23,7 @@ from typing import Any
 from libvgpu import contract as L
 from quotas import Allocation
 
-_POD_UID = re.compile(
-    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})", re.IGNORECASE
-)
+_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})", re.IGNORECASE)
 _CONTAINER = re.compile(r"(?:^|[-/])([0-9a-f]{64})(?:\.scope)?$")
 
 
@@ -81,6 +79,8 @@ class PodInfo:
     phase: str
     allocation: Allocation | None
     priority: int | None = None  # the priority in the shim's limits file (annotation)
+    #: the pod has a deletionTimestamp: its gpu-activity is published at once (metering's last word)
+    deleting: bool = False
     #: the hub's swap request, the agent's answer (libvgpu.agent.swap), the kernel id and the
     #: agent's gpu-reclaim (libvgpu.agent.reclaims); no other annotation
     annotations: dict[str, str] | None = field(default=None, hash=False, compare=False)
@@ -100,11 +100,13 @@ def pod_info(pod: Any) -> PodInfo:
         status = pod.get("status") or {}
         name, namespace, uid = meta.get("name", ""), meta.get("namespace", ""), meta.get("uid", "")
         labels, annotations, phase = meta.get("labels"), meta.get("annotations"), status.get("phase", "")
+        deleting = bool(meta.get("deletionTimestamp"))
     else:
         meta = pod.metadata
         name, namespace, uid = meta.name or "", meta.namespace or "", meta.uid or ""
         labels, annotations = meta.labels, meta.annotations
         phase = (pod.status.phase if pod.status else "") or ""
+        deleting = meta.deletion_timestamp is not None
     return PodInfo(
         name=name,
         namespace=namespace,
@@ -112,6 +114,7 @@ def pod_info(pod: Any) -> PodInfo:
         phase=phase,
         allocation=L.allocation_from_metadata(labels, annotations),
         priority=limits_priority((annotations or {}).get(L.A_LIMITS, "")),
+        deleting=deleting,
         annotations={k: v for k, v in (annotations or {}).items() if k in KEPT_ANNOTATIONS},
     )
 

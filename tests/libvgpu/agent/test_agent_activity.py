@@ -12,6 +12,7 @@ Kubernetes emulator, the agent as a subprocess) with two pods under the shim on 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -243,3 +244,28 @@ def test_a_failing_patch_is_logged_once_per_pod_and_never_raises(caplog):
     assert calls == ["p", "p", "p"]
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and f"{NS}/p" in warnings[0] and "403 pods is forbidden" in warnings[0]
+
+
+def test_a_pod_being_deleted_gets_its_last_burst_total_at_once():
+    """Kubernetes bills an elastic slice's burst from this annotation; once the pod is deleted it
+    cannot change. A burst that grew a little waits for the interval while the pod runs, but the
+    pod being deleted (deletionTimestamp) gets its current total at once (issue 27)."""
+    from libvgpu.agent.pods import pod_info
+
+    elastic = dataclasses.replace(allocation("e-act", "erin", 1024), memory_limit_mib=2048, cores_limit_percent=100)
+    elastic_meta = {"labels": L.allocation_labels(elastic), "annotations": L.allocation_annotations(elastic)}
+    meta = {"name": "act-e", "namespace": NS, "uid": "uid-e", **elastic_meta}
+    running = pod_info({"metadata": meta, "status": {"phase": "Running"}})
+    deleted = {**meta, "deletionTimestamp": "2026-11-30T00:00:00Z"}
+    deleting = pod_info({"metadata": deleted, "status": {"phase": "Running"}})
+    sent: list[dict] = []
+
+    async def patch(namespace: str, name: str, value: str) -> None:
+        sent.append(json.loads(value))
+
+    pub = ActivityPublisher(patch, logging.getLogger("test-activity"), interval_seconds=30.0)
+    assert asyncio.run(pub.publish({"uid-e": (running, PodActivity(1.0, 300, burst_gpu_seconds=10.0))})) == 1
+    assert asyncio.run(pub.publish({"uid-e": (running, PodActivity(1.0, 300, burst_gpu_seconds=12.0))})) == 0
+    assert asyncio.run(pub.publish({"uid-e": (deleting, PodActivity(1.0, 300, burst_gpu_seconds=14.0))})) == 1
+    assert [s["burst_gpu_seconds"] for s in sent] == [10.0, 14.0]
+    assert asyncio.run(pub.publish({"uid-e": (deleting, PodActivity(1.0, 300, burst_gpu_seconds=14.0))})) == 0
