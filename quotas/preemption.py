@@ -93,6 +93,10 @@ class VictimSearch(NodeVictims, Reprieve):
     #: single-victim search: allocations walked in preference order before switching to the
     #: card index (which finds the same answer; the walk is faster when answers abound)
     scan_budget = 256
+    #: the same for a request of several cards: one victim rarely frees enough of them on its
+    #: node, and the walk counts the usable cards of each candidate's node; the index skips
+    #: whole nodes by its bounds
+    scan_budget_cards = 0
     #: several victims: weigh this many candidate nodes (in placement order), or more, up to
     #: Policy.max_preemption_nodes, until one of them works
     settle_after = 32
@@ -303,7 +307,8 @@ class VictimSearch(NodeVictims, Reprieve):
             group = self.ask.group
             candidates = self._eligible(
                 self.st._group_order.get(group, []) if group else self.st._order)
-            budget = None if self.base is not None else self.scan_budget
+            budget = None if self.base is not None else (
+                self.scan_budget if self.ask.k == 1 else self.scan_budget_cards)
         last = None
         for a in candidates:
             if budget is not None:

@@ -20,19 +20,26 @@ from .test_quotas_fast_placement import churned_states, random_pool, random_requ
 @pytest.mark.parametrize("seed", range(4))
 def test_the_indexed_single_victim_is_the_one_a_walk_in_preference_order_finds(seed, monkeypatch):
     # the walk of every eligible allocation in preference order is the definition; the card
-    # index (with its filters of nodes and of CPU and host memory) must give the same decision
-    compared = preempted = 0
+    # index (with its filters of nodes and of CPU and host memory) must give the same decision,
+    # and so must the default (a multi-card request goes straight to the index: scan_budget_cards)
+    compared = preempted = several_cards = 0
     for st, rng in churned_states(seed, {"node": "fgd", "gpu": "binpack"}, 12, 200):
         r = random_request(rng, 30_000, classes=("high",))
         monkeypatch.setattr(VictimSearch, "scan_budget", 1 << 30)
+        monkeypatch.setattr(VictimSearch, "scan_budget_cards", 1 << 30)
         walked = st.decide(r, now=1e6)
+        monkeypatch.undo()
+        default = st.decide(r, now=1e6)
         monkeypatch.setattr(VictimSearch, "scan_budget", 0)
         indexed = st.decide(r, now=1e6)
-        assert (indexed.kind, indexed.allocation, indexed.victims) == \
-            (walked.kind, walked.allocation, walked.victims), r
+        monkeypatch.undo()
+        for got in (indexed, default):
+            assert (got.kind, got.allocation, got.victims) == (walked.kind, walked.allocation, walked.victims), r
         compared += 1
-        preempted += walked.kind == "preempt" and len(walked.victims) == 1
-    assert compared == 200 and preempted > 10
+        one = walked.kind == "preempt" and len(walked.victims) == 1
+        preempted += one
+        several_cards += one and r.count > 1
+    assert compared == 200 and preempted > 10 and several_cards > 2
 
 
 @pytest.mark.parametrize("seed", range(4))
