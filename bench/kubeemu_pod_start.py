@@ -25,8 +25,8 @@ the kubelet takes the pod (``to_kubelet``), its volumes and hosts file (``volume
 asks the runtime for the container (``to_runtime``: image, environment, mounts; init containers
 between), the runtime until the program runs (``runtime``; Timeline.split); the runtime's part by
 its own steps (``runtime_steps``: the server forking it, its namespaces, pid 1's fork and the
-root's mounts, pid 1 until the exec, and of that how long pid 1 still joined its memory cgroup
-after the root was mounted; Timeline.runtime_split); and CPU against run-queue wait (``sched``:
+root's mounts, pid 1 until the exec, and of that how long after the root was mounted pid 1 had
+joined its memory cgroup (its fork included); Timeline.runtime_split); and CPU against run-queue wait (``sched``:
 the kubelet's thread, the runtimes and pid 1s; Timeline.sched): a wait near the step's wall time
 says the machine's CPUs were taken, not that the emulator computed. All of it quiet, then again
 with ``--hogs`` processes of ``yes >/dev/null`` on the CPUs (``busy``; in this process's session,

@@ -122,11 +122,10 @@ class Timeline:
         """:meth:`split`'s ``runtime`` by step, summed over the containers until the first one:
         the runtime server until the container's runtime is forked (``server``), that runtime
         until it has its namespaces (``namespaces``), until it has forked pid 1 and mounted the
-        container's root (``rootfs``), pid 1 until it calls exec (``pid1``: its cgroup where that
-        ends after the root, its root and user; a container without a memory cgroup gets its root
-        first, and pid 1's fork counts here), its exec until the runtime sees it done
-        (``exec``); and ``cgroup_late``: how long pid 1 still joined its cgroup after the root
-        was mounted (part of ``pid1``). None where the runtime did not say (:meth:`started`'s
+        container's root (``rootfs``), pid 1 until it calls exec (``pid1``: its fork once the root is
+        mounted, its cgroup, its root and user), its exec until the runtime sees it done
+        (``exec``); and ``cgroup_late``: how long after the root was mounted pid 1 had joined its
+        cgroup (its fork included; part of ``pid1``). None where the runtime did not say (:meth:`started`'s
         ``marks``)."""
         runs = self._until_main()
         keys = ("runtime", "namespaces", "pid1", "rootfs")

@@ -3,12 +3,13 @@
 Started by the kubelet as ``python runtime.py run|exec SPEC.json`` (root only). It is a
 separate small program (not a fork of the emulator's threaded process), like runc:
 
-``run``: joins the container's memory cgroup, unshares mount, uts, ipc and pid namespaces,
+``run``: unshares mount, uts, ipc and pid namespaces,
 mounts a copy-on-write overlay of this machine's root filesystem (the "image": the test
 environment), bind-mounts every volume at its mountPath (``readOnly`` honoured), a private
 ``/dev/shm`` and ``/tmp``, the pod's ``/etc/hosts`` and ``/etc/hostname``, hides the
 emulator's data directory, sets the hostname, then forks the container's first process:
-pid 1 of the new pid namespace, chrooted into the overlay, with its own ``/proc``, uid, gid
+pid 1 of the new pid namespace, in the container's memory cgroup (it joins by one write:
+``_join_cgroup``), chrooted into the overlay, with its own ``/proc``, uid, gid
 and supplementary groups. This process stays outside as the container's "shim": it passes
 SIGTERM/SIGINT/SIGHUP on to pid 1 only (as a container runtime does), waits for it and exits
 with its status (128+n when a signal killed it).
@@ -94,10 +95,20 @@ def sethostname(name: str) -> None:
 
 
 def _join_cgroup(cgroup: str | None) -> None:
-    """The calling process joins the container's cgroup (its children follow)."""
+    """The calling process joins the container's cgroup (its children follow), by one write. The
+    caller is single-threaded (just forked): in cgroup v1 it writes its ``tasks`` file, which
+    moves this one thread without the kernel's write lock on every thread group (taking that lock
+    waits for an RCU grace period, milliseconds and more on a busy machine; ``cgroup.procs``
+    takes it); cgroup v2 has only ``cgroup.procs``."""
     if cgroup:
-        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
-            f.write("0")
+        try:
+            fd = os.open(os.path.join(cgroup, "tasks"), os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = os.open(os.path.join(cgroup, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
 
 
 def resolve_in(root: str, path: str, create_dirs: bool = False) -> str:
@@ -242,23 +253,19 @@ def _become(spec: dict) -> None:
     os.setuid(spec.get("uid", 0))
 
 
-def _child(spec: dict, root: str | None, errw: int, mount_proc: bool, root_ready: int | None = None,
+def _child(spec: dict, root: str | None, errw: int, mount_proc: bool,
            marks_w: int | None = None) -> None:
-    """In the forked child: finish the container's view, become its user, exec. With
-    ``root_ready``, first wait until the runtime has mounted ``root`` (a byte on that pipe); with
-    ``marks_w``, write there the moments it joined its cgroup (0 without one) and was about to
-    exec (two doubles)."""
+    """In the forked child: join the container's cgroup, finish its view, become its user, exec.
+    With ``marks_w``, write there the moments it joined its cgroup (0 without one) and was about
+    to exec (two doubles)."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_DFL)
     argv = spec["argv"]
     try:
         # only the container's processes: this runtime stays out, so the cgroup is empty (and
-        # can go) once the container's pid 1 has been reaped, while the runtime still exits.
-        # Joining takes the kernel a while (cgroup v1): the runtime mounts the root meanwhile.
+        # can go) once the container's pid 1 has been reaped, while the runtime still exits
         _join_cgroup(spec.get("cgroup"))
         joined = _clock() if spec.get("cgroup") else 0.0
-        if root_ready is not None and os.read(root_ready, 1) != b"1":
-            os._exit(128)  # the runtime could not mount the root: it reports why
         if root is not None:
             os.chroot(root)
             os.chdir("/")
@@ -387,39 +394,16 @@ def run(spec: dict, report=None, began: float | None = None) -> int:  # noqa: AN
     marks["namespaces"] = _clock()
     errr, errw = os.pipe()
     marks_r, marks_w = os.pipe()
-    if not spec.get("cgroup"):  # the root first, then pid 1 goes straight on to its program
-        _setup_rootfs(spec)
-        marks["rootfs"] = _clock()
-        pid = os.fork()
-        if pid == 0:
-            os.close(errr)
-            os.close(marks_r)
-            _child(spec, spec["rootfs"], errw, mount_proc=True, marks_w=marks_w)
-        marks["pid1"] = _clock()
-    else:  # pid 1 is forked first (it shares this mount namespace): it joins the cgroup while
-        # this process mounts its root, then goes on
-        ready_r, ready_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            os.close(errr)
-            os.close(ready_w)
-            os.close(marks_r)
-            _child(spec, spec["rootfs"], errw, mount_proc=True, root_ready=ready_r, marks_w=marks_w)
-        os.close(ready_r)
-        child_pid = pid
-        marks["pid1"] = _clock()
-        try:
-            _setup_rootfs(spec)
-        except BaseException:
-            os.close(ready_w)  # pid 1 exits without running anything
-            os.close(marks_r)
-            os.close(errw)
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-            raise
-        marks["rootfs"] = _clock()
-        os.write(ready_w, b"1")
-        os.close(ready_w)
+    # the root first, then pid 1 goes straight on to its program (joining its cgroup, if any,
+    # by one write: _join_cgroup)
+    _setup_rootfs(spec)
+    marks["rootfs"] = _clock()
+    pid = os.fork()
+    if pid == 0:
+        os.close(errr)
+        os.close(marks_r)
+        _child(spec, spec["rootfs"], errw, mount_proc=True, marks_w=marks_w)
+    marks["pid1"] = _clock()
     os.close(errw)
     os.close(marks_w)
     child_pid = pid

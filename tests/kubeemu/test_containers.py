@@ -231,6 +231,38 @@ def test_memory_limit_is_enforced_as_oom_killed_and_the_restart_policy_holds(
     assert term["reason"] == "OOMKilled" and term["exitCode"] == 137
 
 
+def test_a_memory_limited_containers_pid_1_joins_its_cgroup_once_its_root_is_mounted(
+        kube_emulator, core, kube_namespace):
+    """Pid 1 of a container with a memory limit is forked once the runtime has mounted its root
+    and joins the container's cgroup itself, as one without a limit goes straight on to its
+    program: no wait for the runtime to wake it (a wake-up costs a CPU's turn on a busy machine).
+    Its children follow it into the cgroup; the runtime stays out."""
+    if kube_emulator.kubelet.cgroup_base is None:
+        pytest.fail("no memory cgroup can be created here: the emulator cannot enforce limits")
+    code = "import subprocess, time\nsubprocess.Popen(['sleep', '60'])\ntime.sleep(60)\n"
+    uid = core.create_namespaced_pod(kube_namespace, pod(
+        "limited", py(code), resources={"limits": {"memory": "64Mi"}})).metadata.uid
+    kube_emulator.wait_for_pod_phase("limited", "Running", kube_namespace)
+    pid1 = kube_emulator.pod_pid("limited", kube_namespace)
+    runtime = kube_emulator.kubelet.runtime_for(kube_namespace, "limited").proc.pid
+
+    def memory_cgroup(pid: int) -> str:
+        lines = open(f"/proc/{pid}/cgroup").read().splitlines()
+        return next(ln.split(":", 2)[2] for ln in lines if ln.split(":")[1] in ("memory", ""))
+
+    def children():
+        with open(f"/proc/{pid1}/task/{pid1}/children") as f:
+            return f.read().split()
+
+    child = int(kube_emulator.wait_for(children, message="pid 1's child")[0])
+    cgroup = memory_cgroup(pid1)
+    assert os.path.basename(cgroup).startswith(uid[:8])
+    assert memory_cgroup(child) == cgroup and memory_cgroup(runtime) != cgroup
+    marks = kube_emulator.kubelet.timelines[uid].runs[-1]["marks"]
+    # (the runtime's "pid1" moment is after its fork returned: pid 1 may have joined before it)
+    assert marks["rootfs"] <= min(marks["pid1"], marks["cgroup"]) <= marks["cgroup"] <= marks["exec"], marks
+
+
 def test_unknown_image_is_err_image_pull_then_back_off_until_it_exists(
         kube_emulator, core, kube_namespace):
     ns = kube_namespace
