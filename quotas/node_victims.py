@@ -125,7 +125,7 @@ class NodeVictims:
         # the index's eligibility of each allocation for this class (what _may_evict answers:
         # a queue's stand-ins are never eligible), and its evictable sums per card
         elig, p = ix.elig, self.p
-        em, ec, en = ix.em[p], ix.ec[p], ix.en[p]
+        em, ec, en, em1, ec1 = ix.em[p], ix.ec[p], ix.en[p], ix.em1[p], ix.ec1[p]
         needs: list[int] = []
         ready = 0
         for gi in (ix.wgpus if a.whole else ix.sgpus)[ni].get(a.group, ()):
@@ -143,6 +143,9 @@ class NodeVictims:
                 continue
             if em[gi] < need_m or ec[gi] < need_c:
                 continue  # even all it may evict here would not make room
+            if em1[gi] >= need_m and ec1[gi] >= need_c:
+                needs.append(1)  # its largest evictable charges make room: what _fewest says
+                continue
             mine = [charge for aid, charge in on.items() if elig[aid][p]]
             n = max(_fewest([cm for cm, _ in mine], need_m), _fewest([cc for _, cc in mine], need_c))
             if n < NEVER:
@@ -154,6 +157,9 @@ class NodeVictims:
             return NEVER
         needs.sort()
         cover = sum(needs[:short])
+        if ix.span_max[ni] == 1:  # each victim clears one card: ``cover`` of them, if there are
+            there = sum(1 for aid in ix.node_allocs[ni] if elig[aid][p])
+            return cover if there >= cover else NEVER
         spans = sorted((len(v.gpu_uuids) for aid, v in ix.node_allocs[ni].items() if elig[aid][p]),
                        reverse=True)
         for n, span in enumerate(spans, 1):

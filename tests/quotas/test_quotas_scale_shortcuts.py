@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from quotas import AdmissionState, Owner, load_config
+from quotas import AdmissionState, Owner, load_config, node_victims
 from quotas import queue as queue_module
 from quotas.preemption import VictimSearch
 
@@ -196,3 +196,62 @@ def test_the_chunked_filter_of_a_long_level_order_keeps_what_charges_every_defic
                                  deficits=deficits)
         got = list(VictimSearch._charging(search, keys))
         assert got == [k[3] for k in keys if all(charges[k[3]][r] >= need for _, r, need in deficits)]
+
+
+def plain_victims_at_least(search: VictimSearch, ni: int) -> int:
+    """The definition of the bound: per card to clear the fewest of its evictable charges that
+    make room (sorted, the largest first), the short cards' cheapest, covered by the node's
+    evictable allocations, the widest first (each counts on every card it holds)."""
+    ix, a, p = search.ix, search.ask, search.p
+    needs, ready = [], 0
+    for gi in (ix.wgpus if a.whole else ix.sgpus)[ni].get(a.group, ()):
+        mine = [charge for aid, charge in ix.on[gi].items() if ix.elig[aid][p]]
+        if a.whole:
+            if not ix.on[gi]:
+                ready += 1
+            elif len(mine) == len(ix.on[gi]):
+                needs.append(len(mine))
+            continue
+        need = (a.m - ix.cap_m[gi] + ix.used_m[gi], a.c - ix.cap_c[gi] + ix.used_c[gi])
+        if need[0] <= 0 and need[1] <= 0:
+            ready += 1
+            continue
+        n = max(node_victims._fewest([charge[r] for charge in mine], need[r]) for r in range(2))
+        if n < node_victims.NEVER:
+            needs.append(n)
+    short = a.k - ready
+    if short <= 0:
+        return 0
+    if len(needs) < short:
+        return node_victims.NEVER
+    cover = sum(sorted(needs)[:short])
+    spans = sorted((len(v.gpu_uuids) for aid, v in ix.node_allocs[ni].items() if ix.elig[aid][p]), reverse=True)
+    for n, span in enumerate(spans, 1):
+        cover -= span
+        if cover <= 0:
+            return n
+    return node_victims.NEVER
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_bound_on_a_nodes_victims_is_its_definition(seed, monkeypatch):
+    # _victims_at_least reads one victim per card from the index's largest evictable charges
+    # and counts victims when none holds several cards; the definition sorts both
+    bounds = []
+    run = VictimSearch.run
+
+    def checked(self):  # every node, for each search's request and class
+        for ni in range(len(self.ix.node_names)):
+            got = self._victims_at_least(ni)
+            assert got == plain_victims_at_least(self, ni), (self.ask, ni)
+            bounds.append((got, self.ix.span_max[ni]))
+        return run(self)
+
+    monkeypatch.setattr(VictimSearch, "run", checked)
+    for st, rng in churned_states(seed, {"node": "fgd", "gpu": "binpack"}, 10, 200):
+        r = random_request(rng, 60_000)
+        if rng.random() < 0.5:
+            r = dataclasses.replace(r, count=rng.choice([2, 4, 8]), whole=rng.random() < 0.3)
+        st.decide(r, now=1e6)
+    # bounds of several values, where victims hold one card each and where some hold more
+    assert len({b for b, span in bounds if span == 1}) > 3 and len({b for b, span in bounds if span > 1}) > 3
