@@ -5,7 +5,12 @@
  * - memory: past its request, a container may hold what the card has that no other
  *   container's request needs (card total minus, for every other live container of the card,
  *   the larger of its request and its use), up to its limit, and nothing more while another
- *   container waits for memory within its request (a reclaim is pending).
+ *   container waits for memory within its request (a reclaim is pending). Two containers
+ *   bursting at once may both read the same room: so a burst, once counted, publishes its use
+ *   and reads the others' need again (vgpu_mem_burst_holds; seq-cst on both sides, so at least
+ *   one sees the other) and is undone and refused if the card cannot hold it all. Where the
+ *   node agent relays the entries (read-only node regions) the others' use is a relay period
+ *   old: two bursts within that lag can both succeed (the driver, then a reclaim, sorts it out).
  * - reclaim: an allocation within the request that the driver refuses for lack of memory,
  *   while other containers of the card use more than their requests, is not failed at once:
  *   the container records the reclaim in its node entry (MiB wanted, since when; read by
@@ -78,6 +83,22 @@ uint64_t vgpu_mem_allowed(int dev) {
     uint64_t room = total > need ? total - need : 0;
     if (room > lim) room = lim;
     return room > req ? room : req;
+}
+
+/* Called after an elastic slice's allocation is counted. Past its request, where the node
+ * region is attached directly: publishes its use at once and reads the others' need again
+ * (seq-cst on both sides: of two containers bursting into the same room at once, at least one
+ * sees the other); 0 when the card cannot hold it all (the caller undoes the count). */
+int vgpu_mem_burst_holds(int dev) {
+    uint64_t used = atomic_load(&vgpu.reg->used[dev]);
+    if (used <= vgpu.cfg.memory_bytes[dev]) return 1; /* within the request: guaranteed */
+    struct vgpu_node_attach *na = vgpu_node_get(dev);
+    uint64_t total = total_of(dev);
+    if (!na || na->relay || !total) return 1; /* relayed: a period late, see the header */
+    atomic_store(&na->region->entries[na->entry].memory_used, used);
+    int pending;
+    uint64_t need = others_need(na, total, &pending);
+    return !pending && need <= total && used <= total - need;
 }
 
 /* ---- reclaim ------------------------------------------------------------------------------ */

@@ -286,6 +286,7 @@ static void init_state(void) {
     const char *m = getenv("LIBVGPU_TEST_SLEEP_MID_UPDATE_MS"); /* the one without it */
     vgpu.test_locked_path = t != NULL;
     if (t || m) vgpu.test_sleep_in_lock_ms = (unsigned)atoi(t ? t : m);
+    vgpu.test_hold_burst = getenv("LIBVGPU_TEST_HOLD_BURST_UNTIL"); /* after what the card allows */
 #endif
     if (vgpu_config_load(&vgpu.cfg, err, sizeof(err)) != 0) {
         vgpu_log("invalid configuration: %s; CUDA is disabled until it is fixed", err);

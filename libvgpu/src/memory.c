@@ -366,10 +366,18 @@ static void test_pause(const char *where) { /* test hook: die here, mid-update *
     vgpu_log("test: %s for %u ms", where, vgpu.test_sleep_in_lock_ms);
     vgpu_sleep_ns((uint64_t)vgpu.test_sleep_in_lock_ms * 1000000ull);
 }
+static void test_hold_burst(int dev, uint64_t bytes) { /* test hook: a burst waits for the file */
+    if (VGPU_LIKELY(!vgpu.test_hold_burst)) return;
+    if (vgpu_container_used(dev) + bytes <= vgpu.cfg.memory_bytes[dev]) return; /* no burst */
+    vgpu_log("test: holding a burst between what the card allows and the count");
+    while (access(vgpu.test_hold_burst, F_OK) != 0) vgpu_sleep_ns(1000000ull);
+}
 #define TEST_PAUSE(where) test_pause(where)
+#define TEST_HOLD_BURST(dev, bytes) test_hold_burst(dev, bytes)
 #define TEST_LOCKED_PATH() (vgpu.test_locked_path)
 #else
 #define TEST_PAUSE(where) ((void)0)
+#define TEST_HOLD_BURST(dev, bytes) ((void)0)
 #define TEST_LOCKED_PATH() 0
 #endif
 
@@ -390,7 +398,11 @@ static VGPU_HOT CUresult reserve(int dev, uint64_t bytes, int overhead, int forc
     /* an elastic slice past its request: only what the card has that no other slice needs
      * (vgpu_mem_allowed attaches the node region: before the region lock, as slow_lock is
      * taken before it) */
-    if (limit != VGPU_UNLIMITED && limit > vgpu.cfg.memory_bytes[dev]) limit = vgpu_mem_allowed(dev);
+    int elastic = limit != VGPU_UNLIMITED && limit > vgpu.cfg.memory_bytes[dev];
+    if (elastic) {
+        limit = vgpu_mem_allowed(dev);
+        TEST_HOLD_BURST(dev, bytes);
+    }
     uint64_t used;
     if (!TEST_LOCKED_PATH() && unlocked_begin(r, me)) {
         int added = add_within(r, dev, bytes, limit, &used);
@@ -421,6 +433,11 @@ static VGPU_HOT CUresult reserve(int dev, uint64_t bytes, int overhead, int forc
     if (locked) vgpu_region_unlock(r);
 counted:
     vgpu_publish_usage(dev, now);
+    if (VGPU_UNLIKELY(elastic) && used + bytes > vgpu.cfg.memory_bytes[dev] && /* a burst */
+        !vgpu_mem_burst_holds(dev)) { /* another burst took the room meanwhile */
+        vgpu_mem_release(dev, bytes, overhead);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     return CUDA_SUCCESS;
 }
 CUresult vgpu_mem_reserve(int dev, uint64_t bytes, int overhead) {

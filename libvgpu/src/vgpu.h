@@ -284,6 +284,7 @@ struct vgpu_proc {
 #ifdef VGPU_TEST_HOOKS
     unsigned test_sleep_in_lock_ms;  /* LIBVGPU_TEST_SLEEP_{IN_LOCK,MID_UPDATE}_MS: test builds */
     int test_locked_path;            /* IN_LOCK: allocations take the locked path */
+    const char *test_hold_burst;     /* LIBVGPU_TEST_HOLD_BURST_UNTIL: a burst waits for the file */
 #endif
     pthread_mutex_t slow_lock;       /* process-local: slot claim, node attach */
 };
@@ -367,6 +368,7 @@ int vgpu_entry_alive(struct vgpu_node_attach *na, int i, uint64_t now); /* cache
 
 /* elastic.c: elastic slices (request + burst limit) */
 uint64_t vgpu_mem_allowed(int dev);   /* bytes the container may hold on dev now */
+int vgpu_mem_burst_holds(int dev);     /* after a count: 0 = another burst took the room */
 uint32_t vgpu_compute_share(int dev); /* the cores percent the limiter runs at now */
 void vgpu_compute_will_launch(int dev, uint64_t wait_ns); /* busy while sleeping off a debt */
 /* metering: the container ran busy_ns of GPU time in a window of window_ns (one sampler each) */

@@ -252,3 +252,28 @@ def test_a_newcomers_floor_comes_back_at_the_first_nvml_window_while_three_slice
     # window on within 5 points of 25 %
     assert all(25 * 2000 / est <= 30 for _, ests in firsts for est in ests), firsts
     assert all(20 <= 25 * 2000 / ests[-1] <= 30 for _, ests in firsts), firsts
+
+
+def test_two_slices_bursting_at_once_never_promise_the_card_twice(hooks_node):
+    # the card has 4096 MiB; an idle owner is guaranteed 2048 of it; two slices of 512 MiB may
+    # each burst into the 1536 MiB no request needs, but not both at once
+    from libvgpu.regions import read_container_region
+
+    owner = _elastic(hooks_node, "owner", "memory_mib=2048")
+    owner.start("init", "ctx", "alloc:10M", "wait")
+    one = _elastic(hooks_node, "one", "memory_mib=512\nmemory_limit_mib=4096")
+    two = _elastic(hooks_node, "two", "memory_mib=512\nmemory_limit_mib=4096")
+    go = hooks_node.root / "go"
+    # one has read what the card allows (1536 MiB) and is held before it counts its burst...
+    held = one.start("init", "ctx", "alloc:1500M", "wait", env={"LIBVGPU_TEST_HOLD_BURST_UNTIL": str(go)},
+                     wait_for=None, stderr_line="holding a burst")
+    # ...while two bursts into the same spare memory and keeps it
+    other = two.start("init", "ctx", "alloc:1500M", "wait")
+    go.touch()
+    lines = iter(held.stdout.readline, "")
+    first = next(line for line in lines if line.startswith("alloc")).strip()
+    assert other.poll() is None
+    used = {c.name: read_container_region(c.region).memory_used_bytes[0] // MiB for c in (one, two)}
+    promised = 2048 + max(512, used["one"]) + max(512, used["two"])
+    assert promised <= 4096, (first, used)  # the owner's 2048 MiB are still there for it
+    assert first == f"alloc rc={OOM}" and used == {"one": 0, "two": 1500}, used

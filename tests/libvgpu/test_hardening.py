@@ -158,3 +158,11 @@ def test_a_process_keeping_the_counters_busy_neither_stops_the_container_nor_ske
     assert r.rcs("alloc") == [0, OOM, 0]
     assert int(r.one("info")["free"]) == 424 * MiB
     assert time.monotonic() - started < 5
+
+
+def test_the_shipped_shim_has_no_test_hook_that_holds_a_burst(node):
+    box = node.container("c", "memory_mib=512\nmemory_limit_mib=2048", node_regions=True)
+    r = box.run("init", "ctx", "alloc:1000M", env={"LIBVGPU_TEST_HOLD_BURST_UNTIL": "/nonexistent"},
+                timeout=30)
+    assert r.rcs("alloc") == [0], r.stderr  # a burst, not held for a file that never comes
+    assert "holding a burst" not in r.stderr
