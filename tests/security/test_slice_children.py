@@ -14,10 +14,12 @@ from tests.security.helpers import Session, broker_kernels, pid_alive, processes
 ENV = "ELASTIC_GPU_ALLOCATION_ID"
 
 ESCAPE = """
-import os, subprocess, time
+import os, subprocess, tempfile, time
 pids = []
+where = tempfile.mkdtemp(prefix="escape-")  # fresh: a name made of the kernel's pid was left by
+# an earlier kernel with that pid (pids wrap at 32768), and its stale pid read as a dead child
 for n in range(2):
-    f = f"/tmp/escape-{os.getpid()}-{n}"
+    f = f"{where}/{n}"
     subprocess.run(["setsid", "-f", "sh", "-c", f"echo $$ > {f}; exec sleep 600"], check=True)
     while not os.path.exists(f) or not open(f).read().strip():
         time.sleep(0.05)
