@@ -123,6 +123,26 @@ async def open_lab(hub: HubRunner, user: str, notebook: str = "") -> Browser:
     return browser
 
 
+async def fetch_text(browser: Browser, url: str, tries: int = 3) -> str:
+    """The body of a GET from the page. The test's own request: a network error (no HTTP answer at
+    all, seen once in CI on a loaded machine) is retried and printed, an HTTP error is not."""
+    failures = []
+    for _ in range(tries):
+        answer = await browser.evaluate(
+            f"(async () => {{ try {{ const r = await fetch({json.dumps(url)});"
+            " return r.ok ? {text: await r.text()} : {status: r.status}; }"
+            " catch (e) { return {error: String(e)}; } })()"
+        )
+        if "error" not in answer:
+            assert "text" in answer, f"GET {url}: HTTP {answer.get('status')}"
+            if failures:
+                print(f"GET {url} failed before it answered: {failures}")
+            return answer["text"]
+        failures.append(answer["error"])
+        await asyncio.sleep(0.5)
+    raise AssertionError(f"GET {url} from the page never answered: {failures}")
+
+
 def new_notebook(server, path: str, spec: str = SPEC) -> None:
     """A notebook file whose kernel is the GPU kernel (JupyterLab starts it when it opens the file)."""
     status, body = server.api(
@@ -167,7 +187,9 @@ async def test_the_launcher_shows_each_gpu_kernel_with_an_icon_that_says_its_siz
         card = "document.querySelector('.jp-LauncherCard[title*=\"GPU 10 GiB\"] img')"
         src = await until(browser, f"{card} && {card}.src", timeout=60)
         assert "logo-svg" in src, src
-        svg = await browser.evaluate(f"fetch({json.dumps(src)}).then(r => r.text())")
+        # what the user sees: the browser loaded and drew the icon
+        await until(browser, f"{card}.complete && {card}.naturalWidth > 0", timeout=30)
+        svg = await fetch_text(browser, src)
         assert ">10 GiB<" in svg and ">50%<" in svg and ">GPU<" in svg, svg
         await browser.screenshot(shots / "launcher.png")
     finally:
