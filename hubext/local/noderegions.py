@@ -20,7 +20,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from libvgpu.regions import PRIORITY_TABLE, RegionError, prepare_node_regions
+from libvgpu.priorities import PRIORITY_TABLE
+from libvgpu.regions import RegionError, prepare_node_regions
 
 
 def prepare_node_dir(directory: Path, uuids: Sequence[str], log: logging.Logger, shim: bool) -> None:

@@ -33,13 +33,8 @@ from libvgpu import contract as C
 from libvgpu.agent.relay import Relay
 from libvgpu.backstop import Backstop
 from libvgpu.elastic import pending_reclaims
-from libvgpu.regions import (
-    RegionError,
-    prepare_container_region,
-    read_activity,
-    read_priority_table,
-    write_priority_table,
-)
+from libvgpu.priorities import read_priority_table, write_priority_table
+from libvgpu.regions import RegionError, prepare_container_region, read_activity
 from quotas import Allocation, ConfigError, Node, Pool, parse_simulated
 
 from ..backends import GoneCallback, PoolBackend, ReleaseCause

@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from libvgpu.regions import LAYOUT, NODE_ENTRIES, read_node_regions, write_priority_table
+from libvgpu.priorities import write_priority_table
+from libvgpu.regions import LAYOUT, NODE_ENTRIES, read_node_regions
 
 WINDOW_MS = 200
 

@@ -17,7 +17,7 @@ from hubext.local.ledger import Ledger
 from hubext.local.pool import LocalPool
 from hubext.local.processes import process_alive
 from libvgpu.contract import model_name
-from libvgpu.regions import read_priority_table
+from libvgpu.priorities import read_priority_table
 from quotas import Allocation, ConfigError, Owner
 
 

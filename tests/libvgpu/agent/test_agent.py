@@ -405,7 +405,7 @@ def test_shim_is_installed_in_the_host_dir_with_the_preload_file_and_regions(nod
 
 
 def test_the_priority_table_of_the_regions_lists_each_running_allocation(node):
-    from libvgpu.regions import read_priority_table
+    from libvgpu.priorities import read_priority_table
 
     regions = node.host_dir / "regions"
     wait_for(lambda: read_priority_table(regions).get("a-ok") == 100, 15, "a-ok's priority in the table")
