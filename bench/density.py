@@ -33,9 +33,18 @@ asking again at their next burst, which the queue may move for an overdue reques
   criteria: the largest class's p95 <= 3 x max(smallest class's p95, 30 s), and no class more
   than 30 s worse than first-come;
 - ``needed`` lines: the smallest pool per queue configuration (p95 <= 30 s in every class);
-- ``swap`` lines: the smallest pool with the default queue per idle timeout (``--timeouts``),
-  against the no-fragmentation pool (the sum of the shares held, rounded up, at its 95th
-  percentile over time) and the whole-card pool (every session a whole card throughout).
+- ``swap`` lines: the smallest pool with the default queue (``--reserve-after``: with that
+  ``queue.reserve_after_seconds``) per idle timeout (``--timeouts``),
+  against the no-fragmentation pool (``ideal``: the smallest ideal pool, one machine with one card
+  of all the cards' memory and compute so that nothing can fragment, through the same queue with
+  the same criterion; ``shares_p95``: the sum of the shares held, rounded up, at its 95th
+  percentile over time, the reference before issue 25's swap work: a different criterion) and
+  the whole-card pool (every session a whole card throughout); ``bursts_resumed``: the share of
+  the kernels' bursts that start with a resume (their kernel was swapped out).
+
+The ``trace`` line gives the trace's shape, on which every ratio depends: sessions open at once
+(95th percentile over time: about what whole cards need), the share of session time that is
+busy (bursts), and sessions per user and working day.
 
 The last line is ``density whole_card_gpus=<n> fractional_gpus=<n>
 kernels_culled_gpus=<n> ratio=<whole_card / kernels_culled>``.
@@ -54,7 +63,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hubext.metering.replay import Scenario, Session, run_scenario  # noqa: E402
+from hubext.metering.replay import Scenario, Session, cards_held, run_scenario  # noqa: E402
 
 sys.path.append(str(Path(__file__).resolve().parent))  # after the packages: bench/culler.py must not shadow culler
 import hubqueue  # noqa: E402
@@ -93,6 +102,19 @@ def utilisation(session: Session) -> float:
     return sum(length for _, length in session.bursts or ()) / session.duration
 
 
+def trace_shape(sessions: list[Session], users: int, days: int) -> str:
+    """Sessions open at once (p95 over time), the busy share of session time, sessions a user-day."""
+    changes: dict[float, float] = {}
+    for s in sessions:
+        changes[s.arrival] = changes.get(s.arrival, 0.0) + 1
+        changes[s.arrival + s.duration] = changes.get(s.arrival + s.duration, 0.0) - 1
+    busy = sum(length for s in sessions for _, length in s.bursts or ()) / sum(s.duration for s in sessions)
+    return (
+        f"concurrent_sessions_p95={cards_held(changes, 95)} busy_share={busy:.3f} "
+        f"sessions_per_user_day={len(sessions) / max(1, users * days):.2f}"
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1, help="the trace generator's seed (default 1)")
@@ -102,10 +124,23 @@ def main(argv: list[str] | None = None) -> None:
         "--idle-timeout", type=float, default=600.0, help="kernels_culled: seconds idle before a cull (default 600)"
     )
     parser.add_argument("--max-wait", type=float, default=30.0, help="the p95 wait allowed per size class (s)")
-    parser.add_argument("--server-share", type=float, default=0.5,
-                        help="hub queue runs: the share of users running notebook servers (default 0.5)")
-    parser.add_argument("--timeouts", default="60,120,300,600",
-                        help="hub queue runs: the idle timeouts (s) of the swap lines (default 60,120,300,600)")
+    parser.add_argument(
+        "--server-share",
+        type=float,
+        default=0.5,
+        help="hub queue runs: the share of users running notebook servers (default 0.5)",
+    )
+    parser.add_argument(
+        "--timeouts",
+        default="60,120,300,600",
+        help="hub queue runs: the idle timeouts (s) of the swap lines (default 60,120,300,600)",
+    )
+    parser.add_argument(
+        "--reserve-after",
+        type=float,
+        default=None,
+        help="swap lines: the queue's reserve_after_seconds (default: the admission default)",
+    )
     parser.add_argument("--no-queue", action="store_true", help="skip the runs through the hub's queue")
     args = parser.parse_args(argv)
     sessions = notebook_trace(args.seed, args.users, args.days)
@@ -115,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         f"trace seed={args.seed} users={args.users} days={args.days} sessions={len(sessions)} "
         f"median_hours={statistics.median(s.duration for s in sessions) / HOUR:.2f} "
         f"median_utilisation={statistics.median(utilisation(s) for s in sessions):.3f} "
-        f"bursts={sum(len(s.bursts or ()) for s in sessions)}"
+        f"bursts={sum(len(s.bursts or ()) for s in sessions)} {trace_shape(sessions, args.users, args.days)}"
     )
     scenarios = {
         "whole_card": Scenario(name="whole_card", profiles=(1.0,)),
@@ -146,22 +181,39 @@ def uses_of(sessions: list[Session], server_share: float, seed: int) -> list[hub
     seed) or GPU kernels."""
     rng = random.Random(seed * 7919 + 1)
     server: dict[str, bool] = {}
-    return [hubqueue.Use(s.id, s.user, s.arrival, s.duration, s.share,
-                         not server.setdefault(s.user, rng.random() < server_share),
-                         tuple(sorted(s.bursts or ()))) for s in sessions]
+    return [
+        hubqueue.Use(
+            s.id,
+            s.user,
+            s.arrival,
+            s.duration,
+            s.share,
+            not server.setdefault(s.user, rng.random() < server_share),
+            tuple(sorted(s.bursts or ())),
+        )
+        for s in sessions
+    ]
+
+
+def resumed(uses: list[hubqueue.Use], idle_timeout: float) -> float:
+    """The share of the kernels' bursts that start with a resume (the kernel was swapped out)."""
+    kernels = [u for u in uses if u.kernel]
+    resumes = sum(len(hubqueue.periods(u, idle_timeout)) - 1 for u in kernels)
+    return resumes / max(1, sum(len(u.bursts) for u in kernels))
 
 
 def hub_queue_runs(sessions: list[Session], args: argparse.Namespace) -> None:
     uses = uses_of(sessions, args.server_share, args.seed)
     timeout, limit = args.idle_timeout, args.max_wait
     servers = sum(1 for u in uses if not u.kernel)
-    print(f"hub queue: {servers} notebook-server sessions, {len(uses) - servers} kernel sessions "
-          f"(idle timeout {timeout:.0f} s); p95 wait per size class in s")
+    print(
+        f"hub queue: {servers} notebook-server sessions, {len(uses) - servers} kernel sessions "
+        f"(idle timeout {timeout:.0f} s); p95 wait per size class in s"
+    )
     needed: dict[str, int] = {}
     for name, queue in hubqueue.QUEUES.items():
         started = time.perf_counter()
-        needed[name], _ = hubqueue.smallest_pool(uses, queue, timeout, limit,
-                                                 hubqueue.concurrency_bound(uses, timeout))
+        needed[name], _ = hubqueue.smallest_pool(uses, queue, timeout, limit, hubqueue.concurrency_bound(uses, timeout))
         print(f"needed queue={name!r}: gpus={needed[name]} seconds={time.perf_counter() - started:.1f}")
     base = needed["first-come"]
     for gpus in (base - 3, base):
@@ -174,18 +226,27 @@ def hub_queue_runs(sessions: list[Session], args: argparse.Namespace) -> None:
             late = sum(1 for w in every if w > 30) / max(1, len(every))
             fair = max(p95.values()) <= 3 * max(min(p95.values()), 30)
             worse = max(p95[k] - first.p95(k) for k in p95)
-            print(f"queue gpus={gpus} queue={name!r}: {waits} waited_over_30s={100 * late:.1f}% "
-                  f"moves_per_h={r.moves / max(r.hours, 1e-9):.2f} largest<=3x={'yes' if fair else 'no'} "
-                  f"worst_vs_first_come=+{worse:.0f}s")
+            print(
+                f"queue gpus={gpus} queue={name!r}: {waits} waited_over_30s={100 * late:.1f}% "
+                f"moves_per_h={r.moves / max(r.hours, 1e-9):.2f} largest<=3x={'yes' if fair else 'no'} "
+                f"worst_vs_first_come=+{worse:.0f}s"
+            )
     whole = [dataclasses.replace(u, share=1.0, kernel=False) for u in uses]
-    whole_gpus, _ = hubqueue.smallest_pool(whole, hubqueue.QUEUES["default"], timeout, limit,
-                                           hubqueue.concurrency_bound(whole, timeout))
+    whole_gpus, _ = hubqueue.smallest_pool(
+        whole, hubqueue.QUEUES["default"], timeout, limit, hubqueue.concurrency_bound(whole, timeout)
+    )
+    swap_queue = dict(hubqueue.QUEUES["default"])
+    if args.reserve_after is not None:
+        swap_queue["reserve_after_seconds"] = args.reserve_after
     for t in (float(x) for x in args.timeouts.split(",")):
-        ideal = hubqueue.concurrency_bound(uses, t)
-        gpus, _ = hubqueue.smallest_pool(uses, hubqueue.QUEUES["default"], t, limit, ideal)
-        print(f"swap idle_timeout={t:.0f}s: gpus={gpus} no_fragmentation={ideal} "
-              f"over_ideal={100 * (gpus / ideal - 1) if ideal else 0:.0f}% whole_cards={whole_gpus} "
-              f"fewer_than_whole={whole_gpus / gpus:.1f}x")
+        shares = hubqueue.concurrency_bound(uses, t)
+        gpus, _ = hubqueue.smallest_pool(uses, swap_queue, t, limit, shares)
+        ideal, _ = hubqueue.smallest_pool(uses, swap_queue, t, limit, max(1, shares - 2), pooled=True)
+        print(
+            f"swap idle_timeout={t:.0f}s: gpus={gpus} ideal={ideal} over_ideal={100 * (gpus / ideal - 1):.0f}% "
+            f"shares_p95={shares} whole_cards={whole_gpus} fewer_than_whole={whole_gpus / gpus:.1f}x "
+            f"bursts_resumed={100 * resumed(uses, t):.0f}%"
+        )
 
 
 if __name__ == "__main__":

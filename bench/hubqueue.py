@@ -96,23 +96,37 @@ def periods(use: Use, idle_timeout: float) -> list[tuple[float, float]]:
     return [(use.arrival + s, use.arrival + e) for s, e in out if e > s]
 
 
-def pool_of(gpus: int, per_node: int = 8, card_mib: int = 80 * 1024) -> Pool:
+def pool_of(gpus: int, per_node: int = 8, card_mib: int = 80 * 1024, pooled: bool = False) -> Pool:
+    """``gpus`` cards, ``per_node`` to a node; ``pooled``: the ideal pool instead, one machine with
+    ONE card of all their memory and compute (bench/placement.py's ideal-pool model: nothing can
+    fragment, a request fits wherever the totals have room)."""
+    if pooled:
+        card = GPU("pool-gpu0", "H100-80GB", card_mib * gpus, cores_oversub=float(gpus))
+        return Pool((Node("pool", (card,)),))
     nodes, left, i = [], gpus, 0
     while left > 0:
         n = min(per_node, left)
-        nodes.append(Node(f"node{i}", tuple(GPU(f"node{i}-gpu{g}", "H100-80GB", card_mib, index=g)
-                                             for g in range(n))))
+        nodes.append(Node(f"node{i}", tuple(GPU(f"node{i}-gpu{g}", "H100-80GB", card_mib, index=g) for g in range(n))))
         left, i = left - n, i + 1
     return Pool(tuple(nodes))
 
 
-def run(uses: Sequence[Use], gpus: int, queue: dict, idle_timeout: float,
-        card_mib: int = 80 * 1024, stop_after: float | None = None) -> QueueRun:
+def run(
+    uses: Sequence[Use],
+    gpus: int,
+    queue: dict,
+    idle_timeout: float,
+    card_mib: int = 80 * 1024,
+    stop_after: float | None = None,
+    pooled: bool = False,
+) -> QueueRun:
     """Replay ``uses`` on ``gpus`` cards through the queue configured by ``queue``.
     ``stop_after``: give up (the result has ``gpus`` = -1) once more than 5 % of some size
-    class's requests have waited longer than this many seconds (the pool is too small)."""
+    class's requests have waited longer than this many seconds (the pool is too small).
+    ``pooled``: on the ideal pool (:func:`pool_of`), where a whole card is asked for as a
+    card's memory and compute."""
     cfg = load_config({"queue": queue})
-    state = AdmissionState(cfg, pool_of(gpus, card_mib=card_mib))
+    state = AdmissionState(cfg, pool_of(gpus, card_mib=card_mib, pooled=pooled))
     q = AdmissionQueue.from_policy(cfg.policy)
     bound = cfg.policy.reserve_after_seconds
     result = QueueRun(gpus)
@@ -150,10 +164,15 @@ def run(uses: Sequence[Use], gpus: int, queue: dict, idle_timeout: float,
             if kind == "ask":
                 u, end, moved = payload
                 rid = f"{u.id}#{next(seq)}"
-                whole = u.share >= 1
-                request = GPURequest(Owner(u.user), 0 if whole else int(u.share * card_mib),
-                                     0 if whole else max(1, int(u.share * 100)), whole=whole,
-                                     request_id=rid, kind="kernel" if u.kernel else "notebook")
+                whole = u.share >= 1 and not pooled
+                request = GPURequest(
+                    Owner(u.user),
+                    0 if whole else int(u.share * card_mib),
+                    0 if whole else max(1, int(u.share * 100)),
+                    whole=whole,
+                    request_id=rid,
+                    kind="kernel" if u.kernel else "notebook",
+                )
                 q.push(request, 100, t, moved=moved)
                 asked[rid] = (u, t, end)
                 if stop_after is not None:
@@ -218,12 +237,15 @@ def concurrency_bound(uses: Sequence[Use], idle_timeout: float, p: float = 95.0)
     return cards_held(changes, p)
 
 
-def smallest_pool(uses: Sequence[Use], queue: dict, idle_timeout: float, max_wait: float = 30.0,
-                  start: int = 1) -> tuple[int, QueueRun]:
+def smallest_pool(
+    uses: Sequence[Use], queue: dict, idle_timeout: float, max_wait: float = 30.0, start: int = 1, pooled: bool = False
+) -> tuple[int, QueueRun]:
     """The fewest cards whose p95 wait is at most ``max_wait`` in every size class (galloping
-    up from ``start``, then bisecting; the wait is taken to fall as cards are added)."""
+    up from ``start``, then bisecting; the wait is taken to fall as cards are added);
+    ``pooled``: on the ideal pool (:func:`pool_of`)."""
+
     def ok(n: int) -> QueueRun | None:
-        r = run(uses, n, queue, idle_timeout, stop_after=max_wait)
+        r = run(uses, n, queue, idle_timeout, stop_after=max_wait, pooled=pooled)
         return r if r.gpus > 0 and r.worst() <= max_wait else None
 
     lo, n, step = 0, max(1, start), 1

@@ -62,7 +62,7 @@ def test_the_density_trace_is_sessions_of_hours_about_20_percent_busy_and_seeded
 def test_the_density_bench_prints_its_line():
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        _density().main(["--users", "25", "--days", "1", "--seed", "3"])
+        _density().main(["--users", "25", "--days", "1", "--seed", "3", "--timeouts", "600"])
     line = out.getvalue().splitlines()[-1]
     m = re.fullmatch(
         r"density whole_card_gpus=(\d+) fractional_gpus=(\d+) kernels_culled_gpus=(\d+) ratio=([\d.]+)", line
@@ -105,6 +105,22 @@ def test_the_pool_found_is_the_smallest_whose_waits_fit(sessions, slice_):
         assert worst(found.gpus - 1) > 30
     plenty = sum(s.count for s in sessions) + 4  # every GPU asked on its own card, nodes of 4
     assert worst(plenty) == 0.0
+
+
+def test_the_density_benchs_ideal_pool_cannot_fragment():
+    """The no-fragmentation reference of bench/density.py's swap lines is a pool run through the
+    same queue with the same criterion: four half-card servers fill two cards, one on each card
+    leaves, and a whole-card server waits for a card on the real pool (so it needs three cards)
+    while the ideal pool (one card of both cards' memory and compute) starts it at once."""
+    hubqueue = _density().hubqueue
+    halves = [("a", 0.0, 100.0), ("b", 1.0, 10_000.0), ("c", 2.0, 100.0), ("d", 3.0, 10_000.0)]
+    uses = [hubqueue.Use(i, i, at, length, 0.5, False, ()) for i, at, length in halves]
+    uses.append(hubqueue.Use("e", "e", 200.0, 100.0, 1.0, False, ()))
+    default = hubqueue.QUEUES["default"]
+    assert hubqueue.run(uses, 2, default, 60.0).p95("whole") == 10_001.0 - 200.0
+    assert hubqueue.run(uses, 2, default, 60.0, pooled=True).p95("whole") == 0.0
+    assert hubqueue.smallest_pool(uses, default, 60.0)[0] == 3
+    assert hubqueue.smallest_pool(uses, default, 60.0, pooled=True)[0] == 2
 
 
 def test_loading_the_density_bench_shadows_no_package():
