@@ -394,7 +394,6 @@ class NodeAgent(NodePublication, PodView, Refresh, SwapRequests, BackstopCheck, 
         if self.backend == "native" and self.publish_activity:
             self._deletion_wake = asyncio.Event()
             tasks.append(asyncio.ensure_future(self._publish_deletions()))
-            tasks += [asyncio.ensure_future(self._watch_deletions(ns)) for ns in namespaces]
         if self.backend == "native" and self.relay_interval_seconds > 0:
             relay = self._relay = Relay(Path(self.host_lib_dir) / "regions", self.proc_root)
             cards = [g.uuid for g in self.gpus if not g.mig_enabled]
@@ -402,7 +401,8 @@ class NodeAgent(NodePublication, PodView, Refresh, SwapRequests, BackstopCheck, 
         if self.checkpoint is not None:
             self._swap_wake = asyncio.Event()
             tasks.append(asyncio.ensure_future(self._swap_loop()))
-            tasks += [asyncio.ensure_future(self._watch_swaps(ns)) for ns in namespaces]
+        if self._swap_wake is not None or self._deletion_wake is not None:
+            tasks += [asyncio.ensure_future(self._watch_pods(ns)) for ns in namespaces]
         try:
             await stop.wait()
         finally:

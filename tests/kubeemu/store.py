@@ -74,6 +74,7 @@ class Watcher:
         self.store = store
         self.rt = rt
         self.namespace = namespace
+        self.field_selector = field_selector or ""
         self._labels = label_matcher(label_selector)
         self._fields = field_matcher(field_selector, rt.field_labels)
         self.loop = loop
@@ -833,6 +834,13 @@ class Store:
                 w.last_rv = since
             st.watchers.add(w)
         return w
+
+    def open_watches(self, group: str, plural: str, namespace: str) -> list[str]:
+        """The field selector of each watch open now on ``plural`` in ``namespace``: how many
+        streams a client holds on the API server."""
+        with self.lock:
+            watchers = self._types[(group, plural)].watchers
+            return [w.field_selector for w in watchers if w.namespace == namespace and not w.closed]
 
     def _unwatch(self, w: Watcher) -> None:
         with self.lock:

@@ -655,6 +655,18 @@ def driver_state(node: Node, pid: int) -> str:
     return out.stdout.strip()
 
 
+def test_the_agent_holds_one_watch_of_its_nodes_pods_per_namespace(node):
+    """Swap requests and elastic pods being deleted both come from this node's pods: one watch
+    stream per namespace wakes both jobs (an API server counts its watch connections per node)."""
+    mine = f"spec.nodeName={NODE}"
+
+    def watches() -> dict[str, int] | None:
+        got = {ns: node.emu.store.open_watches("", "pods", ns).count(mine) for ns in (NS, NS_OTHER_HUB)}
+        return got if all(got.values()) else None
+
+    assert wait_for(watches, 20, "the agent's watches of its pods") == {NS: 1, NS_OTHER_HUB: 1}
+
+
 def test_the_agent_swaps_a_pods_cuda_processes_out_and_in_when_the_hub_asks(node):
     pid = node.pids["pod-a"]
     status = ask_swap(node, "pod-a", {"action": "suspend", "generation": 1, "lock_timeout_ms": 5000})

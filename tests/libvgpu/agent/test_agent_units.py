@@ -490,3 +490,60 @@ def test_the_inventory_is_republished_only_when_the_gpus_or_the_node_changed(tmp
         assert (app.kube.label, app.kube.annotation) == (None, "[]")
 
     asyncio.run(scenario())
+
+
+# ---- the watch of the node's pods ------------------------------------------------------------------
+
+
+class _PodWatchKube:
+    """The node's pods as one watch shows them: each pod the test puts in ``changes``, as it comes;
+    each watch opened is counted."""
+
+    def __init__(self) -> None:
+        self.changes: asyncio.Queue[dict] = asyncio.Queue()
+        self.watches: list[str] = []
+
+    async def watch_node_pods(self, namespace: str = ""):
+        self.watches.append(namespace)
+        while True:
+            yield await self.changes.get()
+
+
+def test_one_watch_of_the_nodes_pods_wakes_the_swap_loop_and_the_last_burst_of_a_deleted_elastic_pod(tmp_path):
+    from dataclasses import replace
+
+    from libvgpu import contract as L
+
+    elastic = replace(_pod("e", "alloc-e", 1024).allocation, memory_limit_mib=4096)
+    fixed = _pod("f", "alloc-f", 1024).allocation
+    assert elastic.elastic and not fixed.elastic
+
+    def raw(name: str, alloc: Allocation | None, deleting: bool, **annotations: str) -> dict:
+        meta = {"name": name, "namespace": "jhub", "uid": f"uid-{name}", "labels": {}, "annotations": annotations}
+        if alloc is not None:
+            meta["labels"] = L.allocation_labels(alloc)
+            meta["annotations"] = {**L.allocation_annotations(alloc), **annotations}
+        if deleting:
+            meta["deletionTimestamp"] = "2026-11-30T03:00:00Z"
+        return {"metadata": meta, "status": {"phase": "Running"}}
+
+    app = _init(tmp_path, None)
+
+    async def scenario() -> None:
+        app.kube = kube = _PodWatchKube()
+        app._swap_wake, app._deletion_wake = asyncio.Event(), asyncio.Event()
+        watch = asyncio.ensure_future(app._watch_pods("jhub"))
+        try:
+            kube.changes.put_nowait(raw("f", fixed, True))  # a fixed slice being deleted: no last burst
+            kube.changes.put_nowait(raw("k", None, False, **{L.A_SWAP: json.dumps({"action": "suspend",
+                                                                                   "generation": 1})}))
+            await asyncio.wait_for(app._swap_wake.wait(), 10)
+            assert not app._deletion_wake.is_set()  # the stream's order: "f" was seen before "k"
+            kube.changes.put_nowait(raw("e", elastic, True))
+            await asyncio.wait_for(app._deletion_wake.wait(), 10)
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        assert kube.watches == ["jhub"]
+
+    asyncio.run(scenario())
