@@ -1,10 +1,12 @@
 """The node agent application: ``python -m libvgpu.agent --node-name N --metrics-port 9400
 --config /etc/elastic-gpu/config.yaml --host-lib-dir /var/lib/elastic-gpu``.
 
-One asyncio loop with three periodic jobs: the inventory (NVML -> the Node's label and
-annotation, republished when it changes), the metrics snapshot (NVML samples, node regions,
-pods -> Prometheus), and the enforcement backstop (:mod:`libvgpu.backstop`). Xid events are
-waited for in one thread (the NVML wait blocks).
+One asyncio loop of periodic jobs, each woken early by a watch where one helps; each concern is a
+mixin in its own module: the inventory, checkpoint capability and card health on the Node
+(:mod:`.publication`), the pods and processes (:mod:`.podview`), the metrics snapshot, burst
+looks and activity annotations (:mod:`.refresh`), the hub's swap requests (:mod:`.swaps`), the
+backstop check (:mod:`.enforcement`) and the watches (:mod:`.watches`). Xid events are waited
+for in one thread (the NVML wait blocks). This module keeps the settings, the start and the loop.
 """
 
 from __future__ import annotations
