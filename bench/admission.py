@@ -4,7 +4,7 @@ allocations.
     python bench/admission.py [--nodes 1000] [--allocations 20000] [--decisions 2000] [--seed 42] [--placement fgd]
                               [--waiting 50] [--fill-placement binpack|direct] [--no-queue]
                               [--events 20] [--event-waiting 1000] [--queue-memo both|on|off] [--no-passes]
-                              [--preempt-tries 1]
+                              [--preempt-tries 1] [--against binpack|spread|fgd|none]
 
 The pool mixes H100-80GB, A100-40GB and oversubscribed L40S-48GB nodes plus some whole-card
 nodes; 24 workspaces with quotas; priority classes high (preempts), default, low (borrows) and
@@ -27,12 +27,21 @@ on every pump (``off``), on the same ledger and the same events (issue 25: <= 50
 with 1,000 waiting on 1,000 nodes); beside them the move search for the overdue head
 (``propose_moves``, issue 25: <= 50 ms at 5,000 nodes).
 
+Side by side (``--against``, default binpack), every request is decided too on a copy of the same
+ledger under the other placement (the copy applies its own grants and loses the same old
+allocations), the two interleaved, first one then the other: the ``side by side`` lines give the
+CPU p50 and p99 of both per kind of decision, over the requests both decided alike, and their
+ratio (issue 25: fragmentation-aware placement at <= 2x binpack's CPU per decision). ``decisions
+hash`` digests what the measured placement decided (kind, node, cards, victims), in turn: a
+change that only makes decisions cheaper leaves it as it was.
+
 The last line is ``admission p50_ms=<n> p99_ms=<n> decisions_per_s=<n>``.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
 import sys
 import time
@@ -318,6 +327,33 @@ def time_events(state: AdmissionState, rng: random.Random, now: float, waiting: 
     return cpu_s, wall_s, looks, grants, heads
 
 
+def decide_cpu(state: AdmissionState, request: GPURequest, now: float):
+    """The decision and the CPU time it took."""
+    c = time.process_time()
+    d = state.decide(request, now=now)
+    return d, time.process_time() - c
+
+
+def print_side_by_side(mine: str, against: str, pairs: dict[str, list[tuple[float, float]]]) -> None:
+    """CPU per decision under both placements on the same requests (those both decided alike),
+    and the ratios (issue 25: fragmentation-aware placement at <= 2x binpack's CPU per decision)."""
+    both = sum(len(v) for v in pairs.values())
+    print(f"side by side, CPU per decision on the same requests and ledger, node {mine} against {against} "
+          f"({both} decided alike by both; time.process_time):")
+    ratios = {}
+    for kind, values in sorted(pairs.items()) + [("all", [p for v in pairs.values() for p in v])]:
+        mine_s, other_s = sorted(a for a, _ in values), sorted(b for _, b in values)
+        row = []
+        for q in (50, 99):
+            a, b = percentile(mine_s, q) * 1000, percentile(other_s, q) * 1000
+            ratios[kind, q] = a / b if b else float("inf")
+            row.append(f"p{q} {a:.3f} vs {b:.3f} ms ({ratios[kind, q]:.2f}x)")
+        print(f"  {kind:8s} {len(values):5d}  " + "  ".join(row))
+    worst = max(ratios.get(("grant", 50), 0), ratios.get(("grant", 99), 0))
+    print(f"issue 25's <= 2x {against} per decision (a grant's CPU p50 and p99): "
+          f"{'met' if worst <= 2 else 'NOT met'} (the larger ratio {worst:.2f}x)")
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     if not sorted_values:
         return 0.0
@@ -349,6 +385,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--preempt-tries", type=int, default=1,
                         help="decide each preemption this many times (the state unchanged) and print the "
                              "least CPU time of each too: a figure a shared machine's load inflates less")
+    parser.add_argument("--against", choices=["binpack", "spread", "fgd", "none"], default="binpack",
+                        help="side by side: decide every request also under this node and card placement, "
+                             "on a copy of the same ledger, and print the ratio of CPU per decision (default "
+                             "binpack; none leaves it out)")
     parser.add_argument("--queue-memo", choices=["both", "on", "off"], default="both",
                         help="queue per event lines: the incremental pass on, off, or both side by side")
     args = parser.parse_args(argv)
@@ -383,6 +423,10 @@ def main(argv: list[str] | None = None) -> None:
           f"{f' (placement {args.fill_placement})' if args.fill_placement else ''}; "
           f"a state rebuilt from the ledger in {rebuild_s:.2f} s")
 
+    # side by side: the same requests decided on a copy of the ledger under another placement
+    other = None if args.against == "none" else AdmissionState(make_config(placement=args.against), pool, allocations)
+    pairs: dict[str, list[tuple[float, float]]] = {}  # kind (when both decide alike) -> [(CPU, other's CPU)]
+    digest = hashlib.sha256()
     latencies: list[float] = []
     cpu_times: list[float] = []  # CPU time of this process: what a decision costs on a busy machine
     by_kind: dict[str, list[float]] = {}
@@ -395,11 +439,17 @@ def main(argv: list[str] | None = None) -> None:
     churn = 0.0
     for i in range(args.decisions):
         request = probe_request(rng, i)
+        if other is not None and i % 2:  # which of the two decides first alternates
+            other_d, other_cpu = decide_cpu(other, request, now)
         c = time.process_time()
         t = time.perf_counter()
         d = state.decide(request, now=now)
         dt = time.perf_counter() - t
         cpu_times.append(time.process_time() - c)
+        if other is not None and not i % 2:
+            other_d, other_cpu = decide_cpu(other, request, now)
+        digest.update(repr((d.kind, d.allocation and (d.allocation.node, d.allocation.gpu_uuids),
+                            sorted(v.id for v in d.victims))).encode())
         if d.kind == "preempt":
             least = cpu_times[-1]
             for _ in range(args.preempt_tries - 1):
@@ -413,12 +463,20 @@ def main(argv: list[str] | None = None) -> None:
         kinds[d.kind] += 1
         victims += len(d.victims)
         t = time.perf_counter()
+        if other is not None:
+            if other_d.kind == d.kind:
+                pairs.setdefault(d.kind, []).append((cpu_times[-1], other_cpu))
+            if other_d.granted:
+                other.apply(other_d)
         if d.granted:
             state.apply(d)
             live_ids.append(d.allocation.id)
-            # an older allocation stops, so the pool stays about as full
+            # an older allocation stops, so the pool stays about as full (the same one in the copy)
             while live_ids:
-                if state.remove(live_ids.pop(rng.randrange(len(live_ids)))) is not None:
+                gone = live_ids.pop(rng.randrange(len(live_ids)))
+                if other is not None:
+                    other.remove(gone)
+                if state.remove(gone) is not None:
                     break
         churn += time.perf_counter() - t
         now += 1.0
@@ -434,6 +492,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {kind:8s} p50 {percentile(values, 50) * 1000:.3f} ms  "
               f"p99 {percentile(values, 99) * 1000:.3f} ms  max {values[-1] * 1000:.3f} ms  "
               f"CPU p99 {percentile(cpu, 99) * 1000:.3f} ms")
+    print(f"decisions hash {digest.hexdigest()[:16]} (kind, node, cards and victims of each, in turn)")
+    if other is not None:
+        print_side_by_side(config.placement.node, args.against, pairs)
     print(f"bookkeeping (apply + remove) per decision: {churn / args.decisions * 1000:.3f} ms")
     print(f"max decision {latencies[-1] * 1000:.3f} ms; target p99 < 5 ms: "
           f"{'met' if p99 < 5 else 'NOT met'}")

@@ -3,6 +3,8 @@ that scores where a request makes the pool's expected fragmentation grow least."
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -15,6 +17,8 @@ class FGDScoring:
     mix: Mix
     #: node -> GPU shape (memory, cores, GPUs, whole) -> (cards it fits, their free fraction)
     fgd_bases: dict[int, dict[tuple, tuple[int, float]]]
+    #: node -> GPU group -> its slice cards as (free memory, free cores, index, card), sorted
+    fgd_sorted: dict[int, dict[str, list[tuple[int, int, int, int]]]]
 
     # ---- fragmentation-aware placement (FGD) ----------------------------------------------
     #
@@ -45,21 +49,16 @@ class FGDScoring:
                 nodes.append(ni)
                 budget -= 1
         best: tuple[float, int, int, list[int]] | None = None
-        for rank, ni in enumerate(nodes):
-            if self.fgd_gpus and not whole and k == 1:
+        if self.fgd_gpus and not whole and k == 1:
+            for rank, ni in enumerate(nodes):
                 hit = self.fgd_best_card(ni, m, c, group, cpu, hmem, types)
                 if hit is None:
                     continue
-                delta, gi = hit
-                cards = [gi]
-            else:
-                cards = self.fit_node(ni, m, c, k, whole, group, None, cpu, hmem)
-                if not cards:
-                    continue
-                delta = self._fgd_delta(ni, cards, m, c, whole, cpu, hmem, types)
-            key = (round(delta, 9), rank)
-            if best is None or key < best[:2]:
-                best = (key[0], rank, ni, cards)
+                key = (round(hit[0], 9), rank)
+                if best is None or key < best[:2]:
+                    best = (key[0], rank, ni, [hit[1]])
+        else:
+            best = self._fgd_bounded(nodes, m, c, k, whole, group, cpu, hmem, types)
         if best is not None:
             return best[2], best[3]
         # none of the weighed nodes has room after all: the first of the others that has
@@ -69,6 +68,104 @@ class FGDScoring:
                 if cards:
                     return ni, cards
         return None
+
+    def _fgd_bounded(
+        self, nodes: list[int], m: int, c: int, k: int, whole: bool, group: str, cpu: int, hmem: int,
+        types: list[tuple[tuple, float]],
+    ) -> tuple[float, int, int, list[int]] | None:
+        """The weighed node (and its cards) whose fragmentation grows least, ties to the first
+        weighed: (growth, rank, node, cards). Branch and bound: a cheap lower bound of each
+        node's growth (:meth:`_fgd_bound`) orders the nodes, and a node is scored only while
+        its bound could still beat the best so far; the choice is the one scoring every node
+        makes (``tests/quotas/test_quotas_fast_placement.py`` checks it)."""
+        bound, fit = self._fgd_bound(m, c, whole, types), self._fgd_fit
+        rows = []
+        for rank, ni in enumerate(nodes):
+            cards = fit(ni, m, c, k, whole, group, cpu, hmem)
+            if cards:
+                # less a margin far above float noise, so that rounding never lifts it past the score
+                rows.append((round(bound(ni, cards) - 1e-12, 9), rank, ni, cards))
+        rows.sort()  # (bound, rank) pairs are distinct: the cards are never compared
+        best: tuple[float, int, int, list[int]] | None = None
+        for low, rank, ni, cards in rows:
+            if best is not None and (low, rank) > best[:2]:
+                break  # this node's score is at least its bound: no later one can win
+            delta = round(self._fgd_delta(ni, cards, m, c, whole, cpu, hmem, types), 9)
+            if best is None or (delta, rank) < best[:2]:
+                best = (delta, rank, ni, cards)
+        return best
+
+    def _fgd_fit(
+        self, ni: int, m: int, c: int, k: int, whole: bool, group: str, cpu: int, hmem: int
+    ) -> list[int] | None:
+        """:meth:`CardIndex.fit_node`'s cards, for slices under card binpack from the node's
+        cards kept sorted until they change (``CardIndex._refresh`` drops them)."""
+        if whole or not self.binpack_gpus:
+            return self.fit_node(ni, m, c, k, whole, group, None, cpu, hmem)
+        if self.cpu_free[ni] < cpu or self.hmem_free[ni] < hmem:
+            return None
+        try:
+            table = self.fgd_sorted[ni][group]
+        except KeyError:
+            cap_m, cap_c, used_m, used_c, gpus = self.cap_m, self.cap_c, self.used_m, self.used_c, self.gpus
+            table = self.fgd_sorted.setdefault(ni, {})[group] = sorted(
+                (cap_m[gi] - used_m[gi], cap_c[gi] - used_c[gi], gpus[gi].index, gi)
+                for gi in self.sgpus[ni].get(group, ()))
+        cards = []
+        for row in table[bisect_left(table, (m,)):]:
+            if row[1] >= c:
+                cards.append(row[3])
+                if len(cards) == k:
+                    return cards
+        return None
+
+    def _fgd_bound(
+        self, m: int, c: int, whole: bool, types: list[tuple[tuple, float]]
+    ) -> Callable[[int, list[int]], float]:
+        """(node, the cards the request takes there) -> a lower bound of the node's growth of
+        fragmentation, card by card. A card's free capacity changes by ``frac2 - frac``; of what
+        is usable, a one-GPU type whose CPU and host memory the node has, and that fits the
+        card, loses the card's change (it still fits after) or all of the card (it no longer
+        does); other types lose nothing or more (a multi-GPU type may lose the whole node).
+        Memoized by the card's state: many cards are alike."""
+        memo: dict[tuple, float] = {}
+        cpu_free, hmem_free = self.cpu_free, self.hmem_free
+        cap_m, cap_c, slice_ok, whole_ok = self.cap_m, self.cap_c, self.slice_ok, self.whole_ok
+        used_m, used_c, nalloc = self.used_m, self.used_c, self.nalloc
+        need_cpu = max(t[4] for t, _ in types)
+        need_hmem = max(t[5] for t, _ in types)
+
+        def card(gi: int, ok: bool | tuple[bool, ...]) -> float:
+            fm, fc, n = cap_m[gi] - used_m[gi], cap_c[gi] - used_c[gi], nalloc[gi]
+            sok, empty = slice_ok[gi], n == 0 and whole_ok[gi]
+            key = (cap_m[gi], cap_c[gi], sok, empty, fm, fc, ok)
+            low = memo.get(key)
+            if low is None:
+                fm2, fc2 = (fm - cap_m[gi], fc - cap_c[gi]) if whole else (fm - m, fc - c)
+                frac, frac2 = self._frac(gi, fm, fc, n), self._frac(gi, fm2, fc2, n + 1)
+                lost = 0.0
+                for i, (t, p) in enumerate(types):
+                    if t[2] != 1 or not (ok is True or ok[i]):
+                        continue
+                    if t[3]:
+                        if empty:
+                            lost += p * frac
+                    elif sok and fm >= t[0] and fc >= t[1]:
+                        lost += p * (frac - frac2 if fm2 >= t[0] and fc2 >= t[1] else frac)
+                low = memo[key] = (frac2 - frac) + lost
+            return low
+
+        def bound(ni: int, cards: list[int]) -> float:
+            cpu0, hmem0 = cpu_free[ni], hmem_free[ni]
+            ok: bool | tuple[bool, ...] = (
+                True if cpu0 >= need_cpu and hmem0 >= need_hmem
+                else tuple(cpu0 >= t[4] and hmem0 >= t[5] for t, _ in types))
+            low = 0.0
+            for gi in cards:
+                low += card(gi, ok)
+            return low
+
+        return bound
 
     def fgd_best_card(
         self, ni: int, m: int, c: int, group: str, cpu: int, hmem: int,

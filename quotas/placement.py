@@ -59,6 +59,7 @@ class CardIndex(FGDScoring, EvictableIndex):
         #: room kept for swapped-out kernels' resumes, taken only where nothing else fits (reserve.py)
         self.soft = SoftReservations()
         self.fgd_bases = {}
+        self.fgd_sorted = {}
         self.gpus: list[GPU] = []
         self.gi_of: dict[str, int] = {}
         self.node_of_gpu: list[int] = []
@@ -317,6 +318,7 @@ class CardIndex(FGDScoring, EvictableIndex):
 
     def _refresh(self, ni: int, initial: bool = False) -> None:
         self.fgd_bases.pop(ni, None)
+        self.fgd_sorted.pop(ni, None)
         cap_m, cap_c, used_m, used_c, nalloc = (
             self.cap_m, self.cap_c, self.used_m, self.used_c, self.nalloc
         )

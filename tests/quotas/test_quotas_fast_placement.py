@@ -263,6 +263,38 @@ def test_node_fgd_places_as_its_definition_on_random_pools(seed, gpu, monkeypatc
     assert compared > 300 and placed > 100  # both answers occur
 
 
+@pytest.mark.parametrize("seed", range(2))
+def test_node_fgd_scores_only_nodes_whose_bound_could_win_and_chooses_as_scoring_all(seed, monkeypatch):
+    # the default cut-offs on a pool larger than they are: up to 28 weighed nodes, each with a
+    # lower bound of its score; the plain definition scores every one of them
+    scored, weighed = [], []
+    real_delta, real_bounded = CardIndex._fgd_delta, CardIndex._fgd_bounded
+
+    def counting_delta(self, *args):
+        scored[-1] += 1
+        return real_delta(self, *args)
+
+    def counting_bounded(self, nodes, *args):
+        scored.append(0)
+        weighed.append(len(nodes))
+        return real_bounded(self, nodes, *args)
+
+    monkeypatch.setattr(CardIndex, "_fgd_delta", counting_delta)
+    monkeypatch.setattr(CardIndex, "_fgd_bounded", counting_bounded)
+    compared = 0
+    for st, rng in churned_states(seed, {"node": "fgd", "gpu": "binpack"}, n_nodes=40, steps=90):
+        ix = st.index
+        r = random_request(rng, 10_000)
+        if r.model and r.model.lower() not in ix.model_names:
+            continue
+        args = shape(ix, r)
+        assert ix.find(*args) == plain_find(ix, *args), r
+        compared += 1
+    assert compared > 60
+    # the bound spares most scores: far fewer nodes scored than weighed
+    assert sum(weighed) > 600 and sum(scored) < sum(weighed) / 3, (sum(scored), sum(weighed))
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_the_static_answers_about_what_could_ever_fit_are_those_of_a_walk(seed):
     rng = random.Random(seed)
