@@ -4,7 +4,7 @@ allocations.
     python bench/admission.py [--nodes 1000] [--allocations 20000] [--decisions 2000] [--seed 42] [--placement fgd]
                               [--waiting 50] [--fill-placement binpack|direct] [--no-queue]
                               [--events 20] [--event-waiting 1000] [--queue-memo both|on|off] [--no-passes]
-                              [--preempt-tries 1] [--against binpack|spread|fgd|none]
+                              [--preempt-tries 1] [--against binpack|spread|fgd|none] [--tries 1]
 
 The pool mixes H100-80GB, A100-40GB and oversubscribed L40S-48GB nodes plus some whole-card
 nodes; 24 workspaces with quotas; priority classes high (preempts), default, low (borrows) and
@@ -327,19 +327,22 @@ def time_events(state: AdmissionState, rng: random.Random, now: float, waiting: 
     return cpu_s, wall_s, looks, grants, heads
 
 
-def decide_cpu(state: AdmissionState, request: GPURequest, now: float):
-    """The decision and the CPU time it took."""
-    c = time.process_time()
-    d = state.decide(request, now=now)
-    return d, time.process_time() - c
+def decide_cpu(state: AdmissionState, request: GPURequest, now: float, tries: int = 1):
+    """The decision and the least CPU time it took in ``tries`` tries (the state unchanged)."""
+    least, d = float("inf"), None
+    for _ in range(max(1, tries)):
+        c = time.process_time()
+        d = state.decide(request, now=now)
+        least = min(least, time.process_time() - c)
+    return d, least
 
 
-def print_side_by_side(mine: str, against: str, pairs: dict[str, list[tuple[float, float]]]) -> None:
+def print_side_by_side(mine: str, against: str, pairs: dict[str, list[tuple[float, float]]], tries: int) -> None:
     """CPU per decision under both placements on the same requests (those both decided alike),
     and the ratios (issue 25: fragmentation-aware placement at <= 2x binpack's CPU per decision)."""
     both = sum(len(v) for v in pairs.values())
     print(f"side by side, CPU per decision on the same requests and ledger, node {mine} against {against} "
-          f"({both} decided alike by both; time.process_time):")
+          f"({both} decided alike by both; time.process_time{f', the least of {tries} tries' if tries > 1 else ''}):")
     ratios = {}
     for kind, values in sorted(pairs.items()) + [("all", [p for v in pairs.values() for p in v])]:
         mine_s, other_s = sorted(a for a, _ in values), sorted(b for _, b in values)
@@ -389,6 +392,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="side by side: decide every request also under this node and card placement, "
                              "on a copy of the same ledger, and print the ratio of CPU per decision (default "
                              "binpack; none leaves it out)")
+    parser.add_argument("--tries", type=int, default=1,
+                        help="side by side: decide each request this many times under each placement (the "
+                             "state unchanged) and take the least CPU time of each: a figure a shared "
+                             "machine's load inflates less (later tries find the caches the first filled)")
     parser.add_argument("--queue-memo", choices=["both", "on", "off"], default="both",
                         help="queue per event lines: the incremental pass on, off, or both side by side")
     args = parser.parse_args(argv)
@@ -440,14 +447,16 @@ def main(argv: list[str] | None = None) -> None:
     for i in range(args.decisions):
         request = probe_request(rng, i)
         if other is not None and i % 2:  # which of the two decides first alternates
-            other_d, other_cpu = decide_cpu(other, request, now)
+            other_d, other_cpu = decide_cpu(other, request, now, args.tries)
         c = time.process_time()
         t = time.perf_counter()
         d = state.decide(request, now=now)
         dt = time.perf_counter() - t
         cpu_times.append(time.process_time() - c)
         if other is not None and not i % 2:
-            other_d, other_cpu = decide_cpu(other, request, now)
+            other_d, other_cpu = decide_cpu(other, request, now, args.tries)
+        mine_cpu = min(cpu_times[-1], decide_cpu(state, request, now, args.tries - 1)[1]) if args.tries > 1 \
+            else cpu_times[-1]
         digest.update(repr((d.kind, d.allocation and (d.allocation.node, d.allocation.gpu_uuids),
                             sorted(v.id for v in d.victims))).encode())
         if d.kind == "preempt":
@@ -465,7 +474,7 @@ def main(argv: list[str] | None = None) -> None:
         t = time.perf_counter()
         if other is not None:
             if other_d.kind == d.kind:
-                pairs.setdefault(d.kind, []).append((cpu_times[-1], other_cpu))
+                pairs.setdefault(d.kind, []).append((mine_cpu, other_cpu))
             if other_d.granted:
                 other.apply(other_d)
         if d.granted:
@@ -494,7 +503,7 @@ def main(argv: list[str] | None = None) -> None:
               f"CPU p99 {percentile(cpu, 99) * 1000:.3f} ms")
     print(f"decisions hash {digest.hexdigest()[:16]} (kind, node, cards and victims of each, in turn)")
     if other is not None:
-        print_side_by_side(config.placement.node, args.against, pairs)
+        print_side_by_side(config.placement.node, args.against, pairs, args.tries)
     print(f"bookkeeping (apply + remove) per decision: {churn / args.decisions * 1000:.3f} ms")
     print(f"max decision {latencies[-1] * 1000:.3f} ms; target p99 < 5 ms: "
           f"{'met' if p99 < 5 else 'NOT met'}")

@@ -110,9 +110,10 @@ class FGDScoring:
             cap_m, cap_c, used_m, used_c, gpus = self.cap_m, self.cap_c, self.used_m, self.used_c, self.gpus
             table = self.fgd_sorted.setdefault(ni, {})[group] = sorted(
                 (cap_m[gi] - used_m[gi], cap_c[gi] - used_c[gi], gpus[gi].index, gi)
-                for gi in self.sgpus[ni].get(group, ()))
+                for gi in self.sgpus[ni].get(group, ())
+            )
         cards = []
-        for row in table[bisect_left(table, (m,)):]:
+        for row in table[bisect_left(table, (m,)) :]:
             if row[1] >= c:
                 cards.append(row[3])
                 if len(cards) == k:
@@ -158,8 +159,10 @@ class FGDScoring:
         def bound(ni: int, cards: list[int]) -> float:
             cpu0, hmem0 = cpu_free[ni], hmem_free[ni]
             ok: bool | tuple[bool, ...] = (
-                True if cpu0 >= need_cpu and hmem0 >= need_hmem
-                else tuple(cpu0 >= t[4] and hmem0 >= t[5] for t, _ in types))
+                True
+                if cpu0 >= need_cpu and hmem0 >= need_hmem
+                else tuple(cpu0 >= t[4] and hmem0 >= t[5] for t, _ in types)
+            )
             low = 0.0
             for gi in cards:
                 low += card(gi, ok)
