@@ -38,7 +38,7 @@ CPU and memory that others take on that node.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from quotas import GPU, AdmissionState, Allocation, GPURequest, Node, Owner, Pool, load_config
 
@@ -317,18 +317,52 @@ class Ratio:
     at_100: float
     at_130: float
     seconds: float = 0.0
+    #: the GPU tasks that failed
+    failed: list[Task] = field(default_factory=list)
+    #: where the unallocated GPU capacity is at the end (:func:`stranded`)
+    left: dict[str, float] = field(default_factory=dict)
 
 
 def _ratio(cluster: list[NodeSpec], tasks: list[Task], placed_after) -> Ratio:
     total = sum(n.gpus for n in cluster) * MILLI
     asked = placed = 0
     at_100 = None
+    failed = []
     for t, ok in zip(tasks, placed_after, strict=True):
         asked += t.gpu_milli * t.gpus
         placed += ok * t.gpu_milli * t.gpus
+        if t.gpus and not ok:
+            failed.append(t)
         if at_100 is None and asked >= total:
             at_100 = placed / total
-    return Ratio(at_100 if at_100 is not None else placed / total, placed / total)
+    return Ratio(at_100 if at_100 is not None else placed / total, placed / total, failed=failed)
+
+
+#: :func:`stranded`'s classes of unallocated GPU capacity
+LEFT = ("CPU/memory", "model", "shape")
+
+
+def stranded(nodes: list[RefNode], failed: list[Task]) -> dict[str, float]:
+    """Where the free GPU capacity is at the end, as a share of the cluster's GPUs, by why the
+    GPU tasks that failed could not use it: ``CPU/memory``, on nodes where none of them has
+    the CPU and host memory; ``model``, where some have but none of those may use the node's
+    model; ``shape``, where one could run but the cards are too fragmented for it (a share
+    larger than any card's free part, or more whole free cards than the node has)."""
+    kinds = {(t.cpu, t.mem_gib, t.model) for t in failed}
+    total = sum(n.spec.gpus for n in nodes) * MILLI
+    out = dict.fromkeys(LEFT, 0.0)
+    for n in nodes:
+        free = sum(n.gpus)
+        if not free:
+            continue
+        room = [(c, m, model) for c, m, model in kinds if c <= n.cpu and m <= n.mem]
+        if not room:
+            out["CPU/memory"] += free / total
+        elif not any(not model or model == n.spec.model for _, _, model in room):
+            out["model"] += free / total
+        else:
+            out["shape"] += free / total
+    return out
 
 
 def kube_least_allocated(nodes: list[RefNode], t: Task, rng: random.Random) -> Choice | None:
@@ -364,6 +398,7 @@ def baseline_ratio(cluster: list[NodeSpec], tasks: list[Task], name: str, seed: 
 
     r = _ratio(cluster, tasks, run())
     r.seconds = time.process_time() - t0
+    r.left = stranded(nodes, r.failed)
     return r
 
 
@@ -432,4 +467,19 @@ def product_ratio(cluster: list[NodeSpec], tasks: list[Task], node_policy: str, 
 
     r = _ratio(cluster, tasks, run())
     r.seconds = decide_s
+    r.left = stranded(product_end_nodes(state, cluster), r.failed)
     return r
+
+
+def product_end_nodes(state: AdmissionState, cluster: list[NodeSpec]) -> list[RefNode]:
+    """The product's state as :class:`RefNode` rows: free CPU and memory, and each card's free
+    part (the smaller of its free memory and its free compute)."""
+    ix = state.index
+    nodes = []
+    for ni, s in enumerate(cluster):
+        n = RefNode(s)
+        n.cpu, n.mem = ix.cpu_free[ni], ix.hmem_free[ni] // GIB
+        n.gpus = [min(MILLI * (ix.cap_m[gi] - ix.used_m[gi]) // ix.cap_m[gi],
+                      MILLI * (ix.cap_c[gi] - ix.used_c[gi]) // ix.cap_c[gi]) for gi in ix.node_gpus[ni]]
+        nodes.append(n)
+    return nodes

@@ -40,6 +40,7 @@ import argparse
 import heapq
 import math
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -325,9 +326,68 @@ def pooled_wait_run(seed: int, hours: float, n_nodes: int = 12, load: float = 0.
     return percentile(waits[True], 95), percentile(waits[False], 95)
 
 
+
+def ratio_rows(mix: str, n_nodes: int, seed: int, draws: int = 1) -> dict[str, fgd_trace.Ratio]:
+    """One trace's allocation-ratio run, printed; every product policy and paper scheduler by
+    name (``seconds``: CPU us per GPU task). Random-fit is the mean of ``draws`` RNG draws."""
+    default = Placement()
+    default_name = f"{default.node}/{default.gpu}"
+    rng = random.Random(seed)
+    cluster = fgd_trace.make_cluster(n_nodes, rng)
+    tasks = fgd_trace.make_trace(cluster, mix, rng)
+    gpus = sum(n.gpus for n in cluster)
+    print(f"trace {mix}: {len(cluster)} nodes ({sum(1 for n in cluster if not n.gpus)} without GPUs), "
+          f"{gpus} GPUs of {len({n.model for n in cluster if n.gpus})} models; {len(tasks)} tasks "
+          f"({sum(1 for t in tasks if not t.gpus)} without GPUs, "
+          f"{sum(1 for t in tasks if 0 < t.gpu_milli < 1000)} GPU shares) asking 130 % of the GPUs; "
+          f"seed {seed}")
+    print(f"  {'policy':26s} {'@100 %':>7s} {'@130 %':>7s} {'CPU us per GPU task':>20s}")
+    rows: dict[str, fgd_trace.Ratio] = {}
+    for policy in POLICIES:
+        rows[f"product {policy}"] = fgd_trace.product_ratio(cluster, tasks, *policy.split("/"))
+    for name in fgd_trace.BASELINES:
+        if name == "Random" and draws > 1:
+            each = [fgd_trace.baseline_ratio(cluster, tasks, name, seed * 1000 + d) for d in range(draws)]
+            r = rows[f"paper {name}"] = fgd_trace.Ratio(
+                statistics.fmean(x.at_100 for x in each), statistics.fmean(x.at_130 for x in each),
+                statistics.fmean(x.seconds for x in each))
+            r.left = {c: statistics.fmean(x.left[c] for x in each) for c in fgd_trace.LEFT}
+            print(f"  paper Random, {draws} draws at 130 %: "
+                  + " ".join(f"{x.at_130:.3f}" for x in each))
+        else:
+            rows[f"paper {name}"] = fgd_trace.baseline_ratio(cluster, tasks, name, seed)
+    n_gpu_tasks = sum(1 for t in tasks if t.gpus)
+    for name, r in rows.items():
+        r.seconds = 1e6 * r.seconds / n_gpu_tasks
+        mark = " (default)" if name == f"product {default_name}" else ""
+        print(f"  {name + mark:26s} {r.at_100:7.3f} {r.at_130:7.3f} {r.seconds:20.0f}  left "
+              + " ".join(f"{c} {r.left[c]:.3f}" for c in fgd_trace.LEFT))
+    own = fgd_trace.baseline_ratio(cluster, tasks, "FGD", seed, own_gpu_less=True)
+    print(f"  paper FGD, placing the tasks without GPUs itself (the paper's setup): "
+          f"{own.at_100:.3f} / {own.at_130:.3f}")
+    return rows
+
+
+def seed_list(text: str) -> list[int]:
+    """``1-5`` -> [1, 2, 3, 4, 5]; ``1,3`` -> [1, 3]; ValueError on anything else."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        a, b = int(lo), int(hi or lo)
+        if b < a:
+            raise ValueError(text)
+        out.extend(range(a, b + 1))
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seeds", default=None,
+                        help="allocation-ratio runs on these seeds' traces (1-5 or 1,3,4), and the "
+                             "means over them (the wait run uses --seed)")
+    parser.add_argument("--draws", type=int, default=1,
+                        help="Random-fit: the mean of this many RNG draws per trace")
     parser.add_argument("--nodes", type=int, default=120, help="nodes in the allocation-ratio runs")
     parser.add_argument("--hours", type=float, default=72.0, help="simulated hours in the wait run")
     parser.add_argument("--load", type=float, default=0.85,
@@ -339,39 +399,41 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.hours <= 0 or not 0 < args.load < 2:
         parser.error("--nodes must be at least 1, --hours above 0 and --load between 0 and 2")
+    try:
+        seeds = seed_list(args.seeds) if args.seeds else [args.seed]
+    except ValueError:
+        parser.error(f"--seeds takes a range or a list of integers (1-5, 1,3,4), not {args.seeds!r}")
+    if args.draws < 1:
+        parser.error("--draws must be at least 1")
 
     default = Placement()
     default_name = f"{default.node}/{default.gpu}"
     best: dict[str, tuple[str, float]] = {}
     at_default: dict[str, float] = {}
     for mix in fgd_trace.MIXES:
-        rng = random.Random(args.seed)
-        cluster = fgd_trace.make_cluster(args.nodes, rng)
-        tasks = fgd_trace.make_trace(cluster, mix, rng)
-        gpus = sum(n.gpus for n in cluster)
-        print(f"trace {mix}: {len(cluster)} nodes ({sum(1 for n in cluster if not n.gpus)} without GPUs), "
-              f"{gpus} GPUs of {len({n.model for n in cluster if n.gpus})} models; {len(tasks)} tasks "
-              f"({sum(1 for t in tasks if not t.gpus)} without GPUs, "
-              f"{sum(1 for t in tasks if 0 < t.gpu_milli < 1000)} GPU shares) asking 130 % of the GPUs; "
-              f"seed {args.seed}")
-        print(f"  {'policy':26s} {'@100 %':>7s} {'@130 %':>7s} {'CPU us per GPU task':>20s}")
-        rows: dict[str, fgd_trace.Ratio] = {}
-        for policy in POLICIES:
-            rows[f"product {policy}"] = fgd_trace.product_ratio(cluster, tasks, *policy.split("/"))
-        for name in fgd_trace.BASELINES:
-            rows[f"paper {name}"] = fgd_trace.baseline_ratio(cluster, tasks, name, args.seed)
-        n_gpu_tasks = sum(1 for t in tasks if t.gpus)
-        for name, r in rows.items():
-            mark = " (default)" if name == f"product {default_name}" else ""
-            print(f"  {name + mark:26s} {r.at_100:7.3f} {r.at_130:7.3f} {1e6 * r.seconds / n_gpu_tasks:20.0f}")
-        own = fgd_trace.baseline_ratio(cluster, tasks, "FGD", args.seed, own_gpu_less=True)
-        print(f"  paper FGD, placing the tasks without GPUs itself (the paper's setup): "
-              f"{own.at_100:.3f} / {own.at_130:.3f}")
-        top = max(rows, key=lambda k: rows[k].at_130)
-        best[mix] = (top.split(" ", 1)[1], rows[top].at_130)
-        at_default[mix] = rows[f"product {default_name}"].at_130
-        print(f"  default {default_name} {at_default[mix]:.3f} vs best {top} {rows[top].at_130:.3f}: "
-              f"{'within' if rows[top].at_130 - at_default[mix] <= 0.01 else 'NOT within'} 1 point")
+        runs = [ratio_rows(mix, args.nodes, seed, args.draws) for seed in seeds]
+        names = list(runs[0])
+        mean = {k: statistics.fmean(r[k].at_130 for r in runs) for k in names}
+        if len(seeds) > 1:
+            print(f"trace {mix}, seeds {args.seeds} ({len(seeds)} traces; Random-fit {args.draws} draws "
+                  f"each): mean share of the GPUs allocated [min-max at 130 %]; where the unallocated "
+                  f"GPUs are at 130 % (mean, share of the pool's GPUs; :func:`fgd_trace.stranded`)")
+            print(f"  {'policy':30s} {'@100 %':>7s} {'@130 %':>7s} {'min-max':>13s} {'CPU us/task':>11s} "
+                  + " ".join(f"{k:>10s}" for k in fgd_trace.LEFT))
+            for k in names:
+                at130 = [r[k].at_130 for r in runs]
+                left = [statistics.fmean(r[k].left[c] for r in runs) for c in fgd_trace.LEFT]
+                mark = " (default)" if k == f"product {default_name}" else ""
+                print(f"  {k + mark:30s} {statistics.fmean(r[k].at_100 for r in runs):7.3f} {mean[k]:7.3f} "
+                      f"{min(at130):6.3f}-{max(at130):.3f} "
+                      f"{statistics.fmean(r[k].seconds for r in runs):11.0f} "
+                      + " ".join(f"{v:10.3f}" for v in left))
+        top = max(names, key=lambda k: mean[k])
+        best[mix] = (top.split(" ", 1)[1], mean[top])
+        at_default[mix] = mean[f"product {default_name}"]
+        print(f"  default {default_name} {at_default[mix]:.3f} vs best {top} {mean[top]:.3f}"
+              f"{' (means over the seeds)' if len(seeds) > 1 else ''}: "
+              f"{'within' if mean[top] - at_default[mix] <= 0.01 else 'NOT within'} 1 point")
     if args.no_waits:
         print(f"placement policy={default_name} alloc_ratio={at_default['default']:.3f} "
               f"share_alloc_ratio={at_default['share']:.3f} best={best['default'][0]}:{best['default'][1]:.3f} "
