@@ -305,8 +305,10 @@ class VictimSearch(NodeVictims, Reprieve):
             budget = None
         else:
             group = self.ask.group
-            candidates = self._eligible(
-                self.st._group_order.get(group, []) if group else self.st._order)
+            # a request of one model that asks CPU or host memory may also take a victim on
+            # another model's card: its CPU and memory make the node fit (``_frees_node``)
+            by_group = group and not (self.ask.cpu or self.ask.hmem)
+            candidates = self._eligible(self.st._group_order.get(group, []) if by_group else self.st._order)
             budget = None if self.base is not None else (
                 self.scan_budget if self.ask.k == 1 else self.scan_budget_cards)
         last = None

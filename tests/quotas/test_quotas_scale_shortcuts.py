@@ -255,3 +255,27 @@ def test_the_bound_on_a_nodes_victims_is_its_definition(seed, monkeypatch):
         st.decide(r, now=1e6)
     # bounds of several values, where victims hold one card each and where some hold more
     assert len({b for b, span in bounds if span == 1}) > 3 and len({b for b, span in bounds if span > 1}) > 3
+
+
+@pytest.mark.parametrize("budget", [0, 1 << 30])
+def test_a_one_model_request_short_of_cpu_takes_the_cheapest_victim_on_any_card_of_the_node(budget, monkeypatch):
+    # the node's CPU is all taken; its A100 holds a default kernel, its T4 a lowest one. A high
+    # request for an A100 slice needs 2 cores: evicting the lowest kernel gives them and costs
+    # less than the default one, though it holds a card of another model. The walk (a large scan
+    # budget) once looked only at the A100's kernels and evicted the default one; the index did not.
+    from dataclasses import replace
+
+    from .builders import alloc, node, pool, req, state
+
+    n = replace(node("n", 1, model="A100-80GB"), cpu_millicores=4_000)
+    n = replace(n, gpus=(*n.gpus, replace(node("n", 1, model="T4-16GB", memory_mib=16 * 1024).gpus[0],
+                                          uuid="n-gpu1", index=1)))
+    st = state(pool(n), allocations=[
+        alloc("dflt", "n-gpu0", 70, 90, pc="default", cpu_millicores=2_000),
+        alloc("cheap", "n-gpu1", 4, 25, pc="lowest", cpu_millicores=2_000),
+    ])
+    monkeypatch.setattr(VictimSearch, "scan_budget", budget)
+    d = st.decide(req(memory_gib=10, cores=10, model="A100-80GB", priority_class="high", rid="r",
+                      cpu_millicores=2_000), now=1e6)
+    assert d.kind == "preempt", d.reason
+    assert [v.id for v in d.victims] == ["cheap"]
