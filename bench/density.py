@@ -40,7 +40,10 @@ asking again at their next burst, which the queue may move for an overdue reques
   the same criterion; ``shares_p95``: the sum of the shares held, rounded up, at its 95th
   percentile over time, the reference before issue 25's swap work: a different criterion) and
   the whole-card pool (every session a whole card throughout); ``bursts_resumed``: the share of
-  the kernels' bursts that start with a resume (their kernel was swapped out).
+  the kernels' bursts that start with a resume (their kernel was swapped out); ``moves_per_h``:
+  kernels moved off a card for an overdue request, an hour, on the pool found; where that pool
+  is larger than the ideal one, ``at_ideal_size``: the p95 wait per size class on as many cards
+  as the ideal pool needs (which class the missing card is for).
 
 The ``trace`` line gives the trace's shape, on which every ratio depends: sessions open at once
 (95th percentile over time: about what whole cards need), the share of session time that is
@@ -240,12 +243,17 @@ def hub_queue_runs(sessions: list[Session], args: argparse.Namespace) -> None:
         swap_queue["reserve_after_seconds"] = args.reserve_after
     for t in (float(x) for x in args.timeouts.split(",")):
         shares = hubqueue.concurrency_bound(uses, t)
-        gpus, _ = hubqueue.smallest_pool(uses, swap_queue, t, limit, shares)
+        gpus, found = hubqueue.smallest_pool(uses, swap_queue, t, limit, shares)
         ideal, _ = hubqueue.smallest_pool(uses, swap_queue, t, limit, max(1, shares - 2), pooled=True)
+        short = ""  # where the product needs more: its waits on as many cards as the ideal pool
+        if gpus > ideal:
+            r = hubqueue.run(uses, ideal, swap_queue, t)
+            short = f" at_ideal_size: {' '.join(f'{k}={r.p95(k):.0f}s' for k in sorted(r.waits))}"
         print(
             f"swap idle_timeout={t:.0f}s: gpus={gpus} ideal={ideal} over_ideal={100 * (gpus / ideal - 1):.0f}% "
             f"shares_p95={shares} whole_cards={whole_gpus} fewer_than_whole={whole_gpus / gpus:.1f}x "
-            f"bursts_resumed={100 * resumed(uses, t):.0f}%"
+            f"bursts_resumed={100 * resumed(uses, t):.0f}% moves_per_h={found.moves / max(found.hours, 1e-9):.2f}"
+            f"{short}"
         )
 
 
