@@ -15,10 +15,13 @@ class FGDScoring:
     """Mixed into :class:`quotas.placement.CardIndex` (it reads the index's card and node lists)."""
 
     mix: Mix
-    #: node -> GPU shape (memory, cores, GPUs, whole) -> (cards it fits, their free fraction)
-    fgd_bases: dict[int, dict[tuple, tuple[int, float]]]
+    #: node -> GPU shape (memory, cores, GPUs, whole) -> (cards it fits, their free fraction);
+    #: under None the node's free capacity in cards (:meth:`_fgd_free`)
+    fgd_bases: dict[int, dict]
     #: node -> GPU group -> its slice cards as (free memory, free cores, index, card), sorted
     fgd_sorted: dict[int, dict[str, list[tuple[int, int, int, int]]]]
+    #: (the mix's types, CPU and host memory it asks per card) for :meth:`_fgd_stranded`
+    fgd_per_card: tuple[list, float, float] = ([], 0.0, 0.0)
 
     # ---- fragmentation-aware placement (FGD) ----------------------------------------------
     #
@@ -78,7 +81,7 @@ class FGDScoring:
         node's growth (:meth:`_fgd_bound`) orders the nodes, and a node is scored only while
         its bound could still beat the best so far; the choice is the one scoring every node
         makes (``tests/quotas/test_quotas_fast_placement.py`` checks it)."""
-        bound, fit = self._fgd_bound(m, c, whole, types), self._fgd_fit
+        bound, fit = self._fgd_bound(m, c, whole, cpu, hmem, types), self._fgd_fit
         rows = []
         for rank, ni in enumerate(nodes):
             cards = fit(ni, m, c, k, whole, group, cpu, hmem)
@@ -121,22 +124,30 @@ class FGDScoring:
         return None
 
     def _fgd_bound(
-        self, m: int, c: int, whole: bool, types: list[tuple[tuple, float]]
+        self, m: int, c: int, whole: bool, cpu: int, hmem: int, types: list[tuple[tuple, float]]
     ) -> Callable[[int, list[int]], float]:
         """(node, the cards the request takes there) -> a lower bound of the node's growth of
         fragmentation, card by card. A card's free capacity changes by ``frac2 - frac``; of what
         is usable, a one-GPU type whose CPU and host memory the node has, and that fits the
         card, loses the card's change (it still fits after) or all of the card (it no longer
-        does); other types lose nothing or more (a multi-GPU type may lose the whole node).
-        Memoized by the card's state: many cards are alike."""
-        memo: dict[tuple, float] = {}
+        does); other types lose nothing or more (a multi-GPU type may lose the whole node). The
+        change in what the node's CPU and memory cannot serve (:meth:`_fgd_stranded`) is added
+        exactly. Memoized by the card's state: many cards are alike."""
+        memo: dict[tuple, tuple[float, float]] = {}
         cpu_free, hmem_free = self.cpu_free, self.hmem_free
         cap_m, cap_c, slice_ok, whole_ok = self.cap_m, self.cap_c, self.slice_ok, self.whole_ok
         used_m, used_c, nalloc = self.used_m, self.used_c, self.nalloc
         need_cpu = max(t[4] for t, _ in types)
         need_hmem = max(t[5] for t, _ in types)
 
-        def card(gi: int, ok: bool | tuple[bool, ...]) -> float:
+        self._fgd_stranded(0.0, 0, 0, types)  # the mix's CPU and memory per card, kept
+        _, cpu_per_card, hmem_per_card = self.fgd_per_card
+        # per unit of CPU and memory: the cards they serve (0: the mix asks none)
+        by_cpu = 1 / cpu_per_card if cpu_per_card else 0.0
+        by_hmem = 1 / hmem_per_card if hmem_per_card else 0.0
+        bases, node_free = self.fgd_bases, self._fgd_free
+
+        def card(gi: int, ok: bool | tuple[bool, ...]) -> tuple[float, float]:
             fm, fc, n = cap_m[gi] - used_m[gi], cap_c[gi] - used_c[gi], nalloc[gi]
             sok, empty = slice_ok[gi], n == 0 and whole_ok[gi]
             key = (cap_m[gi], cap_c[gi], sok, empty, fm, fc, ok)
@@ -153,7 +164,7 @@ class FGDScoring:
                             lost += p * frac
                     elif sok and fm >= t[0] and fc >= t[1]:
                         lost += p * (frac - frac2 if fm2 >= t[0] and fc2 >= t[1] else frac)
-                low = memo[key] = (frac2 - frac) + lost
+                low = memo[key] = (frac2 - frac + lost, frac2 - frac)
             return low
 
         def bound(ni: int, cards: list[int]) -> float:
@@ -163,9 +174,22 @@ class FGDScoring:
                 if cpu0 >= need_cpu and hmem0 >= need_hmem
                 else tuple(cpu0 >= t[4] and hmem0 >= t[5] for t, _ in types)
             )
-            low = 0.0
+            low = taken = 0.0
             for gi in cards:
-                low += card(gi, ok)
+                a, b = card(gi, ok)
+                low += a
+                taken += b
+            # the change in what the node's CPU and memory cannot serve (:meth:`_fgd_stranded`)
+            # is exact; with UNKNOWN CPU or memory it is none
+            free = bases.get(ni, {}).get(None)
+            if free is None:
+                free = node_free(ni)
+            if by_cpu or by_hmem:
+                after = free + taken
+                cpu1, hmem1 = cpu0 - cpu, hmem0 - hmem
+                low += max(
+                    0.0, after - cpu1 * by_cpu if by_cpu else 0.0, after - hmem1 * by_hmem if by_hmem else 0.0
+                ) - max(0.0, free - cpu0 * by_cpu if by_cpu else 0.0, free - hmem0 * by_hmem if by_hmem else 0.0)
             return low
 
         return bound
@@ -297,5 +321,37 @@ class FGDScoring:
                 else 0.0
             )
             gain += p * (usable2 - usable)
-        # fragmentation = free - usable: it grows by the change in free minus the change in usable
-        return total - gain
+        # fragmentation = free - usable: it grows by the change in free minus the change in usable,
+        # and by the change in free capacity the node's CPU and memory cannot serve
+        stranded = self._fgd_stranded
+        free = self._fgd_free(ni)
+        grown = stranded(free + total, cpu0 - cpu, hmem0 - hmem, types) - stranded(free, cpu0, hmem0, types)
+        return total - gain + grown
+
+    def _fgd_free(self, ni: int) -> float:
+        """The node's free capacity in cards (kept with its fgd base, until its cards change)."""
+        per_shape = self.fgd_bases.setdefault(ni, {})
+        free = per_shape.get(None)
+        if free is None:
+            free = per_shape[None] = sum(self._frac(gi, *self._card_state(gi)) for gi in self.node_gpus[ni])
+        return free
+
+    def _fgd_stranded(self, free: float, cpu: int, hmem: int, types: list[tuple[tuple, float]]) -> float:
+        """Free capacity (in cards) a node's CPU or host memory cannot serve if the mix's
+        requests come in their proportions: the mix asks so much CPU and memory per card, and a
+        node with less per free card leaves the rest of its cards idle, however the requests
+        are shaped. Zero where the mix asks no CPU and no memory."""
+        if self.fgd_per_card[0] is not types:
+            cards = sum(p * (t[2] if t[3] else t[2] * t[1] / 100) for t, p in types)
+            self.fgd_per_card = (
+                types,
+                sum(p * t[4] for t, p in types) / cards if cards else 0.0,
+                sum(p * t[5] for t, p in types) / cards if cards else 0.0,
+            )
+        _, cpu_per_card, hmem_per_card = self.fgd_per_card
+        left = 0.0
+        if cpu_per_card:
+            left = max(left, free - cpu / cpu_per_card)
+        if hmem_per_card:
+            left = max(left, free - hmem / hmem_per_card)
+        return left

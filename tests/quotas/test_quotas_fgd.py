@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from quotas.mix import Mix
 
-from .builders import alloc, grant, node, pool, req, state
+from .builders import GIB, alloc, grant, node, pool, req, state
 
 FGD = {"node": "fgd", "gpu": "fgd"}
 
@@ -55,3 +57,23 @@ def test_the_mix_is_the_most_frequent_recent_shapes():
     # the window keeps the last 4: (1)x2, (2), (3); the top 2 are (1) and the first other seen
     types = dict(mix.types())
     assert types[(1, 1, 1, False, 0, 0)] == 2 / 3 and len(types) == 2 and len(mix) == 4
+
+
+def test_fgd_keeps_cpu_for_the_gpus_of_a_node_short_of_cpu():
+    # two nodes of two cards; "poor" has 4 CPU cores a card, "rich" 16. Half-card kernels
+    # arrive, heavy (7 cores) and light (1 core) in turn: all eight fit if the light ones go to
+    # the poor node. Sent to the rich node beside the heavy ones, the light ones leave the poor
+    # node's cards to heavy kernels its CPU can serve two of, and the last heavy ones are refused
+    # with a card and a half free there.
+    nodes = [replace(node("poor", 2), cpu_millicores=8_000, host_memory_mib=512 * GIB),
+             replace(node("rich", 2), cpu_millicores=32_000, host_memory_mib=512 * GIB)]
+    st = state(pool(*nodes), placement={"node": "fgd", "gpu": "binpack"})
+    refused = []
+    for i in range(8):
+        d = st.decide(req(memory_gib=40, cores=50, rid=f"k{i}", cpu_millicores=7_000 if i % 2 == 0 else 1_000))
+        if d.kind == "grant":
+            st.apply(d)
+        else:
+            refused.append(f"k{i}")
+    assert refused == []
+    assert {a.node for a in st.allocations.values() if a.cpu_millicores == 1_000} == {"poor"}
