@@ -71,7 +71,10 @@ struct vgpu_compute {
     _Atomic uint64_t total;      /* launches let through, ever */
     _Atomic uint64_t window_total; /* total when the sampled window began (0: unknown) */
     _Atomic uint64_t aligned;    /* the window begins where NVML's samples end */
-    uint64_t pad1[4];
+    _Atomic uint64_t probe_busy_ns; /* while probed: GPU time the windows read so far held */
+    _Atomic uint64_t probe_n;    /* while probed: launches those windows counted */
+    _Atomic uint64_t probe_slack_ns; /* while probed: NVML's rounding in those under 3 % */
+    uint64_t pad1[1];
 };
 
 /* One process of the container (320 bytes). pid == 0: free. Liveness: the owner holds an
