@@ -68,6 +68,10 @@ c.JupyterHub.load_roles.append({service_role("culler-under-test", ["custom:elast
         yield hub, servers, work
 
 
+#: the header JupyterLab's own requests carry: JupyterHub takes a script's GET as logged in only with it
+XSRF_HEADER = "{'X-XSRFToken': (document.cookie.match(/_xsrf=([^;]+)/) || [])[1]}"
+
+
 async def until(browser: Browser, expression: str, timeout: float = 60) -> object:
     """Wait until a page expression is truthy (the page changes by itself)."""
     deadline = asyncio.get_running_loop().time() + timeout
@@ -78,8 +82,8 @@ async def until(browser: Browser, expression: str, timeout: float = 60) -> objec
         if asyncio.get_running_loop().time() > deadline:
             text = await browser.evaluate("document.body.innerText")
             relay = await browser.evaluate(
-                "fetch(location.pathname.split('/lab')[0] + '/elastic-gpu/kernels', {headers: {'X-XSRFToken': "
-                "(document.cookie.match(/_xsrf=([^;]+)/) || [])[1]}}).then(r => r.text())"
+                "fetch(location.pathname.split('/lab')[0] + '/elastic-gpu/kernels', "
+                f"{{headers: {XSRF_HEADER}}}).then(r => r.text())"
             )
             text += "\nrelay: " + relay
             errors = [
@@ -131,7 +135,7 @@ async def fetch_text(browser: Browser, url: str) -> str:
     still held what the launcher's img had loaded)."""
     answer = await browser.evaluate(
         f"(async () => {{ try {{ const r = await fetch({json.dumps(url)}, {{cache: 'no-store', headers: "
-        "{'X-XSRFToken': (document.cookie.match(/_xsrf=([^;]+)/) || [])[1]}});"
+        f"{XSRF_HEADER}}});"
         " return r.ok ? {text: await r.text()} : {status: r.status}; }"
         " catch (e) { return {error: String(e)}; } })()"
     )
