@@ -79,8 +79,21 @@ async def _start_kernel(broker: GPUBroker, home: Path) -> KernelRecord:
     return record
 
 
-async def _wait_dead(pid: int) -> None:
-    await exponential_backoff(lambda: not process_alive(pid), f"process {pid} to exit", timeout=30)
+async def _wait_dead(pid: int, log: Path | None = None) -> None:
+    try:
+        await exponential_backoff(lambda: not process_alive(pid), f"process {pid} to exit", timeout=30)
+    except TimeoutError:
+        tail = log.read_text(errors="replace")[-3000:] if log is not None and log.exists() else "(no log)"
+        raise AssertionError(f"process {pid} did not exit within 30 s; its log ends:\n{tail}") from None
+
+
+async def _ready(client: AsyncKernelClient) -> None:
+    """Wait for the kernel's answer, as jupyter_server does before it hands a kernel out: ipykernel
+    7.4 hangs for ever in ``Context.term()`` when a ``shutdown_request`` reaches it while it still
+    starts (``KeyError: 'N is not registered'`` in ``Kernel.start``); the broker's delete and
+    restart stop such a process, but these tests are about a kernel that exits on its own."""
+    reply = await client.kernel_info(reply=True, timeout=30)
+    assert reply["content"]["status"] == "ok"
 
 
 @pytest.mark.parametrize("check", ["before the new process is spawned", "while the new process starts"])
@@ -90,10 +103,11 @@ async def test_restart_keeps_the_slice_when_the_old_kernel_exits_first_and_the_h
     launcher, pool = broker.launcher, broker.allocator.backend
     record = await _start_kernel(broker, tmp_path)
     old_pid, allocation_id = int(record.holder), record.allocation_id
+    kernel_log = launcher.kernel_dir(record.id) / "kernel.log"
     reported: list[list[str]] = []
 
     async def old_exits_then_holders_checked() -> None:
-        await _wait_dead(old_pid)  # the shutdown_request made it exit on its own
+        await _wait_dead(old_pid, kernel_log)  # the shutdown_request made it exit on its own
         reported.append(await pool.check_holders())
 
     if check.startswith("before"):
@@ -106,6 +120,7 @@ async def test_restart_keeps_the_slice_when_the_old_kernel_exits_first_and_the_h
     client.load_connection_file(str(launcher.kernel_dir(record.id) / "connection.json"))
     client.start_channels()
     try:
+        await _ready(client)
         client.shutdown(restart=True)
         await broker.restart(record)
     finally:
@@ -160,8 +175,9 @@ async def test_a_kernel_that_exits_on_its_shutdown_request_before_its_delete_is_
     client.load_connection_file(str(broker.launcher.kernel_dir(record.id) / "connection.json"))
     client.start_channels()
     try:
+        await _ready(client)
         client.shutdown(restart=False)
-        await _wait_dead(pid)
+        await _wait_dead(pid, broker.launcher.kernel_dir(record.id) / "kernel.log")
     finally:
         client.stop_channels()
     assert await pool.check_holders() == [allocation_id]
