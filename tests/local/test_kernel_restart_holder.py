@@ -88,7 +88,7 @@ async def _wait_dead(pid: int, log: Path | None = None) -> None:
 
 
 async def _ready(client: AsyncKernelClient) -> None:
-    """Wait for the kernel's answer, as jupyter_server does before it hands a kernel out: ipykernel
+    """Wait for the kernel's answer, as a JupyterLab session does before it offers the kernel: ipykernel
     7.4 hangs for ever in ``Context.term()`` when a ``shutdown_request`` reaches it while it still
     starts (``KeyError: 'N is not registered'`` in ``Kernel.start``); the broker's delete and
     restart stop such a process, but these tests are about a kernel that exits on its own."""
