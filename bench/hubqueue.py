@@ -1,6 +1,6 @@
 """Replay notebook sessions through the hub's own queue: ``quotas.AdmissionQueue`` with the
 admission defaults the hub loads (``load_config({})``: priority classes with ``default``
-movable, reservation after 60 s, ``queue.hold: with-moves``, moves on), pumped as
+movable, reservation after 20 s, ``queue.hold: with-moves``, moves on), pumped as
 ``hubext/allocator.py``'s ``GPUAllocator`` pumps it: after every arrival and release, and when a
 waiting request becomes overdue. The bench's own code is only the clock and the users.
 

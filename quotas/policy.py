@@ -9,8 +9,11 @@ from typing import Literal
 from .errors import InvalidRequest
 from .tree import QuotaTree
 
-#: default wait after which the head of a priority class gets capacity reserved (seconds)
-RESERVE_AFTER_SECONDS = 60.0
+#: default wait after which the head of a priority class gets capacity reserved (seconds): well
+#: inside the 30 s p95 wait a notebook pool is sized for, so that the moves the reservation
+#: brings can still meet it (at 60 s a whole-card request behind idle kernels waited 60 s, a card
+#: over the pool that cannot fragment; bench/density.py, docs/admission.md, issue 25)
+RESERVE_AFTER_SECONDS = 20.0
 
 Strategy = Literal["binpack", "spread", "fgd"]
 STRATEGIES = ("binpack", "spread", "fgd")

@@ -123,6 +123,23 @@ def test_the_density_benchs_ideal_pool_cannot_fragment():
     assert hubqueue.smallest_pool(uses, default, 60.0, pooled=True)[0] == 2
 
 
+def test_fragmentation_by_idle_kernels_costs_no_card_over_the_ideal_pool_with_the_default_queue():
+    """Issue 25's density goal on a pool small enough to reason about: four half-card GPU kernels
+    fill two cards, one on each card leaves, and a whole-card kernel asks. The default queue must
+    move one of the two idle kernels left in time for the 30 s wait target, so the real pool needs
+    no more cards than the ideal one (one card of both cards' memory, where nothing fragments).
+    A reservation made only after 60 s left the whole-card kernel waiting 60 s: a third card."""
+    hubqueue = _density().hubqueue
+    halves = [("a", 0.0, 100.0), ("b", 1.0, 10_000.0), ("c", 2.0, 100.0), ("d", 3.0, 10_000.0)]
+    uses = [hubqueue.Use(i, i, at, length, 0.5, True, ((0.0, 10.0),)) for i, at, length in halves]
+    uses.append(hubqueue.Use("e", "e", 200.0, 100.0, 1.0, True, ((0.0, 10.0),)))
+    default, idle_timeout = hubqueue.QUEUES["default"], 10_000.0
+    on_two = hubqueue.run(uses, 2, default, idle_timeout)
+    assert on_two.moves == 1 and on_two.p95("whole") <= 30, (on_two.moves, on_two.waits)
+    assert hubqueue.smallest_pool(uses, default, idle_timeout, pooled=True)[0] == 2
+    assert hubqueue.smallest_pool(uses, default, idle_timeout)[0] == 2
+
+
 def test_loading_the_density_bench_shadows_no_package():
     """bench/ holds culler.py, a benchmark: a bench that puts bench/ first on sys.path made a later
     ``import culler`` (the package) find the benchmark instead, in whatever test ran next."""

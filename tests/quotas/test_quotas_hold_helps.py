@@ -22,7 +22,7 @@ from .builders import GIB, alloc, req
 from .test_quotas_properties import PROPERTY
 
 #: the hub's defaults: priority classes high (not movable), default and low (movable); queue
-#: hold 'with-moves', moves on, reservation after 60 s
+#: hold 'with-moves', moves on, reservation after 20 s (quotas.policy.RESERVE_AFTER_SECONDS)
 DEFAULT = load_config({})
 NO_HOLD = load_config({"queue": {"hold": False}})
 #: a session may move again at once (``same_session_after_seconds`` 0 is a valid setting)
