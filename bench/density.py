@@ -33,8 +33,8 @@ asking again at their next burst, which the queue may move for an overdue reques
   criteria: the largest class's p95 <= 3 x max(smallest class's p95, 30 s), and no class more
   than 30 s worse than first-come;
 - ``needed`` lines: the smallest pool per queue configuration (p95 <= 30 s in every class);
-- ``swap`` lines: the smallest pool with the default queue (``--reserve-after``: with that
-  ``queue.reserve_after_seconds``) per idle timeout (``--timeouts``),
+- ``swap`` lines: the smallest pool with the default queue (``--reserve-after 60,20``: with each
+  of these ``queue.reserve_after_seconds`` in turn, side by side) per idle timeout (``--timeouts``),
   against the no-fragmentation pool (``ideal``: the smallest ideal pool, one machine with one card
   of all the cards' memory and compute so that nothing can fragment, through the same queue with
   the same criterion; ``shares_p95``: the sum of the shares held, rounded up, at its 95th
@@ -140,9 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--reserve-after",
-        type=float,
         default=None,
-        help="swap lines: the queue's reserve_after_seconds (default: the admission default)",
+        help="swap lines: the queue's reserve_after_seconds, or several side by side (60,20; default: the default)",
     )
     parser.add_argument("--no-queue", action="store_true", help="skip the runs through the hub's queue")
     args = parser.parse_args(argv)
@@ -238,19 +237,21 @@ def hub_queue_runs(sessions: list[Session], args: argparse.Namespace) -> None:
     whole_gpus, _ = hubqueue.smallest_pool(
         whole, hubqueue.QUEUES["default"], timeout, limit, hubqueue.concurrency_bound(whole, timeout)
     )
-    swap_queue = dict(hubqueue.QUEUES["default"])
-    if args.reserve_after is not None:
-        swap_queue["reserve_after_seconds"] = args.reserve_after
-    for t in (float(x) for x in args.timeouts.split(",")):
+    bounds = [None] if args.reserve_after is None else [float(x) for x in args.reserve_after.split(",")]
+    for t, bound in ((float(x), b) for x in args.timeouts.split(",") for b in bounds):
+        swap_queue = dict(hubqueue.QUEUES["default"])
+        if bound is not None:
+            swap_queue["reserve_after_seconds"] = bound
         shares = hubqueue.concurrency_bound(uses, t)
         gpus, found = hubqueue.smallest_pool(uses, swap_queue, t, limit, shares)
         ideal, _ = hubqueue.smallest_pool(uses, swap_queue, t, limit, max(1, shares - 2), pooled=True)
+        label = "" if bound is None else f" reserve_after={bound:g}s"
         short = ""  # where the product needs more: its waits on as many cards as the ideal pool
         if gpus > ideal:
             r = hubqueue.run(uses, ideal, swap_queue, t)
             short = f" at_ideal_size: {' '.join(f'{k}={r.p95(k):.0f}s' for k in sorted(r.waits))}"
         print(
-            f"swap idle_timeout={t:.0f}s: gpus={gpus} ideal={ideal} over_ideal={100 * (gpus / ideal - 1):.0f}% "
+            f"swap idle_timeout={t:.0f}s{label}: gpus={gpus} ideal={ideal} over_ideal={100 * (gpus / ideal - 1):.0f}% "
             f"shares_p95={shares} whole_cards={whole_gpus} fewer_than_whole={whole_gpus / gpus:.1f}x "
             f"bursts_resumed={100 * resumed(uses, t):.0f}% moves_per_h={found.moves / max(found.hours, 1e-9):.2f}"
             f"{short}"

@@ -62,7 +62,11 @@ def test_the_density_trace_is_sessions_of_hours_about_20_percent_busy_and_seeded
 def test_the_density_bench_prints_its_line():
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        _density().main(["--users", "25", "--days", "1", "--seed", "3", "--timeouts", "600"])
+        _density().main(
+            ["--users", "25", "--days", "1", "--seed", "3", "--timeouts", "600", "--reserve-after", "60,20"]
+        )
+    swaps = [line.split(":")[0] for line in out.getvalue().splitlines() if line.startswith("swap ")]
+    assert swaps == ["swap idle_timeout=600s reserve_after=60s", "swap idle_timeout=600s reserve_after=20s"], swaps
     line = out.getvalue().splitlines()[-1]
     m = re.fullmatch(
         r"density whole_card_gpus=(\d+) fractional_gpus=(\d+) kernels_culled_gpus=(\d+) ratio=([\d.]+)", line
