@@ -15,13 +15,16 @@ class FGDScoring:
     """Mixed into :class:`quotas.placement.CardIndex` (it reads the index's card and node lists)."""
 
     mix: Mix
-    #: node -> GPU shape (memory, cores, GPUs, whole) -> (cards it fits, their free fraction);
-    #: under None the node's free capacity in cards (:meth:`_fgd_free`)
+    #: node -> GPU shape (memory, cores, GPUs, whole) -> (cards it fits, their free fraction)
     fgd_bases: dict[int, dict]
-    #: node -> GPU group -> its slice cards as (free memory, free cores, index, card), sorted
-    fgd_sorted: dict[int, dict[str, list[tuple[int, int, int, int]]]]
+    #: per node, None or GPU group -> its slice cards, sorted (:meth:`_fgd_table`), and under
+    #: None the node's free capacity in cards (:meth:`_fgd_free`). ``CardIndex._refresh`` drops
+    #: a node's. A list: the weighed nodes' are looked up on every decision.
+    fgd_sorted: list[dict | None]
     #: (the mix's types, CPU and host memory it asks per card) for :meth:`_fgd_stranded`
     fgd_per_card: tuple[list, float, float] = ([], 0.0, 0.0)
+    #: (the mix's types, :meth:`_fgd_node_terms` for them)
+    fgd_terms: tuple = (None, ())
 
     # ---- fragmentation-aware placement (FGD) ----------------------------------------------
     #
@@ -40,17 +43,7 @@ class FGDScoring:
         self, m: int, c: int, k: int, whole: bool, group: str, cpu: int, hmem: int
     ) -> tuple[int, list[int]] | None:
         types = self.mix.types() or [((m, c, k, whole, cpu, hmem), 1.0)]
-        seen: set[int] = set()
-        nodes: list[int] = []
-        for tight_first, budget in ((True, self.fgd_tight_nodes), (False, self.fgd_empty_nodes)):
-            for ni in self._candidates(m, c, k, whole, group, cpu, hmem, tight_first):
-                if budget == 0:
-                    break
-                if ni in seen:
-                    continue
-                seen.add(ni)
-                nodes.append(ni)
-                budget -= 1
+        nodes = self._fgd_weighed(m, c, k, whole, group, cpu, hmem)
         best: tuple[float, int, int, list[int]] | None = None
         if self.fgd_gpus and not whole and k == 1:
             for rank, ni in enumerate(nodes):
@@ -65,12 +58,67 @@ class FGDScoring:
         if best is not None:
             return best[2], best[3]
         # none of the weighed nodes has room after all: the first of the others that has
+        seen = set(nodes)
         for ni in self._candidates(m, c, k, whole, group, cpu, hmem, True):
             if ni not in seen:
                 cards = self._cards(ni, m, c, k, whole, group, cpu, hmem)
                 if cards:
                     return ni, cards
         return None
+
+    def _fgd_weighed(self, m: int, c: int, k: int, whole: bool, group: str, cpu: int, hmem: int) -> list[int]:
+        """The nodes fgd weighs, in rank order: the first ``fgd_tight_nodes`` of
+        :meth:`CardIndex._candidates` in binpack order, then the first ``fgd_empty_nodes`` of it
+        in spread order that are not among them. One walk by position: a node before where the
+        tight walk stopped that passes the filters is one of the tight ones, so the walk from the
+        emptiest end stops there."""
+        cpu_free, hmem_free = self.cpu_free, self.hmem_free
+        nodes: list[int] = []
+        tight, empty = self.fgd_tight_nodes, self.fgd_empty_nodes
+        if whole:  # the two walks of :meth:`CardIndex._candidates`, by position and inline
+            order = self.worder.get(group)
+            if not order:
+                return nodes
+            i = end = len(order)
+            for i in range(bisect_left(order, (k, -1)), end):
+                if not tight:
+                    break
+                ni = order[i][1]
+                if cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
+                    nodes.append(ni)
+                    tight -= 1
+            else:
+                i = end
+            for j in range(end - 1, i - 1, -1):
+                if not empty:
+                    break
+                ni = order[j][1]
+                if cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
+                    nodes.append(ni)
+                    empty -= 1
+            return nodes
+        order = self.order.get(group)
+        if not order:
+            return nodes
+        max_m, max_c = self.max_m[group], self.max_c[group]
+        i = end = len(order)
+        for i in range(bisect_left(order, (m * k, -1)), end):
+            if not tight:
+                break
+            ni = order[i][1]
+            if max_m[ni] >= m and max_c[ni] >= c and cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
+                nodes.append(ni)
+                tight -= 1
+        else:
+            i = end
+        for j in range(end - 1, i - 1, -1):
+            if not empty:
+                break
+            ni = order[j][1]
+            if max_m[ni] >= m and max_c[ni] >= c and cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
+                nodes.append(ni)
+                empty -= 1
+        return nodes
 
     def _fgd_bounded(
         self, nodes: list[int], m: int, c: int, k: int, whole: bool, group: str, cpu: int, hmem: int,
@@ -81,40 +129,58 @@ class FGDScoring:
         node's growth (:meth:`_fgd_bound`) orders the nodes, and a node is scored only while
         its bound could still beat the best so far; the choice is the one scoring every node
         makes (``tests/quotas/test_quotas_fast_placement.py`` checks it)."""
-        bound, fit = self._fgd_bound(m, c, whole, cpu, hmem, types), self._fgd_fit
-        rows = []
-        for rank, ni in enumerate(nodes):
-            cards = fit(ni, m, c, k, whole, group, cpu, hmem)
-            if cards:
-                # less a margin far above float noise, so that rounding never lifts it past the score
-                rows.append((round(bound(ni, cards) - 1e-12, 9), rank, ni, cards))
+        as_rows = not whole and self.binpack_gpus
+        if not as_rows:
+            bound, fit = self._fgd_bound(m, c, whole, cpu, hmem, types), self._fgd_fit
+            rows = []
+            for rank, ni in enumerate(nodes):
+                cards = fit(ni, m, c, k, whole, group, cpu, hmem)
+                if cards:
+                    # less a margin far above float noise, so that rounding never lifts it past the score
+                    rows.append((round(bound(ni, cards) - 1e-12, 9), rank, ni, cards, None))
+        else:  # the cards as their table rows
+            rows = self._fgd_slice_rows(nodes, m, c, k, group, cpu, hmem, types)
         rows.sort()  # (bound, rank) pairs are distinct: the cards are never compared
         best: tuple[float, int, int, list[int]] | None = None
-        for low, rank, ni, cards in rows:
+        for low, rank, ni, cards, exact in rows:
             if best is not None and (low, rank) > best[:2]:
                 break  # this node's score is at least its bound: no later one can win
-            delta = round(self._fgd_delta(ni, cards, m, c, whole, cpu, hmem, types), 9)
+            if as_rows:
+                cards = [row[3] for row in cards]
+            delta = exact if exact is not None else round(self._fgd_delta(ni, cards, m, c, whole, cpu, hmem, types), 9)
             if best is None or (delta, rank) < best[:2]:
                 best = (delta, rank, ni, cards)
         return best
+
+    def _fgd_table(self, ni: int, group: str) -> list[tuple[int, int, int, int, tuple]]:
+        """Node ``ni``'s slice cards of ``group`` as (free memory, free cores, index, card, state),
+        sorted (card binpack's order), kept until the node's cards change (``CardIndex._refresh``
+        drops them). The state (capacity in memory and cores, empty or not, free memory and
+        cores) is what the bound of a card depends on (:meth:`_fgd_card_low`)."""
+        per_group = self.fgd_sorted[ni]
+        table = per_group.get(group) if per_group is not None else None
+        if table is None:
+            cap_m, cap_c, used_m, used_c, gpus = self.cap_m, self.cap_c, self.used_m, self.used_c, self.gpus
+            nalloc = self.nalloc
+            rows = []
+            for gi in self.sgpus[ni].get(group, ()):
+                fm, fc = cap_m[gi] - used_m[gi], cap_c[gi] - used_c[gi]
+                rows.append((fm, fc, gpus[gi].index, gi, (cap_m[gi], cap_c[gi], nalloc[gi] == 0, fm, fc)))
+            if per_group is None:
+                per_group = self.fgd_sorted[ni] = {}
+            table = per_group[group] = sorted(rows)
+        return table
 
     def _fgd_fit(
         self, ni: int, m: int, c: int, k: int, whole: bool, group: str, cpu: int, hmem: int
     ) -> list[int] | None:
         """:meth:`CardIndex.fit_node`'s cards, for slices under card binpack from the node's
-        cards kept sorted until they change (``CardIndex._refresh`` drops them)."""
+        cards kept sorted (:meth:`_fgd_table`)."""
         if whole or not self.binpack_gpus:
             return self.fit_node(ni, m, c, k, whole, group, None, cpu, hmem)
         if self.cpu_free[ni] < cpu or self.hmem_free[ni] < hmem:
             return None
-        try:
-            table = self.fgd_sorted[ni][group]
-        except KeyError:
-            cap_m, cap_c, used_m, used_c, gpus = self.cap_m, self.cap_c, self.used_m, self.used_c, self.gpus
-            table = self.fgd_sorted.setdefault(ni, {})[group] = sorted(
-                (cap_m[gi] - used_m[gi], cap_c[gi] - used_c[gi], gpus[gi].index, gi)
-                for gi in self.sgpus[ni].get(group, ())
-            )
+        table = self._fgd_table(ni, group)
         cards = []
         for row in table[bisect_left(table, (m,)) :]:
             if row[1] >= c:
@@ -123,49 +189,86 @@ class FGDScoring:
                     return cards
         return None
 
+    def _fgd_card_low(
+        self, gi: int, m: int, c: int, whole: bool, ok: bool | tuple[bool, ...], types: list[tuple[tuple, float]]
+    ) -> tuple[float, float]:
+        """(a lower bound of what taking card ``gi`` adds to its node's fragmentation, the change
+        in its free capacity ``frac2 - frac``): the change, plus what the mix's types lose at
+        least (:meth:`_fgd_lost`)."""
+        fm, fc, n = self._card_state(gi)
+        fm2, fc2 = (fm - self.cap_m[gi], fc - self.cap_c[gi]) if whole else (fm - m, fc - c)
+        frac, frac2 = self._frac(gi, fm, fc, n), self._frac(gi, fm2, fc2, n + 1)
+        empty, ones = n == 0 and self.whole_ok[gi], self._fgd_node_terms(types)[4]
+        lost = self._fgd_lost(ones, ok, self.slice_ok[gi], empty, fm, fc, fm2, fc2, frac, frac2)
+        return frac2 - frac + lost, frac2 - frac
+
+    @staticmethod
+    def _fgd_lost(
+        ones: list[tuple[int, int, int, bool, float]], ok: bool | tuple[bool, ...], sok: bool, empty: bool,
+        fm: int, fc: int, fm2: int, fc2: int, frac: float, frac2: float,
+    ) -> float:
+        """What the mix's types lose at least of a card's usable capacity when a request takes it
+        (free ``fm``, ``fc`` and fraction ``frac`` before, ``fm2``, ``fc2``, ``frac2`` after): a
+        one-GPU type (``ones``: (its place in the mix, memory, cores, whole, share)) whose CPU
+        and host memory the node has (``ok``: all, or per type), and that fits the card, loses
+        the card's change (it still fits after) or all of the card (it no longer does); other
+        types lose nothing or more (a multi-GPU type may lose the whole node)."""
+        lost = 0.0
+        for i, tm, tc, whole, p in ones:
+            if ok is not True and not ok[i]:
+                continue
+            if whole:
+                if empty:
+                    lost += p * frac
+            elif sok and fm >= tm and fc >= tc:
+                lost += p * (frac - frac2 if fm2 >= tm and fc2 >= tc else frac)
+        return lost
+
+    def _fgd_node_terms(
+        self, types: list[tuple[tuple, float]]
+    ) -> tuple[int, int, float, float, list[tuple[int, int, int, bool, float]], list[tuple[int, int, bool]]]:
+        """(the most CPU and host memory one of the mix's types asks, the cards a unit of free CPU
+        and of free memory serve at the mix's rate, 0 where the mix asks none, the one-GPU types
+        for :meth:`_fgd_lost`, the others' memory, cores and whole), kept per mix."""
+        if self.fgd_terms[0] is not types:
+            self._fgd_stranded(0.0, 0, 0, types)  # the mix's CPU and memory per card, kept
+            _, cpu_per_card, hmem_per_card = self.fgd_per_card
+            self.fgd_terms = (
+                types,
+                (
+                    max(t[4] for t, _ in types),
+                    max(t[5] for t, _ in types),
+                    1 / cpu_per_card if cpu_per_card else 0.0,
+                    1 / hmem_per_card if hmem_per_card else 0.0,
+                    [(i, t[0], t[1], t[3], p) for i, (t, p) in enumerate(types) if t[2] == 1],
+                    [(t[0], t[1], t[3]) for t, _ in types if t[2] != 1],
+                ),
+            )
+        return self.fgd_terms[1]
+
+    @staticmethod
+    def _fgd_stranded_change(
+        free: float, taken: float, cpu0: int, hmem0: int, cpu: int, hmem: int, by_cpu: float, by_hmem: float
+    ) -> float:
+        """The exact change in what a node's CPU and memory cannot serve (:meth:`_fgd_stranded`)
+        when a request takes ``cpu``, ``hmem`` and ``taken`` of its free capacity ``free``."""
+        after, cpu1, hmem1 = free + taken, cpu0 - cpu, hmem0 - hmem
+        before = max(0.0, free - cpu0 * by_cpu if by_cpu else 0.0, free - hmem0 * by_hmem if by_hmem else 0.0)
+        return max(0.0, after - cpu1 * by_cpu if by_cpu else 0.0, after - hmem1 * by_hmem if by_hmem else 0.0) - before
+
     def _fgd_bound(
         self, m: int, c: int, whole: bool, cpu: int, hmem: int, types: list[tuple[tuple, float]]
     ) -> Callable[[int, list[int]], float]:
         """(node, the cards the request takes there) -> a lower bound of the node's growth of
-        fragmentation, card by card. A card's free capacity changes by ``frac2 - frac``; of what
-        is usable, a one-GPU type whose CPU and host memory the node has, and that fits the
-        card, loses the card's change (it still fits after) or all of the card (it no longer
-        does); other types lose nothing or more (a multi-GPU type may lose the whole node). The
-        change in what the node's CPU and memory cannot serve (:meth:`_fgd_stranded`) is added
-        exactly. Memoized by the card's state: many cards are alike."""
+        fragmentation: the cards' (:meth:`_fgd_card_low`), memoized by the card's state (many
+        cards are alike), plus the exact change in what the node's CPU and memory cannot serve
+        (:meth:`_fgd_stranded_change`)."""
         memo: dict[tuple, tuple[float, float]] = {}
         cpu_free, hmem_free = self.cpu_free, self.hmem_free
         cap_m, cap_c, slice_ok, whole_ok = self.cap_m, self.cap_c, self.slice_ok, self.whole_ok
         used_m, used_c, nalloc = self.used_m, self.used_c, self.nalloc
-        need_cpu = max(t[4] for t, _ in types)
-        need_hmem = max(t[5] for t, _ in types)
-
-        self._fgd_stranded(0.0, 0, 0, types)  # the mix's CPU and memory per card, kept
-        _, cpu_per_card, hmem_per_card = self.fgd_per_card
-        # per unit of CPU and memory: the cards they serve (0: the mix asks none)
-        by_cpu = 1 / cpu_per_card if cpu_per_card else 0.0
-        by_hmem = 1 / hmem_per_card if hmem_per_card else 0.0
-        bases, node_free = self.fgd_bases, self._fgd_free
-
-        def card(gi: int, ok: bool | tuple[bool, ...]) -> tuple[float, float]:
-            fm, fc, n = cap_m[gi] - used_m[gi], cap_c[gi] - used_c[gi], nalloc[gi]
-            sok, empty = slice_ok[gi], n == 0 and whole_ok[gi]
-            key = (cap_m[gi], cap_c[gi], sok, empty, fm, fc, ok)
-            low = memo.get(key)
-            if low is None:
-                fm2, fc2 = (fm - cap_m[gi], fc - cap_c[gi]) if whole else (fm - m, fc - c)
-                frac, frac2 = self._frac(gi, fm, fc, n), self._frac(gi, fm2, fc2, n + 1)
-                lost = 0.0
-                for i, (t, p) in enumerate(types):
-                    if t[2] != 1 or not (ok is True or ok[i]):
-                        continue
-                    if t[3]:
-                        if empty:
-                            lost += p * frac
-                    elif sok and fm >= t[0] and fc >= t[1]:
-                        lost += p * (frac - frac2 if fm2 >= t[0] and fc2 >= t[1] else frac)
-                low = memo[key] = (frac2 - frac + lost, frac2 - frac)
-            return low
+        need_cpu, need_hmem, by_cpu, by_hmem, _, _ = self._fgd_node_terms(types)
+        node_free, card_low = self._fgd_free, self._fgd_card_low
 
         def bound(ni: int, cards: list[int]) -> float:
             cpu0, hmem0 = cpu_free[ni], hmem_free[ni]
@@ -176,23 +279,106 @@ class FGDScoring:
             )
             low = taken = 0.0
             for gi in cards:
-                a, b = card(gi, ok)
-                low += a
-                taken += b
-            # the change in what the node's CPU and memory cannot serve (:meth:`_fgd_stranded`)
-            # is exact; with UNKNOWN CPU or memory it is none
-            free = bases.get(ni, {}).get(None)
-            if free is None:
-                free = node_free(ni)
-            if by_cpu or by_hmem:
-                after = free + taken
-                cpu1, hmem1 = cpu0 - cpu, hmem0 - hmem
-                low += max(
-                    0.0, after - cpu1 * by_cpu if by_cpu else 0.0, after - hmem1 * by_hmem if by_hmem else 0.0
-                ) - max(0.0, free - cpu0 * by_cpu if by_cpu else 0.0, free - hmem0 * by_hmem if by_hmem else 0.0)
+                key = (cap_m[gi], cap_c[gi], slice_ok[gi], nalloc[gi] == 0 and whole_ok[gi],
+                       cap_m[gi] - used_m[gi], cap_c[gi] - used_c[gi], ok)
+                hit = memo.get(key)
+                if hit is None:
+                    hit = memo[key] = card_low(gi, m, c, whole, ok, types)
+                low += hit[0]
+                taken += hit[1]
+            if by_cpu or by_hmem:  # with UNKNOWN CPU or memory it is none
+                low += self._fgd_stranded_change(node_free(ni), taken, cpu0, hmem0, cpu, hmem, by_cpu, by_hmem)
             return low
 
         return bound
+
+    def _fgd_slice_rows(
+        self, nodes: list[int], m: int, c: int, k: int, group: str, cpu: int, hmem: int,
+        types: list[tuple[tuple, float]],
+    ) -> list[tuple[float, int, int, list, float | None]]:
+        """(bound, rank, node, cards, score or None) of each weighed node with room for a slice request under
+        card binpack: :meth:`_fgd_fit`'s cards and :meth:`_fgd_bound`'s bound in one pass over
+        the nodes' kept tables, the cards' part from the state kept in them (issue 25: this walk
+        is most of a decision's cost; ``tests/quotas/test_quotas_fast_placement.py`` holds it to
+        the two)."""
+        cpu_free, hmem_free, tables = self.cpu_free, self.hmem_free, self.fgd_sorted
+        need_cpu, need_hmem, by_cpu, by_hmem, ones, multi = self._fgd_node_terms(types)
+        memo: dict[tuple, tuple[float, float]] = {}  # card state (and ok, unless all) -> its part
+        change, probe = self._fgd_stranded_change, (m,)
+        rows = []
+        for rank, ni in enumerate(nodes):
+            cpu0, hmem0 = cpu_free[ni], hmem_free[ni]
+            if cpu0 < cpu or hmem0 < hmem:
+                continue
+            per_group = tables[ni]
+            table = per_group.get(group) if per_group is not None else None
+            if table is None:
+                table = self._fgd_table(ni, group)
+                per_group = tables[ni]
+            i, end, picked = bisect_left(table, probe), len(table), []
+            while i < end:
+                row = table[i]
+                i += 1
+                if row[1] >= c:
+                    picked.append(row)
+                    if len(picked) == k:
+                        break
+            else:
+                continue  # fewer than k of its cards have room
+            ok: bool | tuple[bool, ...] = (
+                True
+                if cpu0 >= need_cpu and hmem0 >= need_hmem
+                else tuple(cpu0 >= t[4] and hmem0 >= t[5] for t, _ in types)
+            )
+            if k == 1:  # the common case, without a loop
+                key = row[4] if ok is True else (row[4], ok)
+                hit = memo.get(key)
+                if hit is None:
+                    hit = memo[key] = self._fgd_slice_low(row[4], m, c, ok, ones, multi)
+                low, taken = hit[0], hit[1]
+            else:
+                low = taken = 0.0
+                for row in picked:
+                    key = row[4] if ok is True else (row[4], ok)
+                    hit = memo.get(key)
+                    if hit is None:  # a slice card: _fgd_card_low from its kept state
+                        hit = memo[key] = self._fgd_slice_low(row[4], m, c, ok, ones, multi)
+                    low += hit[0]
+                    taken += hit[1]
+            if by_cpu or by_hmem:  # _fgd_stranded_change, inline: this runs for every weighed node
+                free = per_group.get(None)
+                if free is None:
+                    free = self._fgd_free(ni)
+                cpu1, hmem1 = cpu0 - cpu, hmem0 - hmem
+                # none stranded after (nor before: there is as much CPU and memory, and no less
+                # free capacity) where the node's CPU and memory left serve all it has free now
+                if (by_cpu and free > cpu1 * by_cpu) or (by_hmem and free > hmem1 * by_hmem):
+                    low += change(free, taken, cpu0, hmem0, cpu, hmem, by_cpu, by_hmem)
+            # the bound is the score where one card is taken that no multi-GPU type of the mix
+            # fits, and the node keeps the CPU and memory every type asks: then each type loses
+            # exactly what the bound counts (the card's change, or all of it), and the CPU term
+            # is exact (``tests/quotas/test_quotas_fast_placement.py`` holds it to the score)
+            exact = (
+                round(low, 9) if k == 1 and hit[2] and cpu0 - cpu >= need_cpu and hmem0 - hmem >= need_hmem else None
+            )
+            # less a margin far above float noise, so that rounding never lifts it past the score;
+            # the cards of the few nodes scored are listed then (:meth:`_fgd_bounded`)
+            rows.append((round(low - 1e-12, 9), rank, ni, picked, exact))
+        return rows
+
+    def _fgd_slice_low(
+        self, state: tuple[int, int, bool, int, int], m: int, c: int, ok: bool | tuple[bool, ...],
+        ones: list[tuple[int, int, int, bool, float]], multi: list[tuple[int, int, bool]],
+    ) -> tuple[float, float, bool]:
+        """:meth:`_fgd_card_low` of a slice card from its state kept in :meth:`_fgd_table`, and
+        whether none of the mix's multi-GPU types (``multi``) fits the card."""
+        cm, cc, empty, fm, fc = state
+        fm2, fc2 = fm - m, fc - c
+        frac = max(0.0, min(fm / cm, fc / cc)) if cm and cc else 0.0  # _frac, inline
+        frac2 = max(0.0, min(fm2 / cm, fc2 / cc)) if cm and cc else 0.0
+        lost = self._fgd_lost(ones, ok, True, empty, fm, fc, fm2, fc2, frac, frac2)
+        alone = not any(empty if whole else fm >= tm and fc >= tc for tm, tc, whole in multi)
+        return frac2 - frac + lost, frac2 - frac, alone
 
     def fgd_best_card(
         self, ni: int, m: int, c: int, group: str, cpu: int, hmem: int,
@@ -329,11 +515,13 @@ class FGDScoring:
         return total - gain + grown
 
     def _fgd_free(self, ni: int) -> float:
-        """The node's free capacity in cards (kept with its fgd base, until its cards change)."""
-        per_shape = self.fgd_bases.setdefault(ni, {})
-        free = per_shape.get(None)
+        """The node's free capacity in cards (kept beside its tables, until its cards change)."""
+        per_group = self.fgd_sorted[ni]
+        if per_group is None:
+            per_group = self.fgd_sorted[ni] = {}
+        free = per_group.get(None)
         if free is None:
-            free = per_shape[None] = sum(self._frac(gi, *self._card_state(gi)) for gi in self.node_gpus[ni])
+            free = per_group[None] = sum(self._frac(gi, *self._card_state(gi)) for gi in self.node_gpus[ni])
         return free
 
     def _fgd_stranded(self, free: float, cpu: int, hmem: int, types: list[tuple[tuple, float]]) -> float:

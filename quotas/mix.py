@@ -9,6 +9,7 @@ with the mean CPU and host memory its requests asked for.
 from __future__ import annotations
 
 from collections import Counter, deque
+from operator import itemgetter
 
 #: (memory MiB per GPU, cores % per GPU, GPUs, whole, CPU millicores, host memory MiB)
 Shape = tuple[int, int, int, bool, int, int]
@@ -48,8 +49,10 @@ class Mix:
         """The most frequent GPU shapes with their mean CPU and host memory, and their shares
         (summing to 1); empty before any grant."""
         if self._types is None:
-            # a stable order: fgd keeps per-node work per list of shapes
-            common = sorted(self._counts.most_common(self.top))
+            # the most frequent, ties to the first counted (Counter.most_common's order, for
+            # half its CPU: one sort in C), then a stable order: fgd keeps per-node work per
+            # list of shapes
+            common = sorted(sorted(self._counts.items(), key=itemgetter(1), reverse=True)[: self.top])
             total = sum(n for _, n in common)
             self._types = [
                 ((*gpu, self._node[gpu][0] // n, self._node[gpu][1] // n), n / total)

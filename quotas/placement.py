@@ -59,7 +59,6 @@ class CardIndex(FGDScoring, EvictableIndex):
         #: room kept for swapped-out kernels' resumes, taken only where nothing else fits (reserve.py)
         self.soft = SoftReservations()
         self.fgd_bases = {}
-        self.fgd_sorted = {}
         self.gpus: list[GPU] = []
         self.gi_of: dict[str, int] = {}
         self.node_of_gpu: list[int] = []
@@ -115,6 +114,7 @@ class CardIndex(FGDScoring, EvictableIndex):
             self.sgpus.append(sg)
             self.wgpus.append(wg)
         n_gpus, n_nodes = len(self.gpus), len(self.node_names)
+        self.fgd_sorted = [None] * n_nodes
         # dynamic card state
         self.cpu_free = list(self.cpu_static)
         self.hmem_free = list(self.hmem_static)
@@ -318,7 +318,7 @@ class CardIndex(FGDScoring, EvictableIndex):
 
     def _refresh(self, ni: int, initial: bool = False) -> None:
         self.fgd_bases.pop(ni, None)
-        self.fgd_sorted.pop(ni, None)
+        self.fgd_sorted[ni] = None
         cap_m, cap_c, used_m, used_c, nalloc = (
             self.cap_m, self.cap_c, self.used_m, self.used_c, self.nalloc
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 from quotas.mix import Mix
@@ -57,6 +58,18 @@ def test_the_mix_is_the_most_frequent_recent_shapes():
     # the window keeps the last 4: (1)x2, (2), (3); the top 2 are (1) and the first other seen
     types = dict(mix.types())
     assert types[(1, 1, 1, False, 0, 0)] == 2 / 3 and len(types) == 2 and len(mix) == 4
+
+
+def test_the_mixs_shapes_are_counter_most_common_ones_with_its_ties():
+    # Mix.types sorts the counts once instead of Counter.most_common's heap (issue 25: it runs on
+    # every decision after a grant); ties go to the shape counted first, as most_common's do, so
+    # fgd weighs the same shapes as before
+    rng = random.Random(5)
+    mix = Mix(window=24, top=4)
+    for _ in range(600):
+        mix.add((rng.choice([1, 2, 3, 4, 5, 6, 7]), 10, rng.choice([1, 1, 2]), rng.random() < 0.1, 0, 0))
+        expected = sorted(mix._counts.most_common(4))
+        assert [(t[:4], p) for t, p in mix.types()] == [(gpu, n / sum(k for _, k in expected)) for gpu, n in expected]
 
 
 def test_fgd_keeps_cpu_for_the_gpus_of_a_node_short_of_cpu():
