@@ -46,6 +46,7 @@ from quotas import (
     load_config,
 )
 from quotas.messages import mib
+from quotas.moving import MOVE_RETRY_SECONDS
 from quotas.queue import AdmissionQueue, Waiting, propose_moves
 
 from .backends import POOL_ENTRY_POINTS, ClaimConflict, PoolBackend, ReleaseCause
@@ -467,13 +468,19 @@ class GPUAllocator(SingletonConfigurable):
     def _wake_when_overdue(self) -> None:
         """Pass over the queue again when the next waiting request reaches
         ``queue.reserve_after_seconds`` (it may then hold capacity and have slices moved for it),
-        even if no request or release comes by then. Called at the end of each pass."""
+        and every ``MOVE_RETRY_SECONDS`` while an overdue one waits where slices can move (a kernel
+        becomes movable when its cell ends, which no request or release tells), even if no
+        request or release comes by then. Called at the end of each pass."""
         if self._wake is not None:
             self._wake.cancel()
             self._wake = None
         bound, now = self._queue.reserve_after_seconds, time.time()
         due = [w.entry.enqueued_at + bound for w in self._waiters
                if bound is not None and w.entry and w.entry.reservation is None and w.entry.enqueued_at + bound > now]
+        if any(w.entry and w.entry.reservation is not None for w in self._waiters) and (
+            self.mover is not None and self.mover.can_move()
+        ):
+            due.append(now + MOVE_RETRY_SECONDS)
         if due:
             delay = min(due) - now + 0.05
             self._wake = asyncio.get_running_loop().call_later(delay, lambda: asyncio.ensure_future(self._pump()))

@@ -304,6 +304,14 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
         """Tell the kernel whether its GPU state is in host memory (its next cell asks for a
         resume first). Called by ``GPUBroker.suspend`` and ``GPUBroker.resume``."""
 
+    def in_cell(self, record: KernelRecord) -> bool:
+        """Whether the kernel is running a cell now, as its resume hook says. A cell already running
+        when its kernel is swapped out does not ask for its GPU back, so its next GPU call would wait
+        on the locked driver for ever: such a kernel is not offered for moves
+        (``GPUBroker.movable_sessions``) and its suspend is refused. Default: False (the mode
+        cannot tell; it does not move kernels)."""
+        return False
+
     def resumed(self, record: KernelRecord, previous_allocation_id: str, allocation: Allocation) -> None:
         """A swapped-out kernel got ``allocation``: what its processes were started with for
         ``previous_allocation_id`` becomes the new allocation's. Called by ``GPUBroker.resume``

@@ -109,10 +109,27 @@ class _Unresumed(ast.NodeTransformer):
         return node
 
 
+def mark_cell(running: bool) -> None:
+    """Say in ``$ELASTIC_GPU_CELL_FILE`` (the hub's file, this kernel's to write) whether a cell runs:
+    the hub swaps a kernel out only between cells, since a running cell does not come back here."""
+    path = os.environ.get("ELASTIC_GPU_CELL_FILE")
+    if not path:
+        return
+    try:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, b"1" if running else b"0")
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def load_ipython_extension(ip: Any) -> None:
     guard = _Unresumed()
 
     def before_cell(info: Any = None) -> None:
+        mark_cell(True)  # before the swap marker is looked at: the hub writes them the other way round
         if _from_culler(ip):
             return
         said: list[str] = []
@@ -125,4 +142,5 @@ def load_ipython_extension(ip: Any) -> None:
             guard.reason = said[-1] if said else "The GPU of this kernel is swapped out and could not be resumed."
 
     ip.events.register("pre_run_cell", before_cell)
+    ip.events.register("post_run_cell", lambda result=None: mark_cell(False))
     ip.ast_transformers.append(guard)

@@ -349,14 +349,16 @@ class SwapMixin(Configurable):
 
     def movable_sessions(self) -> dict[str, str]:
         """Allocation id -> kernel id of every running kernel this broker could move now (see
-        :meth:`can_move`). The admission policy then says which may move (``movable`` classes)."""
+        :meth:`can_move`), between its cells (``KernelLauncher.in_cell``: a cell running when its
+        kernel is swapped out would wait on the locked GPU for ever). The admission policy then
+        says which may move (``movable`` classes)."""
         if not self.can_move():
             return {}
         launcher = self.launcher
         return {
             r.allocation_id: r.id
             for r in self.kernels.values()
-            if r.state == "running" and not r.swap and not launcher.resume_pins(r)
+            if r.state == "running" and not r.swap and not launcher.resume_pins(r) and not launcher.in_cell(r)
         }
 
     async def move_out(self, allocation_id: str, why: str) -> None:

@@ -33,7 +33,7 @@ from ..backends import KernelLauncher, LaunchError, ServerRef
 from ..gpu_spawner import GPUSpawnerMixin
 from ..kernels import KernelRecord
 from .processes import process_alive, process_cmdline, stop_slice
-from .swap import SWAP_FILE, LocalSwapMixin
+from .swap import CELL_FILE, SWAP_FILE, LocalSwapMixin
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -241,6 +241,7 @@ class LocalKernelLauncher(LocalSwapMixin, KernelLauncher):
         if record.resume_url:  # swapped out, the kernel asks for its GPU back before a cell runs
             env["ELASTIC_GPU_RESUME_URL"] = record.resume_url
             env["ELASTIC_GPU_SWAP_FILE"] = str(self.kernel_dir(record.id) / SWAP_FILE)
+            env["ELASTIC_GPU_CELL_FILE"] = str(self.kernel_dir(record.id) / CELL_FILE)
         if record.home:
             env["HOME"] = record.home
         env.update(self.environment)
@@ -286,6 +287,8 @@ class LocalKernelLauncher(LocalSwapMixin, KernelLauncher):
             from jupyterhub.spawner import set_user_setuid
 
             preexec = set_user_setuid(record.run_as, chdir=False)
+        if record.resume_url:
+            self.prepare_cell_file(record, *self._ids(record))
         log = open(kdir / "kernel.log", "ab")
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -463,7 +466,7 @@ class LocalKernelLauncher(LocalSwapMixin, KernelLauncher):
 
     async def _remove_files(self, record: KernelRecord) -> None:
         kdir = self.kernel_dir(record.id)
-        for name in ("connection.json", "connection.json.tmp", "kernel.log", SWAP_FILE):
+        for name in ("connection.json", "connection.json.tmp", "kernel.log", SWAP_FILE, CELL_FILE):
             try:
                 (kdir / name).unlink()
             except FileNotFoundError:

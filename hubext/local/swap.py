@@ -27,6 +27,9 @@ from .processes import slice_processes
 
 #: in a kernel's directory while it is swapped out (its next cell asks for a resume first)
 SWAP_FILE = "gpu-swapped"
+#: in a kernel's directory, the kernel's own (0600): its resume hook writes "1" before a cell
+#: and "0" after it (kernelprovider/resume.py), so the hub swaps it out only between cells
+CELL_FILE = "cell"
 
 #: a local kernel's processes see every card of the machine: a resume may land on another one
 #: (where the driver's restore takes a device map: driver 580+)
@@ -111,8 +114,39 @@ class LocalSwapMixin(LoggingConfigurable):
                 ask.swapped_here_mib,
                 cap,
             )
-        await asyncio.to_thread(cp.suspend, cuda, ask.lock_timeout_ms)
+        # the marker first, then the cell: a cell that begins now sees the marker and asks for its
+        # GPU (its resume waits for this suspend's end); one that began before is seen running here
+        self.mark_swapped(record, True)
+        try:
+            if self.in_cell(record):
+                raise CheckpointError("it is running a cell; it is swapped out only between cells", 0, "suspend", 0)
+            await asyncio.to_thread(cp.suspend, cuda, ask.lock_timeout_ms)
+        except BaseException:
+            self.mark_swapped(record, False)
+            raise
         return cuda, host_mib
+
+    def prepare_cell_file(self, record: KernelRecord, uid: int, gid: int) -> None:
+        """The kernel's cell file ("0": between cells), 0600 and its account's, in the hub-owned
+        directory: the kernel writes it and can neither replace it nor reach another kernel's."""
+        path = self.kernel_dir(record.id) / CELL_FILE
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, b"0")
+            if uid >= 0:
+                os.fchown(fd, uid, gid)
+        finally:
+            os.close(fd)
+
+    def in_cell(self, record: KernelRecord) -> bool:
+        try:
+            fd = os.open(self.kernel_dir(record.id) / CELL_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return False  # no hook (a kernel_cmd without it): the culler's idleness is all there is
+        try:
+            return os.read(fd, 1) == b"1"
+        finally:
+            os.close(fd)
 
     async def resume(self, record: KernelRecord, allocation: Allocation, remap: dict[str, str]) -> None:
         """Restore the kernel's checkpointed processes (remapped onto the new card) and unlock them."""

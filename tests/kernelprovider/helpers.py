@@ -171,12 +171,13 @@ class KernelConnection:
             {"code": code, "silent": False, "store_history": True, "user_expressions": {}, "allow_stdin": False},
         )
 
-    def collect(self, msg_id: str, timeout: float = 60) -> dict[str, Any]:
-        """Outputs of a request until its execute_reply and idle status: {status, text, ename}."""
+    def collect(self, msg_id: str, timeout: float = 60, until: str = "") -> dict[str, Any]:
+        """Outputs of a request until its execute_reply and idle status: {status, text, ename};
+        with ``until``, only until its output holds that text (the rest is left to a later call)."""
         deadline = time.monotonic() + timeout
         out: dict[str, Any] = {"status": None, "text": "", "ename": None}
         idle = False
-        while time.monotonic() < deadline and not (out["status"] and idle):
+        while time.monotonic() < deadline and not (out["status"] and idle) and not (until and until in out["text"]):
             self.ws.settimeout(max(0.1, deadline - time.monotonic()))
             try:
                 msg = json.loads(self.ws.recv())

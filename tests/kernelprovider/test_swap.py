@@ -346,6 +346,57 @@ def test_a_whole_card_request_waiting_on_fragmentation_gets_in_once_the_queue_sw
                 servers[users[name]].api("DELETE", f"/sessions/{model['id']}")
 
 
+def test_the_queue_moves_a_kernel_only_between_its_cells_so_a_running_cell_never_waits_on_a_locked_gpu(stack):
+    """A cell already running when its kernel is swapped out does not ask for its GPU back (the
+    hook runs before a cell): its next GPU call would wait on the locked driver for ever. So the
+    queue moves a kernel only between cells: with both kernels that could make room running cells,
+    the whole-card request waits for the first cell to end (alice's), and her cell ends well."""
+    hub, servers, _ = stack
+    hub.wait_for(lambda: not slices(hub), 30, what="an empty pool")
+    sessions, users = {}, {}
+    try:
+        for name, user, spec in (("p", "bob", SPEC), ("q", "bob", SPEC), ("r", "alice", "elastic-gpu-gpu-4g")):
+            status, sessions[name] = servers[user].start_session(spec)
+            assert status == 201, sessions[name]
+            users[name] = user
+        card = {
+            name: broker_kernel(hub, s["kernel"]["id"])["allocation"]["gpu_uuids"][0] for name, s in sessions.items()
+        }
+        alice = servers["alice"].connect(sessions["r"]["kernel"]["id"])
+        out = alice.execute(CUDA_CELL)
+        assert out["status"] == "ok" and "alloc 0" in out["text"], out
+        beside = "p" if card["p"] == card["r"] else "q"
+        status, _ = servers["bob"].api("DELETE", f"/sessions/{sessions[beside]['id']}")
+        assert status == 204
+        hub.wait_for(lambda: len(slices(hub)) == 2, 30, what="bob's kernel to give its slice back")
+        # bob's kernel on the other card runs a long cell: it is not offered for a move either
+        bob = servers["bob"].connect(sessions["q" if beside == "p" else "p"]["kernel"]["id"])
+        long_cell = bob.execute_async("import time\nprint('started', flush=True)\ntime.sleep(40)")
+        assert "started" in bob.collect(long_cell, timeout=30, until="started")["text"]
+        # alice's cell computes on the CPU for a while, then uses the GPU again
+        cell = alice.execute_async(
+            "import time\nprint('started', flush=True)\ntime.sleep(8)\n"
+            "print('again', cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20), 'at', time.time(), flush=True)"
+        )
+        first = alice.collect(cell, timeout=30, until="started")
+        assert "started" in first["text"], first
+        status, whole = servers["bob"].start_session("elastic-gpu-gpu-whole")  # waits for alice's cell to end
+        sessions["whole"], users["whole"] = whole, "bob"
+        assert status == 201, (whole, hub.log_tail(40))
+        out = alice.collect(cell, timeout=60)
+        assert out["status"] == "ok" and "again 0" in out["text"], (out, hub.log_tail(60))
+        ended = float(out["text"].split(" at ")[1].split()[0])
+        moved = broker_kernel(hub, sessions["r"]["kernel"]["id"])
+        assert moved["gpu_swapped"] and "moved to make room for" in moved["swap"]["reason"], moved
+        assert moved["swap"]["since"] >= ended, (moved["swap"], ended)  # swapped out after the cell, not in it
+        alice.close()
+        bob.close()
+    finally:
+        for name, model in sessions.items():
+            if isinstance(model, dict) and "id" in model:
+                servers[users[name]].api("DELETE", f"/sessions/{model['id']}")
+
+
 def test_a_swapped_out_kernel_is_listed_with_its_host_memory_and_cull_time_on_the_api_cli_and_pages(stack):
     hub, servers, work = stack
     status, session = servers["alice"].start_session(SPEC)
