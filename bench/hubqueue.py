@@ -10,8 +10,10 @@ Two kinds of sessions, as in a hub:
   ``notebook``: never moved, never culled);
 - a **GPU kernel** holds its slice while busy and for ``idle_timeout`` seconds after its last
   burst, then is swapped out (its slice goes back; its state stays), and asks again at its next
-  burst (kind ``kernel``: the queue may move it for an overdue head; a moved kernel asks again
-  at its next burst, with ``push(moved=True)`` as the broker's resume does).
+  burst (kind ``kernel``: the queue may move it for an overdue head between its bursts, as the
+  broker offers kernels only between cells, and passes again every ``MOVE_RETRY_SECONDS`` while
+  a request is overdue, as the hub does; a moved kernel asks again at its next burst, with
+  ``push(moved=True)`` as the broker's resume does).
 
 A request granted after its period ended still counts its wait. Waits are per size class (share
 of a card) and per kind; requests still waiting at the end count with the wait they had.
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 
 from hubext.metering.replay import cards_held
 from quotas import GPU, AdmissionState, GPURequest, Node, Owner, Pool, load_config
+from quotas.moving import MOVE_RETRY_SECONDS
 from quotas.queue import AdmissionQueue
 
 #: the queue configurations compared side by side (the ``queue`` section of the admission config)
@@ -190,7 +193,8 @@ def run(
                 if too_late(asked[rid][0]):
                     result.gpus = -1
                     return result
-        steps = q.pump(state, t, lambda a: session_of[a.id].id if a.id in session_of else None)
+        # the broker offers a kernel for a move only between its cells (GPUBroker.movable_sessions)
+        steps = q.pump(state, t, lambda a, now=t: between_cells(session_of.get(a.id), now))
         for step in steps:
             rid = step.waiting.request.request_id
             if step.decision.granted:
@@ -220,10 +224,23 @@ def run(
                 if i < len(starts) and starts[i] < end:
                     heapq.heappush(events, (starts[i], next(seq), "ask", (u, end, True)))
                 heapq.heappush(events, (t, next(seq), "wake", None))
+        if bound is not None and any(t - at >= bound for _, at, _ in asked.values()):
+            # as the hub does while an overdue request waits: pass again soon (a cell may end)
+            heapq.heappush(events, (t + MOVE_RETRY_SECONDS, next(seq), "wake", None))
     for u, at, _ in asked.values():
         record(u, t - at)
     result.hours = (t - min((u.arrival for u in uses), default=0.0)) / 3600
     return result
+
+
+def between_cells(u: Use | None, t: float) -> str | None:
+    """The session's key if its kernel may move at ``t``: a live kernel not in one of its bursts
+    (cells), as the broker offers them (``GPUBroker.movable_sessions``); else None."""
+    if u is None:
+        return None
+    starts = [u.arrival + o for o, _ in u.bursts]
+    i = bisect.bisect_right(starts, t) - 1
+    return None if i >= 0 and t < starts[i] + u.bursts[i][1] else u.id
 
 
 def concurrency_bound(uses: Sequence[Use], idle_timeout: float, p: float = 95.0) -> int:
