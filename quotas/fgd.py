@@ -69,44 +69,22 @@ class FGDScoring:
     def _fgd_weighed(self, m: int, c: int, k: int, whole: bool, group: str, cpu: int, hmem: int) -> list[int]:
         """The nodes fgd weighs, in rank order: the first ``fgd_tight_nodes`` of
         :meth:`CardIndex._candidates` in binpack order, then the first ``fgd_empty_nodes`` of it
-        in spread order that are not among them. One walk by position: a node before where the
-        tight walk stopped that passes the filters is one of the tight ones, so the walk from the
-        emptiest end stops there."""
-        cpu_free, hmem_free = self.cpu_free, self.hmem_free
+        in spread order that are not among them (:meth:`CardIndex._walk`'s order and filters).
+        One walk by position: a node before where the tight walk stopped that passes the filters
+        is one of the tight ones, so the walk from the emptiest end stops there."""
         nodes: list[int] = []
+        walk = self._walk(m, k, whole, group)
+        if walk is None:
+            return nodes
+        order, start, max_m, max_c = walk
+        cpu_free, hmem_free = self.cpu_free, self.hmem_free
         tight, empty = self.fgd_tight_nodes, self.fgd_empty_nodes
-        if whole:  # the two walks of :meth:`CardIndex._candidates`, by position and inline
-            order = self.worder.get(group)
-            if not order:
-                return nodes
-            i = end = len(order)
-            for i in range(bisect_left(order, (k, -1)), end):
-                if not tight:
-                    break
-                ni = order[i][1]
-                if cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
-                    nodes.append(ni)
-                    tight -= 1
-            else:
-                i = end
-            for j in range(end - 1, i - 1, -1):
-                if not empty:
-                    break
-                ni = order[j][1]
-                if cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
-                    nodes.append(ni)
-                    empty -= 1
-            return nodes
-        order = self.order.get(group)
-        if not order:
-            return nodes
-        max_m, max_c = self.max_m[group], self.max_c[group]
         i = end = len(order)
-        for i in range(bisect_left(order, (m * k, -1)), end):
+        for i in range(start, end):
             if not tight:
                 break
             ni = order[i][1]
-            if max_m[ni] >= m and max_c[ni] >= c and cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
+            if (max_m is None or (max_m[ni] >= m and max_c[ni] >= c)) and cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
                 nodes.append(ni)
                 tight -= 1
         else:
@@ -115,7 +93,7 @@ class FGDScoring:
             if not empty:
                 break
             ni = order[j][1]
-            if max_m[ni] >= m and max_c[ni] >= c and cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
+            if (max_m is None or (max_m[ni] >= m and max_c[ni] >= c)) and cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
                 nodes.append(ni)
                 empty -= 1
         return nodes
@@ -374,8 +352,7 @@ class FGDScoring:
         whether none of the mix's multi-GPU types (``multi``) fits the card."""
         cm, cc, empty, fm, fc = state
         fm2, fc2 = fm - m, fc - c
-        frac = max(0.0, min(fm / cm, fc / cc)) if cm and cc else 0.0  # _frac, inline
-        frac2 = max(0.0, min(fm2 / cm, fc2 / cc)) if cm and cc else 0.0
+        frac, frac2 = self._slice_frac(cm, cc, fm, fc), self._slice_frac(cm, cc, fm2, fc2)
         lost = self._fgd_lost(ones, ok, True, empty, fm, fc, fm2, fc2, frac, frac2)
         alone = not any(empty if whole else fm >= tm and fc >= tc for tm, tc, whole in multi)
         return frac2 - frac + lost, frac2 - frac, alone
@@ -423,10 +400,13 @@ class FGDScoring:
         """The free part of a card, in cards: the smaller of its free memory and free compute
         (a card whose compute is given out is used up, however much memory it has left)."""
         if self.slice_ok[gi]:
-            if not self.cap_m[gi] or not self.cap_c[gi]:
-                return 0.0
-            return max(0.0, min(fm / self.cap_m[gi], fc / self.cap_c[gi]))
+            return self._slice_frac(self.cap_m[gi], self.cap_c[gi], fm, fc)
         return 1.0 if n == 0 and self.whole_ok[gi] else 0.0
+
+    @staticmethod
+    def _slice_frac(cm: int, cc: int, fm: int, fc: int) -> float:
+        """:meth:`_frac` of a slice card of capacity ``cm``, ``cc`` with ``fm``, ``fc`` free."""
+        return max(0.0, min(fm / cm, fc / cc)) if cm and cc else 0.0
 
     def _fgd_base(self, ni: int, types: list[tuple[tuple, float]]) -> list[tuple[int, float]]:
         """Per type: (cards it fits, free fraction on those cards). Kept per node and GPU shape

@@ -514,28 +514,28 @@ class CardIndex(FGDScoring, EvictableIndex):
     ) -> Iterator[int]:
         """Nodes that pass the cheap filters (enough free memory in sum, a large enough card,
         CPU and host memory), tightest first (binpack) or emptiest first (spread)."""
+        walk = self._walk(m, k, whole, group)
+        if walk is None:
+            return
+        order, start, max_m, max_c = walk
         cpu_free, hmem_free = self.cpu_free, self.hmem_free
         # walked by position, not by a copy of the order's tail (a copy costs the whole tail
         # where the first few nodes answer)
-        if whole:
-            order = self.worder.get(group)
-            if not order:
-                return
-            start = bisect_left(order, (k, -1))
-            for i in range(start, len(order)) if tight_first else range(len(order) - 1, start - 1, -1):
-                ni = order[i][1]
-                if cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
-                    yield ni
-            return
-        order = self.order.get(group)
-        if not order:
-            return
-        max_m, max_c = self.max_m[group], self.max_c[group]
-        start = bisect_left(order, (m * k, -1))
         for i in range(start, len(order)) if tight_first else range(len(order) - 1, start - 1, -1):
             ni = order[i][1]
-            if max_m[ni] >= m and max_c[ni] >= c and cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
+            if (max_m is None or (max_m[ni] >= m and max_c[ni] >= c)) and cpu_free[ni] >= cpu and hmem_free[ni] >= hmem:
                 yield ni
+
+    def _walk(self, m: int, k: int, whole: bool, group: str) -> tuple[list, int, list | None, list | None] | None:
+        """What :meth:`_candidates` walks: the nodes' order (whole cards: by their free whole
+        cards; slices: by their free memory), the position of the first with enough in sum, and
+        per node the free memory and cores of its largest slice card (None for whole cards); None
+        where no node has such cards."""
+        if whole:
+            order = self.worder.get(group)
+            return (order, bisect_left(order, (k, -1)), None, None) if order else None
+        order = self.order.get(group)
+        return (order, bisect_left(order, (m * k, -1)), self.max_m[group], self.max_c[group]) if order else None
 
     def find_whole_within(
         self, k: int, group: str, max_memory: int, cpu: int = 0, hmem: int = 0
