@@ -27,6 +27,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from hubext.metering.replay import cards_held
 from quotas import GPU, AdmissionState, GPURequest, Node, Owner, Pool, load_config
@@ -53,6 +54,11 @@ class Use:
     share: float
     kernel: bool
     bursts: tuple[tuple[float, float], ...]
+
+    @cached_property
+    def starts(self) -> list[float]:
+        """When each burst starts (s), for bisecting: asked at every move and every pass."""
+        return [self.arrival + o for o, _ in self.bursts]
 
 
 @dataclass
@@ -219,7 +225,7 @@ def run(
                 state.remove(aid)
                 result.moves += 1
                 u, end = session_of[aid], ends[aid]
-                starts = [u.arrival + o for o, _ in u.bursts]
+                starts = u.starts
                 i = bisect.bisect_right(starts, t)
                 if i < len(starts) and starts[i] < end:
                     heapq.heappush(events, (starts[i], next(seq), "ask", (u, end, True)))
@@ -238,9 +244,8 @@ def between_cells(u: Use | None, t: float) -> str | None:
     (cells), as the broker offers them (``GPUBroker.movable_sessions``); else None."""
     if u is None:
         return None
-    starts = [u.arrival + o for o, _ in u.bursts]
-    i = bisect.bisect_right(starts, t) - 1
-    return None if i >= 0 and t < starts[i] + u.bursts[i][1] else u.id
+    i = bisect.bisect_right(u.starts, t) - 1
+    return None if i >= 0 and t < u.starts[i] + u.bursts[i][1] else u.id
 
 
 def concurrency_bound(uses: Sequence[Use], idle_timeout: float, p: float = 95.0) -> int:
