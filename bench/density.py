@@ -31,7 +31,11 @@ asking again at their next burst, which the queue may move for an overdue reques
   default), side by side at the same pool sizes (the smallest pool first-come needs, and 3
   cards fewer), the share of requests that waited over 30 s, moves an hour, and the issue's two
   criteria: the largest class's p95 <= 3 x max(smallest class's p95, 30 s), and no class more
-  than 30 s worse than first-come;
+  than 30 s worse than first-come; and, as a reference, first-come and the default on the ideal
+  pool of as many cards (``ideal_pool``: one machine with all their memory and compute, where
+  nothing can fragment, so every wait there is for capacity, not for a place): where a class
+  still waits over 30 s there, the cards are short of capacity, and the wait one class is
+  spared another pays;
 - ``needed`` lines: the smallest pool per queue configuration (p95 <= 30 s in every class);
 - ``swap`` lines: the smallest pool with the default queue (``--reserve-after 60,20``: with each
   of these ``queue.reserve_after_seconds`` in turn, side by side) per idle timeout (``--timeouts``),
@@ -233,6 +237,10 @@ def hub_queue_runs(sessions: list[Session], args: argparse.Namespace) -> None:
                 f"moves_per_h={r.moves / max(r.hours, 1e-9):.2f} largest<=3x={'yes' if fair else 'no'} "
                 f"worst_vs_first_come=+{worse:.0f}s"
             )
+        for name in ("first-come", "default"):  # the same cards, unfragmentable
+            r = hubqueue.run(uses, gpus, hubqueue.QUEUES[name], timeout, pooled=True)
+            waits = " ".join(f"{k}={r.p95(k):.0f}" for k in sorted(r.waits))
+            print(f"queue gpus={gpus} queue={name!r} ideal_pool: {waits} worst={r.worst():.0f}s")
     whole = [dataclasses.replace(u, share=1.0, kernel=False) for u in uses]
     whole_gpus, _ = hubqueue.smallest_pool(
         whole, hubqueue.QUEUES["default"], timeout, limit, hubqueue.concurrency_bound(whole, timeout)

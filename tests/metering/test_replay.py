@@ -66,7 +66,15 @@ def test_the_density_bench_prints_its_line():
         _density().main(
             ["--users", "25", "--days", "1", "--seed", "3", "--timeouts", "600", "--reserve-after", "60,20"]
         )
-    swaps = [line.split(":")[0] for line in out.getvalue().splitlines() if line.startswith("swap ")]
+    lines = out.getvalue().splitlines()
+    # each queue pool size also shows first-come and the default where nothing can fragment
+    ideal = [re.fullmatch(r"queue gpus=(\d+) queue='(first-come|default)' ideal_pool: (.*) worst=(\d+)s", x)
+             for x in lines if "ideal_pool" in x]
+    sizes = sorted({int(x.split()[1].split("=")[1]) for x in lines if x.startswith("queue gpus=")})
+    assert len(ideal) == 2 * len(sizes) == 4 and all(ideal), lines
+    for m in ideal:
+        assert int(m[4]) == max(int(w.split("=")[1]) for w in m[3].split()), m[0]
+    swaps = [line.split(":")[0] for line in lines if line.startswith("swap ")]
     assert swaps == ["swap idle_timeout=600s reserve_after=60s", "swap idle_timeout=600s reserve_after=20s"], swaps
     line = out.getvalue().splitlines()[-1]
     m = re.fullmatch(
