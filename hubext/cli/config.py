@@ -21,6 +21,7 @@ from quotas.messages import mib
 
 from .accounts import TEAM_ACCOUNT, harden_hub_state
 from .base import ADMISSION_FILE, CONFIG_FILE, DEFAULT_SIMULATED, TOKEN_FILE, CLIError
+from .proxy import service_ports
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -222,8 +223,6 @@ def init_config(
     force: bool = False,
 ) -> list[str]:
     """Write the config dir; return the files written. Existing files are kept unless ``force``."""
-    from jupyterhub.utils import random_port  # here: importing jupyterhub takes a second every command would pay
-
     check_user_names(admins + users)
     config_dir.mkdir(parents=True, exist_ok=True)
     data = config_dir / "data"
@@ -239,6 +238,7 @@ def init_config(
     harden_hub_state(data)
     hub_config = config_dir / CONFIG_FILE
     if force or not hub_config.exists():
+        hub_port, proxy_api_port = service_ports(2)
         hub_config.write_text(
             hub_config_text(
                 authenticator=authenticator,
@@ -248,8 +248,8 @@ def init_config(
                 simulate=simulate,
                 profiles=default_profiles(gpus),
                 kernel_sizes=default_kernel_sizes(gpus),
-                hub_port=random_port(),
-                proxy_api_port=random_port(),
+                hub_port=hub_port,
+                proxy_api_port=proxy_api_port,
             )
         )
         written.append(str(hub_config))

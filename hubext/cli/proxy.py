@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import random
 import re
 import shutil
 import signal
@@ -58,6 +59,40 @@ def port_in_use(ip: str, port: int) -> bool:
         except OSError as e:
             return e.errno == errno.EADDRINUSE
     return False
+
+
+#: where the internal ports are chosen: below the kernel's ephemeral range, from this port up
+SERVICE_PORTS_FROM = 20000
+
+
+def ephemeral_start() -> int:
+    """The first port the kernel hands to outgoing connections and binds to port 0 (Linux's
+    ``ip_local_port_range``; 32768, its default, where that cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def service_ports(count: int, ip: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports free now on ``ip`` for the hub's internal API and the proxy's API,
+    which ``init`` writes into the config for as long as the hub is used: below the ephemeral
+    range, so that no outgoing connection and no bind to port 0 on the machine takes one of
+    them in the meantime (a port of that range can be anyone's between two ``up``)."""
+    end = ephemeral_start()
+    start = SERVICE_PORTS_FROM if end - SERVICE_PORTS_FROM >= 1000 else 1024
+    rng = random.SystemRandom()
+    ports: list[int] = []
+    for _ in range(200):
+        port = rng.randrange(start, max(start + 1, end))
+        if port not in ports and not port_in_use(ip, port):
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise CLIError(
+        f"found no {count} free ports between {start} and {end} on {ip}; "
+        "free some, or set the ports in the config by hand"
+    )
 
 
 def internal_ports(config_dir: Path) -> dict[str, tuple[str, int]]:

@@ -98,3 +98,14 @@ def test_when_jupyterhub_exits_at_start_up_shows_the_hubs_error_and_stops_the_pr
     assert "[ConfigProxy]" not in out, f"the proxy's lines hide the hub's:\n{out}"
     assert "an earlier run" not in out, f"lines of an earlier run were shown as this one's:\n{out}"
     assert not proxies_of(config_dir), f"a configurable-http-proxy was left running:\n{out}"
+
+
+def test_init_gives_the_hub_and_the_proxy_api_ports_no_outgoing_connection_or_random_bind_can_take(config_dir):
+    """The two internal ports live in the config for as long as the hub is used; a port of the
+    kernel's ephemeral range (ip_local_port_range) is handed to any outgoing connection and any
+    bind to port 0 on the machine in the meantime (a CI run saw the proxy's API port answered by
+    another program, 404, and JupyterHub exit with a traceback). They are chosen below it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {setting: configured_port(config_dir, setting) for setting in ("hub_port", "proxy_api")}
+    assert all(1024 <= port < low for port in ports.values()), (ports, low)
+    assert ports["hub_port"] != ports["proxy_api"], ports
