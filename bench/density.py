@@ -45,7 +45,9 @@ asking again at their next burst, which the queue may move for an overdue reques
   percentile over time, the reference before issue 25's swap work: a different criterion) and
   the whole-card pool (every session a whole card throughout); ``bursts_resumed``: the share of
   the kernels' bursts that start with a resume (their kernel was swapped out); ``moves_per_h``:
-  kernels moved off a card for an overdue request, an hour, on the pool found; where that pool
+  kernels moved off a card for an overdue request, an hour, on the pool found;
+  ``live_moves_per_h``: those moved in a burst (a cell: resumed at once, elsewhere), and
+  ``live_pause_p50`` / ``p95``: how long such a burst paused (its wait to be granted again); where that pool
   is larger than the ideal one, ``at_ideal_size``: the p95 wait per size class on as many cards
   as the ideal pool needs (which class the missing card is for).
 
@@ -262,7 +264,8 @@ def hub_queue_runs(sessions: list[Session], args: argparse.Namespace) -> None:
             f"swap idle_timeout={t:.0f}s{label}: gpus={gpus} ideal={ideal} over_ideal={100 * (gpus / ideal - 1):.0f}% "
             f"shares_p95={shares} whole_cards={whole_gpus} fewer_than_whole={whole_gpus / gpus:.1f}x "
             f"bursts_resumed={100 * resumed(uses, t):.0f}% moves_per_h={found.moves / max(found.hours, 1e-9):.2f}"
-            f"{short}"
+            f" live_moves_per_h={found.live_moves / max(found.hours, 1e-9):.2f} live_pause_p50="
+            f"{hubqueue.percentile(found.pauses, 50):.0f}s p95={hubqueue.percentile(found.pauses, 95):.0f}s{short}"
         )
 
 

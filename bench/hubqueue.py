@@ -10,10 +10,13 @@ Two kinds of sessions, as in a hub:
   ``notebook``: never moved, never culled);
 - a **GPU kernel** holds its slice while busy and for ``idle_timeout`` seconds after its last
   burst, then is swapped out (its slice goes back; its state stays), and asks again at its next
-  burst (kind ``kernel``: the queue may move it for an overdue head between its bursts, as the
-  broker offers kernels only between cells, and passes again every ``MOVE_RETRY_SECONDS`` while
-  a request is overdue, as the hub does; a moved kernel asks again at its next burst, with
-  ``push(moved=True)`` as the broker's resume does).
+  burst (kind ``kernel``: the queue may move it for an overdue head, and passes again every
+  ``MOVE_RETRY_SECONDS`` while a request is overdue, as the hub does. A kernel moved between its
+  bursts asks again at its next burst, with ``push(moved=True)`` as the broker's resume does; one
+  moved *in* a burst (a live move: the broker swaps it out and resumes it at once, its cell
+  paused) asks again at once, and its burst goes on after the regrant, as much later as it
+  waited: it holds its slice that much longer. The queue is told which kernels are in a burst
+  (``pump(in_cell=...)``) and moves those only where no place needs fewer of them.)
 
 A request granted after its period ended still counts its wait. Waits are per size class (share
 of a card) and per kind; requests still waiting at the end count with the wait they had.
@@ -69,6 +72,9 @@ class QueueRun:
     moves: int = 0
     hours: float = 0.0
     resumes: int = 0
+    #: moves of a kernel in a burst, and how long each paused its burst (its wait to be regranted)
+    live_moves: int = 0
+    pauses: list[float] = field(default_factory=list)
 
     def p95(self, label: str) -> float:
         return percentile(self.waits.get(label, []), 95)
@@ -144,21 +150,25 @@ def run(
     totals: dict[str, int] = {}
     for u in uses:
         for start, end in periods(u, idle_timeout):
-            heapq.heappush(events, (start, next(seq), "ask", (u, end, False)))
+            heapq.heappush(events, (start, next(seq), "ask", (u, end, False, None)))
             totals[label_of(u.share)] = totals.get(label_of(u.share), 0) + 1
     late: dict[str, int] = dict.fromkeys(totals, 0)
     deadlines: list[tuple[float, str]] = []  # (asked at + stop_after, request id)
     counted: set[str] = set()  # requests already counted late while waiting
     session_of: dict[str, Use] = {}
     ends: dict[str, float] = {}
-    asked: dict[str, tuple[Use, float, float]] = {}  # request id -> (use, asked at, end)
+    asked: dict[str, tuple[Use, float, float, float | None]] = {}  # id -> (use, asked at, end, burst end)
     live: set[str] = set()
+    busy_until: dict[str, float] = {}  # a live-moved kernel's burst, later by its pause
 
     def record(u: Use, waited: float) -> bool:
         label = label_of(u.share)
         result.waits.setdefault(label, []).append(waited)
         result.kind_waits.setdefault("kernel" if u.kernel else "server", []).append(waited)
         return False
+
+    def in_burst(aid: str, t: float) -> bool:
+        return bursting(session_of[aid], t) or t < busy_until.get(aid, t)
 
     def too_late(u: Use) -> bool:
         label = label_of(u.share)
@@ -171,7 +181,7 @@ def run(
         while events and events[0][0] <= t:
             _, _, kind, payload = heapq.heappop(events)
             if kind == "ask":
-                u, end, moved = payload
+                u, end, moved, burst_end = payload
                 rid = f"{u.id}#{next(seq)}"
                 whole = u.share >= 1 and not pooled
                 request = GPURequest(
@@ -183,7 +193,7 @@ def run(
                     kind="kernel" if u.kernel else "notebook",
                 )
                 q.push(request, 100, t, moved=moved)
-                asked[rid] = (u, t, end)
+                asked[rid] = (u, t, end, burst_end)
                 if stop_after is not None:
                     heapq.heappush(deadlines, (t + stop_after, rid))
                 if bound is not None:
@@ -199,16 +209,24 @@ def run(
                 if too_late(asked[rid][0]):
                     result.gpus = -1
                     return result
-        # the broker offers a kernel for a move only between its cells (GPUBroker.movable_sessions)
-        steps = q.pump(state, t, lambda a, now=t: between_cells(session_of.get(a.id), now))
+        # the broker offers every live kernel and says which run a cell (GPUBroker.cells_running)
+        steps = q.pump(
+            state,
+            t,
+            lambda a: session_of[a.id].id if a.id in session_of else None,
+            in_cell=lambda a, now=t: in_burst(a.id, now),
+        )
         for step in steps:
             rid = step.waiting.request.request_id
             if step.decision.granted:
-                u, at, end = asked.pop(rid)
+                u, at, end, burst_end = asked.pop(rid)
                 if u.kernel and step.waiting.moved:
                     result.resumes += 1
                 session_of[rid] = u
                 live.add(rid)
+                if burst_end is not None:  # back from a live move: its burst goes on, paused this long
+                    result.pauses.append(t - at)
+                    end, busy_until[rid] = end + (t - at), burst_end + (t - at)
                 ends[rid] = end
                 heapq.heappush(events, (max(end, t), next(seq), "end", rid))
                 record(u, t - at)
@@ -217,35 +235,43 @@ def run(
                     return result
             elif step.decision.kind == "reject":
                 asked.pop(rid, None)
-            for mv in step.moves:  # swapped out: its slice goes back; it asks again at its next burst
+            for mv in step.moves:  # swapped out: its slice goes back
                 aid = mv.allocation.id
                 if aid not in live:
                     continue
+                u, end = session_of[aid], ends[aid]
+                if mv.in_cell != in_burst(aid, t):
+                    raise AssertionError(f"{aid}: the queue was told in_cell={not mv.in_cell}")
                 live.discard(aid)
                 state.remove(aid)
                 result.moves += 1
-                u, end = session_of[aid], ends[aid]
-                starts = u.starts
-                i = bisect.bisect_right(starts, t)
-                if i < len(starts) and starts[i] < end:
-                    heapq.heappush(events, (starts[i], next(seq), "ask", (u, end, True)))
+                if mv.in_cell:  # a live move: it asks again at once, its burst paused until regranted
+                    result.live_moves += 1
+                    i = bisect.bisect_right(u.starts, t) - 1
+                    burst_end = max(busy_until.pop(aid, 0.0), u.starts[i] + u.bursts[i][1])
+                    heapq.heappush(events, (t, next(seq), "ask", (u, end, True, burst_end)))
+                    totals[label_of(u.share)] += 1
+                else:  # it asks again at its next burst
+                    i = bisect.bisect_right(u.starts, t)
+                    if i < len(u.starts) and u.starts[i] < end:
+                        heapq.heappush(events, (u.starts[i], next(seq), "ask", (u, end, True, None)))
+                        totals[label_of(u.share)] += 1
                 heapq.heappush(events, (t, next(seq), "wake", None))
-        if bound is not None and any(t - at >= bound for _, at, _ in asked.values()):
+        if bound is not None and any(t - at >= bound for _, at, *_ in asked.values()):
             # as the hub does while an overdue request waits: pass again soon (a cell may end)
             heapq.heappush(events, (t + MOVE_RETRY_SECONDS, next(seq), "wake", None))
-    for u, at, _ in asked.values():
+    for u, at, _, burst_end in asked.values():
         record(u, t - at)
+        if burst_end is not None:
+            result.pauses.append(t - at)
     result.hours = (t - min((u.arrival for u in uses), default=0.0)) / 3600
     return result
 
 
-def between_cells(u: Use | None, t: float) -> str | None:
-    """The session's key if its kernel may move at ``t``: a live kernel not in one of its bursts
-    (cells), as the broker offers them (``GPUBroker.movable_sessions``); else None."""
-    if u is None:
-        return None
+def bursting(u: Use, t: float) -> bool:
+    """Whether the session's kernel is in one of its bursts (running a cell) at ``t``."""
     i = bisect.bisect_right(u.starts, t) - 1
-    return None if i >= 0 and t < u.starts[i] + u.bursts[i][1] else u.id
+    return i >= 0 and t < u.starts[i] + u.bursts[i][1]
 
 
 def concurrency_bound(uses: Sequence[Use], idle_timeout: float, p: float = 95.0) -> int:

@@ -130,6 +130,9 @@ class SuspendAsk:
     #: why it is swapped out (kept with the kernel), and the model of its card
     why: str = ""
     model: str = ""
+    #: a move of the queue's, which may pause a running cell: the broker resumes such a kernel at
+    #: once, elsewhere (a live move); every other suspend is refused in a cell
+    live: bool = False
 
 
 @dataclass
@@ -306,11 +309,17 @@ class KernelLauncher(LoggingConfigurable, metaclass=_ConfigurableABCMeta):
 
     def in_cell(self, record: KernelRecord) -> bool:
         """Whether the kernel is running a cell now, as its resume hook says. A cell already running
-        when its kernel is swapped out does not ask for its GPU back, so its next GPU call would wait
-        on the locked driver for ever: such a kernel is not offered for moves
-        (``GPUBroker.movable_sessions``) and its suspend is refused. Default: False (the mode
-        cannot tell; it does not move kernels)."""
+        when its kernel is swapped out does not ask for its GPU back, so its next GPU call waits
+        on the locked driver: such a kernel is swapped out only by a move (``SuspendAsk.live``),
+        which the broker follows with its resume at once (the queue moves one only where no place
+        needs fewer: ``GPUBroker.cells_running``); every other suspend of it is refused. Default:
+        False (the mode cannot tell; it does not move kernels)."""
         return False
+
+    def tell_moved(self, record: KernelRecord, sentence: str) -> None:
+        """Leave the kernel the sentence its paused cell prints when it ends (a live move:
+        kernelprovider/resume.py). Called by ``GPUBroker.resume``. Default: nothing (the mode
+        does not move kernels)."""
 
     def resumed(self, record: KernelRecord, previous_allocation_id: str, allocation: Allocation) -> None:
         """A swapped-out kernel got ``allocation``: what its processes were started with for

@@ -6,7 +6,9 @@ overdue head of a priority class (``Step.moves``, see quotas/moving.py); the all
 keeps its state in host memory and its process runs on; its slice goes back to the pool (the
 release is recorded with cause ``swapped`` and the reason "moved to make room for ..."), the
 waiting request is granted in the pump that release triggers, and the kernel asks admission
-again before its next cell runs, wherever there is room then.
+again before its next cell runs, wherever there is room then. A kernel running a cell is moved
+only where no place needs fewer of those (``SliceMover.cells_running``); its move is *live*: the
+mover asks for its slice back at once, its cell paused on the locked GPU until it is back.
 """
 
 from __future__ import annotations
@@ -42,10 +44,18 @@ class SliceMover(ABC):
 
         Called by ``GPUAllocator._pump_once``, under its lock, once per pass over the queue."""
 
+    def cells_running(self) -> set[str]:
+        """Of :meth:`movable_sessions`, the allocation ids whose holder runs a cell now (a move
+        pauses that cell until the holder is back: the queue prefers the others). Default: none.
+
+        Called by ``GPUAllocator._pump_once``, under its lock, once per pass over the queue."""
+        return set()
+
     @abstractmethod
     async def move_out(self, allocation_id: str, why: str) -> None:
         """Swap out the holder of ``allocation_id`` (its slice is released through the
-        allocator); raise with a sentence when it cannot be (the holder then keeps its slice).
+        allocator; a holder running a cell is resumed at once, elsewhere); raise with a sentence
+        when it cannot be (the holder then keeps its slice).
 
         Called by :func:`carry_out`, outside the allocator's lock."""
 
@@ -64,7 +74,13 @@ async def carry_out(allocator: GPUAllocator, waiting: Waiting, moves: tuple[Move
     async def one(move: Move) -> None:
         a = move.allocation
         allocator.log.warning(
-            "GPU move: %s (%s, %s on %s) %s", a.id, a.owner.user, a.kind, ",".join(a.gpu_uuids), why
+            "GPU move: %s (%s, %s on %s%s) %s",
+            a.id,
+            a.owner.user,
+            a.kind,
+            ",".join(a.gpu_uuids),
+            ", in a cell" if move.in_cell else "",
+            why,
         )
         try:
             await mover.move_out(a.id, why)

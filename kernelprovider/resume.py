@@ -10,6 +10,11 @@ When the GPU cannot be had back (refused, the hub out of reach), the cell is not
 with ``InputRejected`` and the reason (run, its first CUDA call would wait on the locked driver
 for ever); the next cell asks again.
 
+The hub may also move a kernel *while* a cell runs (a live move: it makes room for a waiting
+request and resumes the kernel at once on another card); the cell's GPU calls wait on the locked
+driver meanwhile. Such a cell ends with the hub's one line saying so and how long it paused
+(``$ELASTIC_GPU_SWAP_FILE`` + ".moved", written at the resume).
+
 Loaded by the hub's local kernels (``--ext=kernelprovider.resume`` in their command line) and by
 kernel pods (their bootstrap writes this file as ``elastic_gpu_resume``; ``--ext=elastic_gpu_resume``).
 """
@@ -111,7 +116,8 @@ class _Unresumed(ast.NodeTransformer):
 
 def mark_cell(running: bool) -> None:
     """Say in ``$ELASTIC_GPU_CELL_FILE`` (the hub's file, this kernel's to write) whether a cell runs:
-    the hub swaps a kernel out only between cells, since a running cell does not come back here."""
+    a running cell does not come back here, so the hub moves a kernel in a cell only where it must,
+    and then resumes it at once (a live move)."""
     path = os.environ.get("ELASTIC_GPU_CELL_FILE")
     if not path:
         return
@@ -125,10 +131,31 @@ def mark_cell(running: bool) -> None:
         pass
 
 
+def moved_note(since: float) -> str:
+    """The hub's line for a cell that a live move of its kernel paused, written since ``since``
+    (time.time()); '' when there is none."""
+    marker = os.environ.get("ELASTIC_GPU_SWAP_FILE")
+    if not marker:
+        return ""
+    try:
+        with open(marker + ".moved") as note:
+            return note.read().strip() if os.fstat(note.fileno()).st_mtime >= since else ""
+    except OSError:
+        return ""
+
+
 def load_ipython_extension(ip: Any) -> None:
     guard = _Unresumed()
+    started = [0.0]
+
+    def after_cell(result: Any = None) -> None:
+        mark_cell(False)
+        note = moved_note(started[0])
+        if note:
+            print(note, flush=True)
 
     def before_cell(info: Any = None) -> None:
+        started[0] = time.time()
         mark_cell(True)  # before the swap marker is looked at: the hub writes them the other way round
         if _from_culler(ip):
             return
@@ -142,5 +169,5 @@ def load_ipython_extension(ip: Any) -> None:
             guard.reason = said[-1] if said else "The GPU of this kernel is swapped out and could not be resumed."
 
     ip.events.register("pre_run_cell", before_cell)
-    ip.events.register("post_run_cell", lambda result=None: mark_cell(False))
+    ip.events.register("post_run_cell", after_cell)
     ip.ast_transformers.append(guard)

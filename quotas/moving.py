@@ -54,6 +54,10 @@ from .state import AdmissionState
 #: (the same key across the session's successive allocations), or None
 Movable = Callable[[Allocation], "str | None"]
 
+#: the caller's edge: whether the kernel holding an allocation is running a cell now (it moves
+#: live: its cell pauses until it is back), so a place that needs fewer of those is preferred
+InCell = Callable[[Allocation], bool]
+
 #: seconds the queue waits for moved slices to leave the state before it may move others
 MOVE_GRACE_SECONDS = 120.0
 

@@ -40,6 +40,7 @@ from .moving import (
     HOLD,
     MOVE_GRACE_SECONDS,
     MOVE_RETRY_SECONDS,
+    InCell,
     Movable,
     MoveLimiter,
     capable_cards,
@@ -171,13 +172,16 @@ class AdmissionQueue:
                    policy.hold_for_overdue_head, policy.moves)
 
     def pump(
-        self, state: AdmissionState, now: float, movable: Movable | None = None, moves_possible: bool = True
+        self, state: AdmissionState, now: float, movable: Movable | None = None, moves_possible: bool = True,
+        in_cell: InCell | None = None,
     ) -> list[Step]:
         """Decide every waiting request in order, applying grants to ``state`` as they happen;
         returns one step per request. Granted and rejected requests leave the queue.
         ``movable``: the edge's say on which allocations it can swap out (see quotas.moving);
         ``moves_possible``: whether the edge can move slices at all (with ``hold`` None, the queue
-        holds for an overdue head only where moves are on and possible)."""
+        holds for an overdue head only where moves are on and possible); ``in_cell``: of those,
+        the kernels running a cell now (a live move pauses that cell: a place that needs fewer of
+        them is chosen first, see :func:`propose_moves`)."""
         holding = self.hold if self.hold is not None else (moves_possible and self.limiter.policy.max_slices > 0)
         steps: list[Step] = []
         ahead = 0
@@ -257,7 +261,7 @@ class AdmissionQueue:
                     if w.reservation is None:
                         w.reservation = reserve(state, w.request, now, self.reserve_spots)
                     if w.reservation is not None and moves_possible:
-                        moves = self._moves(state, w, now, can_move, keys, offered)
+                        moves = self._moves(state, w, now, can_move, keys, offered, in_cell)
                         if moves:
                             steps[-1] = Step(w, d, moves)
                             offered.update(mv.allocation.id for mv in moves)
@@ -271,7 +275,7 @@ class AdmissionQueue:
         return steps
 
     def _moves(self, state: AdmissionState, w: Waiting, now: float, can_move: Callable[[Allocation], bool],
-               keys: dict[str, str], offered: set[str]) -> tuple[Move, ...]:
+               keys: dict[str, str], offered: set[str], in_cell: InCell | None = None) -> tuple[Move, ...]:
         """The slices to move for the overdue head ``w`` now (recorded as moving), or (): never
         one ``offered`` to another head (its move is under way or was decided in this pass)."""
         if w.moving:
@@ -284,7 +288,7 @@ class AdmissionQueue:
             return ()
         w.moves_looked_at = now
         proposal = propose_moves(state, w.request, now, budget,
-                                 lambda a: a.id not in offered and can_move(a))
+                                 lambda a: a.id not in offered and can_move(a), in_cell)
         if proposal is None:
             return ()
         self.limiter.record((keys[mv.allocation.id] for mv in proposal.moves), now)
@@ -352,6 +356,8 @@ class Move:
 
     allocation: Allocation
     to: Allocation
+    #: its kernel is running a cell (``in_cell``): a live move, the cell pauses until it is back
+    in_cell: bool = False
 
 
 @dataclass(frozen=True)
@@ -365,13 +371,15 @@ class MoveProposal:
 
 def propose_moves(
     state: AdmissionState, request: GPURequest, now: float, up_to: int = 8,
-    can_move: Callable[[Allocation], bool] | None = None,
+    can_move: Callable[[Allocation], bool] | None = None, in_cell: InCell | None = None,
 ) -> MoveProposal | None:
     """The fewest single-card slices (at most ``up_to``) that, each placed now where it has
     room, clear a place where ``request`` (waiting for capacity) then fits: its cards, and its
     node's CPU and host memory. None if there is no such set. A proposal for an admin (the
     issue of "waiting only on fragmentation"); nothing is moved and ``state`` is left as it
-    was. Whole-card and multi-card allocations are never moved, nor those ``can_move`` refuses."""
+    was. Whole-card and multi-card allocations are never moved, nor those ``can_move`` refuses.
+    ``in_cell``: the kernels running a cell (a live move pauses it): a place that moves fewer of
+    them comes first, then one with fewer moves; their moves are ``Move.in_cell``."""
     ix = state.index
     m, c, k, whole, cpu, hmem = request_shape(request)
     allocs = state.allocations
@@ -379,7 +387,9 @@ def propose_moves(
     # the TRIES best places (fewest moves, then node) are all that is tried: once TRIES are
     # known, a node (later in order) whose cards need at least as many moves as the worst of
     # them is not weighed (nor its slices walked)
-    best: list[int] = []  # moves of the TRIES best places so far, as a max-heap (negated)
+    best: list[int] = []  # scores of the TRIES best places so far, as a max-heap (negated)
+    busy = (lambda a: False) if in_cell is None else in_cell
+    per = up_to + 1  # a place's score: kernels in a cell it moves, then moves (score >= moves)
     for ni, candidates in capable_cards(ix, request):
         if len(best) >= TRIES and _fewest_moves(ix, candidates, m, c, k, whole) >= -best[0]:
             continue
@@ -398,10 +408,11 @@ def propose_moves(
                     break
                 out.append(a)
                 fm, fc = fm + a.memory_mib, fc + a.cores_percent
-            cards.append((len(out), sum(a.memory_mib for a in out), gi, out))  # fewest, least
+            busy_out = sum(1 for a in out if busy(a))
+            cards.append((busy_out, len(out), sum(a.memory_mib for a in out), gi, out))  # fewest, least
         if len(cards) < k:
             continue
-        cards.sort(key=lambda x: x[:3])
+        cards.sort(key=lambda x: x[:4])
         chosen = cards[:k]
         moves = [a for *_, out in chosen for a in out]
         taken = {a.id for a in moves}
@@ -411,7 +422,7 @@ def propose_moves(
             (a for a in ix.node_allocs[ni].values()
              if a.id not in taken and not a.whole and len(a.gpu_uuids) == 1 and a.id in allocs
              and (can_move is None or can_move(a))),
-            key=lambda a: (-a.cpu_millicores, -a.host_memory_mib, a.id),
+            key=lambda a: (busy(a), -a.cpu_millicores, -a.host_memory_mib, a.id),
         )
         for a in rest:
             if free_cpu >= cpu and free_hmem >= hmem:
@@ -419,8 +430,9 @@ def propose_moves(
             moves.append(a)
             free_cpu, free_hmem = free_cpu + a.cpu_millicores, free_hmem + a.host_memory_mib
         if moves and len(moves) <= up_to and free_cpu >= cpu and free_hmem >= hmem:
-            options.append((len(moves), ni, [gi for _, _, gi, _ in chosen], moves))
-            heapq.heappush(best, -len(moves))
+            score = per * sum(1 for a in moves if busy(a)) + len(moves)
+            options.append((score, ni, [gi for *_, gi, _ in chosen], moves))
+            heapq.heappush(best, -score)
             if len(best) > TRIES:
                 heapq.heappop(best)
             if len(best) >= TRIES and -best[0] == 1:
@@ -429,6 +441,7 @@ def propose_moves(
     for _, ni, cards, moves in options[:TRIES]:
         found = _try_moves(state, request, now, ni, cards, moves)
         if found is not None:
+            found = tuple(dataclasses.replace(mv, in_cell=True) if busy(mv.allocation) else mv for mv in found)
             return MoveProposal(ix.node_names[ni], tuple(ix.gpus[gi].uuid for gi in cards), found)
     return None
 

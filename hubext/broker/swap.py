@@ -11,12 +11,17 @@ before. A kernel whose checkpoint could not even be undone is stopped (it could 
 again).
 
 *Resume* (the kernel itself, before its next cell runs: ``POST .../resume`` with its connection
-key; or its owner or an admin): admission grants the same size again (a new allocation that
+key; or its owner or an admin; or the hub itself at once, after a *live move*: the queue moved
+the kernel while it ran a cell, whose GPU calls wait on the locked driver): admission grants
+the same size again (a new allocation that
 takes over the limits file and region its shim was started with: never a smaller slice; the
 metering links it to the swapped one), on a card of the same model, queued behind higher
 priorities and within quotas like any request; the processes are restored (remapped onto the
 new card when it is another) and unlocked, and the cell runs. While the request waits, the
 model's ``swap.position`` is its place in the GPU queue (the kernel prints it in the notebook).
+A live move's resume that fails is asked again (every ``LIVE_RETRY_SECONDS``) for as long as its
+cell waits; the cell then prints how long it paused (``KernelLauncher.tell_moved``, written
+just before its processes are restored and go on).
 """
 
 from __future__ import annotations
@@ -40,9 +45,12 @@ from quotas.messages import mib
 from ..backends import Capability, HostMemoryFull, ReleaseCause, SuspendAsk
 from ..events import SliceEvent, SliceEventKind
 from ..kernels import KernelRecord
-from ..moves import SliceMover
 from ..requests import request_from_section
+from .moving import MoveMixin
 from .sizes import BrokerError
+
+#: seconds between two asks of a live move's resume that failed while its cell waits on it
+LIVE_RETRY_SECONDS = 5.0
 
 
 def key_digest(key: str) -> str:
@@ -51,7 +59,7 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-class SwapMixin(Configurable):
+class SwapMixin(MoveMixin, Configurable):
     """Suspend and resume of GPU kernels, for :class:`hubext.broker.GPUBroker`."""
 
     swap_host_memory_percent = Float(
@@ -161,11 +169,15 @@ class SwapMixin(Configurable):
 
     # ---- suspend ---------------------------------------------------------------------------
 
-    async def suspend(self, record: KernelRecord, why: str, cull_after: float | None = None) -> KernelRecord:
+    async def suspend(
+        self, record: KernelRecord, why: str, cull_after: float | None = None, move: bool = False
+    ) -> KernelRecord:
         """Checkpoint the kernel's CUDA processes and release its slice; BrokerError (409) when it
         cannot be, with the kernel left running on its slice. ``cull_after`` (the culler's policy):
         seconds it may stay swapped out before it is culled, kept as ``swap.cull_at`` for the pages
-        (set on a kernel swapped out already, too)."""
+        (set on a kernel swapped out already, too). ``move``: the queue's move (its resume is not
+        held behind an overdue request); one that finds the kernel in a cell is live (``swap.live``:
+        when its cell's GPU calls began to wait), and the caller resumes it at once."""
         async with self._lock(record.id):
             if record.swap:
                 if cull_after is not None and record.swap.get("state") == "swapped":
@@ -174,7 +186,7 @@ class SwapMixin(Configurable):
                 return record
             if record.id not in self.kernels or record.state != "running":
                 raise BrokerError(f"Only a running GPU kernel can be swapped out; this one is {record.state}.", 409)
-            started = time.monotonic()
+            started, locked_at = time.monotonic(), time.time()
             model = self._model_of(record.allocation.get("gpu_uuids", []))
             ask = SuspendAsk(
                 lock_timeout_ms=self.swap_lock_timeout_ms,
@@ -182,6 +194,7 @@ class SwapMixin(Configurable):
                 swapped_here_mib=self.swapped_host_mib(record.allocation.get("node")),
                 why=why,
                 model=model,
+                live=move,
             )
             try:
                 cuda, host_mib = await self._suspend_fairly(record, ask)
@@ -205,6 +218,10 @@ class SwapMixin(Configurable):
             }
             if cull_after is not None:
                 record.swap["cull_at"] = record.swap["since"] + cull_after
+            if move:  # made room for another: its resume is not held behind an overdue request
+                record.swap["moved"] = True
+                if self.launcher.in_cell(record):  # its cell waits on the locked GPU: it comes back now
+                    record.swap["live"] = locked_at
             self.launcher.mark_swapped(record, True)
             await self._release(record.allocation_id, f"swapped out: {why}", ReleaseCause.SWAPPED)
             self._persist()
@@ -336,41 +353,6 @@ class SwapMixin(Configurable):
                     return gpu.model
         return ""
 
-    # ---- moves (the allocator's SliceMover: hubext/moves.py) --------------------------------
-
-    def can_move(self) -> bool:
-        """Kernels can be moved: swapping is on, this mode can checkpoint and a resume may land on
-        other cards (``capabilities()``: a kernel that can only come back to its own cards, as a
-        Kubernetes pod, would just wait for them)."""
-        if self.launcher is None or self.swap_host_memory_percent <= 0:
-            return False
-        capabilities = self.launcher.capabilities()
-        return bool(capabilities.checkpoint and capabilities.move)
-
-    def movable_sessions(self) -> dict[str, str]:
-        """Allocation id -> kernel id of every running kernel this broker could move now (see
-        :meth:`can_move`), between its cells (``KernelLauncher.in_cell``: a cell running when its
-        kernel is swapped out would wait on the locked GPU for ever). The admission policy then
-        says which may move (``movable`` classes)."""
-        if not self.can_move():
-            return {}
-        launcher = self.launcher
-        return {
-            r.allocation_id: r.id
-            for r in self.kernels.values()
-            if r.state == "running" and not r.swap and not launcher.resume_pins(r) and not launcher.in_cell(r)
-        }
-
-    async def move_out(self, allocation_id: str, why: str) -> None:
-        """Swap out the kernel holding ``allocation_id`` for the queue (BrokerError if it cannot be)."""
-        record = next((r for r in self.kernels.values() if r.allocation_id == allocation_id and not r.swap), None)
-        if record is None:
-            raise BrokerError("No running GPU kernel holds this slice any more.", 409)
-        await self.suspend(record, why)
-        if record.swap:  # made room for another: its resume is not held behind an overdue request
-            record.swap["moved"] = True
-            self._persist()
-
     # ---- resume ----------------------------------------------------------------------------
 
     async def resume(self, record: KernelRecord, wait_seconds: float = 0.0) -> KernelRecord:
@@ -382,11 +364,7 @@ class SwapMixin(Configurable):
                 pass
         if not record.swap:
             return record
-        if self._resumes is None:
-            self._resumes = {}
-        task = self._resumes.get(record.id)
-        if task is None or task.done():
-            task = self._resumes[record.id] = asyncio.ensure_future(self._resume(record))
+        task = self._resume_task(record)
         # the answer comes when the resume ends or its place in the queue changes, whichever is first
         if self._resume_news is None:
             self._resume_news = {}
@@ -424,9 +402,44 @@ class SwapMixin(Configurable):
         """Placement keeps the room of the swapped-out kernels (called whenever the records change)."""
         self.allocator.reserve_for_resumes(self.resume_room())
 
+    def _resume_task(self, record: KernelRecord) -> asyncio.Task:
+        """The kernel's one resume under way, started if there is none (every ask joins it)."""
+        if self._resumes is None:
+            self._resumes = {}
+        task = self._resumes.get(record.id)
+        if task is None or task.done():
+            task = self._resumes[record.id] = asyncio.ensure_future(self._resume(record))
+        return task
+
+    def _cell_waits(self, record: KernelRecord) -> bool:
+        """A live move's kernel still swapped out whose cell waits on its GPU."""
+        swap = record.swap
+        return (
+            bool(swap.get("live"))
+            and swap.get("state") == "swapped"
+            and self.kernels.get(record.id) is record
+            and self.launcher.in_cell(record)
+        )
+
     async def _resume(self, record: KernelRecord) -> None:
         try:
-            await self._resume_asked(record)
+            while True:
+                try:
+                    return await self._resume_asked(record)
+                except BrokerError as e:
+                    if not self._cell_waits(record):
+                        raise
+                    self.log.warning(
+                        "GPU kernel %s of %s: the resume after its live move failed while its cell waits on it; "
+                        "asking again in %.0f s: %s",
+                        record.id,
+                        record.user,
+                        LIVE_RETRY_SECONDS,
+                        e.message,
+                    )
+                await asyncio.sleep(LIVE_RETRY_SECONDS)
+                if not self._cell_waits(record):  # its cell ended: its next cell asks
+                    return
         finally:  # resumed: its room is its slice; still swapped out: its room is kept again
             self.keep_resume_room()
 
@@ -484,7 +497,17 @@ class SwapMixin(Configurable):
             swap["state"], swap["position"] = "swapped", None
             raise BrokerError(f"The GPU kernel is still swapped out: {why_not}.", 409)
         async with self._lock(record.id):
+            if self.kernels.get(record.id) is not record:  # shut down while its resume waited
+                await self._release(allocation.id, "the kernel was shut down", ReleaseCause.CANCELLED)
+                raise BrokerError("The GPU kernel was shut down while it waited for its GPU.", 409)
             remap = {old: new for old, new in zip(swap["gpu_uuids"], allocation.gpu_uuids, strict=False) if old != new}
+            if swap.get("live"):  # the cell it paused says so when it ends (written before it goes on)
+                self.launcher.tell_moved(
+                    record,
+                    f"This cell paused {time.time() - swap['live']:.1f} s while its kernel was moved to another GPU "
+                    f"to make room for a waiting request ({swap.get('reason', '')}); its GPU memory was then "
+                    "restored there.",
+                )
             try:
                 await self.launcher.resume(record, allocation, remap)
             except CheckpointError as e:
@@ -524,9 +547,6 @@ class SwapMixin(Configurable):
             ",".join(allocation.gpu_uuids),
             f" (moved from {','.join(remap)})" if remap else "",
         )
-
-
-SliceMover.register(SwapMixin)
 
 
 def _sentences(text: str) -> list[str]:

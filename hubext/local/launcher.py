@@ -33,7 +33,7 @@ from ..backends import KernelLauncher, LaunchError, ServerRef
 from ..gpu_spawner import GPUSpawnerMixin
 from ..kernels import KernelRecord
 from .processes import process_alive, process_cmdline, stop_slice
-from .swap import CELL_FILE, SWAP_FILE, LocalSwapMixin
+from .swap import CELL_FILE, MOVED_FILE, SWAP_FILE, LocalSwapMixin
 
 if TYPE_CHECKING:
     from .ledger import Ledger
@@ -466,7 +466,7 @@ class LocalKernelLauncher(LocalSwapMixin, KernelLauncher):
 
     async def _remove_files(self, record: KernelRecord) -> None:
         kdir = self.kernel_dir(record.id)
-        for name in ("connection.json", "connection.json.tmp", "kernel.log", SWAP_FILE, CELL_FILE):
+        for name in ("connection.json", "connection.json.tmp", "kernel.log", SWAP_FILE, CELL_FILE, MOVED_FILE):
             try:
                 (kdir / name).unlink()
             except FileNotFoundError:

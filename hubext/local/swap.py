@@ -28,8 +28,12 @@ from .processes import slice_processes
 #: in a kernel's directory while it is swapped out (its next cell asks for a resume first)
 SWAP_FILE = "gpu-swapped"
 #: in a kernel's directory, the kernel's own (0600): its resume hook writes "1" before a cell
-#: and "0" after it (kernelprovider/resume.py), so the hub swaps it out only between cells
+#: and "0" after it (kernelprovider/resume.py): the hub swaps it out in a cell only for a move,
+#: which it follows with the kernel's resume at once (a live move), and prefers kernels between cells
 CELL_FILE = "cell"
+#: beside the swap marker (0644): what the cell paused by a live move prints when it ends
+#: (kernelprovider/resume.py reads ``$ELASTIC_GPU_SWAP_FILE`` + ".moved")
+MOVED_FILE = SWAP_FILE + ".moved"
 
 #: a local kernel's processes see every card of the machine: a resume may land on another one
 #: (where the driver's restore takes a device map: driver 580+)
@@ -115,10 +119,11 @@ class LocalSwapMixin(LoggingConfigurable):
                 cap,
             )
         # the marker first, then the cell: a cell that begins now sees the marker and asks for its
-        # GPU (its resume waits for this suspend's end); one that began before is seen running here
+        # GPU (its resume waits for this suspend's end, or joins the one a live move starts); one
+        # that began before is seen running here: only a live move swaps it out (and resumes it)
         self.mark_swapped(record, True)
         try:
-            if self.in_cell(record):
+            if not ask.live and self.in_cell(record):
                 raise CheckpointError("it is running a cell; it is swapped out only between cells", 0, "suspend", 0)
             await asyncio.to_thread(cp.suspend, cuda, ask.lock_timeout_ms)
         except BaseException:
@@ -157,6 +162,12 @@ class LocalSwapMixin(LoggingConfigurable):
             await asyncio.to_thread(cp.resume, cuda, remap)
         except CheckpointUnavailable as e:
             raise CheckpointError(e.message, 0, "resume", 0, True) from None
+
+    def tell_moved(self, record: KernelRecord, sentence: str) -> None:
+        """The sentence its paused cell prints when it ends (0644, the hub's, beside the marker)."""
+        note = self.kernel_dir(record.id) / MOVED_FILE
+        note.write_text(sentence)
+        os.chmod(note, 0o644)
 
     def mark_swapped(self, record: KernelRecord, swapped: bool) -> None:
         """The swap file (0644 in the kernel's 0711 directory): there while the kernel is swapped out."""

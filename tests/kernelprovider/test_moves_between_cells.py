@@ -1,7 +1,8 @@
-"""A GPU kernel is swapped out only between its cells: a cell already running when its kernel is
-swapped out does not ask for its GPU back (the resume hook runs before a cell), so its next GPU
-call would wait on the locked driver for ever (the end-to-end case: tests/kernelprovider/test_swap.py,
-``test_the_queue_moves_a_kernel_only_between_its_cells…``)."""
+"""A GPU kernel running a cell is swapped out only by a live move: a cell already running when its
+kernel is swapped out does not ask for its GPU back (the resume hook runs before a cell), so its
+next GPU call waits on the locked driver until the hub resumes the kernel, which it does at once
+after a move (the end-to-end case: tests/kernelprovider/test_swap.py,
+``test_a_kernel_in_a_cell_is_moved_live…``). Every other suspend of it is refused."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from hubext.backends import Capabilities, Capability, SuspendAsk
 from hubext.broker import GPUBroker
 from hubext.kernels import KernelRecord
 from hubext.local.launcher import LocalKernelLauncher
-from hubext.local.swap import CELL_FILE, SWAP_FILE
-from kernelprovider.resume import mark_cell
+from hubext.local.swap import CELL_FILE, MOVED_FILE, SWAP_FILE
+from kernelprovider.resume import mark_cell, moved_note
 from libvgpu.checkpoint import CheckpointError
 
 
@@ -27,13 +28,14 @@ def broker():
     GPUAllocator.clear_instance()
 
 
-def test_a_kernel_in_a_cell_is_neither_offered_for_a_move_nor_swapped_out_and_its_marker_is_taken_back(
+def test_a_kernel_in_a_cell_is_offered_as_such_swapped_out_only_by_a_live_move_and_its_marker_is_taken_back(
     tmp_path, broker, monkeypatch
 ):
-    """A running cell does not ask for its GPU back (the resume hook runs before cells), so its next GPU
-    call would wait on the locked driver for ever. The kernel's hook says when a cell runs, in a file
-    of the hub's directory that only it may write; the hub writes the swap marker before it reads
-    that file, the hook the other way round, so one of the two always sees the other."""
+    """The kernel's hook says when a cell runs, in a file of the hub's directory that only it may
+    write; the hub writes the swap marker before it reads that file, the hook the other way round,
+    so one of the two always sees the other. A kernel in a cell is offered for a move, said to be
+    in a cell (the queue prefers others: a live move pauses the cell); only a move swaps it out
+    there, and the culler's or a user's suspend is refused with the marker taken back."""
     launcher = LocalKernelLauncher(state_dir=str(tmp_path), cuda_library="libcuda-missing.so.1")
     able = Capabilities(checkpoint=Capability(True), move=Capability(True), burst=Capability(False, "n/a"))
     launcher.capabilities = lambda: able
@@ -64,18 +66,39 @@ def test_a_kernel_in_a_cell_is_neither_offered_for_a_move_nor_swapped_out_and_it
     cell_file = launcher.kernel_dir(record.id) / CELL_FILE
     assert stat.S_IMODE(cell_file.stat().st_mode) == 0o600
     broker.launcher, broker.kernels = launcher, {record.id: record}
-    assert broker.movable_sessions() == {"a-c": record.id}  # between cells
+    assert broker.movable_sessions() == {"a-c": record.id} and broker.cells_running() == set()  # between cells
     monkeypatch.setenv("ELASTIC_GPU_CELL_FILE", str(cell_file))
     mark_cell(True)  # what the hook does before a cell
-    assert launcher.in_cell(record) and broker.movable_sessions() == {}
-    ask = SuspendAsk(lock_timeout_ms=1000, host_memory_percent=50, swapped_here_mib=0, why="moved", model="m")
+    assert launcher.in_cell(record)
+    assert broker.movable_sessions() == {"a-c": record.id} and broker.cells_running() == {"a-c"}
+    ask = SuspendAsk(lock_timeout_ms=1000, host_memory_percent=50, swapped_here_mib=0, why="idle", model="m")
     with pytest.raises(CheckpointError, match="running a cell"):
         asyncio.run(launcher.suspend(record, ask))
     assert checkpointed == [] and not (launcher.kernel_dir(record.id) / SWAP_FILE).exists()
-    mark_cell(False)  # after the cell
-    assert broker.movable_sessions() == {"a-c": record.id}
-    assert asyncio.run(launcher.suspend(record, ask)) == ([4242], 0)
+    live = SuspendAsk(lock_timeout_ms=1000, host_memory_percent=50, why="moved", model="m", live=True)
+    assert asyncio.run(launcher.suspend(record, live)) == ([4242], 0)
     assert checkpointed == [([4242], True)]  # the marker was there before the checkpoint
+    launcher.mark_swapped(record, False)
+    mark_cell(False)  # after the cell
+    assert broker.movable_sessions() == {"a-c": record.id} and broker.cells_running() == set()
+    assert asyncio.run(launcher.suspend(record, ask)) == ([4242], 0)
+    assert checkpointed[-1] == ([4242], True)
     monkeypatch.setenv("ELASTIC_GPU_CELL_FILE", str(tmp_path / "elsewhere"))
     mark_cell(True)  # the hook makes no file: a path that is not the hub's is left alone
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_the_line_a_live_move_leaves_is_printed_by_the_cell_it_paused_only(tmp_path, monkeypatch):
+    """The hub leaves the sentence beside the swap marker, readable by the kernel (0644); the hook
+    prints it when a cell ends if it was written since that cell began, never in a later cell."""
+    launcher = LocalKernelLauncher(state_dir=str(tmp_path), cuda_library="libcuda-missing.so.1")
+    record = KernelRecord(id="d" * 32, user="u", server_name="", size="s", allocation_id="a-d", state="running")
+    launcher.kernel_dir(record.id).mkdir(parents=True)
+    monkeypatch.setenv("ELASTIC_GPU_SWAP_FILE", str(launcher.kernel_dir(record.id) / SWAP_FILE))
+    assert moved_note(0.0) == ""  # never moved
+    launcher.tell_moved(record, "This cell paused 2.0 s while its kernel was moved.")
+    note = launcher.kernel_dir(record.id) / MOVED_FILE
+    assert stat.S_IMODE(note.stat().st_mode) == 0o644
+    written = note.stat().st_mtime
+    assert moved_note(written) == "This cell paused 2.0 s while its kernel was moved."
+    assert moved_note(written + 1) == ""  # a cell that began after it was written

@@ -346,11 +346,14 @@ def test_a_whole_card_request_waiting_on_fragmentation_gets_in_once_the_queue_sw
                 servers[users[name]].api("DELETE", f"/sessions/{model['id']}")
 
 
-def test_the_queue_moves_a_kernel_only_between_its_cells_so_a_running_cell_never_waits_on_a_locked_gpu(stack):
-    """A cell already running when its kernel is swapped out does not ask for its GPU back (the
-    hook runs before a cell): its next GPU call would wait on the locked driver for ever. So the
-    queue moves a kernel only between cells: with both kernels that could make room running cells,
-    the whole-card request waits for the first cell to end (alice's), and her cell ends well."""
+def test_a_kernel_in_a_cell_is_moved_live_its_cell_pauses_on_the_locked_gpu_then_ends_well_on_the_other_card(stack):
+    """A cell running when its kernel is swapped out does not pass the resume hook again: its next
+    GPU call waits on the locked driver. So a kernel the queue moves in a cell (a live move) is
+    resumed by the hub at once, elsewhere: its cell pauses, then goes on on the new card, and says
+    so in one line. Both kernels that could make room for the whole-card request run cells here;
+    alice's, the smaller, moves: her cell waits until the driver locks her kernel, then uses the GPU.
+    (Before live moves, a kernel in a cell was never moved: the whole-card request waited for a
+    cell to end.)"""
     hub, servers, _ = stack
     hub.wait_for(lambda: not slices(hub), 30, what="an empty pool")
     sessions, users = {}, {}
@@ -363,32 +366,41 @@ def test_the_queue_moves_a_kernel_only_between_its_cells_so_a_running_cell_never
             name: broker_kernel(hub, s["kernel"]["id"])["allocation"]["gpu_uuids"][0] for name, s in sessions.items()
         }
         alice = servers["alice"].connect(sessions["r"]["kernel"]["id"])
-        out = alice.execute(CUDA_CELL)
+        out = alice.execute(CUDA_CELL + "notes = {'answer': 41}")
         assert out["status"] == "ok" and "alloc 0" in out["text"], out
         beside = "p" if card["p"] == card["r"] else "q"
+        other = "q" if beside == "p" else "p"
         status, _ = servers["bob"].api("DELETE", f"/sessions/{sessions[beside]['id']}")
         assert status == 204
         hub.wait_for(lambda: len(slices(hub)) == 2, 30, what="bob's kernel to give its slice back")
-        # bob's kernel on the other card runs a long cell: it is not offered for a move either
-        bob = servers["bob"].connect(sessions["q" if beside == "p" else "p"]["kernel"]["id"])
-        long_cell = bob.execute_async("import time\nprint('started', flush=True)\ntime.sleep(40)")
+        # bob's kernel on the other card runs a long cell: no kernel is between cells
+        bob = servers["bob"].connect(sessions[other]["kernel"]["id"])
+        long_cell = bob.execute_async("import time\nprint('started', flush=True)\ntime.sleep(30)")
         assert "started" in bob.collect(long_cell, timeout=30, until="started")["text"]
-        # alice's cell computes on the CPU for a while, then uses the GPU again
+        # alice's cell waits until the driver has locked her kernel (the move has begun), then uses the GPU
         cell = alice.execute_async(
-            "import time\nprint('started', flush=True)\ntime.sleep(8)\n"
-            "print('again', cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20), 'at', time.time(), flush=True)"
+            "import os, time\nprint('started', flush=True)\nnote = os.environ['ELASTIC_GPU_SWAP_FILE'] + '.moved'\n"
+            "me, st, deadline = os.getpid(), ctypes.c_int(), time.time() + 40\n"
+            "while (cuda.cuCheckpointProcessGetState(me, ctypes.byref(st)), st.value) == (0, 0) and "
+            "not os.path.exists(note) and time.time() < deadline:\n    time.sleep(0.001)\n"
+            "print('state', st.value, flush=True)\n"
+            "print('again', cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20), 'answer', notes['answer'] + 1)\n"
         )
-        first = alice.collect(cell, timeout=30, until="started")
-        assert "started" in first["text"], first
-        status, whole = servers["bob"].start_session("elastic-gpu-gpu-whole")  # waits for alice's cell to end
+        assert "started" in alice.collect(cell, timeout=30, until="started")["text"]
+        status, whole = servers["bob"].start_session("elastic-gpu-gpu-whole")  # alice's kernel moves for it
         sessions["whole"], users["whole"] = whole, "bob"
         assert status == 201, (whole, hub.log_tail(40))
         out = alice.collect(cell, timeout=60)
-        assert out["status"] == "ok" and "again 0" in out["text"], (out, hub.log_tail(60))
-        ended = float(out["text"].split(" at ")[1].split()[0])
-        moved = broker_kernel(hub, sessions["r"]["kernel"]["id"])
-        assert moved["gpu_swapped"] and "moved to make room for" in moved["swap"]["reason"], moved
-        assert moved["swap"]["since"] >= ended, (moved["swap"], ended)  # swapped out after the cell, not in it
+        assert out["status"] == "ok" and "again 0 answer 42" in out["text"], (out, hub.log_tail(60))
+        line = r"This cell paused \d+\.\d s while its kernel was moved to another GPU to make room for a waiting "
+        assert re.search(line + r"request \(moved to make room for \S+ of bob \([^)]*whole GPU\)", out["text"]), out
+        assert broker_kernel(hub, whole["kernel"]["id"])["allocation"]["gpu_uuids"] == [card["r"]]
+        after = broker_kernel(hub, sessions["r"]["kernel"]["id"])
+        assert not after["gpu_swapped"] and after["allocation"]["gpu_uuids"] == [card[other]], after
+        log = hub.log_tail(200)
+        assert "live move" in log and f"(moved from {card['r']})" in log, log
+        out = alice.execute("print('next', cuda.cuMemAlloc_v2(ctypes.byref(ptr), 1 << 20))")
+        assert out["status"] == "ok" and "next 0" in out["text"] and "paused" not in out["text"], out
         alice.close()
         bob.close()
     finally:

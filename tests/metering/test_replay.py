@@ -153,20 +153,34 @@ def test_fragmentation_by_idle_kernels_costs_no_card_over_the_ideal_pool_with_th
     assert hubqueue.smallest_pool(uses, default, idle_timeout)[0] == 2
 
 
-def test_the_density_bench_moves_a_kernel_only_between_its_bursts_as_the_broker_does():
-    """The broker offers a kernel for a move only between its cells (a kernel swapped out in a cell
-    would hang it), and the hub passes over the queue every few seconds while a request is overdue.
-    The two idle half-card kernels of the test above now run a cell from 196 s and 198 s to 261 s
-    and 263 s: the whole-card request that asked at 200 s is served once the first cell has ended,
-    not at its 20 s reservation."""
+def test_the_density_bench_moves_a_kernel_in_its_burst_live_as_the_broker_does_and_prefers_one_between_bursts():
+    """The broker moves a kernel running a cell too (a live move: it resumes it at once elsewhere,
+    its cell paused meanwhile), and tells the queue which run one so that it moves those only
+    where no place needs fewer. The two idle half-card kernels of the test above now run a cell
+    from 196 s and 198 s to 261 s and 263 s: the whole-card request that asked at 200 s is served
+    at its 20 s reservation by a live move, the moved kernel back at once on the other card
+    (before live moves it waited for the first cell to end: 61 s). With only one of them in a
+    cell, the other moves, between its bursts."""
     hubqueue = _density().hubqueue
-    halves = [("a", 0.0, 100.0, ()), ("b", 1.0, 10_000.0, ((195.0, 65.0),)), ("c", 2.0, 100.0, ()),
-              ("d", 3.0, 10_000.0, ((195.0, 65.0),))]
-    uses = [hubqueue.Use(i, i, at, length, 0.5, True, ((0.0, 10.0), *more)) for i, at, length, more in halves]
-    uses.append(hubqueue.Use("e", "e", 200.0, 100.0, 1.0, True, ((0.0, 10.0),)))
-    on_two = hubqueue.run(uses, 2, hubqueue.QUEUES["default"], 10_000.0)
-    (waited,) = on_two.waits["whole"]
-    assert on_two.moves == 1 and 61 <= waited <= 61 + MOVE_RETRY_SECONDS + 1, (on_two.moves, waited)
+    burst = ((195.0, 65.0),)
+    for cells, live in (("bd", 1), ("b", 0)):
+        halves = [
+            ("a", 0.0, 100.0, ()),
+            ("b", 1.0, 10_000.0, burst if "b" in cells else ()),
+            ("c", 2.0, 100.0, ()),
+            ("d", 3.0, 10_000.0, burst if "d" in cells else ()),
+        ]
+        uses = [hubqueue.Use(i, i, at, length, 0.5, True, ((0.0, 10.0), *more)) for i, at, length, more in halves]
+        uses.append(hubqueue.Use("e", "e", 200.0, 100.0, 1.0, True, ((0.0, 10.0),)))
+        on_two = hubqueue.run(uses, 2, hubqueue.QUEUES["default"], 10_000.0)
+        (waited,) = on_two.waits["whole"]
+        assert (on_two.moves, on_two.live_moves) == (1, live) and 20 <= waited <= 20 + MOVE_RETRY_SECONDS + 1, (
+            cells,
+            on_two.moves,
+            on_two.live_moves,
+            waited,
+        )
+        assert on_two.pauses == [0.0] * live  # room for it elsewhere: asked again and granted at once
 
 
 def test_loading_the_density_bench_shadows_no_package():

@@ -88,3 +88,50 @@ def test_a_proposal_once_carried_out_lets_the_request_in_and_fits_every_card(per
         assert g["memory_used_mib"] <= g["memory_capacity_mib"]
         assert g["cores_used_percent"] <= g["cores_capacity_percent"]
     assert s.decide(big).kind == "grant"
+
+
+def test_a_kernel_running_a_cell_is_moved_only_where_no_place_without_one_is_found():
+    # x (in a cell) is the smaller: without cells it moves; with them the idle y moves instead
+    s = state(pool(node("a", 2)), allocations=[alloc("x", "a-gpu0", 20), alloc("y", "a-gpu1", 30)])
+    big = req(memory_gib=80, cores=100, whole=True, rid="big")
+    assert [mv.allocation.id for mv in propose_moves(s, big, now=0.0).moves] == ["x"]
+    p = propose_moves(s, big, now=0.0, in_cell=lambda a: a.id == "x")
+    assert [(mv.allocation.id, mv.in_cell) for mv in p.moves] == [("y", False)]
+    # both in cells: the fewest moves again, and the move says it is live
+    p = propose_moves(s, big, now=0.0, in_cell=lambda a: True)
+    assert [(mv.allocation.id, mv.in_cell) for mv in p.moves] == [("x", True)]
+    # two moves of idle kernels come before one of a kernel in a cell
+    s.add(alloc("z", "a-gpu1", 10))
+    p = propose_moves(s, big, now=0.0, in_cell=lambda a: a.id == "x")
+    assert sorted((mv.allocation.id, mv.in_cell) for mv in p.moves) == [("y", False), ("z", False)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.sampled_from([4, 10, 16, 20, 30, 40]), st.booleans()), min_size=1, max_size=4),
+                min_size=6, max_size=6), st.booleans(), st.integers(1, 8))
+def test_no_kernel_in_a_cell_is_moved_where_a_place_needs_none(per_card, whole, up_to):
+    s = state(pool(node("a", 4), node("b", 2)))
+    cards = ["a-gpu0", "a-gpu1", "a-gpu2", "a-gpu3", "b-gpu0", "b-gpu1"]
+    busy: set[str] = set()
+    for card, sizes in zip(cards, per_card, strict=True):
+        used = 0
+        for gib, in_cell in sizes:
+            if used + gib <= 80:
+                aid = f"s{len(s.allocations)}"
+                s.add(alloc(aid, card, gib, cores=gib))
+                used += gib
+                if in_cell:
+                    busy.add(aid)
+    big = req(memory_gib=80 if whole else 60, cores=100 if whole else 60, whole=whole, rid="big")
+    if s.decide(big).granted:
+        event("fits already")
+        return
+    idle_only = propose_moves(s, big, now=1.0, up_to=up_to, can_move=lambda a: a.id not in busy)
+    p = propose_moves(s, big, now=1.0, up_to=up_to, in_cell=lambda a: a.id in busy)
+    plain = propose_moves(s, big, now=1.0, up_to=up_to)
+    event("lost" if p is None and plain else "found more" if p and plain is None else "same")
+    for mv in p.moves if p else ():
+        assert mv.in_cell == (mv.allocation.id in busy)
+    event("a place without a cell" if idle_only else "cells must move" if p else "no proposal")
+    if idle_only is not None:
+        assert p is not None and not any(mv.in_cell for mv in p.moves), (p, idle_only.moves)
