@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import stat
+import time
 
 import pytest
 
 from hubext.allocator import GPUAllocator
 from hubext.backends import Capabilities, Capability, SuspendAsk
 from hubext.broker import GPUBroker
+from hubext.broker.sizes import BrokerError
 from hubext.kernels import KernelRecord
 from hubext.local.launcher import LocalKernelLauncher
 from hubext.local.swap import CELL_FILE, MOVED_FILE, SWAP_FILE
@@ -102,3 +104,37 @@ def test_the_line_a_live_move_leaves_is_printed_by_the_cell_it_paused_only(tmp_p
     written = note.stat().st_mtime
     assert moved_note(written) == "This cell paused 2.0 s while its kernel was moved."
     assert moved_note(written + 1) == ""  # a cell that began after it was written
+
+
+def test_a_live_moves_resume_that_fails_is_asked_again_while_its_cell_waits_and_left_to_the_next_cell(
+    tmp_path, broker, monkeypatch
+):
+    """A cell paused by a live move waits on the locked GPU until its kernel is back, and no hook asks
+    for it: a resume that fails (the queue's wait ran out, the driver refused the card) is asked
+    again while that cell runs; once it ended, the next cell's hook asks, as after any swap-out."""
+    launcher = LocalKernelLauncher(state_dir=str(tmp_path), cuda_library="libcuda-missing.so.1")
+    record = KernelRecord(id="e" * 32, user="u", server_name="", size="s", allocation_id="a-e", state="running")
+    launcher.kernel_dir(record.id).mkdir(parents=True)
+    launcher.prepare_cell_file(record, -1, -1)
+    monkeypatch.setenv("ELASTIC_GPU_CELL_FILE", str(launcher.kernel_dir(record.id) / CELL_FILE))
+    broker.launcher, broker.kernels = launcher, {record.id: record}
+    monkeypatch.setattr("hubext.broker.swap.LIVE_RETRY_SECONDS", 0.0)
+    asks: list[str] = []
+
+    async def resume_asked(r: KernelRecord) -> None:  # the queue's and the driver's answers: no, then yes
+        asks.append(r.swap["state"])
+        if len(asks) == 1:
+            raise BrokerError("The GPU of this kernel is still swapped out after 600 s in the GPU queue.", 409)
+        r.swap = {}
+
+    monkeypatch.setattr(broker, "_resume_asked", resume_asked)
+    mark_cell(True)  # the paused cell
+    record.swap = {"state": "swapped", "moved": True, "live": time.time()}
+    asyncio.run(broker._resume(record))
+    assert asks == ["swapped", "swapped"] and record.swap == {}
+    asks.clear()
+    mark_cell(False)  # that cell ended without a GPU call
+    record.swap = {"state": "swapped", "moved": True, "live": time.time()}
+    with pytest.raises(BrokerError, match="still swapped out"):
+        asyncio.run(broker._resume(record))
+    assert asks == ["swapped"] and record.swap["state"] == "swapped"
