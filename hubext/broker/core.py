@@ -188,6 +188,7 @@ class GPUBroker(AdmitMixin, SizesMixin, SwapMixin, ReclaimMixin, SingletonConfig
         self.allocator.slice_events.subscribe(self._on_slice_event)
         self.allocator.mover = self  # the queue's moves swap kernels out (hubext/moves.py)
         await self.reconcile()
+        self.resume_paused_cells()  # a live move the hub stopped in the middle of (moving.py)
         self._task = asyncio.ensure_future(self._reconcile_forever())
         self._reclaim_task = asyncio.ensure_future(self._reclaim_forever())  # elastic bursts (reclaim.py)
         checkpoint = (await asyncio.to_thread(self.launcher.capabilities)).checkpoint  # probed once, here

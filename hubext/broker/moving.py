@@ -58,6 +58,21 @@ class MoveMixin:
             )
             self._resume_task(record).add_done_callback(lambda task: self._live_resume_ended(record, task))
 
+    def resume_paused_cells(self) -> None:
+        """At the broker's start: resume each kernel a live move left swapped out whose cell still
+        waits on its GPU (the hub that moved it stopped before it was back; no hook asks for it)."""
+        for record in list(self.kernels.values()):
+            swap = record.swap
+            if swap.get("live") and swap.get("state") == "queued":
+                swap["state"], swap["position"] = "swapped", None  # its request ended with that hub
+            if self._cell_waits(record):
+                self.log.warning(
+                    "GPU kernel %s of %s: its cell has waited since a live move before the hub restarted; resuming it",
+                    record.id,
+                    record.user,
+                )
+                self._resume_task(record).add_done_callback(lambda task, r=record: self._live_resume_ended(r, task))
+
     def _live_resume_ended(self, record: KernelRecord, task: asyncio.Task) -> None:
         """Log a live move's resume that ended without the kernel back (it was shut down, or its
         cell ended first and its next cell asks again); the error is retrieved here, joined or not."""

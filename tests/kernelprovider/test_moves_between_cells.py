@@ -138,3 +138,49 @@ def test_a_live_moves_resume_that_fails_is_asked_again_while_its_cell_waits_and_
     with pytest.raises(BrokerError, match="still swapped out"):
         asyncio.run(broker._resume(record))
     assert asks == ["swapped"] and record.swap["state"] == "swapped"
+
+
+def test_a_hub_restarted_during_a_live_move_resumes_the_kernel_whose_cell_waits(tmp_path, broker, monkeypatch):
+    """The hub that moved a kernel live may stop before the kernel is back: its paused cell asks
+    nobody. The broker that starts next resumes such a kernel at once (a kernel swapped out
+    between cells waits for its next cell's hook, as before)."""
+    launcher = LocalKernelLauncher(state_dir=str(tmp_path), cuda_library="libcuda-missing.so.1")
+    paused = KernelRecord(id="f" * 32, user="u", server_name="", size="s", allocation_id="a-f", state="running")
+    idle = KernelRecord(id="9" * 32, user="v", server_name="", size="s", allocation_id="a-9", state="running")
+    for record in (paused, idle):
+        launcher.kernel_dir(record.id).mkdir(parents=True)
+        launcher.prepare_cell_file(record, -1, -1)
+    paused.swap = {"state": "queued", "moved": True, "live": time.time() - 30}  # its resume was waiting
+    idle.swap = {"state": "swapped", "moved": True}
+    (launcher.kernel_dir(paused.id) / CELL_FILE).write_text("1")  # its cell waits on the locked GPU
+
+    class Restarted(LocalKernelLauncher):  # the kernels the state dir lists at start
+        async def start(self) -> list[KernelRecord]:
+            return [paused, idle]
+
+    async def nothing(*args: object) -> None:
+        return None
+
+    broker.launcher_class = Restarted
+    broker.config.LocalKernelLauncher.state_dir = str(tmp_path)
+    broker.config.LocalKernelLauncher.cuda_library = "libcuda-missing.so.1"
+    monkeypatch.setattr(broker.allocator, "ensure_started", nothing)
+    monkeypatch.setattr(broker, "reconcile", nothing)
+    asked: list[str] = []
+
+    async def resume_asked(r: KernelRecord) -> None:
+        asked.append(r.id)
+        r.swap = {}
+
+    monkeypatch.setattr(broker, "_resume_asked", resume_asked)
+
+    async def restart() -> None:
+        await broker._start()
+        for task in (broker._task, broker._reclaim_task):
+            task.cancel()
+        deadline = time.monotonic() + 10
+        while not asked and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(restart())
+    assert asked == [paused.id] and paused.swap == {} and idle.swap["state"] == "swapped", (asked, idle.swap)
