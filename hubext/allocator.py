@@ -500,7 +500,7 @@ class GPUAllocator(SingletonConfigurable):
                     self._drop(waiter)
             possible = self.mover is not None and self.mover.can_move()
             sessions = self.mover.movable_sessions() if possible else {}
-            cells = self.mover.cells_running() if possible else set()  # moved live: others first
+            cells = self.mover.cells_running(sessions) if possible else set()  # moved live: others first
             # decides everyone in order; grants are already recorded in the state (victims gone)
             steps = self._queue.pump(self.state, time.time(), lambda a: sessions.get(a.id), possible,
                                      lambda a: a.id in cells)

@@ -44,9 +44,10 @@ class SliceMover(ABC):
 
         Called by ``GPUAllocator._pump_once``, under its lock, once per pass over the queue."""
 
-    def cells_running(self) -> set[str]:
-        """Of :meth:`movable_sessions`, the allocation ids whose holder runs a cell now (a move
-        pauses that cell until the holder is back: the queue prefers the others). Default: none.
+    def cells_running(self, movable: Mapping[str, str]) -> set[str]:
+        """Of ``movable`` (what :meth:`movable_sessions` answered in this pass), the allocation ids
+        whose holder runs a cell now (a move pauses that cell until the holder is back: the queue
+        prefers the others). Default: none.
 
         Called by ``GPUAllocator._pump_once``, under its lock, once per pass over the queue."""
         return set()

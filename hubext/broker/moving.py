@@ -5,6 +5,7 @@ resumed at once, elsewhere: a *live move*, its cell paused on the locked GPU unt
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 from ..kernels import KernelRecord
 from ..moves import SliceMover
@@ -36,13 +37,14 @@ class MoveMixin:
             if r.state == "running" and not r.swap and not launcher.resume_pins(r)
         }
 
-    def cells_running(self) -> set[str]:
-        """The allocation ids of the movable kernels running a cell now (``KernelLauncher.in_cell``):
-        a cell running when its kernel is swapped out waits on the locked GPU until the kernel is
-        back, so the queue moves such a kernel only where no place needs fewer (a live move:
-        :meth:`move_out` resumes it at once)."""
-        kernels = {r.allocation_id: r for r in self.kernels.values()}
-        return {a for a in self.movable_sessions() if self.launcher.in_cell(kernels[a])}
+    def cells_running(self, movable: Mapping[str, str]) -> set[str]:
+        """Of ``movable`` (:meth:`movable_sessions`: allocation id -> kernel id), the allocation ids
+        of the kernels running a cell now (``KernelLauncher.in_cell``): a cell running when its
+        kernel is swapped out waits on the locked GPU until the kernel is back, so the queue moves
+        such a kernel only where no place needs fewer (a live move: :meth:`move_out` resumes it at
+        once)."""
+        kernels, in_cell = self.kernels, self.launcher.in_cell
+        return {a for a, kid in movable.items() if kid in kernels and in_cell(kernels[kid])}
 
     async def move_out(self, allocation_id: str, why: str) -> None:
         """Swap out the kernel holding ``allocation_id`` for the queue (BrokerError if it cannot be);
@@ -56,7 +58,7 @@ class MoveMixin:
             self.log.warning(
                 "GPU kernel %s of %s: live move, its cell pauses until it is resumed", record.id, record.user
             )
-            self._resume_task(record).add_done_callback(lambda task: self._live_resume_ended(record, task))
+            self._resume_live(record)
 
     def resume_paused_cells(self) -> None:
         """At the broker's start: resume each kernel a live move left swapped out whose cell still
@@ -71,7 +73,12 @@ class MoveMixin:
                     record.id,
                     record.user,
                 )
-                self._resume_task(record).add_done_callback(lambda task, r=record: self._live_resume_ended(r, task))
+                self._resume_live(record)
+
+    def _resume_live(self, record: KernelRecord) -> None:
+        """Start (or join) the resume of a kernel whose cell waits on it; no one awaits it, so its
+        end is logged here."""
+        self._resume_task(record).add_done_callback(lambda task: self._live_resume_ended(record, task))
 
     def _live_resume_ended(self, record: KernelRecord, task: asyncio.Task) -> None:
         """Log a live move's resume that ended without the kernel back (it was shut down, or its

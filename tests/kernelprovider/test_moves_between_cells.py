@@ -68,11 +68,13 @@ def test_a_kernel_in_a_cell_is_offered_as_such_swapped_out_only_by_a_live_move_a
     cell_file = launcher.kernel_dir(record.id) / CELL_FILE
     assert stat.S_IMODE(cell_file.stat().st_mode) == 0o600
     broker.launcher, broker.kernels = launcher, {record.id: record}
-    assert broker.movable_sessions() == {"a-c": record.id} and broker.cells_running() == set()  # between cells
+    movable = broker.movable_sessions()
+    assert movable == {"a-c": record.id} and broker.cells_running(movable) == set()  # between cells
     monkeypatch.setenv("ELASTIC_GPU_CELL_FILE", str(cell_file))
     mark_cell(True)  # what the hook does before a cell
     assert launcher.in_cell(record)
-    assert broker.movable_sessions() == {"a-c": record.id} and broker.cells_running() == {"a-c"}
+    movable = broker.movable_sessions()
+    assert movable == {"a-c": record.id} and broker.cells_running(movable) == {"a-c"}
     ask = SuspendAsk(lock_timeout_ms=1000, host_memory_percent=50, swapped_here_mib=0, why="idle", model="m")
     with pytest.raises(CheckpointError, match="running a cell"):
         asyncio.run(launcher.suspend(record, ask))
@@ -82,7 +84,8 @@ def test_a_kernel_in_a_cell_is_offered_as_such_swapped_out_only_by_a_live_move_a
     assert checkpointed == [([4242], True)]  # the marker was there before the checkpoint
     launcher.mark_swapped(record, False)
     mark_cell(False)  # after the cell
-    assert broker.movable_sessions() == {"a-c": record.id} and broker.cells_running() == set()
+    movable = broker.movable_sessions()
+    assert movable == {"a-c": record.id} and broker.cells_running(movable) == set()
     assert asyncio.run(launcher.suspend(record, ask)) == ([4242], 0)
     assert checkpointed[-1] == ([4242], True)
     monkeypatch.setenv("ELASTIC_GPU_CELL_FILE", str(tmp_path / "elsewhere"))
