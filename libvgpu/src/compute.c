@@ -104,6 +104,23 @@ static uint64_t total_at(int dev, struct vgpu_compute *c, uint64_t us) {
     return best_us ? best : oldest_us != UINT64_MAX ? oldest : best;
 }
 
+/* The busy windows this process read in a row (process-local: another process of the
+ * container that reads a window breaks the row): GPU time and launches, each window's weight
+ * three quarters of the next one's. */
+static struct {
+    uint64_t end_us;
+    double busy_ns, launches;
+} busy_row[VGPU_MAX_DEV];
+
+/* The GPU time per launch over the row, with this window [since, ts] (NVML us) added. */
+static uint64_t busy_run(int dev, uint64_t since, uint64_t ts, uint64_t busy, uint64_t n) {
+    if (busy_row[dev].end_us != since) busy_row[dev].busy_ns = busy_row[dev].launches = 0;
+    busy_row[dev].busy_ns = busy_row[dev].busy_ns * 0.75 + (double)busy;
+    busy_row[dev].launches = busy_row[dev].launches * 0.75 + (double)n;
+    busy_row[dev].end_us = ts;
+    return (uint64_t)(busy_row[dev].busy_ns / busy_row[dev].launches);
+}
+
 static void restart(struct vgpu_compute *c) {
     atomic_store(&c->aligned, 0);
     atomic_store(&c->launches, 0);
@@ -226,19 +243,33 @@ static void sample(int dev, uint32_t pct, struct vgpu_compute *c, uint64_t last,
         slack += atomic_fetch_add(&c->probe_slack_ns, slack);
         if (!ran && all < 3) return;
         first = all > 1 ? 2 * (ran + slack) / (2 * all - 1) : ran + slack;
-        if (first >= old || (fine && all >= COST_LAUNCHES)) atomic_store(&c->probed, 0);
+        /* more than the bound from fewer than COST_LAUNCHES launches: launches let through
+         * before these windows ran in them (a process that could not launch for a while, its
+         * earlier launches still queued behind others' work), so they say nothing more; the
+         * bound stands and the windows go on being read together */
+        if (first >= old && all < COST_LAUNCHES) first = old;
+        else if (first >= old || (fine && all >= COST_LAUNCHES)) atomic_store(&c->probed, 0);
     }
-    if (probed && first < old) {
+    if (probed && first <= old) {
         cost = first;
     } else if (saturated) {
         /* busy all window although limited: queued work hides the real cost. The debt above
          * already stops the feeding; raise the estimate at most twofold per window. */
         cost = old ? (bound > 2 * old ? 2 * old : bound > old ? bound : old) : bound;
     } else if (gpu_busy) {
-        /* others kept the GPU busy: our launches may be queued behind their work, so the
-         * estimate may rise (as above) but not fall; the first one is the upper bound */
-        uint64_t est = busy / n;
-        cost = old ? (est > 2 * old ? 2 * old : est > old ? est : old) : bound;
+        /* others kept the GPU busy: our launches wait behind their work (80 ms behind a
+         * neighbour without a cores limit that keeps its queue full), so a window holds
+         * launches let through in the one before: after a change of rate it counts too many
+         * (the rate rose: some have not run yet) or too few (it fell: the faster ones before
+         * it run now). Every launch is counted once and runs once, so over several windows
+         * the two agree: the estimate is the GPU time over the launches of the busy windows
+         * read in a row, the older ones weighing less (a quarter less each window), at most
+         * twofold up or down per window. (One window's rate, rising at once and never
+         * falling on a busy card, kept a 25 % slice at 14 % for as long as such a neighbour
+         * ran; two windows' agreement still swung it 10-35 % beside two CPU hogs.) */
+        cost = old ? busy_run(dev, since, ts, busy, n) : bound;
+        if (old && cost > 2 * old) cost = 2 * old;
+        if (old && cost < old / 2) cost = old / 2;
     } else {
         /* the GPU idled in this window: little was left queued. Below NVML's resolution
          * (1 %) the work is not known to be zero: count it as half a percent. */

@@ -239,10 +239,13 @@ def test_a_newcomers_floor_comes_back_at_the_first_nvml_window_while_three_slice
     (25 % guaranteed, 2 ms kernels), one after another, start launching. A newcomer's limiter
     starts by timing one launch with events, and on a card full of the bursters' queued work
     that launch waits behind it (2 ms measured as 3.5-117 ms): the limiter must set its rate from the
-    first windows of NVML samples it reads (the double samples as a driver does, every 167 ms) to
-    within 5 points of the request, busy card or not: by the second window it reads (about 0.6 s
-    after the first launch; the first one, where a slow start leaves too few launches to tell
-    from NVML's 1 % rounding, at most sets the upper bound of their cost).
+    windows of NVML samples it reads (the double samples as a driver does, every 167 ms) to
+    within 5 points of the request, busy card or not, by 1 s after its first launch (issue 27's
+    figure): the estimate in force at 1 s and every later one (usually from the second window,
+    about 0.5 s in; where a slow start leaves too few launches to tell from NVML's 1 % rounding
+    the most they can have cost stands until a window says more: a CI run saw a newcomer whose
+    first launch waited 83 ms, its estimate set from one launch, double at its second window,
+    and kept there while the card was busy, 7.5 %, its floor back after 1.46 s).
     Asserted on the limiter's decisions (its LIBVGPU_DEBUG lines), not on wall time: on a loaded
     2-core machine a starved process misses its share for reasons no limiter can mend;
     ``bench/elastic.py`` measures the floor's return in seconds (``floor_back_p95_s``)."""
@@ -261,17 +264,23 @@ def test_a_newcomers_floor_comes_back_at_the_first_nvml_window_while_three_slice
         r = _elastic(node, f"new{i}", elastic).run("init", "ctx", "floorback:2:2000:20", timeout=60,
                                                     env={"LIBVGPU_DEBUG": "1"})
         assert r.rcs("floorback") == [0], r.stderr
-        estimates = [float(m) for m in re.findall(r"launches: ([0-9.]+) us per launch", r.stderr)]
-        assert estimates, r.stderr
-        firsts.append((re.search(r"a launch measured ([0-9.]+) ms", r.stderr).group(1), estimates[:2]))
+        windows = re.findall(r"over ([0-9.]+) ms, [0-9]+ launches: ([0-9.]+) us per launch", r.stderr)
+        elapsed, shares = 0.0, []  # (ms since the first window began, the rate its estimate set)
+        for ms, cost in windows:
+            elapsed += float(ms)
+            shares.append((elapsed, round(25 * 2000 / float(cost), 1)))
+        assert shares and shares[0][0] <= 1000, r.stderr
+        firsts.append((re.search(r"a launch measured ([0-9.]+) ms", r.stderr).group(1), shares))
         backs.append(r.num("floorback", "back_ms"))
     for proc in procs:
         proc.kill()
-    print("timed launch (ms), first NVML estimates (us):", firsts, "floor back (ms):", backs)
-    # the rate an estimate sets: 25 % x 2 ms / estimate; never above 30 %, and from the second
-    # window on within 5 points of 25 %
-    assert all(25 * 2000 / est <= 30 for _, ests in firsts for est in ests), firsts
-    assert all(20 <= 25 * 2000 / ests[-1] <= 30 for _, ests in firsts), firsts
+    print("timed launch (ms), the windows' (ms, rate %):", firsts, "floor back (ms):", backs)
+    # the rate an estimate sets: 25 % x 2 ms / estimate; never above 30 %, and the one in force at
+    # 1 s and every later one within 5 points of 25 %
+    assert all(share <= 30 for _, shares in firsts for _, share in shares), firsts
+    for _, shares in firsts:
+        at_1s = max(i for i, (ms, _) in enumerate(shares) if ms <= 1000)
+        assert all(20 <= share <= 30 for _, share in shares[at_1s:]), firsts
 
 
 def test_two_slices_bursting_at_once_never_promise_the_card_twice(hooks_node):
