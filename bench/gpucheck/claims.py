@@ -33,6 +33,8 @@ OVERHEAD_RATIO = 1.02
 #: leaves room for its 100 ms floor refresh)
 DOUBLES_OVERHEAD_RATIO = 1.10
 SYSCALLS_PER_CALL = 0.01
+#: the limit of the container that runs beside a neighbour without a cores limit
+BESIDE_LIMIT = 25
 #: swap: GiB moved and the goals of docs/kernels.md (GiB/s each way, seconds to the first call)
 SWAP_GIB = 16
 SWAP_GIB_S = 10.0
@@ -103,6 +105,11 @@ class Target(Protocol):
 
     def two_containers(self, limits: tuple[int, int], pidns: bool) -> list[float]:
         """Two containers with these cores limits launch at once; each one's share (percent)."""
+
+    def beside_unlimited(self, limit: int, pidns: bool) -> list[float]:
+        """A container with ``cores_percent=limit`` launches 2 ms kernels beside one with no
+        cores limit (a memory-only profile) that launches them as fast as it can, its queue
+        full; the limited one's share and the neighbour's (percent)."""
 
     def priority(self, pidns: bool) -> Figures:
         """A low-priority container launches; a high-priority one launches for a while in the
@@ -178,6 +185,12 @@ def _two_containers(target: Target, pidns: bool) -> Verdict:
     small, big = target.two_containers((20, 60), pidns)
     return _within(small, 20) and _within(big, 60), {"share_20": round(small, 1),
                                                      "share_60": round(big, 1)}
+
+
+def _beside_unlimited(target: Target, pidns: bool) -> Verdict:
+    share, neighbour = target.beside_unlimited(BESIDE_LIMIT, pidns)
+    return _within(share, BESIDE_LIMIT), {"limit": BESIDE_LIMIT, "share": round(share, 1),
+                                          "neighbour_share": round(neighbour, 1)}
 
 
 def _priority(target: Target, pidns: bool) -> Verdict:
@@ -264,6 +277,7 @@ CLAIMS: tuple[Claim, ...] = (
     *(Claim(f"bypass_{how}", _bypass(how), pidns=False) for how in BYPASSES),
     *(Claim(f"cores_{limit}", _cores(limit), pidns=limit == 30) for limit in (20, 30, 50, 80)),
     Claim("cores_two_20_60", _two_containers),
+    Claim("cores_beside_unlimited", _beside_unlimited, pidns=False),
     Claim("priority", _priority),
     Claim("capture_after_idle", _capture_after_idle, pidns=False),
     Claim("launch_overhead", _launch_overhead, pidns=False),

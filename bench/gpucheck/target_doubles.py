@@ -139,6 +139,22 @@ class DoubleTarget:
         finally:
             node.cleanup()
 
+    def beside_unlimited(self, limit: int, pidns: bool) -> list[float]:
+        # the double runs the processes' kernels in one queue, in order (a real GPU time-slices
+        # contexts), so the neighbour's queue is kept at 40 kernels (80 ms), not the 1024 a
+        # driver allows: the limited container's launches wait behind it as behind bursting
+        # neighbours (tests/libvgpu/test_limiter.py)
+        node = self._node("beside")
+        try:
+            steps = ["init", "ctx", "ready", "util:3:3:2000:kernel"]
+            neighbour = node.container("unlimited", "memory_mib=1024")
+            hog = neighbour.start(*steps, wait_for="ready", pidns=pidns, env={"CUDA_DOUBLE_QUEUE": "40"})
+            r = node.container("c", f"cores_percent={limit}").run(*steps, pidns=pidns, timeout=60)
+            out, _ = hog.communicate(timeout=60)
+            return [r.num("util", "util"), Result.parse(hog.returncode, out, "").num("util", "util")]
+        finally:
+            node.cleanup()
+
     def priority(self, pidns: bool) -> Figures:
         node = self._node("priority", CUDA_DOUBLE_QUEUE=2)
         try:

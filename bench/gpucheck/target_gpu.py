@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 WORK = Path(__file__).resolve().parent / "torch_work.py"
 PIDNS = ("unshare", *(() if os.geteuid() == 0 else ("-U", "-r")), "-p", "-f", "--kill-child",
          "--mount-proc")
+#: the memory-only profile of the neighbour without a cores limit (beside_unlimited), MiB
+UNLIMITED_NEIGHBOUR_MIB = 4096
 ALLOC_CONF = {"caching": "", "expandable": "expandable_segments:True",
               "mallocasync": "backend:cudaMallocAsync"}
 
@@ -171,6 +173,17 @@ class GpuTarget:
         phases = self._phases_arg((Phase("kernel", 2, warm_s=3.0, measure_s=3.0),))
         children = [Child(["cores", str(self.cycles_per_ms()), phases], self._container(f"cores_percent={lim}")[0],
                           pidns) for lim in limits]
+        try:
+            return [c.read()["shares"][0] for c in children]
+        finally:
+            for c in children:
+                c.close()
+
+    def beside_unlimited(self, limit: int, pidns: bool) -> list[float]:
+        phases = self._phases_arg((Phase("kernel", 2, warm_s=3.0, measure_s=3.0),))
+        cpm = str(self.cycles_per_ms())
+        children = [Child(["cores", cpm, phases], self._container(limits)[0], pidns)
+                    for limits in (f"cores_percent={limit}", f"memory_mib={UNLIMITED_NEIGHBOUR_MIB}")]
         try:
             return [c.read()["shares"][0] for c in children]
         finally:
