@@ -115,19 +115,28 @@ def test_node_region_shows_priorities_and_who_is_held(make_node):
 
 def _forge_priority(node_dir, name: str, priority: int, new_name: str = "") -> None:
     """What a hostile process of a live container can do: raise its own entry's priority in
-    the (writable) node region, and give it another allocation's name."""
-    (path,) = node_dir.glob("*.region")
-    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
-        for i in range(NODE_ENTRIES):
-            base = LAYOUT["node.size"] - (NODE_ENTRIES - i) * LAYOUT["entry.size"]
-            raw = m[base + LAYOUT["entry.name"]:base + LAYOUT["entry.name"] + 64]
-            if raw.split(b"\0", 1)[0] == name.encode():
-                m[base + LAYOUT["entry.priority"]:base + LAYOUT["entry.priority"] + 4] = (
-                    struct.pack("<i", priority))
-                if new_name:
-                    m[base + LAYOUT["entry.name"]:base + LAYOUT["entry.name"] + 64] = new_name.encode().ljust(64, b"\0")
-                return
-    raise AssertionError(f"no entry named {name}")
+    the (writable) node region, and give it another allocation's name. The entry is waited for
+    (up to 10 s): the region file exists before the shim has written the entry's name."""
+    deadline = time.monotonic() + 10
+    while True:
+        for path in node_dir.glob("*.region"):
+            with open(path, "r+b") as f:
+                if os.fstat(f.fileno()).st_size < LAYOUT["node.size"]:
+                    continue
+                with mmap.mmap(f.fileno(), 0) as m:
+                    for i in range(NODE_ENTRIES):
+                        base = LAYOUT["node.size"] - (NODE_ENTRIES - i) * LAYOUT["entry.size"]
+                        raw = m[base + LAYOUT["entry.name"]:base + LAYOUT["entry.name"] + 64]
+                        if raw.split(b"\0", 1)[0] == name.encode():
+                            m[base + LAYOUT["entry.priority"]:base + LAYOUT["entry.priority"] + 4] = (
+                                struct.pack("<i", priority))
+                            if new_name:
+                                m[base + LAYOUT["entry.name"]:base + LAYOUT["entry.name"] + 64] = (
+                                    new_name.encode().ljust(64, b"\0"))
+                            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no entry named {name}")
+        time.sleep(0.05)
 
 
 @pytest.mark.parametrize("table", ["the-hubs", "planted", "named-after-an-allocation-of-another-card"])
@@ -149,9 +158,6 @@ def test_a_priority_forged_in_the_node_region_does_not_hold_other_containers(mak
     evil = node.container("evil", f"priority=1\nname=alloc-evil\n{common}")
     good = node.container("good", f"priority=10\nname=alloc-good\n{common}")
     hog = evil.start("init", "ctx", "ready", "timeline:4:1000", wait_for="ready")
-    deadline = time.monotonic() + 10
-    while not list(node.node_dir.glob("*.region")) and time.monotonic() < deadline:
-        time.sleep(0.05)
     _forge_priority(node.node_dir, "alloc-evil", 1_000_000, "alloc-vip" if table.startswith("named") else "")
     time.sleep(0.3)
     r = good.run("init", "ctx", "timeline:1:1000")
