@@ -1290,8 +1290,9 @@ class Kubelet:
             uid = ev.obj["metadata"]["uid"]
             if ev.type == "ADDED":
                 self._created[uid] = now()
-            else:
-                self._created.pop(uid, None)
+            elif self._created.pop(uid, None) is not None and self._between_starts():
+                # deleted before it was taken: no start of its own ends to make the due collection
+                self.emu.call_soon(self._collect_between_starts)
         if srt.kind in ("Pod", "Secret", "ConfigMap", "Node"):
             self.emu.call_soon(self._handle, srt, ev)
         if srt.kind in ("Pod", "Service", "Endpoints"):
