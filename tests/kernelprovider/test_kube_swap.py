@@ -398,6 +398,12 @@ def burst_then_owner_asks(stack) -> tuple:
     return kernel, session, record, bob, owner, out
 
 
+def swapped_model(hub, kernel_record_id: str) -> dict | None:
+    """The hub's model of a kernel once it reads as swapped out, else None."""
+    status, model = hub.api("GET", f"/gpu/kernels/{kernel_record_id}")
+    return model if status == 200 and model.get("gpu_swapped") else None
+
+
 def test_an_elastic_kernel_pod_bursting_into_a_guarantee_is_swapped_out_and_resumes_when_room_returns(stack):
     st, _, log, host, _ = stack
     hub, alice = st["hub"], st["alice"]
@@ -406,8 +412,10 @@ def test_an_elastic_kernel_pod_bursting_into_a_guarantee_is_swapped_out_and_resu
     try:
         # the owner's allocation waited for the burst and got it: never the owner's memory taken
         assert out["status"] == "ok" and "alloc 0" in out["text"], (out, hub.log_tail(40), log.read_text())
-        status, model = hub.api("GET", f"/gpu/kernels/{record['id']}")
-        assert model["state"] == "running" and model["gpu_swapped"], model
+        # the owner's allocation goes on as soon as the burst's memory is freed, a moment before
+        # the hub has recorded the swap-out that freed it
+        model = hub.wait_for(lambda: swapped_model(hub, record["id"]), 30, 0.2, "alice's kernel swapped out")
+        assert model["state"] == "running", model
         reason = model["swap"]["reason"]
         assert reason.startswith("it held 7 GiB of GPU memory above its 1 GiB guarantee on "), model
         assert "bob's kernel on that GPU needs memory within its own guarantee" in reason, model
