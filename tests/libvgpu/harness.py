@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -343,3 +344,14 @@ def pid_namespaces_unavailable() -> str | None:
 def kill(proc: subprocess.Popen[str]) -> None:
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
+
+
+def limiter_rates(stderr: str, percent: int, kernel_us: int) -> list[tuple[float, float]]:
+    """The rate each cost estimate of a limiter set (its LIBVGPU_DEBUG lines): (ms since its
+    first window began, percent x kernel length / estimate, rounded to 0.1)."""
+    windows = re.findall(r"over ([0-9.]+) ms, [0-9]+ launches: ([0-9.]+) us per launch", stderr)
+    elapsed, rates = 0.0, []
+    for ms, cost in windows:
+        elapsed += float(ms)
+        rates.append((elapsed, round(percent * kernel_us / float(cost), 1)))
+    return rates

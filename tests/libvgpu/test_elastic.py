@@ -8,6 +8,8 @@ import re
 from libvgpu import contract
 from quotas import Allocation, Owner
 
+from .harness import limiter_rates
+
 MiB = 1 << 20
 OOM = 2
 
@@ -264,11 +266,7 @@ def test_a_newcomers_floor_comes_back_at_the_first_nvml_window_while_three_slice
         r = _elastic(node, f"new{i}", elastic).run("init", "ctx", "floorback:2:2000:20", timeout=60,
                                                     env={"LIBVGPU_DEBUG": "1"})
         assert r.rcs("floorback") == [0], r.stderr
-        windows = re.findall(r"over ([0-9.]+) ms, [0-9]+ launches: ([0-9.]+) us per launch", r.stderr)
-        elapsed, shares = 0.0, []  # (ms since the first window began, the rate its estimate set)
-        for ms, cost in windows:
-            elapsed += float(ms)
-            shares.append((elapsed, round(25 * 2000 / float(cost), 1)))
+        shares = limiter_rates(r.stderr, 25, 2000)  # (ms since its first window, the rate set)
         assert shares and shares[0][0] <= 1000, r.stderr
         firsts.append((re.search(r"a launch measured ([0-9.]+) ms", r.stderr).group(1), shares))
         backs.append(r.num("floorback", "back_ms"))

@@ -5,9 +5,9 @@ after a pause is not throttled to a probe rate."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
+
+from .harness import limiter_rates
 
 LIMIT = 30
 
@@ -99,11 +99,7 @@ def test_a_slice_beside_a_neighbour_that_keeps_work_queued_is_held_at_its_limit_
                                                       env={"LIBVGPU_DEBUG": "1"})
     hog.kill()
     assert r.rcs("util") == [0], r.stderr
-    windows = re.findall(r"over ([0-9.]+) ms, [0-9]+ launches: ([0-9.]+) us per launch", r.stderr)
-    elapsed, rates = 0.0, []  # (ms since the first window began, the rate its estimate set)
-    for ms, cost in windows:
-        elapsed += float(ms)
-        rates.append((elapsed, round(25 * 2000 / float(cost), 1)))
+    rates = limiter_rates(r.stderr, 25, 2000)
     print("the rate each window set (ms, %):", rates)
     settled = [rate for ms, rate in rates if ms >= 2000]
     assert len(settled) >= 8 and all(20 <= share <= 30 for share in settled), (settled, r.stderr)
